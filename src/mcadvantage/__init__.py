@@ -1,0 +1,88 @@
+"""mcadvantage: VinePPO-style Monte Carlo credit assignment for the Hugging Face RL stack.
+
+Public names are imported lazily, so ``import mcadvantage`` is cheap and never imports TRL or vLLM;
+the segmenters, verifiers, advantage math and estimator can be used from any RL code base (verl,
+OpenRLHF, ...) without them. ``VinePPOTrainer`` / ``VinePPOConfig`` import TRL on first access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+
+# public name -> submodule that defines it
+_LAZY: dict[str, str] = {
+    # segmentation
+    "StepSegmenter": "segmenters",
+    "GSM8KSegmenter": "segmenters",
+    "MathSegmenter": "segmenters",
+    "NewlineSegmenter": "segmenters",
+    "get_segmenter": "segmenters",
+    "segment_completion": "segmenters",
+    "step_token_boundaries": "segmenters",
+    # grading
+    "Verifier": "verifiers",
+    "GSM8KVerifier": "verifiers",
+    "MathVerifier": "verifiers",
+    "get_verifier": "verifiers",
+    # advantage math
+    "step_advantages": "advantages",
+    "token_advantages": "advantages",
+    "masked_whiten": "advantages",
+    # sampling
+    "Sampler": "samplers",
+    "RolloutRequest": "samplers",
+    "Continuation": "samplers",
+    "TransformersSampler": "samplers",
+    "VLLMSampler": "samplers",
+    "VLLMServerSampler": "samplers",
+    # estimation
+    "MCValueEstimator": "estimator",
+    "Trajectory": "estimator",
+    "MCEstimate": "estimator",
+    # TRL trainer (imports TRL)
+    "VinePPOConfig": "config",
+    "VinePPOTrainer": "trainer",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mcadvantage' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # static type checkers and IDEs see the real names
+    from .advantages import masked_whiten, step_advantages, token_advantages
+    from .config import VinePPOConfig
+    from .estimator import MCEstimate, MCValueEstimator, Trajectory
+    from .samplers import (
+        Continuation,
+        RolloutRequest,
+        Sampler,
+        TransformersSampler,
+        VLLMSampler,
+        VLLMServerSampler,
+    )
+    from .segmenters import (
+        GSM8KSegmenter,
+        MathSegmenter,
+        NewlineSegmenter,
+        StepSegmenter,
+        get_segmenter,
+        segment_completion,
+        step_token_boundaries,
+    )
+    from .trainer import VinePPOTrainer
+    from .verifiers import GSM8KVerifier, MathVerifier, Verifier, get_verifier

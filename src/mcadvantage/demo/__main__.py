@@ -1,0 +1,8 @@
+"""``python -m mcadvantage.demo``: see :mod:`mcadvantage.demo.run`."""
+
+import sys
+
+from .run import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The sampler protocol: the only thing the Monte Carlo estimator needs from an inference engine.
+
+A sampler receives rollout requests ``(prefix_ids, n, max_tokens)`` and returns, for every request,
+``n`` independent continuations sampled from the *current* policy with the training sampling
+settings. Engines (transformers ``generate``, a colocated ``vllm.LLM``, a vLLM server) live behind
+this protocol so the estimator stays engine-agnostic and testable with a fake sampler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """Sample ``n`` continuations of ``prefix_ids`` with at most ``max_tokens`` new tokens each.
+
+    ``prefix_ids`` is the full model input: prompt token ids followed by the completion prefix.
+    """
+
+    prefix_ids: tuple[int, ...]
+    n: int
+    max_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"RolloutRequest.n must be >= 1, got {self.n}.")
+        if self.max_tokens < 1:
+            raise ValueError(
+                f"RolloutRequest.max_tokens must be >= 1, got {self.max_tokens}: a state with no "
+                "token budget left must not be sampled (the caller should grade it directly)."
+            )
+        if len(self.prefix_ids) == 0:
+            raise ValueError("RolloutRequest.prefix_ids is empty: a prefix needs at least one token.")
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One sampled continuation.
+
+    ``token_ids`` are the generated tokens, including the EOS token when one was generated and
+    excluding any padding. ``truncated`` is True when generation stopped because the budget
+    (``max_tokens``) ran out rather than at EOS.
+    """
+
+    token_ids: tuple[int, ...]
+    truncated: bool
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Anything that turns rollout requests into continuations.
+
+    Implementations must return ``len(requests)`` lists, the i-th holding exactly
+    ``requests[i].n`` continuations, each an independent sample (no seed shared across requests).
+    """
+
+    def sample(self, requests: Sequence[RolloutRequest]) -> list[list[Continuation]]: ...

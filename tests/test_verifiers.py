@@ -63,6 +63,8 @@ def test_defaults_names_and_protocol():
         ({"answer_field": ""}, "answer_field"),
         ({"timeout_seconds": 0}, "timeout_seconds must be a positive"),
         ({"max_answer_chars": 0}, "max_answer_chars"),
+        ({"num_workers": 0}, "num_workers must be an integer >= 1"),
+        ({"cache_size": -1}, "cache_size must be an integer >= 0"),
     ],
 )
 def test_math_verifier_rejects_bad_settings(kwargs, message):
@@ -343,6 +345,35 @@ def test_answers_stuck_in_c_code_are_stopped_by_killing_the_grading_child():
     ]
     verifier.close()
     assert verifier.is_equivalent("3", "3.0") is True  # restarts after close()
+    verifier.close()
+
+
+def test_repeated_answers_are_graded_once_from_the_verdict_cache():
+    # A hanging answer costs one kill the first time; the same (answer, gold) pair again is answered
+    # from the cache, in a batch or in a later call, without reaching the grading process.
+    verifier = MathVerifier(timeout_seconds=1.0, interrupt_in_child=False, cache_size=8)
+    verifier.warmup()
+    kills_before = verifier.grading_process_info()["kills"]
+    assert verifier.equivalent_batch([(r"10000000!", "1")] * 3) == [False, False, False]
+    assert verifier.grading_process_info()["kills"] == kills_before + 1
+    result, seconds = _timed(verifier, r"10000000!", "1")
+    assert result is False and seconds < 0.5
+    assert verifier.grading_process_info()["kills"] == kills_before + 1
+    # The cache is bounded (oldest verdicts dropped first) and cache_size=0 turns it off.
+    for k in range(20):
+        verifier.is_equivalent(f"{k}x", f"x*{k}")
+    assert len(verifier._verdicts) == 8
+    uncached = MathVerifier(timeout_seconds=1.0, interrupt_in_child=False, cache_size=0)
+    assert uncached.is_equivalent("(x+1)^2", "x^2+2x+1") is True and len(uncached._verdicts) == 0
+    verifier.close()
+    uncached.close()
+
+
+def test_several_grading_workers_give_the_same_verdicts():
+    verifier = MathVerifier(num_workers=2, cache_size=0)
+    pairs = [("(x+1)^2", "x^2+2x+1"), (r"\frac{1}{3}", "0.3"), (r"\sqrt{8}", r"2\sqrt{2}"), ("x+y", "y+x+1")]
+    assert verifier.equivalent_batch(pairs) == [True, False, True, False]
+    assert verifier.grading_process_info()["workers"] == 2
     verifier.close()
 
 

@@ -40,6 +40,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, Protocol, runtime_checkable
@@ -817,6 +818,10 @@ class MathVerifier(_VerifierBase):
         interrupt_in_child: stop a slow answer with ``SIGALRM`` inside the grading child at 75% of
             the budget (cheap: the child survives). Answers stuck in C code ignore it and are stopped by
             killing the child at the full budget, which always applies; ``False`` leaves only the kill.
+        num_workers: grading child processes working in parallel on one batch (default 1; raise it
+            when grading many distinct hard answers, e.g. Monte Carlo rollouts on a many-core node).
+        cache_size: verdicts of up to this many distinct ``(answer, gold)`` pairs are remembered, so
+            the many identical answers of Monte Carlo rollouts are graded once (0 disables).
     """
 
     def __init__(
@@ -829,6 +834,8 @@ class MathVerifier(_VerifierBase):
         memory_limit_mb: int | None = 2048,
         startup_timeout: float = 120.0,
         interrupt_in_child: bool = True,
+        num_workers: int = 1,
+        cache_size: int = 65536,
     ) -> None:
         if not isinstance(answer_field, str) or not answer_field:
             raise ValueError(f"answer_field must be a non-empty column name, got {answer_field!r}.")
@@ -838,6 +845,15 @@ class MathVerifier(_VerifierBase):
             )
         if max_answer_chars < 1:
             raise ValueError(f"max_answer_chars must be >= 1, got {max_answer_chars}.")
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be an integer >= 1 (grading processes), got {num_workers!r}.")
+        if not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(
+                f"cache_size must be an integer >= 0 (0 disables the cache), got {cache_size!r}."
+            )
+        self.num_workers = num_workers
+        self.cache_size = cache_size
+        self._verdicts: OrderedDict[tuple[str, str], bool] = OrderedDict()
         self.answer_field = answer_field
         self.solution_field = solution_field
         self.timeout_seconds = float(timeout_seconds)
@@ -850,7 +866,7 @@ class MathVerifier(_VerifierBase):
     def __repr__(self) -> str:
         return (
             f"MathVerifier(answer_field={self.answer_field!r}, solution_field={self.solution_field!r}, "
-            f"timeout_seconds={self.timeout_seconds})"
+            f"timeout_seconds={self.timeout_seconds}, num_workers={self.num_workers})"
         )
 
     @property
@@ -894,10 +910,22 @@ class MathVerifier(_VerifierBase):
             else:
                 verdict = _quick_verdict(pred, gold)
             if verdict is None:
+                verdict = self._verdicts.get((pred, gold))
+                if verdict is not None:
+                    self._verdicts.move_to_end((pred, gold))
+            if verdict is None:
                 pending.append((pred, gold))
             verdicts.append(verdict)
-        slow = iter(self._service.grade(pending))
-        return [next(slow) if v is None else v for v in verdicts]
+        # Identical pairs in one batch (common among rollouts) go to the grading process once.
+        unique = list(dict.fromkeys(pending))
+        graded = dict(zip(unique, self._service.grade(unique), strict=True)) if unique else {}
+        if self.cache_size:
+            for pair, ok in graded.items():
+                self._verdicts[pair] = ok
+            while len(self._verdicts) > self.cache_size:
+                self._verdicts.popitem(last=False)
+        slow = iter(pending)
+        return [graded[next(slow)] if v is None else v for v in verdicts]
 
     def score_batch(self, responses: Sequence[str | None], golds: Sequence[Any]) -> list[float]:
         """Rewards for ``responses[i]`` (full responses; their last box is graded) against ``golds[i]``."""

@@ -40,53 +40,52 @@ class VinePPOConfig(GRPOConfig):
     from it with the current policy, and every token of step ``i`` gets the advantage
     ``V(S_i) - V(S_{i-1})`` (the last step gets ``R - V(S_{n-1})``).
 
-    Monte Carlo parameters:
-        num_mc_rollouts (`int`, defaults to `9`):
-            K, the number of continuations sampled from every state to estimate its value (paper: 9; larger is
-            better, K=1 already beats PPO).
-        step_segmenter (`str` or callable, defaults to `"math"`):
-            How a response is cut into reasoning steps: `"math"` (paper Appendix B MATH rules: newlines and
-            sentence ends, never inside a math expression, long parts split again), `"gsm8k"` (one step per
-            line, the final `#### N` line joins the last step), `"newline"` (one step per line), a
-            :class:`~mcadvantage.segmenters.StepSegmenter` instance or any picklable callable
-            `text -> list[str]` whose parts concatenate back to `text`. `"math"` is the default because it also
-            cuts long responses without newlines into several steps; use `"gsm8k"` for GSM8K-style data.
-        mc_rollout_budget (`str`, defaults to `"remaining"`):
-            Token budget of a continuation from the state after `b` completion tokens: `"remaining"` gives it
-            `max_completion_length - b` tokens, so a continuation faces the same length limit as the response
-            it estimates; `"fixed"` gives every continuation `mc_fixed_rollout_budget` tokens (the official
-            code's choice: a fresh 1024-token budget).
-        mc_fixed_rollout_budget (`int`, *optional*):
-            Budget per continuation with `mc_rollout_budget="fixed"` (required there, rejected otherwise).
-        mc_max_estimated_steps (`int`, *optional*):
-            Estimate at most the first `m` states of a response; its later steps are merged into one final step
-            whose advantage is `R - V(S_{m-1})` (the official code used 25 on GSM8K and gave later steps 0).
-        mc_truncated_reward (`float`, *optional*):
-            Reward of a continuation that hit its token budget without EOS. `None` (default) grades it with the
-            reward functions like any other text; the official code used `0.0`.
-        mc_max_batch_sequences (`int`, defaults to `256`):
-            With the transformers sampler, the most sequences generated in one `generate` call (memory bound).
-        whiten_advantages (`bool`, defaults to `True`):
-            Whiten the per-token advantages (zero mean, unit variance over all completion tokens of the
-            generation batch, statistics all-reduced across data-parallel ranks), as the paper does.
-        mc_estimate_on_eval (`bool`, defaults to `False`):
-            Also run the Monte Carlo estimation on evaluation batches. Off by default because it multiplies the
-            cost of evaluation; evaluation batches then carry zero advantages, so the eval loss is only the KL
-            term and the reward metrics are the useful evaluation signal.
+    Attributes:
+        num_mc_rollouts (int): K, the number of continuations sampled from every state to estimate its value
+            (paper: 9; larger is better, K=1 already beats PPO). Defaults to `9`.
+        step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
+            (paper Appendix B MATH rules: newlines and sentence ends, never inside a math expression, long parts
+            split again), `"gsm8k"` (one step per line, the final `#### N` line joins the last step), `"newline"`
+            (one step per line), a :class:`~mcadvantage.segmenters.StepSegmenter` instance or any picklable
+            callable `text -> list[str]` whose parts concatenate back to `text`. `"math"` is the default because
+            it also cuts long responses without newlines into several steps; use `"gsm8k"` for GSM8K-style data.
+            Defaults to `"math"`.
+        mc_rollout_budget (str): Token budget of a continuation from the state after `b` completion tokens:
+            `"remaining"` gives it `max_completion_length - b` tokens, so a continuation faces the same length
+            limit as the response it estimates; `"fixed"` gives every continuation `mc_fixed_rollout_budget`
+            tokens (the official code's choice: a fresh 1024-token budget). Defaults to `"remaining"`.
+        mc_fixed_rollout_budget (int | None): Budget per continuation with `mc_rollout_budget="fixed"` (required
+            there, rejected otherwise). Defaults to `None`.
+        mc_max_estimated_steps (int | None): Estimate at most the first `m` states of a response; its later steps
+            are merged into one final step whose advantage is `R - V(S_{m-1})` (the official code used 25 on GSM8K
+            and gave later steps 0). Defaults to `None`.
+        mc_truncated_reward (float | None): Reward of a continuation that hit its token budget without EOS. `None`
+            (default) grades it with the reward functions like any other text; the official code used `0.0`.
+            Defaults to `None`.
+        mc_max_batch_sequences (int): With the transformers sampler, the most sequences generated in one
+            `generate` call (memory bound). Defaults to `256`.
+        whiten_advantages (bool): Whiten the per-token advantages (zero mean, unit variance over all completion
+            tokens of the generation batch, statistics all-reduced across data-parallel ranks), as the paper does.
+            Defaults to `True`.
+        mc_estimate_on_eval (bool): Also run the Monte Carlo estimation on evaluation batches. Off by default
+            because it multiplies the cost of evaluation; evaluation batches then carry zero advantages, so the
+            eval loss is only the KL term and the reward metrics are the useful evaluation signal. Defaults to
+            `False`.
 
     Defaults that differ from :class:`trl.GRPOConfig` (the paper's Table 1 and the official code):
-        - `temperature=0.6` (GRPO: 1.0) and `top_p=0.9` (GRPO: 1.0; official code): used for the training
-          responses and, identically, for every Monte Carlo continuation.
-        - `beta=1e-4` (GRPO: 0.0): KL penalty to the reference model in the loss (k3 estimator). A reference
-          model is loaded from `model.config.name_or_path`, so pass a model id or a saved directory; set
-          `beta=0.0` to train without one.
-        - `num_iterations=2` (GRPO: 1): two PPO epochs over every generation batch.
-        - `max_completion_length=1024` (GRPO: 512).
-        - `scale_rewards="none"` (GRPO: `"group"`): GRPO's reward scaling only shapes GRPO's own advantages,
-          which VinePPO replaces; `whiten_advantages` is VinePPO's normalisation. Setting `"group"` or
-          `"batch"` is rejected as contradictory.
-        - `bf16=None` resolves to True only on a CUDA GPU with bfloat16 support and to False elsewhere (GRPO
-          turns bf16 on whenever fp16 is off, which slows CPU runs). Set it explicitly on other accelerators.
+
+    - `temperature=0.6` (GRPO: 1.0) and `top_p=0.9` (GRPO: 1.0; official code): used for the training
+      responses and, identically, for every Monte Carlo continuation.
+    - `beta=1e-4` (GRPO: 0.0): KL penalty to the reference model in the loss (k3 estimator). A reference
+      model is loaded from `model.config.name_or_path`, so pass a model id or a saved directory; set
+      `beta=0.0` to train without one.
+    - `num_iterations=2` (GRPO: 1): two PPO epochs over every generation batch.
+    - `max_completion_length=1024` (GRPO: 512).
+    - `scale_rewards="none"` (GRPO: `"group"`): GRPO's reward scaling only shapes GRPO's own advantages,
+      which VinePPO replaces; `whiten_advantages` is VinePPO's normalisation. Setting `"group"` or
+      `"batch"` is rejected as contradictory.
+    - `bf16=None` resolves to True only on a CUDA GPU with bfloat16 support and to False elsewhere (GRPO
+      turns bf16 on whenever fp16 is off, which slows CPU runs). Set it explicitly on other accelerators.
 
     Kept from GRPO because they already match VinePPO: `learning_rate=1e-6`, `epsilon=0.2` (clip),
     `num_generations=8` responses per prompt, and `loss_type="dapo"`: the clipped surrogate is summed over

@@ -79,6 +79,9 @@ class Trajectory:
 class MCEstimate:
     """Output of :meth:`MCValueEstimator.estimate` for a batch of trajectories.
 
+    With ``max_estimated_steps = m`` and a response of ``n > m`` steps, ``values`` and
+    ``step_advantages`` describe the merged steps (``m + 1`` values, ``m`` advantages).
+
     Attributes:
         values: per trajectory, ``[V(S_0), ..., V(S_{n-1}), R]`` (length ``n + 1``).
         step_advantages: per trajectory, ``[A_1, ..., A_n]`` with ``A_i = V(S_i) - V(S_{i-1})``.
@@ -100,9 +103,6 @@ class MCEstimate:
             - ``rollout_reward_mean``: mean reward of the graded rollouts (NaN if none);
             - ``seconds``, ``sampling_seconds``, ``grading_seconds``: wall time of the call, of
               the sampler call and of the reward calls.
-
-        With ``max_estimated_steps = m`` and a response of ``n > m`` steps, ``values`` and
-        ``step_advantages`` describe the merged steps (``m + 1`` values, ``m`` advantages).
     """
 
     values: list[list[float]]

@@ -129,7 +129,7 @@ class _NoopLogger:
 class VinePPOTrainer(GRPOTrainer):
     """VinePPO (arXiv 2410.01679) as a drop-in TRL trainer: ``GRPOTrainer`` with Monte Carlo step advantages.
 
-    Use it like ``trl.GRPOTrainer`` with a :class:`~mcadvantage.config.VinePPOConfig`::
+    Use it like ``trl.GRPOTrainer`` with a :class:`~mcadvantage.config.VinePPOConfig`:
 
         trainer = VinePPOTrainer(model="path/to/sft-model", reward_funcs=GSM8KVerifier(), args=VinePPOConfig(...),
                                  train_dataset=dataset)   # columns: "prompt", "answer"
@@ -144,13 +144,24 @@ class VinePPOTrainer(GRPOTrainer):
     batch.
 
     Args:
-        model, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config,
-        quantization_config: as for ``trl.GRPOTrainer``. ``args`` must be a :class:`VinePPOConfig` (default:
-            ``VinePPOConfig("<model name>-VinePPO")``).
+        model: the policy, as for ``trl.GRPOTrainer``: a model id, a local directory or a loaded causal LM.
         reward_funcs: reward function(s) called TRL-style, e.g. :class:`~mcadvantage.verifiers.GSM8KVerifier`.
             They grade both the responses and every Monte Carlo continuation (on the full response text).
             Only Python callables are supported: reward models (``nn.Module`` or model ids) and async
             functions raise ``NotImplementedError``.
+        args: a :class:`~mcadvantage.config.VinePPOConfig` (a plain ``GRPOConfig`` raises ``TypeError``);
+            default ``VinePPOConfig("<model name>-VinePPO")``.
+        train_dataset: as for ``trl.GRPOTrainer``: a ``prompt`` column plus the columns the reward
+            functions read (e.g. ``answer``); checked at init.
+        eval_dataset: as for ``trl.GRPOTrainer`` (checked like ``train_dataset``).
+        processing_class: as for ``trl.GRPOTrainer``: a text tokenizer (vision-language processors raise
+            ``NotImplementedError``).
+        reward_processing_classes: as for ``trl.GRPOTrainer`` (only used by reward models, which are not
+            supported).
+        callbacks: as for ``trl.GRPOTrainer``.
+        optimizers: as for ``trl.GRPOTrainer``.
+        quantization_config: as for ``trl.GRPOTrainer``.
+        peft_config: as for ``trl.GRPOTrainer``.
         mc_sampler: optional :class:`~mcadvantage.samplers.Sampler` used for the Monte Carlo rollouts instead of
             the engine chosen above (advanced: custom engines, tests). It must sample from the current policy.
         **kwargs: other ``GRPOTrainer`` keyword arguments. ``tools``, ``rollout_func`` and ``environment_factory``

@@ -31,9 +31,13 @@ class TransformersSampler:
         model: a causal LM (``PreTrainedModel`` or a PEFT model wrapping one). Pass the unwrapped
             module (e.g. via TRL's ``unwrap_model_for_generation`` under DeepSpeed ZeRO-3).
         tokenizer: used for its pad and EOS token ids; when None, ``model.generation_config``'s.
-        temperature, top_p, top_k, min_p, repetition_penalty: sampling settings; use the training
-            rollouts' settings (VinePPO samples values with the current policy as it is trained).
-            ``top_k=None`` disables top-k filtering (transformers' default of 50 is not applied).
+        temperature: sampling temperature (> 0). Use the training rollouts' sampling settings for
+            this and the four below: VinePPO samples values with the current policy as it is trained.
+        top_p: nucleus sampling threshold in (0, 1] (1.0 = off).
+        top_k: keep the ``top_k`` most likely tokens; ``None`` disables top-k filtering
+            (transformers' default of 50 is not applied).
+        min_p: minimum probability relative to the most likely token (None = off).
+        repetition_penalty: transformers' repetition penalty (1.0 = off).
         max_batch_sequences: rows per ``generate`` call (memory bound).
         generation_kwargs: extra ``GenerationConfig`` fields, applied last.
 

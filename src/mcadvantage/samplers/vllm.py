@@ -246,8 +246,11 @@ class VLLMServerSampler:
         client: a TRL ``VLLMClient`` (``trainer.vllm_generation.vllm_client`` in server mode); its
             ``base_url`` and HTTP session are reused. Mutually exclusive with ``base_url``.
         model: the served model name to request; None asks the server (``/v1/models``).
-        temperature, top_p, top_k, min_p, repetition_penalty: sampling settings, as for
-            :class:`VLLMSampler`.
+        temperature: sampling temperature, as for :class:`VLLMSampler`.
+        top_p: nucleus sampling threshold (1.0 = off).
+        top_k: keep the ``top_k`` most likely tokens (None = off).
+        min_p: minimum probability relative to the most likely token (None = off).
+        repetition_penalty: vLLM's repetition penalty (1.0 = off).
         seed: optional base seed. Every rollout request then gets its own seed range and its own POST
             (one POST shares one seed across its prompts, which would correlate them). Do not use it
             with a vLLM CPU server: per-request seeds crash vLLM's CPU backend.

@@ -71,7 +71,9 @@ class Verifier(Protocol):
 
     __name__: str
 
-    def score(self, response: str, gold: str) -> float: ...
+    def score(self, response: str, gold: str) -> float:
+        """Reward in ``[0, 1]`` of one response against one gold answer; never raises on bad output."""
+        ...
 
     def __call__(
         self,

@@ -57,4 +57,7 @@ class Sampler(Protocol):
     ``requests[i].n`` continuations, each an independent sample (no seed shared across requests).
     """
 
-    def sample(self, requests: Sequence[RolloutRequest]) -> list[list[Continuation]]: ...
+    def sample(self, requests: Sequence[RolloutRequest]) -> list[list[Continuation]]:
+        """Return, for every request in order, exactly ``request.n`` continuations of ``request.prefix_ids``,
+        each at most ``request.max_tokens`` tokens long."""
+        ...

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import os
 import re
+import shlex
 import subprocess
 import sys
 import types
@@ -234,3 +236,66 @@ def test_snippet_checker_catches_a_wrong_keyword():
     assert len(problems) == 2, problems
     assert "num_mc_rolouts" in problems[0]
     assert "MCValueEstimator.estimat: no such method" in problems[1]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Every command-line flag in the docs exists
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _bash_commands(path: Path) -> list[list[str]]:
+    """Each command of the ```bash blocks of a page, as shell tokens (continuation lines joined)."""
+    text = path.read_text(encoding="utf-8")
+    commands = []
+    for block in re.finditer(r"^```bash\n(.*?)^```", text, re.M | re.S):
+        for line in block.group(1).replace("\\\n", " ").splitlines():
+            tokens = shlex.split(line, comments=True)
+            while tokens and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", tokens[0]):  # leading VAR=value
+                tokens.pop(0)
+            if tokens:
+                commands.append(tokens)
+    return commands
+
+
+def _flags(tokens: list[str]) -> list[str]:
+    return [t.split("=", 1)[0] for t in tokens if t.startswith("--")]
+
+
+def _options(parser: Any) -> set[str]:
+    return set(parser._option_string_actions)  # argparse keeps every spelling of every option here
+
+
+def test_command_line_flags_in_docs_exist(monkeypatch):
+    """Flags of `trl vllm-serve`, `accelerate launch` and the example scripts used in the docs are real."""
+    pytest.importorskip("trl")
+    from accelerate.commands.launch import launch_command_parser
+    from trl.scripts.vllm_serve import make_parser as vllm_serve_parser
+
+    spec = importlib.util.spec_from_file_location("_docs_examples_common", ROOT / "examples" / "_common.py")
+    common = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, common)  # dataclasses look their module up while it executes
+    spec.loader.exec_module(common)
+    parsers = {
+        "vllm-serve": _options(vllm_serve_parser()),
+        "accelerate": _options(launch_command_parser()),
+        "script": _options(common.make_parser()),  # VinePPOConfig + trl.ModelConfig + the examples' flags
+    }
+    problems = []
+    checked = 0
+    for page in _pages():
+        for tokens in _bash_commands(page):
+            where = f"{page.relative_to(ROOT)}: {' '.join(tokens)[:80]}"
+            if tokens[:2] == ["trl", "vllm-serve"]:
+                groups = [("vllm-serve", tokens[2:])]
+            elif tokens[:2] == ["accelerate", "launch"]:
+                script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), len(tokens))
+                groups = [("accelerate", tokens[2:script]), ("script", tokens[script + 1 :])]
+            else:
+                continue
+            for kind, part in groups:
+                for flag in _flags(part):
+                    checked += 1
+                    if flag not in parsers[kind]:
+                        problems.append(f"{where}: {kind} has no flag {flag}")
+    assert checked >= 10, f"only {checked} flags found in the docs' bash blocks"
+    assert not problems, "\n".join(problems)

@@ -318,7 +318,10 @@ def _resolve_batch_geometry(script_args: ExampleArguments, args: VinePPOConfig) 
         steps_per_iteration = args.generation_batch_size // minibatch * args.num_iterations
         args.max_steps = script_args.ppo_iterations * steps_per_iteration
     warmup = args.get_warmup_steps(args.max_steps)
-    if str(args.lr_scheduler_type).endswith("polynomial") and warmup >= args.max_steps:
+    if (
+        getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type) == "polynomial"
+        and warmup >= args.max_steps
+    ):
         # transformers' polynomial schedule divides by the steps left after warm-up (ZeroDivisionError at 0).
         raise ValueError(
             f"warmup_steps={args.warmup_steps} gives {warmup} warm-up steps for max_steps={args.max_steps}, leaving "

@@ -1,0 +1,486 @@
+"""The paper-scale examples (``examples/math.py``, ``examples/gsm8k.py``) and their accelerate configs.
+
+Their arguments are parsed in-process (the defaults must be the paper's settings), their data loading and
+Pass@1 evaluation are checked on small inputs, and each example runs end to end for one training step on a
+tiny offline model on CPU, in a subprocess (slow), so the examples cannot rot.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("trl")
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+CONFIGS = EXAMPLES / "accelerate_configs"
+
+
+def _load_example(name: str):
+    """Import ``examples/<name>.py`` under a private module name (never as ``math``: the file's own name would
+    shadow the standard library)."""
+    spec = importlib.util.spec_from_file_location(f"_vineppo_example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def examples():
+    math_example = _load_example("math")
+    gsm8k_example = _load_example("gsm8k")
+    import _common  # importable once an example put examples/ on sys.path
+
+    return SimpleNamespace(math=math_example, gsm8k=gsm8k_example, common=_common)
+
+
+def _parse(examples, name: str, tmp_path, *extra: str):
+    module = getattr(examples, name)
+    return examples.common.parse_args(module.TASK, ["--output_dir", str(tmp_path / "out"), *extra])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Arguments
+# --------------------------------------------------------------------------------------------------------------
+
+PAPER = {
+    "num_mc_rollouts": 9,
+    "temperature": 0.6,
+    "top_p": 0.9,
+    "beta": 1e-4,
+    "epsilon": 0.2,
+    "num_iterations": 2,
+    "learning_rate": 1e-6,
+    "weight_decay": 0.0,
+    "max_grad_norm": 1.0,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.999,
+    "warmup_steps": 0.03,
+    "num_generations": 8,
+    "generation_batch_size": 512,
+    "max_completion_length": 1024,
+    "use_vllm": True,
+    "vllm_mode": "colocate",
+}
+
+
+@pytest.mark.parametrize(
+    "name, model, segmenter, iterations, problem_column",
+    [
+        ("math", "realtreetune/rho-1b-sft-MATH", "math", 1000, "problem"),
+        ("gsm8k", "realtreetune/rho-1b-sft-GSM8K", "gsm8k", 650, "question"),
+    ],
+)
+def test_defaults_are_the_papers_setup(
+    examples, tmp_path, name, model, segmenter, iterations, problem_column
+):
+    script, args, model_args = _parse(examples, name, tmp_path)
+    for field_name, value in PAPER.items():
+        assert getattr(args, field_name) == value, field_name
+    assert getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type) == "polynomial"
+    assert args.step_segmenter == segmenter
+    assert model_args.model_name_or_path == model
+    assert script.problem_column == problem_column
+    # 64 prompts x 8 responses per iteration, minibatch 64: 8 optimizer steps per epoch, 2 epochs.
+    minibatch = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+    assert minibatch == 64
+    assert args.max_steps == iterations * (512 // 64) * 2
+    # The official checkpoints' prompt template.
+    assert script.prompt_template == "[MATH_TASK] Problem:\n{problem}\n\nSolution:"
+    assert examples.common.build_prompt(script.prompt_template, "What is $1+{2}$?") == (
+        "[MATH_TASK] Problem:\nWhat is $1+{2}$?\n\nSolution:"
+    )
+    # Pass@1 as in the paper: 16 samples at temperature 0.35 (top-p 0.9, 1024 tokens in the official code).
+    settings = examples.common.PassAt1Settings.from_args(script, args)
+    assert (settings.num_samples, settings.temperature, settings.top_p, settings.max_tokens) == (
+        16,
+        0.35,
+        0.9,
+        1024,
+    )
+    assert script.run_pass_at_1 is True
+    # Hub data by default.
+    assert script.dataset_name and script.eval_dataset_name and script.train_file is None
+
+
+def test_command_line_and_config_file_override_the_defaults(examples, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("num_mc_rollouts: 5\nlearning_rate: 3.0e-6\npass_at_1_samples: 4\n")
+    script, args, _ = _parse(
+        examples,
+        "math",
+        tmp_path,
+        "--config",
+        str(recipe),
+        "--num_mc_rollouts",
+        "3",  # the command line beats the config file
+        "--vllm_mode",
+        "server",
+        "--per_device_train_batch_size",
+        "16",
+        "--max_steps",
+        "7",
+        "--train_file",
+        "train.jsonl",
+    )
+    assert args.num_mc_rollouts == 3
+    assert args.learning_rate == 3e-6
+    assert script.pass_at_1_samples == 4
+    assert args.vllm_mode == "server"
+    assert args.gradient_accumulation_steps == 4  # 64 = 16 per device x 1 process x 4
+    assert args.max_steps == 7  # an explicit max_steps wins over ppo_iterations
+    assert script.train_file == "train.jsonl"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--per_device_train_batch_size", "128"], "minibatch_size=64 is not a multiple"),
+        (["--gradient_accumulation_steps", "3"], "contradicts minibatch_size=64"),
+        (
+            ["--minibatch_size", "0", "--gradient_accumulation_steps", "3"],
+            "generation_batch_size=512 is not a multiple",
+        ),
+        (["--prompt_template", "Solve it.\nSolution:"], "no '{problem}' placeholder"),
+        (["--pass_at_1_engine", "sglang"], "pass_at_1_engine='sglang' is invalid"),
+        (["--max_steps", "1"], "leaving none for the polynomial decay"),
+    ],
+)
+def test_inconsistent_arguments_fail_with_the_fix(examples, tmp_path, extra, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _parse(examples, "gsm8k", tmp_path, *extra)
+
+
+def test_minibatch_without_derivation_uses_gradient_accumulation(examples, tmp_path):
+    _, args, _ = _parse(
+        examples,
+        "gsm8k",
+        tmp_path,
+        "--minibatch_size",
+        "0",
+        "--gradient_accumulation_steps",
+        "2",
+        "--warmup_steps",
+        "0",
+    )
+    assert args.gradient_accumulation_steps == 2
+    # max_steps follows the real minibatch (8 x 1 x 2 = 16 episodes): 512 / 16 x 2 epochs per iteration.
+    assert args.max_steps == 650 * (512 // 16) * 2
+
+
+@pytest.mark.parametrize(
+    "config, per_device, accumulation",
+    [
+        ("single_gpu.yaml", 8, 8),
+        ("multi_gpu_zero2.yaml", 8, 1),
+        ("multi_gpu_zero3.yaml", 8, 1),
+        ("multi_node_zero2.yaml", 4, 1),
+    ],
+)
+def test_paper_batch_geometry_fits_each_accelerate_config(examples, config, per_device, accumulation):
+    """With the per-device batch the README recommends for a config, the paper's minibatch (64) and iteration
+    (512 episodes) divide evenly over that config's processes."""
+    processes = yaml.safe_load((CONFIGS / config).read_text())["num_processes"]
+    args = SimpleNamespace(
+        world_size=processes,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=1,
+        generation_batch_size=512,
+        num_iterations=2,
+        max_steps=-1,
+        warmup_steps=0.03,
+        lr_scheduler_type="polynomial",
+        get_warmup_steps=lambda steps: -(-steps * 3 // 100),
+    )
+    script = SimpleNamespace(minibatch_size=64, ppo_iterations=1000)
+    examples.common._resolve_batch_geometry(script, args)
+    assert args.gradient_accumulation_steps == accumulation
+    assert args.max_steps == 16000
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Data and evaluation
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_local_problems_are_formatted_and_long_prompts_dropped(examples, tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    rows = [
+        {"question": "What is 2+2?", "answer": "2+2=4\n#### 4", "extra": 1},
+        {"question": "x" * 300, "answer": "#### 1", "extra": 2},
+    ]
+    script, _, _ = _parse(
+        examples, "gsm8k", tmp_path, "--train_file", str(_write_jsonl(tmp_path / "t.jsonl", rows))
+    )
+    dataset = examples.common.load_problems(task=examples.gsm8k.TASK, script_args=script, split="train")
+    assert sorted(dataset.column_names) == ["answer", "prompt"]  # unused columns are dropped
+    assert dataset[0]["prompt"] == "[MATH_TASK] Problem:\nWhat is 2+2?\n\nSolution:"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    kept = examples.common.filter_long_prompts(dataset, tokenizer, max_prompt_tokens=100)
+    assert kept["answer"] == ["2+2=4\n#### 4"]
+
+
+def test_local_problems_without_the_needed_columns_are_refused(examples, tmp_path):
+    path = _write_jsonl(tmp_path / "t.jsonl", [{"problem": "1+1?", "gold": "2"}])
+    script, _, _ = _parse(examples, "math", tmp_path, "--eval_file", str(path))
+    with pytest.raises(ValueError, match=r"none of the gold answer columns \['answer', 'solution'\]"):
+        examples.common.load_problems(task=examples.math.TASK, script_args=script, split="eval")
+    script, _, _ = _parse(
+        examples, "math", tmp_path, "--eval_file", str(path), "--problem_column", "question"
+    )
+    with pytest.raises(ValueError, match="--problem_column"):
+        examples.common.load_problems(task=examples.math.TASK, script_args=script, split="eval")
+
+
+class ScriptedSampler:
+    """Returns, for problem ``i`` (identified by its prompt), ``i`` correct answers then wrong ones."""
+
+    def __init__(self, tokenizer, answers: dict[tuple[int, ...], int]):
+        self.tokenizer = tokenizer
+        self.answers = answers
+        self.requests = []
+
+    def sample(self, requests):
+        from mcadvantage.samplers import Continuation
+
+        self.requests.extend(requests)
+        out = []
+        for r in requests:
+            i = self.answers[r.prefix_ids]
+            texts = [f" {i}+{i}={2 * i}\n#### {2 * i}" if j < i else " #### -1" for j in range(r.n)]
+            ids = [tuple(self.tokenizer(text=t)["input_ids"]) + (self.tokenizer.eos_token_id,) for t in texts]
+            out.append([Continuation(t, truncated=False) for t in ids])
+        return out
+
+
+def test_pass_at_1_averages_every_sample_of_every_problem(examples, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from mcadvantage import GSM8KVerifier
+
+    common = examples.common
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = [{"prompt": f"Problem {i}:", "answer": f"#### {2 * i}"} for i in range(4)]
+    answers = {tuple(tokenizer(text=r["prompt"])["input_ids"]): i for i, r in enumerate(rows)}
+    sampler = ScriptedSampler(tokenizer, answers)
+    settings = common.PassAt1Settings(num_samples=4, max_tokens=32, problems_per_call=3)
+    scores, truncated, first = common.score_samples(
+        sampler, tokenizer, rows, GSM8KVerifier(), settings, context=512
+    )
+    # Problem i has i correct samples out of 4.
+    assert scores == [[1.0] * i + [0.0] * (4 - i) for i in range(4)]
+    assert truncated == 0
+    assert first[1] == " 1+1=2\n#### 2"
+    assert all(r.n == 4 and r.max_tokens == 32 for r in sampler.requests)
+    result = common.PassAt1Result.from_scores(
+        scores, truncated=0, engine="test", seconds=0.0, settings=settings
+    )
+    assert result.pass_at_1 == pytest.approx((0 + 1 + 2 + 3) / 16)
+    assert result.per_round == pytest.approx(
+        [3 / 4, 2 / 4, 1 / 4, 0.0]
+    )  # sample j is right for problems i > j
+    assert result.per_problem == pytest.approx([0.0, 0.25, 0.5, 0.75])
+
+    # A prompt that leaves no room in the context is not sampled and scores 0; budgets are capped by the context.
+    long_rows = [rows[3], {"prompt": "y" * 40, "answer": "#### 0"}]
+    sampler = ScriptedSampler(tokenizer, answers)
+    scores, _, _ = common.score_samples(sampler, tokenizer, long_rows, GSM8KVerifier(), settings, context=40)
+    assert scores == [[1.0, 1.0, 1.0, 0.0], [0.0] * 4]
+    assert [r.max_tokens for r in sampler.requests] == [
+        40 - len(tokenizer(text=rows[3]["prompt"])["input_ids"])
+    ]
+
+
+def test_evaluate_checkpoint_with_transformers(examples, tiny_model_dir):
+    from datasets import Dataset
+
+    from mcadvantage import GSM8KVerifier
+
+    common = examples.common
+    dataset = Dataset.from_dict({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]})
+    settings = common.PassAt1Settings(num_samples=3, max_tokens=6)
+    result = common.evaluate_checkpoint(
+        str(tiny_model_dir), dataset, GSM8KVerifier(), settings, engine="transformers"
+    )
+    assert result.engine == "transformers"
+    assert (result.num_problems, result.num_samples, len(result.per_round)) == (2, 3, 3)
+    assert result.truncated_ratio == 1.0  # a random tiny model does not stop within 6 tokens
+    assert result.pass_at_1 == 0.0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Accelerate configs and the README
+# --------------------------------------------------------------------------------------------------------------
+
+EXPECTED_CONFIGS = {
+    "single_gpu.yaml": {"distributed_type": "NO", "num_machines": 1, "num_processes": 1, "zero_stage": None},
+    "multi_gpu_zero2.yaml": {
+        "distributed_type": "DEEPSPEED",
+        "num_machines": 1,
+        "num_processes": 8,
+        "zero_stage": 2,
+    },
+    "multi_gpu_zero3.yaml": {
+        "distributed_type": "DEEPSPEED",
+        "num_machines": 1,
+        "num_processes": 8,
+        "zero_stage": 3,
+    },
+    "multi_node_zero2.yaml": {
+        "distributed_type": "DEEPSPEED",
+        "num_machines": 2,
+        "num_processes": 16,
+        "zero_stage": 2,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_CONFIGS))
+def test_accelerate_configs_parse_and_have_the_expected_keys(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    expected = EXPECTED_CONFIGS[name]
+    raw = yaml.safe_load((CONFIGS / name).read_text())
+    for key in (
+        "compute_environment",
+        "distributed_type",
+        "num_machines",
+        "num_processes",
+        "mixed_precision",
+    ):
+        assert key in raw, key
+    assert raw["mixed_precision"] == "bf16"
+    assert raw["distributed_type"] == expected["distributed_type"]
+    assert raw["num_machines"] == expected["num_machines"]
+    assert raw["num_processes"] == expected["num_processes"]
+    if expected["zero_stage"] is None:
+        assert "deepspeed_config" not in raw
+    else:
+        assert raw["deepspeed_config"]["zero_stage"] == expected["zero_stage"]
+    if expected["zero_stage"] == 3:
+        assert raw["deepspeed_config"]["zero3_init_flag"] is True
+        assert raw["deepspeed_config"]["zero3_save_16bit_model"] is True  # a loadable model at the end
+    if expected["num_machines"] > 1:
+        assert {"main_process_ip", "main_process_port", "machine_rank"} <= raw.keys()
+    # accelerate itself accepts the file (unknown keys would raise here).
+    loaded = load_config_from_file(str(CONFIGS / name))
+    assert loaded.num_processes == expected["num_processes"]
+
+
+def test_readme_commands_point_at_files_that_exist():
+    readme = (EXAMPLES / "README.md").read_text(encoding="utf-8")
+    for path in set(re.findall(r"examples/[\w./-]+\.(?:py|yaml)", readme)):
+        assert (ROOT / path).is_file(), f"examples/README.md mentions {path}, which does not exist"
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(EXPECTED_CONFIGS)
+    for name in EXPECTED_CONFIGS:
+        assert f"accelerate_configs/{name}" in readme, f"examples/README.md does not document {name}"
+    assert "trl vllm-serve" in readme and "--vllm_mode server" in readme
+
+
+# --------------------------------------------------------------------------------------------------------------
+# End to end: one training step of each example on a tiny offline model (CPU)
+# --------------------------------------------------------------------------------------------------------------
+
+TINY_RUN = [
+    "--use_vllm", "false",
+    "--bf16", "false",
+    "--gradient_checkpointing", "false",
+    "--report_to", "none",
+    "--save_strategy", "no",
+    "--per_device_train_batch_size", "4",
+    "--num_generations", "2",
+    "--generation_batch_size", "4",
+    "--minibatch_size", "4",
+    "--num_mc_rollouts", "2",
+    "--max_completion_length", "16",
+    "--max_steps", "1",
+    "--warmup_steps", "0",
+    "--logging_steps", "1",
+    "--max_eval_samples", "3",
+    "--pass_at_1_samples", "2",
+    "--pass_at_1_max_tokens", "8",
+    "--pass_at_1_engine", "transformers",
+]  # fmt: skip
+
+TASK_ROWS = {
+    "gsm8k": [
+        {"question": f"What is {a}+{a}?", "answer": f"{a}+{a}={2 * a}\n#### {2 * a}"} for a in range(8)
+    ],
+    "math": [
+        {"problem": f"What is ${a}+{a}$?", "solution": f"${a}+{a}=\\boxed{{{2 * a}}}$", "answer": str(2 * a)}
+        for a in range(8)
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name, launcher", [("gsm8k", "accelerate"), ("math", "python")])
+def test_example_trains_one_step_and_evaluates(tmp_path, tiny_model_dir, name, launcher):
+    data = _write_jsonl(tmp_path / f"{name}.jsonl", TASK_ROWS[name])
+    out = tmp_path / "out"
+    script = str(EXAMPLES / f"{name}.py")
+    if launcher == "accelerate":
+        # The shipped single-GPU config, forced onto the CPU.
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                   str(CONFIGS / "single_gpu.yaml"), "--cpu", "--mixed_precision", "no", script]  # fmt: skip
+    else:
+        command = [sys.executable, script, "--use_cpu", "true"]
+    command += [
+        "--model_name_or_path", str(tiny_model_dir),
+        "--train_file", str(data),
+        "--eval_file", str(data),
+        "--output_dir", str(out),
+        *TINY_RUN,
+    ]  # fmt: skip
+    if name == "math":
+        command += ["--pass_at_1_before_training", "true"]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+    )
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, f"{name} example failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+    # The trained model and tokenizer are saved and load back.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(out)
+    AutoTokenizer.from_pretrained(out)
+
+    # One VinePPO step ran: the Monte Carlo rollouts happened and were logged.
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 1
+    step_log = next(entry for entry in state["log_history"] if "mc/rollouts" in entry)
+    assert step_log["mc/rollouts"] > 0 and step_log["mc/states"] > 0
+    assert "train_runtime" in json.loads((out / "train_results.json").read_text())
+
+    # Pass@1 was measured with the requested settings and written out.
+    names = ["pass_at_1"] + (["pass_at_1_initial"] if name == "math" else [])
+    for result_name in names:
+        record = json.loads((out / f"{result_name}.json").read_text())
+        assert (record["num_problems"], record["num_samples"], record["engine"]) == (3, 2, "transformers")
+        assert record["settings"]["temperature"] == 0.35 and record["settings"]["max_tokens"] == 8
+        assert len(record["per_round"]) == 2 and 0.0 <= record["pass_at_1"] <= 1.0
+        assert record["eval_problems"] == str(data)
+    final = json.loads((out / "pass_at_1.json").read_text())
+    assert json.loads((out / "pass_at_1_results.json").read_text())["pass_at_1"] == final["pass_at_1"]

@@ -528,9 +528,11 @@ class PassAt1Result:
         num_problems, num_samples: sizes.
         truncated_ratio: share of responses that ran out of token budget.
         engine: which engine sampled (``"vllm-colocate"``, ``"vllm-server"``, ``"vllm"``, ``"transformers"``).
-        seconds: wall-clock time of the evaluation.
+        seconds: wall-clock time of the evaluation (with :func:`evaluate_checkpoint`, loading the model or
+            starting the vLLM engine included).
         settings: the :class:`PassAt1Settings` used.
         per_problem: per problem, its mean correctness (same order as the evaluation dataset).
+        responses: per problem, its first sampled response (for inspection).
     """
 
     pass_at_1: float
@@ -543,6 +545,7 @@ class PassAt1Result:
     seconds: float
     settings: dict[str, Any]
     per_problem: list[float]
+    responses: list[str] = field(default_factory=list)
 
     @classmethod
     def from_scores(
@@ -553,6 +556,7 @@ class PassAt1Result:
         engine: str,
         seconds: float,
         settings: PassAt1Settings,
+        responses: Sequence[str] = (),
     ) -> PassAt1Result:
         if not scores:
             raise ValueError("No problems were evaluated: the evaluation dataset is empty.")
@@ -573,6 +577,7 @@ class PassAt1Result:
             seconds=seconds,
             settings=asdict(settings),
             per_problem=[math.fsum(row) / n for row in scores],
+            responses=list(responses),
         )
 
     def summary(self) -> str:
@@ -725,7 +730,7 @@ def evaluate_pass_at_1(
                 )
             ]
         broadcast_object_list(payload, from_process=0)
-        scores, truncated, _ = payload[0]
+        scores, truncated, responses = payload[0]
         engine_name = "vllm-server"
     else:
         mine = list(range(rank, len(rows), world))
@@ -758,12 +763,13 @@ def evaluate_pass_at_1(
             )
             engine_name = "transformers"
         gathered = gather_object([(mine, local)])
-        by_index: dict[int, list[float]] = {}
+        by_index: dict[int, tuple[list[float], str]] = {}
         truncated = 0
-        for indices, (part_scores, part_truncated, _) in gathered:
-            by_index.update(zip(indices, part_scores, strict=True))
+        for indices, (part_scores, part_truncated, part_responses) in gathered:
+            by_index.update(zip(indices, zip(part_scores, part_responses, strict=True), strict=True))
             truncated += part_truncated
-        scores = [by_index[i] for i in range(len(rows))]
+        scores = [by_index[i][0] for i in range(len(rows))]
+        responses = [by_index[i][1] for i in range(len(rows))]
     trainer.model.train(was_training)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -773,6 +779,7 @@ def evaluate_pass_at_1(
         engine=engine_name,
         seconds=time.perf_counter() - start,
         settings=settings,
+        responses=responses,
     )
 
 
@@ -895,7 +902,7 @@ def evaluate_checkpoint(
         sampler = VLLMSampler(
             llm, temperature=settings.temperature, top_p=settings.top_p, seed=_vllm_seed(settings.seed)
         )
-        scores, truncated, _ = score_samples(
+        scores, truncated, responses = score_samples(
             sampler, tokenizer, rows, verifier, settings, context=context, show_progress=True
         )
         engine_name = "vllm"
@@ -919,7 +926,7 @@ def evaluate_checkpoint(
             max_batch_sequences=settings.batch_size,
         )
         with _forked_rng(settings.seed):
-            scores, truncated, _ = score_samples(
+            scores, truncated, responses = score_samples(
                 sampler, tokenizer, rows, verifier, settings, context=max_positions, show_progress=True
             )
         engine_name = "transformers"
@@ -929,14 +936,23 @@ def evaluate_checkpoint(
         engine=engine_name,
         seconds=time.perf_counter() - start,
         settings=settings,
+        responses=responses,
     )
 
 
-def _write_result(output_dir: str, name: str, result: PassAt1Result, model: str, dataset_source: str) -> Path:
+def _write_result(
+    output_dir: str, name: str, result: PassAt1Result, model: str, dataset_source: str, dataset: Any
+) -> Path:
+    """Write ``<name>.json`` (the metrics) and ``<name>_responses.jsonl`` (per problem: its columns, accuracy
+    and first sampled response)."""
     path = Path(output_dir) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"model": model, "eval_problems": dataset_source, **asdict(result)}
+    record.pop("responses")
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    with open(Path(output_dir) / f"{name}_responses.jsonl", "w", encoding="utf-8") as f:
+        for row, accuracy, response in zip(dataset, result.per_problem, result.responses, strict=True):
+            f.write(json.dumps({**row, "accuracy": accuracy, "response": response}) + "\n")
     return path
 
 
@@ -993,7 +1009,7 @@ def main(task: TaskSpec, argv: Sequence[str] | None = None) -> dict[str, Any]:
             trust_remote_code=training_args.trust_remote_code,
         )
         path = _write_result(
-            training_args.output_dir, "pass_at_1", result, model_path, _eval_source(script_args)
+            training_args.output_dir, "pass_at_1", result, model_path, _eval_source(script_args), eval_dataset
         )
         logger.info("%s: %s (written to %s)", model_path, result.summary(), path)
         summary["pass_at_1"] = result.pass_at_1
@@ -1042,7 +1058,9 @@ def main(task: TaskSpec, argv: Sequence[str] | None = None) -> dict[str, Any]:
             trainer, eval_dataset, verifier, settings, engine=script_args.pass_at_1_engine
         )
         if trainer.accelerator.is_main_process:
-            _write_result(training_args.output_dir, "pass_at_1_initial", initial, model_path, source)
+            _write_result(
+                training_args.output_dir, "pass_at_1_initial", initial, model_path, source, eval_dataset
+            )
         logger.info("Before training: %s", initial.summary())
         summary["pass_at_1_initial"] = initial.pass_at_1
 
@@ -1050,9 +1068,7 @@ def main(task: TaskSpec, argv: Sequence[str] | None = None) -> dict[str, Any]:
     trainer.save_model(training_args.output_dir)
     trainer.log_metrics("train", train_result.metrics)
     trainer.save_metrics("train", train_result.metrics)
-    trainer.save_state()
-    if trainer.accelerator.is_main_process:
-        tokenizer.save_pretrained(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json: every logged metric (save_model also saved the tokenizer)
     logger.info("Model saved to %s", training_args.output_dir)
 
     if script_args.run_pass_at_1:
@@ -1061,7 +1077,7 @@ def main(task: TaskSpec, argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
         if trainer.accelerator.is_main_process:
             path = _write_result(
-                training_args.output_dir, "pass_at_1", result, training_args.output_dir, source
+                training_args.output_dir, "pass_at_1", result, training_args.output_dir, source, eval_dataset
             )
             trainer.save_metrics(
                 "pass_at_1", {"pass_at_1": result.pass_at_1, "pass_at_1_std": result.std_over_rounds}

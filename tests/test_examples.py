@@ -289,8 +289,9 @@ def test_pass_at_1_averages_every_sample_of_every_problem(examples, tiny_model_d
     assert first[1] == " 1+1=2\n#### 2"
     assert all(r.n == 4 and r.max_tokens == 32 for r in sampler.requests)
     result = common.PassAt1Result.from_scores(
-        scores, truncated=0, engine="test", seconds=0.0, settings=settings
+        scores, truncated=0, engine="test", seconds=0.0, settings=settings, responses=first
     )
+    assert result.responses == first
     assert result.pass_at_1 == pytest.approx((0 + 1 + 2 + 3) / 16)
     assert result.per_round == pytest.approx(
         [3 / 4, 2 / 4, 1 / 4, 0.0]
@@ -418,6 +419,7 @@ TINY_RUN = [
     "--pass_at_1_engine", "transformers",
 ]  # fmt: skip
 
+TASK_PROBLEM = {"gsm8k": "question", "math": "problem"}
 TASK_ROWS = {
     "gsm8k": [
         {"question": f"What is {a}+{a}?", "answer": f"{a}+{a}={2 * a}\n#### {2 * a}"} for a in range(8)
@@ -482,5 +484,12 @@ def test_example_trains_one_step_and_evaluates(tmp_path, tiny_model_dir, name, l
         assert record["settings"]["temperature"] == 0.35 and record["settings"]["max_tokens"] == 8
         assert len(record["per_round"]) == 2 and 0.0 <= record["pass_at_1"] <= 1.0
         assert record["eval_problems"] == str(data)
+        lines = (out / f"{result_name}_responses.jsonl").read_text().splitlines()
+        inspected = [json.loads(line) for line in lines]
+        assert [r["prompt"] for r in inspected] == [
+            "[MATH_TASK] Problem:\n" + row[TASK_PROBLEM[name]] + "\n\nSolution:"
+            for row in TASK_ROWS[name][:3]
+        ]
+        assert all(isinstance(r["response"], str) and r["accuracy"] in (0.0, 0.5, 1.0) for r in inspected)
     final = json.loads((out / "pass_at_1.json").read_text())
     assert json.loads((out / "pass_at_1_results.json").read_text())["pass_at_1"] == final["pass_at_1"]

@@ -428,6 +428,33 @@ def test_decodes_concatenated_ids_so_split_characters_survive():
     assert out.values[0][1] == 1.0
 
 
+def test_fast_decoding_equals_batch_decode_and_falls_back_when_transformers_post_processes(tok):
+    """Rollouts are decoded through the Rust backend directly (skipping transformers' per-token
+    input check) only where that gives exactly ``batch_decode(..., skip_special_tokens=True)``."""
+    from transformers import PreTrainedTokenizerFast
+
+    from mcadvantage.estimator import _decode_batch, _plain_fast_backend
+
+    seqs = [ids(tok, "a b, c.") + [tok.eos_token_id], [tok.bos_token_id, *ids(tok, " x ?\n")], []]
+    assert _plain_fast_backend(tok) is tok.backend_tokenizer  # fast path taken
+    assert _decode_batch(tok, seqs) == tok.batch_decode(seqs, skip_special_tokens=True)
+    assert _decode_batch(tok, seqs)[:2] == ["a b, c.", " x ?\n"]
+
+    class CustomDecode(PreTrainedTokenizerFast):
+        def _decode(self, token_ids, skip_special_tokens=False, **kwargs):
+            return "custom"
+
+    custom = CustomDecode(tokenizer_object=tok.backend_tokenizer, eos_token="</s>")
+    assert _plain_fast_backend(custom) is None
+    assert _decode_batch(custom, seqs[:2]) == ["custom", "custom"]
+
+    cleaned = PreTrainedTokenizerFast(
+        tokenizer_object=tok.backend_tokenizer, eos_token="</s>", clean_up_tokenization_spaces=True
+    )
+    assert _plain_fast_backend(cleaned) is None  # transformers decides how to clean up: not bypassed
+    assert _decode_batch(cleaned, seqs) == cleaned.batch_decode(seqs, skip_special_tokens=True)
+
+
 # ----------------------------------------------------------------------------- validation
 
 

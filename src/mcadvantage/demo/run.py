@@ -117,7 +117,14 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
 
 def _validate(config: DemoConfig) -> None:
     positive = ["warmup_steps", "warmup_batch_size", "rl_steps", "num_mc_rollouts", "prompts_per_step"]
-    positive += ["eval_problems", "curve_problems", "threads", "max_completion_length", "warmup_evals", "rl_evals"]
+    positive += [
+        "eval_problems",
+        "curve_problems",
+        "threads",
+        "max_completion_length",
+        "warmup_evals",
+        "rl_evals",
+    ]
     for name in positive:
         if getattr(config, name) < 1:
             raise SystemExit(f"--{name} must be >= 1, got {getattr(config, name)}.")
@@ -127,7 +134,9 @@ def _validate(config: DemoConfig) -> None:
             f"it), got {config.num_generations}."
         )
     if not 1 <= config.min_steps <= config.max_steps:
-        raise SystemExit(f"need 1 <= --min_steps <= --max_steps, got {config.min_steps} and {config.max_steps}.")
+        raise SystemExit(
+            f"need 1 <= --min_steps <= --max_steps, got {config.min_steps} and {config.max_steps}."
+        )
     if config.curve_problems > config.eval_problems:
         raise SystemExit(
             f"--curve_problems ({config.curve_problems}) must be <= --eval_problems ({config.eval_problems}): "
@@ -221,7 +230,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     )
 
     def curve_accuracy() -> float:
-        return evaluate_accuracy(model, tokenizer, curve_set, verifier.score, max_new_tokens=config.max_completion_length)[0]
+        return evaluate_accuracy(
+            model, tokenizer, curve_set, verifier.score, max_new_tokens=config.max_completion_length
+        )[0]
 
     # ---- 1. supervised warm-up ------------------------------------------------------------------------
     warmup_curve: list[tuple[float, float]] = [(0.0, curve_accuracy())]
@@ -312,7 +323,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             self.bar.close()
 
     def curve_accuracy_of(policy: Any) -> float:
-        return evaluate_accuracy(policy, tokenizer, curve_set, verifier.score, max_new_tokens=config.max_completion_length)[0]
+        return evaluate_accuracy(
+            policy, tokenizer, curve_set, verifier.score, max_new_tokens=config.max_completion_length
+        )[0]
 
     progress = DemoProgress()
     trainer = VinePPOTrainer(
@@ -337,8 +350,13 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     # ---- 3. report ------------------------------------------------------------------------------------
     scored = _score_responses(policy, tokenizer, eval_set, config, verifier)
     by_steps = _accuracy_by_num_steps(policy, tokenizer, eval_set, verifier, config)
-    plot_learning_curve(out / "learning_curve.png", warmup=warmup_curve, rl=rl_curve, rl_reward=rl_reward,
-                        title=f"Held-out greedy accuracy ({len(curve_set)} problems), seed {config.seed}")
+    plot_learning_curve(
+        out / "learning_curve.png",
+        warmup=warmup_curve,
+        rl=rl_curve,
+        rl_reward=rl_reward,
+        title=f"Held-out greedy accuracy ({len(curve_set)} problems), seed {config.seed}",
+    )
     from .report import render_responses_html
 
     summary = {
@@ -376,11 +394,14 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     return metrics
 
 
-def _accuracy_by_num_steps(policy: Any, tokenizer: Any, problems: Any, verifier: Any, config: DemoConfig) -> dict:
+def _accuracy_by_num_steps(
+    policy: Any, tokenizer: Any, problems: Any, verifier: Any, config: DemoConfig
+) -> dict:
     from .evaluation import generate_responses
 
-    responses = generate_responses(policy, tokenizer, [p.prompt for p in problems],
-                                   max_new_tokens=config.max_completion_length)
+    responses = generate_responses(
+        policy, tokenizer, [p.prompt for p in problems], max_new_tokens=config.max_completion_length
+    )
     groups: dict[int, list[float]] = {}
     for p, r in zip(problems, responses, strict=True):
         groups.setdefault(p.num_steps, []).append(verifier.score(r, p.answer))
@@ -397,8 +418,14 @@ def _score_responses(policy: Any, tokenizer: Any, problems: Any, config: DemoCon
     from .report import ScoredResponse
 
     chosen = problems[: config.html_responses]
-    texts = generate_responses(policy, tokenizer, [p.prompt for p in chosen], do_sample=True,
-                               temperature=config.temperature, max_new_tokens=config.max_completion_length)
+    texts = generate_responses(
+        policy,
+        tokenizer,
+        [p.prompt for p in chosen],
+        do_sample=True,
+        temperature=config.temperature,
+        max_new_tokens=config.max_completion_length,
+    )
     segmenter = get_segmenter("gsm8k")
     trajectories = []
     for p, text in zip(chosen, texts, strict=True):
@@ -408,19 +435,33 @@ def _score_responses(policy: Any, tokenizer: Any, problems: Any, config: DemoCon
             completion_ids.append(tokenizer.eos_token_id)
         boundaries = segment_completion(segmenter, tokenizer, completion_ids)
         trajectories.append(
-            Trajectory(prompt_ids, completion_ids, boundaries, verifier.score(text, p.answer), p.prompt,
-                       {"answer": p.answer})
+            Trajectory(
+                prompt_ids,
+                completion_ids,
+                boundaries,
+                verifier.score(text, p.answer),
+                p.prompt,
+                {"answer": p.answer},
+            )
         )
     sampler = TransformersSampler(policy, tokenizer, temperature=config.temperature, max_batch_sequences=1024)
-    estimator = MCValueEstimator(sampler, verifier, tokenizer, num_rollouts=max(config.num_mc_rollouts, 8),
-                                 max_completion_length=config.max_completion_length + 1)
+    estimator = MCValueEstimator(
+        sampler,
+        verifier,
+        tokenizer,
+        num_rollouts=max(config.num_mc_rollouts, 8),
+        max_completion_length=config.max_completion_length + 1,
+    )
     estimate = estimator.estimate(trajectories)
     scored = []
-    for p, text, traj, values, advs in zip(chosen, texts, trajectories, estimate.values,
-                                           estimate.step_advantages, strict=True):
+    for p, _text, traj, values, advs in zip(
+        chosen, texts, trajectories, estimate.values, estimate.step_advantages, strict=True
+    ):
         b = traj.step_boundaries
-        steps = [tokenizer.decode(traj.completion_ids[b[i]: b[i + 1]], skip_special_tokens=True)
-                 for i in range(len(b) - 1)]
+        steps = [
+            tokenizer.decode(traj.completion_ids[b[i] : b[i + 1]], skip_special_tokens=True)
+            for i in range(len(b) - 1)
+        ]
         scored.append(ScoredResponse(p.prompt, steps, list(values), list(advs), traj.reward, p.answer))
     return scored
 

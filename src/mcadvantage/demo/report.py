@@ -4,7 +4,7 @@ responses with every reasoning step coloured by its Monte Carlo advantage."""
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,27 +33,46 @@ def advantage_colour(advantage: float, scale: float = 1.0) -> str:
     return f"rgba({rgb}, {alpha})"
 
 
+def _render_response(index: int, r: ScoredResponse) -> str:
+    if not len(r.values) == len(r.steps) + 1 == len(r.advantages) + 1:
+        raise ValueError(
+            f"ScoredResponse #{index}: {len(r.steps)} steps need {len(r.steps) + 1} values and {len(r.steps)} "
+            f"advantages, got {len(r.values)} values and {len(r.advantages)} advantages."
+        )
+    spans = []
+    for j, (step, adv) in enumerate(zip(r.steps, r.advantages, strict=True)):
+        tip = f"step {j + 1}: V(before)={r.values[j]:.2f}, V(after)={r.values[j + 1]:.2f}, A={adv:+.2f}"
+        spans.append(
+            f'<span class="step" style="background:{advantage_colour(adv)}" title="{html.escape(tip)}"'
+            f' data-advantage="{adv:.4f}" data-value-before="{r.values[j]:.4f}">{html.escape(step)}</span>'
+        )
+    verdict = "correct" if r.reward > 0.5 else "wrong"
+    return (
+        f'<div class="response {verdict}"><div class="meta">#{index} &middot; gold {html.escape(r.gold)}'
+        f" &middot; reward {r.reward:g} &middot; V(prompt)={r.values[0]:.2f}</div>"
+        f'<pre class="prompt">{html.escape(r.prompt)}</pre><pre class="completion">{"".join(spans)}</pre></div>'
+    )
+
+
 def render_responses_html(
-    responses: Sequence[ScoredResponse], *, title: str, summary: dict[str, str] | None = None
+    responses: Sequence[ScoredResponse] | Mapping[str, Sequence[ScoredResponse]],
+    *,
+    title: str,
+    summary: Mapping[str, str] | None = None,
 ) -> str:
     """A self-contained HTML page: per response, the prompt, then each step as a ``<span
-    class="step">`` coloured by its advantage, with a tooltip giving ``V`` before and after the
-    step and the advantage ``A = V(after) - V(before)``."""
-    rows = []
-    for i, r in enumerate(responses):
-        spans = []
-        for j, (step, adv) in enumerate(zip(r.steps, r.advantages, strict=True)):
-            tip = f"step {j + 1}: V(before)={r.values[j]:.2f}, V(after)={r.values[j + 1]:.2f}, A={adv:+.2f}"
-            spans.append(
-                f'<span class="step" style="background:{advantage_colour(adv)}" title="{html.escape(tip)}"'
-                f' data-advantage="{adv:.4f}" data-value-before="{r.values[j]:.4f}">{html.escape(step)}</span>'
-            )
-        verdict = "correct" if r.reward > 0.5 else "wrong"
-        rows.append(
-            f'<div class="response {verdict}"><div class="meta">#{i + 1} &middot; gold {html.escape(r.gold)}'
-            f" &middot; reward {r.reward:g} &middot; V(prompt)={r.values[0]:.2f}</div>"
-            f'<pre class="prompt">{html.escape(r.prompt)}</pre><pre class="completion">{"".join(spans)}</pre></div>'
-        )
+    class="step">`` coloured by its advantage (:func:`advantage_colour`), with a tooltip giving ``V``
+    before and after the step and the advantage ``A = V(after) - V(before)``.
+
+    ``responses`` is one list, or a mapping from section heading to list (e.g. before and after
+    training). ``summary`` items are listed under the title. Every text is HTML-escaped.
+    """
+    sections = responses.items() if isinstance(responses, Mapping) else [("", responses)]
+    body = []
+    for heading, items in sections:
+        if heading:
+            body.append(f"<h2>{html.escape(heading)}</h2>")
+        body.extend(_render_response(i + 1, r) for i, r in enumerate(items))
     info = ""
     if summary:
         items = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in summary.items())
@@ -74,10 +93,12 @@ pre {{ margin: 0.2em 0; font-size: 15px; white-space: pre-wrap; }}
 <h1>{html.escape(title)}</h1>
 {info}
 <p class="legend">Each reasoning step is coloured by its Monte Carlo advantage
-A = V(after the step) - V(before the step), where V is the mean reward of K continuations sampled by the
-policy from that point: <span style="background:{advantage_colour(-1)}">negative</span>
-<span style="background:{advantage_colour(1)}">positive</span>. Hover a step for its values.</p>
-{"".join(rows)}
+A = V(after the step) - V(before the step), where V is the mean reward of continuations sampled by the
+policy from that point (after the last step, V is the response's own reward):
+<span style="background:{advantage_colour(-1)}">negative</span>
+<span style="background:{advantage_colour(1)}">positive</span>. Hover a step for its values. The left border
+is green for a correct final answer, red for a wrong one.</p>
+{"".join(body)}
 </body></html>
 """
 
@@ -90,39 +111,41 @@ def plot_learning_curve(
     rl_reward: Sequence[tuple[float, float]] = (),
     title: str = "Held-out greedy accuracy",
 ) -> Path:
-    """Write a PNG: held-out accuracy against training step for the supervised warm-up and for
-    VinePPO (``(step, accuracy)`` pairs; the RL steps are drawn after the warm-up's last step),
-    plus the training reward per RL step when given."""
+    """Write a PNG with two panels sharing the accuracy axis: held-out accuracy against optimizer step
+    for the supervised warm-up (left) and for VinePPO (right; ``(step, accuracy)`` pairs), plus the
+    mean training reward of each VinePPO step when given. Two panels because the warm-up takes many
+    more (cheaper) steps than VinePPO: on one axis the RL curve would be squeezed into a sliver."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
 
-    offset = warmup[-1][0] if warmup else 0.0
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 4), sharey=True, gridspec_kw={"width_ratios": [1, 1]})
     if warmup:
-        ax.plot(
-            [s for s, _ in warmup], [a for _, a in warmup], "o-", color="#2563eb", label="supervised warm-up"
+        left.plot(
+            [s for s, _ in warmup], [a for _, a in warmup], "o-", color="#2563eb", label="held-out accuracy"
         )
-    if rl:
-        ax.plot([offset + s for s, _ in rl], [a for _, a in rl], "o-", color="#16a34a", label="VinePPO")
+    left.set_title("supervised warm-up")
+    left.set_xlabel("warm-up step")
+    left.set_ylabel("accuracy")
     if rl_reward:
-        ax.plot(
-            [offset + s for s, _ in rl_reward],
+        right.plot(
+            [s for s, _ in rl_reward],
             [r for _, r in rl_reward],
             "-",
             color="#16a34a",
             alpha=0.35,
-            label="VinePPO training reward",
+            label="training reward (batch mean)",
         )
-    if warmup:
-        ax.axvline(offset, color="#999", linestyle=":", linewidth=1)
-    ax.set_xlabel("optimizer step (warm-up, then VinePPO)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    if rl:
+        right.plot([s for s, _ in rl], [a for _, a in rl], "o-", color="#16a34a", label="held-out accuracy")
+    right.set_title("VinePPO")
+    right.set_xlabel("VinePPO step")
+    for ax in (left, right):
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left")
+    fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

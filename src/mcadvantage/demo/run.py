@@ -6,16 +6,22 @@ Llama are built offline (:mod:`mcadvantage.testing`).
 
 Steps:
 
-1. A short supervised warm-up on reference solutions of problems with at most
-   ``--warmup_max_steps`` operations (default 3), so the starting policy has seen the format and the
-   arithmetic but never a 4- or 5-operation solution.
+1. A supervised warm-up on demonstrations of problems with 2-5 operations. The demonstrations are
+   imperfect on purpose, as real supervised data is: for problems with at least
+   ``--flawed_demo_min_steps`` operations (default 4), a fraction ``--flawed_demo_rate`` (default
+   0.6) of the demonstrations forget the last operation and report the value before it
+   (:func:`~mcadvantage.demo.task.skip_last_solution`). Imitation learns the arithmetic and the
+   format, and also learns to stop early on long problems: more supervised training cannot fix that.
 2. Held-out greedy accuracy (problems with 2-5 operations, disjoint from every training prompt).
 3. VinePPO (``VinePPOTrainer`` with ``GSM8KVerifier`` as the reward, ``GSM8KSegmenter`` steps, ``K``
    rollouts per state on the transformers sampler) on prompts with 2-5 operations and their final
-   answers only, no solutions.
+   answers only, no solutions. The reward only checks the final number, and the Monte Carlo values
+   find which step lost it (a premature ``#### N`` line, an arithmetic slip).
 4. Held-out greedy accuracy again; ``learning_curve.png``, ``responses.html`` (sampled held-out
-   responses, each step coloured by its Monte Carlo advantage under the final policy) and
-   ``metrics.json`` in ``--output_dir``.
+   responses of the policy before and after VinePPO, each step coloured by its Monte Carlo advantage
+   under that policy) and ``metrics.json`` in ``--output_dir``.
+
+The defaults take about 6-7 minutes on 2 CPU cores (docs/benchmarks/demo.md has measured numbers).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -33,7 +40,17 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoConfig", "main", "parse_args", "run_demo"]
+from .task import ArithmeticProblem, generate_problems, skip_last_solution
+
+__all__ = [
+    "DemoConfig",
+    "DemoData",
+    "accuracy_by_num_steps",
+    "build_data",
+    "main",
+    "parse_args",
+    "run_demo",
+]
 
 
 @dataclass
@@ -42,6 +59,7 @@ class DemoConfig:
 
     output_dir: str = "demo_output"
     seed: int = 0
+    # torch intra-op threads (capped at the machine's CPU count); the demo is sized for 2 cores.
     threads: int = 2
     # model (SPEC: hidden 128, 4 layers, 4 heads of 32 -> 1.06M parameters with the char vocabulary)
     hidden_size: int = 128
@@ -49,47 +67,53 @@ class DemoConfig:
     num_heads: int = 4
     head_dim: int = 32
     intermediate_size: int = 512
-    # data
-    warmup_problems: int = 20000
-    warmup_max_steps: int = 3
+    # data: every set has 2-5 operations; held-out, warm-up and RL prompts are disjoint
+    warmup_problems: int = 30000
+    flawed_demo_rate: float = 0.6
+    flawed_demo_min_steps: int = 4
     rl_problems: int = 5000
     eval_problems: int = 600
     curve_problems: int = 200
     min_steps: int = 2
     max_steps: int = 5
     # supervised warm-up
-    warmup_steps: int = 400
+    warmup_steps: int = 800
     warmup_batch_size: int = 32
-    warmup_lr: float = 1e-2
-    warmup_evals: int = 4
+    warmup_lr: float = 3e-3
+    warmup_evals: int = 8
     # VinePPO
     rl_steps: int = 40
     num_mc_rollouts: int = 4
     num_generations: int = 8
     prompts_per_step: int = 4
-    rl_lr: float = 3e-4
-    temperature: float = 1.0
+    rl_lr: float = 1e-4
+    # The paper's sampling temperature (Table 1). Measured here on a weak warm-up policy (seed 1):
+    # 0.6 gained +0.04 held-out accuracy where 1.0 gained nothing (too few correct samples to learn from).
+    temperature: float = 0.6
     num_iterations: int = 1
     beta: float = 0.0
     max_completion_length: int = 64
-    rl_evals: int = 4
+    rl_evals: int = 8
     # report
-    html_responses: int = 12
+    html_responses: int = 8
     quick: bool = False
 
     def apply_quick(self) -> None:
-        """``--quick``: tiny sizes for tests and smoke runs (well under a minute; not meaningful)."""
+        """``--quick``: tiny sizes for tests and smoke runs (about a minute on 2 cores). Every stage
+        and output runs, but the numbers are not meaningful: the model is too small and too briefly
+        trained to solve the task."""
         self.hidden_size, self.num_layers, self.num_heads, self.head_dim = 64, 2, 2, 32
         self.intermediate_size = 128
-        self.warmup_problems, self.rl_problems = 400, 64
-        self.eval_problems, self.curve_problems = 32, 16
-        self.warmup_steps, self.warmup_batch_size, self.warmup_evals = 20, 16, 2
-        self.rl_steps, self.num_mc_rollouts, self.num_generations, self.prompts_per_step = 2, 2, 2, 2
-        self.rl_evals, self.html_responses, self.max_completion_length = 1, 3, 40
+        self.warmup_problems, self.rl_problems = 2000, 64
+        self.eval_problems, self.curve_problems = 48, 16
+        self.warmup_steps, self.warmup_batch_size, self.warmup_evals = 60, 16, 2
+        self.rl_steps, self.num_mc_rollouts, self.num_generations, self.prompts_per_step = 3, 2, 4, 2
+        self.rl_evals, self.html_responses, self.max_completion_length = 1, 3, 48
 
 
 def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
-    """Parse command-line flags into a :class:`DemoConfig` (``--quick`` overrides the sizes)."""
+    """Parse command-line flags into a :class:`DemoConfig`. ``--quick`` first sets the quick sizes;
+    flags given explicitly override them."""
     defaults = DemoConfig()
     parser = argparse.ArgumentParser(
         prog="python -m mcadvantage.demo",
@@ -111,11 +135,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         value = getattr(ns, f.name)
         if value is not None and not isinstance(getattr(defaults, f.name), bool):
             setattr(config, f.name, value)
-    _validate(config)
+    validate_config(config)
     return config
 
 
-def _validate(config: DemoConfig) -> None:
+def validate_config(config: DemoConfig) -> None:
+    """Reject inconsistent settings with a message naming the flag, its value and the fix."""
     positive = ["warmup_steps", "warmup_batch_size", "rl_steps", "num_mc_rollouts", "prompts_per_step"]
     positive += [
         "eval_problems",
@@ -125,9 +150,12 @@ def _validate(config: DemoConfig) -> None:
         "warmup_evals",
         "rl_evals",
     ]
+    positive += ["warmup_problems", "rl_problems", "num_iterations"]
     for name in positive:
         if getattr(config, name) < 1:
             raise SystemExit(f"--{name} must be >= 1, got {getattr(config, name)}.")
+    if config.html_responses < 0:
+        raise SystemExit(f"--html_responses must be >= 0, got {config.html_responses}.")
     if config.num_generations < 2:
         raise SystemExit(
             f"--num_generations must be >= 2 (TRL's GRPOTrainer, which VinePPOTrainer extends, requires "
@@ -137,15 +165,79 @@ def _validate(config: DemoConfig) -> None:
         raise SystemExit(
             f"need 1 <= --min_steps <= --max_steps, got {config.min_steps} and {config.max_steps}."
         )
+    if not 0.0 <= config.flawed_demo_rate <= 1.0:
+        raise SystemExit(f"--flawed_demo_rate must be in [0, 1], got {config.flawed_demo_rate}.")
+    if config.flawed_demo_min_steps < 2:
+        raise SystemExit(
+            f"--flawed_demo_min_steps must be >= 2 (a flawed demonstration drops the last operation, so it "
+            f"needs another one), got {config.flawed_demo_min_steps}."
+        )
     if config.curve_problems > config.eval_problems:
         raise SystemExit(
             f"--curve_problems ({config.curve_problems}) must be <= --eval_problems ({config.eval_problems}): "
             "the learning curve is measured on the first curve_problems held-out problems."
         )
+    if config.html_responses > config.eval_problems:
+        raise SystemExit(
+            f"--html_responses ({config.html_responses}) must be <= --eval_problems ({config.eval_problems}): "
+            "the page shows responses to held-out problems."
+        )
+    if not config.temperature > 0:
+        raise SystemExit(
+            f"--temperature must be > 0 (VinePPO samples from the policy), got {config.temperature}."
+        )
+
+
+@dataclass
+class DemoData:
+    """The demo's problem sets. ``warmup`` holds ``(prompt, demonstration)`` pairs (some flawed, see
+    ``flawed``); the other sets are problems whose prompts appear in no other set."""
+
+    eval_set: list[ArithmeticProblem]
+    warmup: list[tuple[str, str]]
+    flawed: int
+    rl_set: list[ArithmeticProblem]
+
+
+def build_data(config: DemoConfig) -> DemoData:
+    """Generate the held-out, warm-up and RL sets (each from its own seed derived from
+    ``config.seed``; disjoint prompts) and the warm-up demonstrations, flawed at
+    ``config.flawed_demo_rate`` for problems with ``>= config.flawed_demo_min_steps`` operations."""
+    kwargs = {"min_steps": config.min_steps, "max_steps": config.max_steps}
+    eval_set = generate_problems(config.eval_problems, seed=1_000_003 * (config.seed + 1), **kwargs)
+    taken = {p.prompt for p in eval_set}
+    warmup_set = generate_problems(
+        config.warmup_problems, seed=2_000_003 * (config.seed + 1), exclude=taken, **kwargs
+    )
+    taken |= {p.prompt for p in warmup_set}
+    rl_set = generate_problems(
+        config.rl_problems, seed=3_000_003 * (config.seed + 1), exclude=taken, **kwargs
+    )
+    rng = random.Random(4_000_003 * (config.seed + 1))
+    warmup: list[tuple[str, str]] = []
+    flawed = 0
+    for p in warmup_set:
+        # rng.random() is drawn for every problem so the flaw pattern does not depend on min_steps.
+        flaw = rng.random() < config.flawed_demo_rate and p.num_steps >= config.flawed_demo_min_steps
+        flawed += flaw
+        warmup.append((p.prompt, skip_last_solution(p) if flaw else p.solution))
+    return DemoData(eval_set=eval_set, warmup=warmup, flawed=flawed, rl_set=rl_set)
+
+
+def accuracy_by_num_steps(problems: Sequence[ArithmeticProblem], scores: Sequence[float]) -> dict[str, float]:
+    """Mean score per number of operations (keys are strings, for JSON)."""
+    groups: dict[int, list[float]] = {}
+    for p, s in zip(problems, scores, strict=True):
+        groups.setdefault(p.num_steps, []).append(float(s))
+    return {str(k): sum(v) / len(v) for k, v in sorted(groups.items())}
+
+
+def _binomial_stderr(p: float, n: int) -> float:
+    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
 
 
 def _quiet_libraries() -> None:
-    # The demo prints its own progress; TRL/transformers' per-step warnings would bury it.
+    # The demo prints its own progress; TRL/transformers' per-step warnings and bars would bury it.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("WANDB_DISABLED", "true")
     warnings.filterwarnings("ignore")
@@ -156,59 +248,43 @@ def _quiet_libraries() -> None:
         from datasets.utils.logging import disable_progress_bar
 
         transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
         disable_progress_bar()
     except ImportError:  # pragma: no cover - both are dependencies of the package
         pass
 
 
+def _fmt_by_steps(by_steps: dict[str, float]) -> str:
+    return ", ".join(f"{k} ops {v:.2f}" for k, v in by_steps.items())
+
+
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the whole demo and return the metrics written to ``metrics.json``."""
+    validate_config(config)
     _quiet_libraries()
     import torch
     from datasets import Dataset
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
 
     from mcadvantage import GSM8KVerifier, VinePPOConfig, VinePPOTrainer
     from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
 
     from .evaluation import evaluate_accuracy
-    from .report import plot_learning_curve
-    from .task import generate_problems, to_rows
+    from .report import plot_learning_curve, render_responses_html
     from .warmup import supervised_warmup
 
     t_start = time.perf_counter()
-    torch.set_num_threads(config.threads)
+    torch.set_num_threads(max(1, min(config.threads, os.cpu_count() or 1)))
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    # Disjoint problem sets, each from its own seed: held-out evaluation, warm-up, RL prompts.
-    eval_set = generate_problems(
-        config.eval_problems,
-        seed=1_000_003 * (config.seed + 1),
-        min_steps=config.min_steps,
-        max_steps=config.max_steps,
-    )
-    taken = {p.prompt for p in eval_set}
-    warmup_set = generate_problems(
-        config.warmup_problems,
-        seed=2_000_003 * (config.seed + 1),
-        min_steps=config.min_steps,
-        max_steps=min(config.max_steps, config.warmup_max_steps),
-        exclude=taken,
-    )
-    taken |= {p.prompt for p in warmup_set}
-    rl_set = generate_problems(
-        config.rl_problems,
-        seed=3_000_003 * (config.seed + 1),
-        min_steps=config.min_steps,
-        max_steps=config.max_steps,
-        exclude=taken,
-    )
+    data = build_data(config)
+    eval_set, rl_set = data.eval_set, data.rl_set
     curve_set = eval_set[: config.curve_problems]
-
     verifier = GSM8KVerifier()
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(
@@ -223,34 +299,42 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     )
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"[demo] tiny Llama: {n_params / 1e6:.2f}M parameters; {len(warmup_set)} warm-up problems "
-        f"(<= {config.warmup_max_steps} operations), {len(rl_set)} RL prompts, {len(eval_set)} held-out "
-        f"problems ({config.min_steps}-{config.max_steps} operations)",
+        f"[demo] tiny Llama: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} CPU threads. "
+        f"{len(data.warmup)} warm-up demonstrations ({data.flawed} of them flawed: the last operation of a "
+        f"{config.flawed_demo_min_steps}+ operation problem forgotten), {len(rl_set)} RL prompts, "
+        f"{len(eval_set)} held-out problems ({config.min_steps}-{config.max_steps} operations)",
         flush=True,
     )
 
-    def curve_accuracy() -> float:
+    def greedy_accuracy(policy: Any, problems: Sequence[ArithmeticProblem]) -> tuple[float, list[str]]:
         return evaluate_accuracy(
-            model, tokenizer, curve_set, verifier.score, max_new_tokens=config.max_completion_length
-        )[0]
+            policy, tokenizer, problems, verifier.score, max_new_tokens=config.max_completion_length
+        )
+
+    def full_eval(policy: Any) -> tuple[float, dict[str, float], list[str]]:
+        acc, responses = greedy_accuracy(policy, eval_set)
+        scores = [verifier.score(r, p.answer) for r, p in zip(responses, eval_set, strict=True)]
+        return acc, accuracy_by_num_steps(eval_set, scores), responses
 
     # ---- 1. supervised warm-up ------------------------------------------------------------------------
-    warmup_curve: list[tuple[float, float]] = [(0.0, curve_accuracy())]
+    warmup_curve: list[tuple[float, float]] = [(0.0, greedy_accuracy(model, curve_set)[0])]
     eval_every = max(1, config.warmup_steps // config.warmup_evals)
     t0 = time.perf_counter()
-    with tqdm(total=config.warmup_steps, desc="warm-up (SFT)", unit="step", file=sys.stdout) as bar:
+    with tqdm(
+        total=config.warmup_steps, desc="warm-up (SFT)", unit="step", file=sys.stdout, mininterval=1
+    ) as bar:
 
         def on_step(step: int, loss: float) -> None:
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}")
             if step % eval_every == 0 or step == config.warmup_steps:
-                warmup_curve.append((float(step), curve_accuracy()))
-                bar.set_postfix(loss=f"{loss:.3f}", acc=f"{warmup_curve[-1][1]:.2f}")
+                warmup_curve.append((float(step), greedy_accuracy(model, curve_set)[0]))
+                model.train()  # evaluation switched it to eval mode
+            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{warmup_curve[-1][1]:.2f}", refresh=False)
 
         supervised_warmup(
             model,
             tokenizer,
-            warmup_set,
+            data.warmup,
             steps=config.warmup_steps,
             batch_size=config.warmup_batch_size,
             learning_rate=config.warmup_lr,
@@ -258,13 +342,16 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             progress=on_step,
         )
     warmup_seconds = time.perf_counter() - t0
-    acc_before, _ = evaluate_accuracy(
-        model, tokenizer, eval_set, verifier.score, max_new_tokens=config.max_completion_length
+    acc_before, by_steps_before, _ = full_eval(model)
+    print(
+        f"[demo] held-out greedy accuracy BEFORE VinePPO (after the warm-up): {acc_before:.3f} "
+        f"({_fmt_by_steps(by_steps_before)})",
+        flush=True,
     )
-    print(f"[demo] held-out greedy accuracy after warm-up (before VinePPO): {acc_before:.3f}", flush=True)
 
     # ---- 2. VinePPO -----------------------------------------------------------------------------------
-    # The trainer loads the policy by path (TRL reloads a reference model from it when beta > 0).
+    # The trainer loads the policy by path (TRL reloads a reference model from it when beta > 0); the
+    # in-memory `model` stays the warm-up policy, for the "before" half of responses.html.
     policy_dir = out / "warmup_policy"
     model.save_pretrained(policy_dir)
     tokenizer.save_pretrained(policy_dir)
@@ -285,6 +372,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         top_p=1.0,
         beta=config.beta,
         max_completion_length=config.max_completion_length,
+        # Every rollout of a step in one or two generate calls: at this model size transformers'
+        # per-decoding-step overhead, not the arithmetic, is the cost (SPEC section 7).
         mc_max_batch_sequences=1024,
         # A 1M-parameter model on CPU: no checkpointing (it only costs time here), no bf16.
         gradient_checkpointing=False,
@@ -297,138 +386,182 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         disable_tqdm=True,  # the demo draws its own progress bar
         dataloader_num_workers=0,
     )
-    rl_curve: list[tuple[float, float]] = [(0.0, curve_accuracy())]
-    rl_reward: list[tuple[float, float]] = []
+    rl_curve: list[tuple[float, float]] = []
+    rl_logs: list[dict[str, float]] = []
     rl_eval_every = max(1, config.rl_steps // config.rl_evals)
 
     class DemoProgress(TrainerCallback):
-        """Progress bar over RL steps, training reward, and the held-out learning curve."""
+        """Progress bar over RL steps, training reward and Monte Carlo statistics, and the held-out
+        learning curve."""
 
         def __init__(self) -> None:
-            self.bar = tqdm(total=config.rl_steps, desc="VinePPO", unit="step", file=sys.stdout)
+            self.bar: Any = None
             self.trainer: Any = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.bar = tqdm(
+                total=config.rl_steps, desc="VinePPO", unit="step", file=sys.stdout, mininterval=1
+            )
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             if logs and "reward" in logs:
-                rl_reward.append((float(state.global_step), float(logs["reward"])))
-                self.bar.set_postfix(reward=f"{logs['reward']:.2f}")
+                keep = (
+                    "reward",
+                    "mc/rollouts",
+                    "mc/seconds",
+                    "mc/dedup_ratio",
+                    "step_time",
+                    "completions/mean_length",
+                )
+                rl_logs.append(
+                    {"step": float(state.global_step), **{k: float(logs[k]) for k in keep if k in logs}}
+                )
+                self.bar.set_postfix(
+                    reward=f"{logs['reward']:.2f}", rollouts=int(logs.get("mc/rollouts", 0)), refresh=False
+                )
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.bar.update(1)
             step = state.global_step
             if step % rl_eval_every == 0 or step == config.rl_steps:
-                rl_curve.append((float(step), curve_accuracy_of(self.trainer.model)))
+                rl_curve.append((float(step), greedy_accuracy(self.trainer.model, curve_set)[0]))
+                self.trainer.model.train()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.bar.close()
-
-    def curve_accuracy_of(policy: Any) -> float:
-        return evaluate_accuracy(
-            policy, tokenizer, curve_set, verifier.score, max_new_tokens=config.max_completion_length
-        )[0]
 
     progress = DemoProgress()
     trainer = VinePPOTrainer(
         model=str(policy_dir),
         reward_funcs=verifier,
         args=args,
-        train_dataset=Dataset.from_list(to_rows(rl_set)),
+        train_dataset=Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in rl_set]),
         processing_class=tokenizer,
         callbacks=[progress],
     )
+    # With disable_tqdm, transformers prints every log dict; the demo's bar shows the useful part.
+    trainer.remove_callback(PrinterCallback)
     progress.trainer = trainer
+    rl_curve.append((0.0, warmup_curve[-1][1]))  # the same policy, the same curve problems
     t0 = time.perf_counter()
     trainer.train()
     rl_seconds = time.perf_counter() - t0
     policy = trainer.model
     policy.eval()
-    acc_after, _ = evaluate_accuracy(
-        policy, tokenizer, eval_set, verifier.score, max_new_tokens=config.max_completion_length
+    acc_after, by_steps_after, _ = full_eval(policy)
+    print(
+        f"[demo] held-out greedy accuracy AFTER VinePPO: {acc_after:.3f} ({_fmt_by_steps(by_steps_after)})",
+        flush=True,
     )
-    print(f"[demo] held-out greedy accuracy after VinePPO: {acc_after:.3f}", flush=True)
+    policy.save_pretrained(out / "vineppo_policy")
+    tokenizer.save_pretrained(out / "vineppo_policy")
 
     # ---- 3. report ------------------------------------------------------------------------------------
-    scored = _score_responses(policy, tokenizer, eval_set, config, verifier)
-    by_steps = _accuracy_by_num_steps(policy, tokenizer, eval_set, verifier, config)
+    t0 = time.perf_counter()
+    shown = _html_problems(eval_set, config.html_responses)
+    scored_before = _score_responses(model, tokenizer, shown, config, verifier)
+    scored_after = _score_responses(policy, tokenizer, shown, config, verifier)
+    n_eval = len(eval_set)
     plot_learning_curve(
         out / "learning_curve.png",
         warmup=warmup_curve,
         rl=rl_curve,
-        rl_reward=rl_reward,
+        rl_reward=[(r["step"], r["reward"]) for r in rl_logs],
         title=f"Held-out greedy accuracy ({len(curve_set)} problems), seed {config.seed}",
     )
-    from .report import render_responses_html
-
     summary = {
-        "held-out accuracy (greedy)": f"{acc_before:.3f} before VinePPO, {acc_after:.3f} after "
-        f"({len(eval_set)} problems)",
-        "VinePPO": f"{config.rl_steps} steps x {batch} responses, K={config.num_mc_rollouts}, "
+        "held-out greedy accuracy": f"{acc_before:.3f} before VinePPO, {acc_after:.3f} after ({n_eval} problems; "
+        f"binomial standard error {_binomial_stderr(acc_before, n_eval):.3f} / {_binomial_stderr(acc_after, n_eval):.3f})",
+        "by number of operations, before": _fmt_by_steps(by_steps_before),
+        "by number of operations, after": _fmt_by_steps(by_steps_after),
+        "warm-up": f"{config.warmup_steps} steps x {config.warmup_batch_size} demonstrations, "
+        f"{data.flawed} of {len(data.warmup)} demonstrations flawed (last operation forgotten)",
+        "VinePPO": f"{config.rl_steps} steps x {batch} responses, K={config.num_mc_rollouts} rollouts per state, "
         f"temperature {config.temperature}, lr {config.rl_lr}",
     }
+    sections = {"Before VinePPO (the warm-up policy)": scored_before, "After VinePPO": scored_after}
     (out / "responses.html").write_text(
-        render_responses_html(scored, title="mcadvantage demo: Monte Carlo step advantages", summary=summary),
+        render_responses_html(
+            sections, title="mcadvantage demo: Monte Carlo step advantages", summary=summary
+        ),
         encoding="utf-8",
     )
+    report_seconds = time.perf_counter() - t0
+    mc_rollouts = [r["mc/rollouts"] for r in rl_logs if "mc/rollouts" in r]
     metrics = {
         "seed": config.seed,
         "accuracy_before": acc_before,
         "accuracy_after": acc_after,
-        "eval_problems": len(eval_set),
-        "accuracy_after_by_num_steps": by_steps,
+        "improvement": acc_after - acc_before,
+        "stderr_before": _binomial_stderr(acc_before, n_eval),
+        "stderr_after": _binomial_stderr(acc_after, n_eval),
+        "eval_problems": n_eval,
+        "accuracy_before_by_num_steps": by_steps_before,
+        "accuracy_after_by_num_steps": by_steps_after,
         "warmup_curve": warmup_curve,
         "rl_curve": rl_curve,
-        "rl_reward": rl_reward,
+        "rl_logs": rl_logs,
+        "mean_rollouts_per_step": sum(mc_rollouts) / len(mc_rollouts) if mc_rollouts else 0.0,
         "warmup_seconds": warmup_seconds,
         "rl_seconds": rl_seconds,
+        "report_seconds": report_seconds,
         "total_seconds": time.perf_counter() - t_start,
         "parameters": n_params,
+        "threads": torch.get_num_threads(),
+        "flawed_demonstrations": data.flawed,
         "config": asdict(config),
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     print(
-        f"[demo] accuracy {acc_before:.3f} -> {acc_after:.3f}; warm-up {warmup_seconds:.0f}s, VinePPO "
-        f"{rl_seconds:.0f}s, total {metrics['total_seconds']:.0f}s. Wrote {out / 'learning_curve.png'}, "
-        f"{out / 'responses.html'}, {out / 'metrics.json'}",
+        f"[demo] held-out accuracy {acc_before:.3f} -> {acc_after:.3f} ({acc_after - acc_before:+.3f}); "
+        f"warm-up {warmup_seconds:.0f}s, VinePPO {rl_seconds:.0f}s, total {metrics['total_seconds']:.0f}s.\n"
+        f"[demo] wrote {out / 'learning_curve.png'}, {out / 'responses.html'}, {out / 'metrics.json'}",
         flush=True,
     )
     return metrics
 
 
-def _accuracy_by_num_steps(
-    policy: Any, tokenizer: Any, problems: Any, verifier: Any, config: DemoConfig
-) -> dict:
-    from .evaluation import generate_responses
+def _html_problems(problems: Sequence[ArithmeticProblem], n: int) -> list[ArithmeticProblem]:
+    """The first ``n`` held-out problems, but half of them long (the ones the flawed demonstrations
+    taught the policy to get wrong), so the page shows both kinds of responses."""
+    if n <= 0:
+        return []
+    longest = max(p.num_steps for p in problems)
+    long = [p for p in problems if p.num_steps == longest][: (n + 1) // 2]
+    rest = [p for p in problems if p.num_steps != longest][: n - len(long)]
+    chosen = long + rest
+    if len(chosen) < n:  # too few of one kind: fill with whatever is left, in order
+        chosen += [p for p in problems if p not in chosen][: n - len(chosen)]
+    return chosen
 
-    responses = generate_responses(
-        policy, tokenizer, [p.prompt for p in problems], max_new_tokens=config.max_completion_length
-    )
-    groups: dict[int, list[float]] = {}
-    for p, r in zip(problems, responses, strict=True):
-        groups.setdefault(p.num_steps, []).append(verifier.score(r, p.answer))
-    return {str(k): sum(v) / len(v) for k, v in sorted(groups.items())}
 
+def _score_responses(
+    policy: Any, tokenizer: Any, problems: Sequence[ArithmeticProblem], config: DemoConfig, verifier: Any
+) -> list:
+    """Sample one response per problem with ``policy`` (at the RL temperature) and estimate its step
+    values with the library's own estimator and fresh rollouts of the same policy."""
+    import torch
 
-def _score_responses(policy: Any, tokenizer: Any, problems: Any, config: DemoConfig, verifier: Any) -> list:
-    """Sample one response per held-out prompt with the final policy and estimate its step values
-    with the library's own estimator (fresh rollouts, independent of training)."""
     from mcadvantage import MCValueEstimator, Trajectory, TransformersSampler, get_segmenter
     from mcadvantage.segmenters import segment_completion
 
     from .evaluation import generate_responses
     from .report import ScoredResponse
 
-    chosen = problems[: config.html_responses]
+    if not problems:
+        return []
+    torch.manual_seed(config.seed)  # the same problems get comparable samples before and after
     texts = generate_responses(
         policy,
         tokenizer,
-        [p.prompt for p in chosen],
+        [p.prompt for p in problems],
         do_sample=True,
         temperature=config.temperature,
         max_new_tokens=config.max_completion_length,
     )
     segmenter = get_segmenter("gsm8k")
     trajectories = []
-    for p, text in zip(chosen, texts, strict=True):
+    for p, text in zip(problems, texts, strict=True):
         prompt_ids = tokenizer(p.prompt, add_special_tokens=False)["input_ids"]
         completion_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(completion_ids) < config.max_completion_length:  # stopped at EOS, not at the budget
@@ -445,17 +578,18 @@ def _score_responses(policy: Any, tokenizer: Any, problems: Any, config: DemoCon
             )
         )
     sampler = TransformersSampler(policy, tokenizer, temperature=config.temperature, max_batch_sequences=1024)
+    # More rollouts than training uses: the page is read by people, so less noisy values are worth it.
     estimator = MCValueEstimator(
         sampler,
         verifier,
         tokenizer,
-        num_rollouts=max(config.num_mc_rollouts, 8),
+        num_rollouts=max(config.num_mc_rollouts, 16),
         max_completion_length=config.max_completion_length + 1,
     )
     estimate = estimator.estimate(trajectories)
     scored = []
-    for p, _text, traj, values, advs in zip(
-        chosen, texts, trajectories, estimate.values, estimate.step_advantages, strict=True
+    for p, traj, values, advs in zip(
+        problems, trajectories, estimate.values, estimate.step_advantages, strict=True
     ):
         b = traj.step_boundaries
         steps = [
@@ -468,6 +602,10 @@ def _score_responses(policy: Any, tokenizer: Any, problems: Any, config: DemoCon
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m mcadvantage.demo``."""
+    # Idle OpenMP threads must sleep, not spin: on a busy 2-core machine spinning threads of torch's
+    # pool fight for the cores and one training step takes 20x longer (measured here). It only has an
+    # effect before torch is imported, hence here and not in run_demo.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     config = parse_args(argv)
     run_demo(config)
     return 0

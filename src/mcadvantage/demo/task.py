@@ -21,7 +21,14 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ArithmeticProblem", "Operation", "generate_problems", "make_problem", "to_rows"]
+__all__ = [
+    "ArithmeticProblem",
+    "Operation",
+    "generate_problems",
+    "make_problem",
+    "skip_last_solution",
+    "to_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,22 @@ def make_problem(start: int, operations: Sequence[Operation]) -> ArithmeticProbl
         value = op.apply(value)
     solution = "\n".join(lines) + f"\n#### {value}"
     return ArithmeticProblem(start, tuple(operations), prompt, solution, str(value))
+
+
+def skip_last_solution(problem: ArithmeticProblem) -> str:
+    """A flawed reference solution that forgets the last operation: the equations of every operation but
+    the last, then ``#### <the value before the last operation>`` (wrong by construction).
+
+    The demo's warm-up data contains such "lazy" demonstrations for long problems, as real supervised
+    data contains mistakes: imitation learns to make them, a verifier's reward can unlearn them.
+    """
+    if problem.num_steps < 2:
+        raise ValueError(
+            f"skip_last_solution needs a problem with >= 2 operations, got {problem.num_steps}; a one-operation "
+            "solution with its only operation skipped would have no equation line."
+        )
+    lines = problem.solution.split("\n")[: problem.num_steps - 1]
+    return "\n".join(lines) + f"\n#### {problem.values[-2]}"
 
 
 def _valid_operations(value: int, max_value: int) -> list[Operation]:

@@ -1,5 +1,8 @@
 """Supervised warm-up for the demo: a plain PyTorch loop on (prompt, reference solution) pairs.
 
+The examples are ``(prompt, completion)`` pairs, so the caller decides what is demonstrated (the demo
+mixes in flawed solutions, see :func:`mcadvantage.demo.task.skip_last_solution`).
+
 A hand-written loop rather than TRL's ``SFTTrainer`` because the demo needs exactly one thing, a
 few hundred AdamW steps on a 1M-parameter model with the loss on completion tokens only, and a
 plain loop keeps that fast (no dataset preprocessing pass, no Trainer start-up) and its progress bar
@@ -8,15 +11,12 @@ in one place.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-
-from .task import ArithmeticProblem
 
 __all__ = ["encode_example", "supervised_warmup"]
 
@@ -33,17 +33,23 @@ def encode_example(tokenizer: Any, prompt: str, completion: str) -> tuple[list[i
 def supervised_warmup(
     model: torch.nn.Module,
     tokenizer: Any,
-    problems: Sequence[ArithmeticProblem],
+    examples: Sequence[tuple[str, str]],
     *,
     steps: int,
     batch_size: int = 32,
     learning_rate: float = 3e-3,
     warmup_ratio: float = 0.05,
+    decay_ratio: float = 0.2,
     seed: int = 0,
     progress: Callable[[int, float], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Train ``model`` in place for ``steps`` AdamW steps on the reference solutions of
-    ``problems`` (shuffled, cycled), with linear warm-up then cosine decay of the learning rate.
+    """Train ``model`` in place for ``steps`` AdamW steps on ``examples``, ``(prompt, completion)``
+    pairs (shuffled, cycled; the loss is on the completion and EOS only).
+
+    The learning rate warms up linearly over the first ``warmup_ratio`` of the steps, stays at
+    ``learning_rate``, then decays linearly to a tenth of it over the last ``decay_ratio`` of the steps
+    (a warmup-stable-decay schedule: in a short run, the constant phase learns faster than a cosine
+    that starts decaying at once, and the final decay settles the weights).
 
     ``progress(step, loss)`` is called after every step. Returns the loss log
     (``{"step", "loss", "seconds"}`` every step).
@@ -52,19 +58,27 @@ def supervised_warmup(
         raise ValueError(f"supervised_warmup: steps must be >= 0, got {steps}.")
     if batch_size < 1:
         raise ValueError(f"supervised_warmup: batch_size must be >= 1, got {batch_size}.")
-    if not problems:
-        raise ValueError("supervised_warmup: problems is empty; pass at least one problem.")
-    encoded = [encode_example(tokenizer, p.prompt, p.solution) for p in problems]
+    if not examples:
+        raise ValueError("supervised_warmup: examples is empty; pass at least one (prompt, completion) pair.")
+    encoded = [encode_example(tokenizer, prompt, completion) for prompt, completion in examples]
     rng = random.Random(seed)
     order: list[int] = []
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0, betas=(0.9, 0.98))
+    if not 0 <= warmup_ratio + decay_ratio <= 1 or warmup_ratio < 0 or decay_ratio < 0:
+        raise ValueError(
+            f"supervised_warmup: warmup_ratio ({warmup_ratio}) and decay_ratio ({decay_ratio}) must be >= 0 "
+            "and sum to at most 1."
+        )
     warmup_steps = max(1, int(warmup_ratio * steps))
+    decay_steps = int(decay_ratio * steps)
+    decay_start = steps - decay_steps
 
     def lr_factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        progress_frac = (step - warmup_steps) / max(1, steps - warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress_frac))
+        if step < decay_start:
+            return 1.0
+        return 1.0 - 0.9 * (step - decay_start + 1) / decay_steps
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     model.train()

@@ -1,0 +1,359 @@
+"""The offline CPU demo: task generation, flawed demonstrations, the HTML report, flag parsing, and an
+end-to-end run in quick mode (every stage and output file, on a model too small to learn the task)."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcadvantage.demo.report import ScoredResponse, advantage_colour, render_responses_html
+from mcadvantage.demo.run import DemoConfig, _html_problems, accuracy_by_num_steps, build_data, parse_args
+from mcadvantage.demo.task import (
+    Operation,
+    generate_problems,
+    make_problem,
+    skip_last_solution,
+    to_rows,
+)
+from mcadvantage.segmenters import GSM8KSegmenter
+from mcadvantage.verifiers import GSM8KVerifier
+
+REPO = Path(__file__).resolve().parents[1]
+EQUATION = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")
+
+# --------------------------------------------------------------------------------------------------
+# Task generation
+# --------------------------------------------------------------------------------------------------
+
+
+def test_problems_are_deterministic_in_the_seed():
+    a = generate_problems(50, seed=7)
+    assert a == generate_problems(50, seed=7)
+    assert [p.prompt for p in a] != [p.prompt for p in generate_problems(50, seed=8)]
+    # A longer run starts with the same problems: n only decides where to stop.
+    assert generate_problems(80, seed=7)[:50] == a
+
+
+def test_problems_have_2_to_5_exact_steps_in_gsm8k_format():
+    problems = generate_problems(400, seed=3)
+    assert len({p.prompt for p in problems}) == 400
+    assert {p.num_steps for p in problems} == {2, 3, 4, 5}
+    for p in problems:
+        lines = p.solution.split("\n")
+        assert lines[-1] == f"#### {p.answer}"
+        assert len(lines) == p.num_steps + 1
+        value = p.start
+        for line, op in zip(lines[:-1], p.operations, strict=True):
+            m = EQUATION.match(line)
+            assert m, line
+            left, symbol, operand, result = int(m[1]), m[2], int(m[3]), int(m[4])
+            assert left == value and operand == op.operand
+            assert symbol == {"add": "+", "sub": "-", "mul": "*", "half": "/"}[op.kind]
+            expected = {"+": left + operand, "-": left - operand, "*": left * operand, "/": left // operand}[
+                symbol
+            ]
+            if symbol == "/":
+                assert operand == 2 and left % 2 == 0  # halving is exact
+            assert result == expected and 0 <= result <= 99
+            value = result
+        assert str(value) == p.answer == str(p.values[-1])
+        assert p.prompt.startswith(f"Start with {p.start}. ") and p.prompt.endswith("What is the result?\n")
+
+
+def test_verifier_grades_reference_solutions_and_segmenter_splits_operation_lines():
+    verifier, segmenter = GSM8KVerifier(), GSM8KSegmenter()
+    for p in generate_problems(100, seed=11):
+        assert verifier.score(p.solution, p.answer) == 1.0
+        steps = segmenter(p.solution)
+        assert "".join(steps) == p.solution
+        assert len(steps) == p.num_steps  # one step per operation; "#### N" joins the last one
+        for step, line in zip(steps, p.solution.split("\n"), strict=False):
+            assert step.startswith(line)
+            assert len(EQUATION.findall(step.replace("\n#### " + p.answer, "").strip())) == 1
+        assert steps[-1].endswith(f"#### {p.answer}")
+
+
+def test_make_problem_words_and_solves_the_operations():
+    p = make_problem(
+        12, [Operation("sub", 3), Operation("mul", 2), Operation("half", 2), Operation("add", 4)]
+    )
+    assert (
+        p.prompt
+        == "Start with 12. Subtract 3, then double it, then halve it, then add 4. What is the result?\n"
+    )
+    assert p.solution == "12-3=9\n9*2=18\n18/2=9\n9+4=13\n#### 13"
+    assert p.answer == "13" and p.values == [12, 9, 18, 9, 13]
+    assert to_rows([p]) == [{"prompt": p.prompt, "answer": "13", "solution": p.solution}]
+
+
+def test_skip_last_solution_forgets_the_last_operation():
+    p = make_problem(12, [Operation("sub", 3), Operation("mul", 3), Operation("add", 1)])
+    flawed = skip_last_solution(p)
+    assert flawed == "12-3=9\n9*3=27\n#### 27"
+    assert GSM8KVerifier().score(flawed, p.answer) == 0.0
+    with pytest.raises(ValueError, match="needs a problem with >= 2 operations"):
+        skip_last_solution(make_problem(5, [Operation("add", 1)]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n": -1}, "n must be >= 0"),
+        ({"n": 3, "min_steps": 4, "max_steps": 2}, "min_steps <= max_steps"),
+        ({"n": 3, "max_value": 5}, "max_value must be >= 10"),
+    ],
+)
+def test_generate_problems_rejects_bad_arguments(kwargs, message):
+    n = kwargs.pop("n")
+    with pytest.raises(ValueError, match=message):
+        generate_problems(n, seed=0, **kwargs)
+
+
+def test_generate_problems_respects_exclude_and_reports_exhaustion():
+    first = generate_problems(30, seed=1)
+    again = generate_problems(30, seed=1, exclude={p.prompt for p in first})
+    assert not {p.prompt for p in first} & {p.prompt for p in again}
+    with pytest.raises(ValueError, match="could only find"):
+        generate_problems(10_000, seed=0, min_steps=1, max_steps=1, max_value=10)
+    with pytest.raises(ValueError, match="at least one operation"):
+        make_problem(3, [])
+
+
+def test_demo_data_sets_are_disjoint_and_flaws_only_hit_long_problems():
+    config = DemoConfig(warmup_problems=3000, rl_problems=300, eval_problems=200, seed=4)
+    data = build_data(config)
+    eval_prompts = {p.prompt for p in data.eval_set}
+    warm_prompts = {prompt for prompt, _ in data.warmup}
+    rl_prompts = {p.prompt for p in data.rl_set}
+    assert len(eval_prompts) == 200 and len(warm_prompts) == 3000 and len(rl_prompts) == 300
+    assert not eval_prompts & warm_prompts and not eval_prompts & rl_prompts and not warm_prompts & rl_prompts
+    verifier = GSM8KVerifier()
+    long_total = flawed = 0
+    for prompt, demo in data.warmup:
+        n_ops = prompt.count(", then ") + 1
+        wrong = demo.count("\n") == n_ops - 1  # one equation line short
+        assert not (wrong and n_ops < config.flawed_demo_min_steps)
+        if n_ops >= config.flawed_demo_min_steps:
+            long_total += 1
+            flawed += wrong
+    assert flawed == data.flawed
+    assert 0.5 < flawed / long_total < 0.7  # flawed_demo_rate = 0.6
+    # Same config, same data; the flaw pattern is part of the seeded data.
+    assert build_data(config).warmup == data.warmup
+    clean = build_data(
+        DemoConfig(warmup_problems=300, rl_problems=10, eval_problems=10, flawed_demo_rate=0.0)
+    )
+    assert clean.flawed == 0
+    for prompt, demo in clean.warmup:
+        assert demo.count("\n") == prompt.count(", then ") + 1  # every operation, then "#### N"
+    assert verifier.score(data.eval_set[0].solution, data.eval_set[0].answer) == 1.0
+
+
+def test_accuracy_by_num_steps_groups_scores():
+    problems = [make_problem(2, [Operation("add", 1)] * k) for k in (2, 2, 3, 5)]
+    assert accuracy_by_num_steps(problems, [1.0, 0.0, 1.0, 0.0]) == {"2": 0.5, "3": 1.0, "5": 0.0}
+
+
+def test_html_problems_mix_long_and_short_problems():
+    problems = generate_problems(40, seed=5)
+    chosen = _html_problems(problems, 6)
+    assert len(chosen) == 6 and len({p.prompt for p in chosen}) == 6
+    assert sum(p.num_steps == 5 for p in chosen) == 3
+    assert _html_problems(problems, 0) == []
+
+
+def test_warmup_learns_only_the_completion(char_tokenizer):
+    from mcadvantage.demo.warmup import encode_example, supervised_warmup
+
+    ids, labels = encode_example(char_tokenizer, "Q?\n", "1+1=2")
+    assert char_tokenizer.decode(ids, skip_special_tokens=True) == "Q?\n1+1=2"
+    assert ids[-1] == char_tokenizer.eos_token_id
+    assert labels == [-100] * 3 + ids[3:]
+    with pytest.raises(ValueError, match="examples is empty"):
+        supervised_warmup(None, char_tokenizer, [], steps=1)
+    with pytest.raises(ValueError, match="steps must be >= 0, got -1"):
+        supervised_warmup(None, char_tokenizer, [("a", "b")], steps=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Report: colours and HTML
+# --------------------------------------------------------------------------------------------------
+
+
+def _alpha(colour: str) -> float:
+    return float(colour.rsplit(",", 1)[1].rstrip(")"))
+
+
+def test_advantage_colour_maps_sign_to_hue_and_magnitude_to_opacity():
+    assert advantage_colour(0.5).startswith("rgba(22, 163, 74,")  # green
+    assert advantage_colour(-0.5).startswith("rgba(220, 38, 38,")  # red
+    assert _alpha(advantage_colour(0.0)) == 0.0  # no credit: no colour
+    assert _alpha(advantage_colour(0.1)) < _alpha(advantage_colour(0.5)) < _alpha(advantage_colour(1.0))
+    assert _alpha(advantage_colour(-0.5)) == _alpha(advantage_colour(0.5))
+    assert _alpha(advantage_colour(3.0)) == _alpha(advantage_colour(1.0)) == 0.85  # capped
+    assert _alpha(advantage_colour(0.5, scale=0.5)) == 0.85
+
+
+def test_html_escapes_text_and_colours_every_step():
+    evil = ScoredResponse(
+        prompt="Start with <b>1</b> & go\n",
+        steps=["1+1=2\n", "<script>alert(1)</script>\n#### 2"],
+        values=[0.25, 0.75, 1.0],
+        advantages=[0.5, 0.25],
+        reward=1.0,
+        gold="2",
+    )
+    wrong = ScoredResponse("p\n", ["7\n#### 7"], [0.5, 0.0], [-0.5], 0.0, "9")
+    page = render_responses_html(
+        {"Before <x>": [wrong], "After": [evil]}, title="T & <t>", summary={"a<b": "c&d"}
+    )
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "Start with &lt;b&gt;1&lt;/b&gt; &amp; go" in page
+    assert "<title>T &amp; &lt;t&gt;</title>" in page and "<h2>Before &lt;x&gt;</h2>" in page
+    assert "<b>a&lt;b</b>: c&amp;d" in page
+    spans = re.findall(
+        r'<span class="step" style="background:(rgba\([^)]*\))"[^>]*data-advantage="([-0-9.]+)"', page
+    )
+    assert [(c, float(a)) for c, a in spans] == [
+        (advantage_colour(-0.5), -0.5),
+        (advantage_colour(0.5), 0.5),
+        (advantage_colour(0.25), 0.25),
+    ]
+    assert 'class="response wrong"' in page and 'class="response correct"' in page
+    assert "V(before)=0.25, V(after)=0.75, A=+0.50" in page
+    assert render_responses_html([evil], title="one list").count('class="step"') == 2
+    with pytest.raises(ValueError, match="2 steps need 3 values"):
+        render_responses_html([ScoredResponse("p", ["a", "b"], [0.0, 1.0], [1.0], 1.0, "1")], title="t")
+
+
+# --------------------------------------------------------------------------------------------------
+# Flags
+# --------------------------------------------------------------------------------------------------
+
+
+def test_quick_flag_shrinks_the_run_and_explicit_flags_win():
+    config = parse_args(["--quick", "--rl_steps", "5", "--seed", "3"])
+    assert config.quick and config.rl_steps == 5 and config.seed == 3
+    assert config.warmup_steps == 60 and config.hidden_size == 64
+    default = parse_args([])
+    assert default == DemoConfig() and not default.quick
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--num_generations", "1"], "--num_generations must be >= 2"),
+        (["--curve_problems", "700"], "--curve_problems \\(700\\) must be <= --eval_problems"),
+        (["--flawed_demo_rate", "1.5"], "--flawed_demo_rate must be in \\[0, 1\\]"),
+        (["--rl_steps", "0"], "--rl_steps must be >= 1, got 0"),
+        (["--min_steps", "4", "--max_steps", "3"], "need 1 <= --min_steps <= --max_steps"),
+    ],
+)
+def test_bad_flags_name_the_flag(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        parse_args(argv)
+
+
+def test_demo_script_is_valid_bash_and_runs_the_module():
+    script = REPO / "scripts" / "demo.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert 'setup_venv "$VENV" demo' in text
+    assert "-m mcadvantage.demo --output_dir demo_output" in text
+
+
+# --------------------------------------------------------------------------------------------------
+# End to end (quick mode)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_quick_demo_writes_every_output(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcadvantage.demo", "--quick", "--output_dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stdout = proc.stdout
+    # Progress bars for both phases, and the two accuracies.
+    assert "warm-up (SFT)" in stdout and "VinePPO: 100%" in stdout
+    before = re.search(r"accuracy BEFORE VinePPO \(after the warm-up\): ([01]\.\d{3})", stdout)
+    after = re.search(r"accuracy AFTER VinePPO: ([01]\.\d{3})", stdout)
+    assert before and after, stdout[-3000:]
+    assert "{'loss'" not in stdout  # transformers' PrinterCallback is removed
+
+    png = (out / "learning_curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    config = DemoConfig()
+    config.apply_quick()
+    assert metrics["accuracy_before"] == pytest.approx(float(before[1]), abs=5e-4)
+    assert metrics["accuracy_after"] == pytest.approx(float(after[1]), abs=5e-4)
+    for key in ("accuracy_before", "accuracy_after"):
+        assert 0.0 <= metrics[key] <= 1.0
+    assert metrics["improvement"] == pytest.approx(metrics["accuracy_after"] - metrics["accuracy_before"])
+    assert metrics["eval_problems"] == config.eval_problems
+    assert set(metrics["accuracy_after_by_num_steps"]) <= {"2", "3", "4", "5"}
+    assert [s for s, _ in metrics["warmup_curve"]] == [0.0, 30.0, 60.0]
+    assert [s for s, _ in metrics["rl_curve"]] == [0.0, 3.0]  # rl_evals=1: the start and the end
+    assert [r["step"] for r in metrics["rl_logs"]] == [1.0, 2.0, 3.0]
+    assert metrics["mean_rollouts_per_step"] > 0
+    assert all(0.0 <= r["reward"] <= 1.0 for r in metrics["rl_logs"])
+    assert 0 < metrics["warmup_seconds"] < metrics["total_seconds"] and metrics["rl_seconds"] > 0
+    assert metrics["config"]["quick"] is True and metrics["threads"] >= 1
+
+    page = (out / "responses.html").read_text()
+    assert "<h2>Before VinePPO (the warm-up policy)</h2>" in page and "<h2>After VinePPO</h2>" in page
+    assert page.count('class="response ') == 2 * config.html_responses
+    assert len(re.findall(r'<span class="step" style="background:rgba\(', page)) >= 2 * config.html_responses
+    shown = _html_problems(build_data(DemoConfig(**metrics["config"])).eval_set, config.html_responses)
+    for p in shown:  # the responses to these held-out prompts, before and after
+        assert page.count(html.escape(p.prompt)) == 2
+    assert (out / "warmup_policy" / "config.json").exists() and (
+        out / "vineppo_policy" / "config.json"
+    ).exists()
+
+
+def test_demo_seeds_summary_hand_computed():
+    """benchmarks/demo_seeds.py's noise summary on three made-up runs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_seeds", REPO / "benchmarks" / "demo_seeds.py")
+    demo_seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_seeds)
+
+    def run(seed, before, after):
+        return {
+            "seed": seed,
+            "accuracy_before": before,
+            "accuracy_after": after,
+            "stderr_before": 0.02,
+            "stderr_after": 0.04,
+            "total_seconds": 100.0 + seed,
+        }
+
+    s = demo_seeds.summarize([run(0, 0.3, 0.4), run(1, 0.4, 0.6), run(2, 0.5, 0.8)])
+    assert s["mean_before"] == pytest.approx(0.4) and s["mean_after"] == pytest.approx(0.6)
+    assert s["sd_before_across_seeds"] == pytest.approx(0.1)  # stdev of 0.3, 0.4, 0.5
+    assert s["mean_improvement"] == pytest.approx(0.2) and s["sd_improvement_across_seeds"] == pytest.approx(
+        0.1
+    )
+    assert s["sem_improvement"] == pytest.approx(0.1 / 3**0.5) and s["min_improvement"] == pytest.approx(0.1)
+    assert s["mean_binomial_stderr"] == pytest.approx(0.03) and s["max_total_seconds"] == 102.0
+    assert s["improvement_exceeds_noise"] is True  # 0.2 > 0.1 and 0.2 > 2 * 0.0577
+    # Gains no larger than the spread between runs do not count.
+    noisy = demo_seeds.summarize([run(0, 0.3, 0.32), run(1, 0.5, 0.48), run(2, 0.4, 0.45)])
+    assert noisy["improvement_exceeds_noise"] is False

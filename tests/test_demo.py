@@ -353,7 +353,8 @@ def test_demo_seeds_summary_hand_computed():
     )
     assert s["sem_improvement"] == pytest.approx(0.1 / 3**0.5) and s["min_improvement"] == pytest.approx(0.1)
     assert s["mean_binomial_stderr"] == pytest.approx(0.03) and s["max_total_seconds"] == 102.0
-    assert s["improvement_exceeds_noise"] is True  # 0.2 > 0.1 and 0.2 > 2 * 0.0577
+    assert s["improvement_exceeds_noise"] is True  # every gain > 0 and 0.2 > 2 * 0.0577
+    assert s["mean_improvement_exceeds_sd_before"] is True  # 0.2 > 0.1
     # Gains no larger than the spread between runs do not count.
     noisy = demo_seeds.summarize([run(0, 0.3, 0.32), run(1, 0.5, 0.48), run(2, 0.4, 0.45)])
     assert noisy["improvement_exceeds_noise"] is False

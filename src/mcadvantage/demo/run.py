@@ -21,7 +21,7 @@ Steps:
    responses of the policy before and after VinePPO, each step coloured by its Monte Carlo advantage
    under that policy) and ``metrics.json`` in ``--output_dir``.
 
-The defaults take about 6-7 minutes on 2 CPU cores (docs/benchmarks/demo.md has measured numbers).
+The defaults take about 8 minutes on 2 CPU cores (446-480 s measured; docs/benchmarks.md has the numbers).
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 # Torch is pinned to the CPU build first: an unpinned torch pulls several GB of CUDA packages.
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 
-setup_venv() {  # setup_venv VENV EXTRAS
-  local venv="$1" extras="$2"
-  if [ ! -x "$venv/bin/python" ]; then
+setup_venv() {  # setup_venv VENV EXTRAS [fresh]: with "fresh", an existing VENV is emptied first
+  local venv="$1" extras="$2" fresh="${3:-}"
+  if [ "$fresh" = "fresh" ]; then
+    python3 -m venv --clear "$venv"
+  elif [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
   fi
   "$venv/bin/python" -m pip install -q --upgrade pip

@@ -714,7 +714,9 @@ def evaluate_pass_at_1(
 
     if use_vllm and trainer.vllm_mode == "server":
         # Only the main process talks to the server; the others wait for its result.
-        _sync_vllm_weights(trainer)
+        from mcadvantage.samplers.vllm_sync import sync_weights_if_stale
+
+        sync_weights_if_stale(trainer)
         payload: list[Any] = [None]
         if accelerator.is_main_process:
             from mcadvantage.samplers import VLLMServerSampler
@@ -737,10 +739,10 @@ def evaluate_pass_at_1(
         local_rows = [rows[i] for i in mine]
         if use_vllm:
             from mcadvantage.samplers import VLLMSampler
-            from mcadvantage.samplers.vllm_sync import vllm_awake
+            from mcadvantage.samplers.vllm_sync import sync_weights_if_stale, vllm_awake
 
             with vllm_awake(trainer):
-                _sync_vllm_weights(trainer)
+                sync_weights_if_stale(trainer)
                 sampler = VLLMSampler(
                     trainer.vllm_generation.llm,
                     temperature=settings.temperature,
@@ -792,14 +794,6 @@ def _trainer_context(trainer: Any, use_vllm: bool) -> int | None:
     if use_vllm and trainer.args.vllm_max_model_length:
         limits.append(int(trainer.args.vllm_max_model_length))
     return min(limits) if limits else None
-
-
-def _sync_vllm_weights(trainer: Any) -> None:
-    """Push the policy's current weights into the trainer's vLLM engine, as GRPO does before generating (its
-    last push was before the last generation batch, not after the last optimizer step)."""
-    if trainer.state.global_step != trainer._last_loaded_step:
-        trainer.vllm_generation.sync_weights()
-        trainer._last_loaded_step = trainer.state.global_step
 
 
 def _score_with_trained_model(

@@ -577,13 +577,11 @@ class VinePPOTrainer(GRPOTrainer):
             return
         if self.use_vllm:
             if self.vllm_mode == "colocate":
-                from .samplers.vllm_sync import vllm_awake
+                from .samplers.vllm_sync import sync_weights_if_stale, vllm_awake
 
                 with vllm_awake(self):  # sleep mode: re-push the weights and wake the KV cache
                     # GRPO synced the weights before generating the responses at this step; sync if it did not.
-                    if self.state.global_step != self._last_loaded_step:
-                        self.vllm_generation.sync_weights()
-                        self._last_loaded_step = self.state.global_step
+                    sync_weights_if_stale(self)
                     yield self._mc_vllm_sampler
             else:
                 # Server mode: GRPO pushed this step's weights to the server before generating the responses.

@@ -899,8 +899,8 @@ class MathVerifier(_VerifierBase):
 
     def equivalent_batch(self, pairs: Sequence[tuple[str | None, Any]]) -> list[bool]:
         """:meth:`is_equivalent` for many ``(pred, gold)`` pairs, sent to the grading process at once."""
-        verdicts: list[bool | None] = []
-        pending: list[tuple[str, str]] = []
+        verdicts: list[bool | None] = []  # None: to be graded by the grading process
+        keys: list[tuple[Any, Any]] = []
         for pred, gold in pairs:
             if isinstance(gold, (int, float)) and not isinstance(gold, bool):
                 gold = str(gold)
@@ -915,19 +915,17 @@ class MathVerifier(_VerifierBase):
                 verdict = self._verdicts.get((pred, gold))
                 if verdict is not None:
                     self._verdicts.move_to_end((pred, gold))
-            if verdict is None:
-                pending.append((pred, gold))
             verdicts.append(verdict)
+            keys.append((pred, gold))
         # Identical pairs in one batch (common among rollouts) go to the grading process once.
-        unique = list(dict.fromkeys(pending))
+        unique = list(dict.fromkeys(k for v, k in zip(verdicts, keys, strict=True) if v is None))
         graded = dict(zip(unique, self._service.grade(unique), strict=True)) if unique else {}
         if self.cache_size:
             for pair, ok in graded.items():
                 self._verdicts[pair] = ok
             while len(self._verdicts) > self.cache_size:
                 self._verdicts.popitem(last=False)
-        slow = iter(pending)
-        return [graded[next(slow)] if v is None else v for v in verdicts]
+        return [graded[k] if v is None else v for v, k in zip(verdicts, keys, strict=True)]
 
     def score_batch(self, responses: Sequence[str | None], golds: Sequence[Any]) -> list[float]:
         """Rewards for ``responses[i]`` (full responses; their last box is graded) against ``golds[i]``."""

@@ -60,13 +60,13 @@ def evaluate_accuracy(
     *,
     max_new_tokens: int = 64,
     batch_size: int = 256,
-) -> tuple[float, list[str]]:
+) -> tuple[float, list[str], list[float]]:
     """Greedy accuracy on ``problems``: the mean of ``grade(response, gold_answer)``. Returns the
-    accuracy and the responses."""
+    accuracy, the responses and their scores."""
     if not problems:
         raise ValueError("evaluate_accuracy: problems is empty; pass at least one problem.")
     responses = generate_responses(
         model, tokenizer, [p.prompt for p in problems], max_new_tokens=max_new_tokens, batch_size=batch_size
     )
     scores = [grade(r, p.answer) for r, p in zip(responses, problems, strict=True)]
-    return sum(scores) / len(scores), responses
+    return sum(scores) / len(scores), responses, scores

@@ -306,15 +306,15 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         flush=True,
     )
 
-    def greedy_accuracy(policy: Any, problems: Sequence[ArithmeticProblem]) -> tuple[float, list[str]]:
-        return evaluate_accuracy(
+    def greedy_accuracy(policy: Any, problems: Sequence[ArithmeticProblem]) -> tuple[float, list[float]]:
+        acc, _, scores = evaluate_accuracy(
             policy, tokenizer, problems, verifier.score, max_new_tokens=config.max_completion_length
         )
+        return acc, scores
 
-    def full_eval(policy: Any) -> tuple[float, dict[str, float], list[str]]:
-        acc, responses = greedy_accuracy(policy, eval_set)
-        scores = [verifier.score(r, p.answer) for r, p in zip(responses, eval_set, strict=True)]
-        return acc, accuracy_by_num_steps(eval_set, scores), responses
+    def full_eval(policy: Any) -> tuple[float, dict[str, float]]:
+        acc, scores = greedy_accuracy(policy, eval_set)
+        return acc, accuracy_by_num_steps(eval_set, scores)
 
     # ---- 1. supervised warm-up ------------------------------------------------------------------------
     warmup_curve: list[tuple[float, float]] = [(0.0, greedy_accuracy(model, curve_set)[0])]
@@ -342,7 +342,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             progress=on_step,
         )
     warmup_seconds = time.perf_counter() - t0
-    acc_before, by_steps_before, _ = full_eval(model)
+    acc_before, by_steps_before = full_eval(model)
     print(
         f"[demo] held-out greedy accuracy BEFORE VinePPO (after the warm-up): {acc_before:.3f} "
         f"({_fmt_by_steps(by_steps_before)})",
@@ -448,7 +448,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     rl_seconds = time.perf_counter() - t0
     policy = trainer.model
     policy.eval()
-    acc_after, by_steps_after, _ = full_eval(policy)
+    acc_after, by_steps_after = full_eval(policy)
     print(
         f"[demo] held-out greedy accuracy AFTER VinePPO: {acc_after:.3f} ({_fmt_by_steps(by_steps_after)})",
         flush=True,

@@ -31,6 +31,7 @@ __all__ = [
     "install_layerwise_weight_sync",
     "is_cpu_vllm_platform",
     "reload_vllm_weights",
+    "sync_weights_if_stale",
     "vllm_awake",
 ]
 
@@ -231,6 +232,19 @@ def install_layerwise_weight_sync(trainer: Any) -> bool:
     generation.sync_weights = sync_weights
     setattr(generation, _INSTALLED_FLAG, True)
     return True
+
+
+def sync_weights_if_stale(trainer: Any) -> None:
+    """Push a ``GRPOTrainer``'s current policy weights into its vLLM engine (colocated or server) unless
+    they were already pushed at this optimizer step.
+
+    GRPO pushes the weights before generating a batch of responses, not after every optimizer step, so
+    any other use of the engine (VinePPO's rollouts, an evaluation) must check first. Uses TRL's own
+    bookkeeping (``trainer._last_loaded_step``), so GRPO's next generation does not push again.
+    """
+    if trainer.state.global_step != trainer._last_loaded_step:
+        trainer.vllm_generation.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step
 
 
 @contextmanager

@@ -1081,8 +1081,11 @@ def main(task: TaskSpec, argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-    # No accelerator.end_training(): it destroys the process group, which a colocated vLLM engine's own
-    # shutdown (at interpreter exit) still needs.
+    # End trackers and destroy the process group now: left to interpreter exit, gloo's worker threads can
+    # abort the process after a finished run. Not with a colocated vLLM engine, whose own shutdown (at
+    # interpreter exit) still needs the process group.
+    if not (trainer.use_vllm and trainer.vllm_mode == "colocate"):
+        trainer.accelerator.end_training()
     return summary
 
 

@@ -230,6 +230,10 @@ def main() -> None:
         run_estimate(args.model_dir, out, main_only=args.main_only)
     else:
         run_train(args.model_dir, out)
+    if torch.distributed.is_initialized():
+        # Left to interpreter exit, gloo's worker threads can still hold tensors and abort the process
+        # (SIGABRT, "terminate called without an active exception"; seen in CI after a finished run).
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -87,6 +87,49 @@ def test_gsm8k_answer_marker_validation():
         GSM8KSegmenter(answer_marker="  ")
 
 
+def test_gsm8k_newline_placement_start_matches_official():
+    # The official VinePPO code splits on "\n" and starts each following step with the newline.
+    steps = GSM8KSegmenter(newline_placement="start")(NATALIA)
+    assert steps == [
+        "Natalia sold 48/2 = <<48/2=24>>24 clips in May.",
+        "\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
+    ]
+    assert GSM8KSegmenter(newline_placement="end")(NATALIA) == GSM8KSegmenter()(NATALIA)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a\nb\nc", ["a", "\nb", "\nc"]),
+        ("a\n\nb\n#### 5", ["a", "\n\nb\n#### 5"]),  # the blank line still merges forward
+        ("\n\na\nb", ["\n\na", "\nb"]),  # leading blank lines stay in the first step
+        ("a\nb\n\n", ["a", "\nb\n\n"]),  # trailing newlines stay in the last step
+        ("a\n", ["a\n"]),  # one line: nothing to move
+        ("x = 1\r\ny = 2", ["x = 1\r", "\ny = 2"]),  # only the "\n" moves
+        ("", []),
+    ],
+)
+def test_gsm8k_newline_placement_start_rules(text, expected):
+    steps = GSM8KSegmenter(newline_placement="start")(text)
+    assert steps == expected
+    assert "".join(steps) == text
+
+
+def test_newline_placement_start_with_cap_and_names():
+    assert NewlineSegmenter(max_steps=2, newline_placement="start")("a\nb\nc") == ["a", "\nb\nc"]
+    seg = get_segmenter("gsm8k", newline_placement="start")
+    assert seg.newline_placement == "start"
+    assert repr(seg) == "GSM8KSegmenter(max_steps=None, answer_marker='####', newline_placement='start')"
+    assert repr(GSM8KSegmenter()) == "GSM8KSegmenter(max_steps=None, answer_marker='####')"
+
+
+@pytest.mark.parametrize("cls", [GSM8KSegmenter, NewlineSegmenter])
+@pytest.mark.parametrize("bad", ["before", "START", None])
+def test_newline_placement_validation(cls, bad):
+    with pytest.raises(ValueError, match=r"newline_placement must be 'end' .* or 'start'"):
+        cls(newline_placement=bad)
+
+
 # --------------------------------------------------------------------------------------------------
 # MATH
 # --------------------------------------------------------------------------------------------------
@@ -222,6 +265,97 @@ def test_math_align_rows():
     assert "".join(steps) == text
     # rows end after "\\" and its newline; nothing is cut inside a row at this limit
     assert steps == ["\\begin{align*}\naa &= bb \\\\\n", "cc &= dd \\\\\n", "ee &= ff\n\\end{align*}"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # display math ending a sentence runs straight into the next word (MATH writes "\\]This")
+        (
+            "We get\n\\[x + y = 25.\\]This simplifies to $x = 5$, so we are done.",
+            ["We get\n", "\\[x + y = 25.\\]", "This simplifies to $x = 5$, so we are done."],
+        ),
+        (
+            "Thus $$\\frac{a}{b} = 5.$$Multiplying both sides by $b$ gives $a = 5b$.",
+            ["Thus $$\\frac{a}{b} = 5.$$", "Multiplying both sides by $b$ gives $a = 5b$."],
+        ),
+        # the period may sit on the line before the closer, and an environment is display math too
+        (
+            "So \\[\\binom{8}{3} = 56.\n\\]Eight of these are bad.",
+            ["So \\[\\binom{8}{3} = 56.\n\\]", "Eight of these are bad."],
+        ),
+        (
+            "\\begin{align*}\na &= 1.\n\\end{align*}In total there are $2$.",
+            ["\\begin{align*}\na &= 1.\n\\end{align*}", "In total there are $2$."],
+        ),
+    ],
+)
+def test_math_display_sentence_end_without_space(text, expected):
+    steps = MathSegmenter(min_part_length=0)(text)
+    assert steps == expected
+    assert "".join(steps) == text
+
+
+def test_math_display_sentence_end_with_default_merging():
+    # "We get\n" is short, so it joins the formula; the cut after "25.\\]" stays
+    text = "We get\n\\[x + y = 25.\\]This simplifies to $x = 5$, so we are done."
+    assert MathSegmenter()(text) == [
+        "We get\n\\[x + y = 25.\\]",
+        "This simplifies to $x = 5$, so we are done.",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # inline math needs a space after it, as a prose period does
+        ("So $x = 3.$Then it is done.", ["So $x = 3.$Then it is done."]),
+        # closing brackets after the math stay with the sentence they close
+        ("(Note that $r \\neq s.$)  This leads to it.", ["(Note that $r \\neq s.$)", "  This leads to it."]),
+        # a closer right before a newline is never pushed into the next step
+        ("(see \\[x = 1.\\])\nNext line.", ["(see \\[x = 1.\\])\n", "Next line."]),
+    ],
+)
+def test_math_sentence_end_inside_math_edge_cases(text, expected):
+    assert MathSegmenter(min_part_length=0)(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # "," and "+" inside f(..) and g(..) are not top level; only " + g" is
+        ("\\[f(aaaa + bbbb, cccc) + g(dddd, eeee)\\]", ["\\[f(aaaa + bbbb, cccc)", " + g(dddd, eeee)\\]"]),
+        # half-open intervals: "(" and "[" close each other's kind
+        (
+            "\\[x \\in [0, 1) \\cup (2, 3] = [0, 3] - [1, 2]\\]",
+            ["\\[x \\in [0, 1) \\cup (2, 3]", " = [0, 3] - [1, 2]\\]"],
+        ),
+        # the "(" of "\\left(" and the ")" of "\\right)" are not counted again
+        ("\\[(\\left( aaaa \\right) + bbbb) + cccc\\]", ["\\[(\\left( aaaa \\right) + bbbb)", " + cccc\\]"]),
+        (
+            "\\[\\left\\{ aaaa, bbbb \\right. + cccc, dddd\\]",
+            ["\\[\\left\\{ aaaa, bbbb \\right.", " + cccc, dddd\\]"],
+        ),
+    ],
+)
+def test_math_long_display_never_cut_inside_brackets(text, expected):
+    steps = MathSegmenter(max_part_length=20, min_part_length=4)(text)
+    assert steps == expected
+
+
+def test_math_rows_of_aligned_inside_display_are_cut_but_matrices_are_not():
+    text = "\\[\\begin{aligned} aaaa &= bbbb \\\\ cccc &= dddd \\\\ eeee &= ffff \\end{aligned}\\]"
+    steps = MathSegmenter(max_part_length=40, min_part_length=4)(text)
+    assert steps == [
+        "\\[\\begin{aligned} aaaa &= bbbb \\\\",
+        " cccc &= dddd \\\\",
+        " eeee &= ffff \\end{aligned}\\]",
+    ]
+    matrix = "\\[\\begin{pmatrix} aaaa \\\\ bbbb \\end{pmatrix} = \\begin{pmatrix} cccc \\\\ dddd \\end{pmatrix}\\]"
+    assert MathSegmenter(max_part_length=20, min_part_length=4)(matrix) == [
+        "\\[\\begin{pmatrix} aaaa \\\\ bbbb \\end{pmatrix}",
+        " = \\begin{pmatrix} cccc \\\\ dddd \\end{pmatrix}\\]",
+    ]
 
 
 def test_math_max_steps():

@@ -669,7 +669,7 @@ def _forked_rng(seed: int) -> Iterator[None]:
 
 def _vllm_seed(seed: int) -> int | None:
     # Per-request seeds crash vLLM's CPU backend; there the engine's global seed drives sampling.
-    from mcadvantage.samplers.vllm_sync import is_cpu_vllm_platform
+    from mcadvantage.vllm_weights import is_cpu_vllm_platform
 
     return None if is_cpu_vllm_platform() else seed
 
@@ -714,7 +714,7 @@ def evaluate_pass_at_1(
 
     if use_vllm and trainer.vllm_mode == "server":
         # Only the main process talks to the server; the others wait for its result.
-        from mcadvantage.samplers.vllm_sync import sync_weights_if_stale
+        from mcadvantage.trl_compat import sync_weights_if_stale
 
         sync_weights_if_stale(trainer)
         payload: list[Any] = [None]
@@ -739,7 +739,7 @@ def evaluate_pass_at_1(
         local_rows = [rows[i] for i in mine]
         if use_vllm:
             from mcadvantage.samplers import VLLMSampler
-            from mcadvantage.samplers.vllm_sync import sync_weights_if_stale, vllm_awake
+            from mcadvantage.trl_compat import sync_weights_if_stale, vllm_awake
 
             with vllm_awake(trainer):
                 sync_weights_if_stale(trainer)

@@ -111,7 +111,10 @@ def run_estimate(model_dir: str, out: Path, main_only: bool = False) -> None:
     if main_only:
         # Exercise the vLLM-server code path (only the main process may sample; it estimates every rank's
         # responses and sends each rank its part) with the deterministic sampler standing in for the server.
-        trainer._mc_on_main_only = True
+        import dataclasses
+
+        make_context = trainer.estimator_context
+        trainer.estimator_context = lambda: dataclasses.replace(make_context(), sample_on_main_only=True)
     acc = trainer.accelerator
     rows = [(p, r) for p, responses in zip(PROMPTS, RESPONSES, strict=True) for r in responses]
     per_rank = len(rows) // acc.num_processes
@@ -127,16 +130,23 @@ def run_estimate(model_dir: str, out: Path, main_only: bool = False) -> None:
             ids = ids + [tok.eos_token_id]
         completion_ids.append(ids)
         mask[i, : len(ids)] = 1
-    completions = [r for _, r in local]
-    rewards = torch.tensor(vowel_reward(completions), dtype=torch.float32)
+    # Every rank's rewards, as GRPO gathers them (group baselines may need the whole batch).
+    all_rewards = torch.tensor(vowel_reward([r for _, r in rows]), dtype=torch.float32).unsqueeze(1)
 
-    advantages = trainer._estimate_advantages(
-        prompt_ids=prompt_ids,
-        completion_ids=completion_ids,
-        completion_mask=mask,
-        prompts=[p for p, _ in local],
-        rows=[{"prompt": p, "answer": p.split()[-1][:-1]} for p, _ in local],
-        rewards=rewards,
+    from mcadvantage.estimators import AdvantageBatch
+
+    advantages = trainer.compute_advantages(
+        AdvantageBatch(
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            completion_mask=mask,
+            rewards_per_func=all_rewards,
+            reward_weights=torch.ones(1),
+            local_slice=slice(acc.process_index * per_rank, (acc.process_index + 1) * per_rank),
+            group_size=len(RESPONSES[0]),
+            prompts=[p for p, _ in local],
+            rows=[{"prompt": p, "answer": p.split()[-1][:-1]} for p, _ in local],
+        )
     )
     estimate = trainer.last_mc_estimate
     report = {

@@ -197,13 +197,14 @@ def test_cli_parsing_with_hf_argument_parser():
 
 
 def test_trl_version_window():
-    from mcadvantage.trainer import check_trl_version
+    from mcadvantage.trl_compat import check_trl_version
 
     with pytest.raises(ImportError, match=r"supports TRL >=1.16,<1.17 but TRL 1.15.2 is installed"):
         check_trl_version("1.15.2")
     with pytest.raises(ImportError, match=r"TRL 2.0.0 is installed"):
         check_trl_version("2.0.0")
-    with pytest.warns(UserWarning, match=r"tested with TRL >=1.16,<1.17; TRL 1.17.0 is installed"):
+    # One range, stated once: an untested minor release is refused like any other version outside it.
+    with pytest.raises(ImportError, match=r"TRL 1.17.0 is installed.*pip install 'trl>=1.16,<1.17'"):
         check_trl_version("1.17.0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -145,7 +145,7 @@ def test_wheel_contents_and_metadata(dists):
         "mcadvantage/_version.py",
         "mcadvantage/py.typed",
         "mcadvantage/trainer.py",
-        "mcadvantage/samplers/vllm_sync.py",
+        "mcadvantage/vllm_weights.py",
         "mcadvantage/demo/__main__.py",
         f"mcadvantage-{version}.dist-info/licenses/LICENSE",
     ):

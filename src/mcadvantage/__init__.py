@@ -38,6 +38,19 @@ _LAZY: dict[str, str] = {
     "TransformersSampler": "samplers",
     "VLLMSampler": "samplers",
     "VLLMServerSampler": "samplers",
+    # advantage estimators (the seam)
+    "AdvantageEstimator": "estimators",
+    "AdvantageBatch": "estimators",
+    "AdvantageResult": "estimators",
+    "EstimatorContext": "estimators",
+    "register_advantage_estimator": "estimators",
+    "get_advantage_estimator": "estimators",
+    "available_advantage_estimators": "estimators",
+    "VinePPOEstimator": "estimators",
+    "GRPOEstimator": "estimators",
+    "RLOOEstimator": "estimators",
+    # sampling from a trainer's current policy (imports TRL)
+    "policy_sampler": "policy",
     # estimation
     "MCValueEstimator": "estimator",
     "Trajectory": "estimator",
@@ -67,6 +80,19 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
     from .advantages import masked_whiten, step_advantages, token_advantages
     from .config import VinePPOConfig
     from .estimator import MCEstimate, MCValueEstimator, Trajectory
+    from .estimators import (
+        AdvantageBatch,
+        AdvantageEstimator,
+        AdvantageResult,
+        EstimatorContext,
+        GRPOEstimator,
+        RLOOEstimator,
+        VinePPOEstimator,
+        available_advantage_estimators,
+        get_advantage_estimator,
+        register_advantage_estimator,
+    )
+    from .policy import policy_sampler
     from .samplers import (
         Continuation,
         RolloutRequest,

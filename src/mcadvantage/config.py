@@ -6,15 +6,13 @@ Importing this module imports TRL (``GRPOConfig``), but not vLLM.
 
 from __future__ import annotations
 
-import math
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-# TRL loss types that aggregate the PPO-clip surrogate token by token; "dapo" (the default) is VinePPO's.
-_TOKEN_LEVEL_CLIP_LOSSES = ("dapo", "bnpo", "dr_grpo", "grpo")
+from .settings import validate_mc_settings
 
 
 def _bf16_available() -> bool:
@@ -41,6 +39,11 @@ class VinePPOConfig(GRPOConfig):
     ``V(S_i) - V(S_{i-1})`` (the last step gets ``R - V(S_{n-1})``).
 
     Attributes:
+        advantage_estimator (str): How advantages are computed: `"vineppo"` (Monte Carlo step values),
+            `"grpo"` (TRL's group-normalised advantages), `"rloo"` (leave-one-out), or any name registered with
+            :func:`~mcadvantage.register_advantage_estimator`. One flag switches the same trainer, data and
+            logging between VinePPO and its baselines. The Monte Carlo settings below apply to `"vineppo"`.
+            Defaults to `"vineppo"`.
         num_mc_rollouts (int): K, the number of continuations sampled from every state to estimate its value
             (paper: 9; larger is better, K=1 already beats PPO). Defaults to `9`.
         step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
@@ -64,9 +67,10 @@ class VinePPOConfig(GRPOConfig):
             Defaults to `None`.
         mc_max_batch_sequences (int): With the transformers sampler, the most sequences generated in one
             `generate` call (memory bound). Defaults to `256`.
-        whiten_advantages (bool): Whiten the per-token advantages (zero mean, unit variance over all completion
-            tokens of the generation batch, statistics all-reduced across data-parallel ranks), as the paper does.
-            Defaults to `True`.
+        whiten_advantages (bool | None): Whiten the per-token advantages (zero mean, unit variance over all
+            completion tokens of the generation batch, statistics all-reduced across data-parallel ranks). `None`
+            resolves to the estimator's default: on for `"vineppo"` (as the paper), off for `"grpo"` and `"rloo"`
+            (so they equal TRL's own advantages). Defaults to `None`.
         mc_estimate_on_eval (bool): Also run the Monte Carlo estimation on evaluation batches. Off by default
             because it multiplies the cost of evaluation; evaluation batches then carry zero advantages, so the
             eval loss is only the KL term and the reward metrics are the useful evaluation signal. Defaults to
@@ -81,9 +85,10 @@ class VinePPOConfig(GRPOConfig):
       `beta=0.0` to train without one.
     - `num_iterations=2` (GRPO: 1): two PPO epochs over every generation batch.
     - `max_completion_length=1024` (GRPO: 512).
-    - `scale_rewards="none"` (GRPO: `"group"`): GRPO's reward scaling only shapes GRPO's own advantages,
-      which VinePPO replaces; `whiten_advantages` is VinePPO's normalisation. Setting `"group"` or
-      `"batch"` is rejected as contradictory.
+    - `scale_rewards=None` resolves to `"none"` (GRPO: `"group"`) except under `advantage_estimator="grpo"`,
+      where it resolves to GRPO's `"group"`: reward scaling shapes only GRPO's advantages, which VinePPO and
+      RLOO replace (`whiten_advantages` is VinePPO's normalisation); `"group"` or `"batch"` with them is
+      rejected as contradictory.
     - `bf16=None` resolves to True only on a CUDA GPU with bfloat16 support and to False elsewhere (GRPO
       turns bf16 on whenever fp16 is off, which slows CPU runs). Set it explicitly on other accelerators.
 
@@ -129,11 +134,20 @@ class VinePPOConfig(GRPOConfig):
         default=1024,
         metadata={"help": "Maximum length of a generated response, in tokens (VinePPO paper: 1024)."},
     )
-    scale_rewards: str = field(
-        default="none",
+    scale_rewards: str | None = field(
+        default=None,
         metadata={
-            "help": "GRPO reward scaling. VinePPO replaces GRPO's advantages, so only 'none' is accepted; use "
-            "`whiten_advantages` to normalise VinePPO's advantages."
+            "help": "GRPO reward scaling, used by advantage_estimator='grpo' ('group', 'batch' or 'none'). Unset: "
+            "'group' for 'grpo' (GRPO's default), 'none' otherwise (other estimators refuse anything else)."
+        },
+    )
+
+    # ---- Advantage estimator ------------------------------------------------------------------------------
+    advantage_estimator: str = field(
+        default="vineppo",
+        metadata={
+            "help": "How advantages are computed: 'vineppo' (Monte Carlo step values, default), 'grpo', 'rloo', "
+            "or any name registered with mcadvantage.register_advantage_estimator."
         },
     )
 
@@ -180,10 +194,11 @@ class VinePPOConfig(GRPOConfig):
         default=256,
         metadata={"help": "Transformers sampler only: most sequences per `generate` call."},
     )
-    whiten_advantages: bool = field(
-        default=True,
+    whiten_advantages: bool | None = field(
+        default=None,
         metadata={
-            "help": "Whiten per-token advantages over all completion tokens of the batch, across ranks (paper: on)."
+            "help": "Whiten per-token advantages over all completion tokens of the batch, across ranks. Unset: the "
+            "estimator's default (on for 'vineppo', as the paper; off for 'grpo'/'rloo', which normalise their own)."
         },
     )
     mc_estimate_on_eval: bool = field(
@@ -195,24 +210,31 @@ class VinePPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
+        from .estimators import get_advantage_estimator
+
         # Resolve bf16 before GRPOConfig does: it would turn bf16 on unconditionally (slow on CPU).
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_available()
+        estimator_cls = get_advantage_estimator(self.advantage_estimator)
+        self.advantage_estimator = estimator_cls.name
+        if self.scale_rewards is None:
+            self.scale_rewards = getattr(estimator_cls, "default_scale_rewards", "none")
+        if self.whiten_advantages is None:
+            self.whiten_advantages = bool(getattr(estimator_cls, "whiten_by_default", False))
         super().__post_init__()
-        self._validate_mc_settings()
+        self._validate_settings(estimator_cls)
 
-    def _validate_mc_settings(self) -> None:
+    def _validate_settings(self, estimator_cls: type) -> None:
         """Reject Monte Carlo settings that are invalid or contradict each other, naming the field and fix."""
-        if not isinstance(self.num_mc_rollouts, int) or isinstance(self.num_mc_rollouts, bool):
-            raise TypeError(
-                f"num_mc_rollouts must be an int, got {self.num_mc_rollouts!r}. Set it to the number of "
-                "continuations per state, e.g. num_mc_rollouts=9."
-            )
-        if self.num_mc_rollouts < 1:
-            raise ValueError(
-                f"num_mc_rollouts={self.num_mc_rollouts} is invalid: every state needs at least one Monte Carlo "
-                "continuation. Set num_mc_rollouts >= 1 (the paper uses 9)."
-            )
+        validate_mc_settings(
+            num_rollouts=self.num_mc_rollouts,
+            rollout_budget=self.mc_rollout_budget,
+            fixed_rollout_budget=self.mc_fixed_rollout_budget,
+            max_completion_length=self.max_completion_length,
+            max_estimated_steps=self.mc_max_estimated_steps,
+            truncated_reward=self.mc_truncated_reward,
+            names="config",
+        )
 
         # Resolving the segmenter here makes an unknown name fail when the config is built, not mid-training.
         from .segmenters import get_segmenter
@@ -240,71 +262,12 @@ class VinePPOConfig(GRPOConfig):
                     "StepSegmenter instance instead of a lambda or a local function."
                 ) from err
 
-        if self.mc_rollout_budget not in ("remaining", "fixed"):
-            raise ValueError(
-                f"mc_rollout_budget={self.mc_rollout_budget!r} is invalid. Use 'remaining' (continuations get what "
-                "is left of max_completion_length) or 'fixed' (with mc_fixed_rollout_budget)."
-            )
-        if self.mc_rollout_budget == "fixed":
-            if self.mc_fixed_rollout_budget is None:
-                raise ValueError(
-                    "mc_rollout_budget='fixed' needs mc_fixed_rollout_budget (tokens per continuation), which is "
-                    "None. Set mc_fixed_rollout_budget, e.g. 1024, or use mc_rollout_budget='remaining'."
-                )
-            if self.mc_fixed_rollout_budget < 1:
-                raise ValueError(
-                    f"mc_fixed_rollout_budget={self.mc_fixed_rollout_budget} is invalid: a continuation needs at "
-                    "least one token. Set mc_fixed_rollout_budget >= 1."
-                )
-        elif self.mc_fixed_rollout_budget is not None:
-            raise ValueError(
-                f"mc_fixed_rollout_budget={self.mc_fixed_rollout_budget} is set but mc_rollout_budget="
-                f"{self.mc_rollout_budget!r} ignores it. Set mc_rollout_budget='fixed' to use it, or drop "
-                "mc_fixed_rollout_budget."
-            )
-        if self.mc_rollout_budget == "remaining" and self.max_completion_length is None:
-            raise ValueError(
-                "mc_rollout_budget='remaining' needs max_completion_length (the budget continuations share with "
-                "the response), which is None. Set max_completion_length, or use mc_rollout_budget='fixed'."
-            )
-
-        if self.mc_max_estimated_steps is not None and self.mc_max_estimated_steps < 1:
-            raise ValueError(
-                f"mc_max_estimated_steps={self.mc_max_estimated_steps} is invalid: at least the prompt state "
-                "S_0 must be estimated. Set mc_max_estimated_steps >= 1, or None to estimate every step."
-            )
-        if self.mc_truncated_reward is not None and not math.isfinite(self.mc_truncated_reward):
-            raise ValueError(
-                f"mc_truncated_reward={self.mc_truncated_reward} is invalid: it must be a finite reward (e.g. 0.0) "
-                "or None to grade truncated continuations normally."
-            )
         if self.mc_max_batch_sequences < 1:
             raise ValueError(
                 f"mc_max_batch_sequences={self.mc_max_batch_sequences} is invalid. Set it >= 1 (default 256)."
             )
 
-        # GRPO settings that VinePPO would silently ignore or contradict.
-        if self.scale_rewards != "none":
-            raise ValueError(
-                f"scale_rewards={self.scale_rewards!r} contradicts VinePPO: it scales GRPO's group advantages, "
-                "which VinePPOTrainer replaces with Monte Carlo advantages. Set scale_rewards='none' and use "
-                "whiten_advantages=True to normalise the advantages."
-            )
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                f"multi_objective_aggregation={self.multi_objective_aggregation!r} is not supported: VinePPO's "
-                "values are means of the weighted sum of raw rewards, so group-normalising each reward function "
-                "first has no Monte Carlo equivalent. Set multi_objective_aggregation='sum_then_normalize'."
-            )
-        if self.loss_type not in _TOKEN_LEVEL_CLIP_LOSSES:
-            raise ValueError(
-                f"loss_type={self.loss_type!r} is not a token-level PPO-clip loss, so it would not use VinePPO's "
-                f"per-token advantages as the paper does. Use one of {list(_TOKEN_LEVEL_CLIP_LOSSES)} "
-                "('dapo', the default, is the paper's token-weighted mean)."
-            )
-        if self.importance_sampling_level != "token":
-            raise ValueError(
-                f"importance_sampling_level={self.importance_sampling_level!r} averages the ratio over the "
-                "sequence, which discards VinePPO's per-step credit in the clipping. Set "
-                "importance_sampling_level='token'."
-            )
+        # Settings the chosen estimator contradicts (e.g. GRPO's reward scaling under Monte Carlo advantages).
+        validate = getattr(estimator_cls, "validate_config", None)
+        if validate is not None:
+            validate(self)

@@ -36,6 +36,7 @@ import torch
 
 from .advantages import check_boundaries, step_advantages, token_advantages
 from .samplers.base import Continuation, RolloutRequest, Sampler
+from .settings import validate_mc_settings
 
 __all__ = [
     "Trajectory",
@@ -314,35 +315,14 @@ class MCValueEstimator:
                     f"reward_weights has {len(weights)} entries but there are {len(funcs)} reward "
                     "functions; pass one weight per function (or None for all 1)."
                 )
-        if isinstance(num_rollouts, bool) or not isinstance(num_rollouts, int) or num_rollouts < 1:
-            raise ValueError(f"num_rollouts={num_rollouts!r} must be an integer >= 1 (paper default 9).")
-        if rollout_budget not in ("remaining", "fixed"):
-            raise ValueError(f"rollout_budget={rollout_budget!r} must be 'remaining' or 'fixed'.")
-        if rollout_budget == "remaining":
-            if max_completion_length is None or max_completion_length < 1:
-                raise ValueError(
-                    f"rollout_budget='remaining' needs max_completion_length >= 1 (got "
-                    f"{max_completion_length!r}): pass the training responses' token budget, or use "
-                    "rollout_budget='fixed' with fixed_rollout_budget."
-                )
-            if fixed_rollout_budget is not None:
-                raise ValueError(
-                    f"fixed_rollout_budget={fixed_rollout_budget!r} is only used with "
-                    "rollout_budget='fixed'; drop it or set rollout_budget='fixed'."
-                )
-        else:
-            if fixed_rollout_budget is None or fixed_rollout_budget < 1:
-                raise ValueError(
-                    f"rollout_budget='fixed' needs fixed_rollout_budget >= 1 (got "
-                    f"{fixed_rollout_budget!r}); the official VinePPO code used 1024."
-                )
-        if max_estimated_steps is not None and max_estimated_steps < 1:
-            raise ValueError(
-                f"max_estimated_steps={max_estimated_steps!r} must be >= 1 or None (no cap); the "
-                "official GSM8K runs used 25."
-            )
-        if truncated_reward is not None and not math.isfinite(float(truncated_reward)):
-            raise ValueError(f"truncated_reward={truncated_reward!r} must be a finite float or None.")
+        validate_mc_settings(
+            num_rollouts=num_rollouts,
+            rollout_budget=rollout_budget,
+            fixed_rollout_budget=fixed_rollout_budget,
+            max_completion_length=max_completion_length,
+            max_estimated_steps=max_estimated_steps,
+            truncated_reward=truncated_reward,
+        )
 
         self.sampler = sampler
         self.reward_funcs = funcs

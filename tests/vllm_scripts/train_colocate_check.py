@@ -116,16 +116,21 @@ def main() -> None:
         "is_peft_model": hasattr(trainer.model, "peft_config"),
         "sync_installed": bool(getattr(generation, "_mcadvantage_layerwise_sync", False)),
         "sync_is_instance_override": "sync_weights" in vars(generation),
-        "sampler_type": type(trainer._mc_vllm_sampler).__name__,
-        "sampler_uses_trainer_engine": getattr(trainer._mc_vllm_sampler, "llm", None) is llm,
+        "sampler_type": None,  # set by the first Monte Carlo sampler call
+        "sampler_uses_trainer_engine": None,
         "sampler_calls": [],
     }
 
-    sampler = trainer._mc_vllm_sampler
-    original_sample = sampler.sample
+    # The trainer builds its rollout sampler per step (mcadvantage.policy.policy_sampler); observe every
+    # VLLMSampler call. A transformers sampler would leave sampler_type None and fail the test.
+    from mcadvantage.samplers.vllm import VLLMSampler
 
-    def observed_sample(requests):
+    original_sample = VLLMSampler.sample
+
+    def observed_sample(self, requests):
         # Observation only: record engine vs policy at this moment, then delegate unchanged.
+        record["sampler_type"] = type(self).__name__
+        record["sampler_uses_trainer_engine"] = self.llm is llm
         step = trainer.state.global_step
         entry = {
             "global_step": step,
@@ -140,13 +145,13 @@ def main() -> None:
             ],
             "policy_greedy": hf_greedy(trainer.model),
         }
-        result = original_sample(requests)
+        result = original_sample(self, requests)
         entry["returned_samples"] = sum(len(conts) for conts in result)
         entry["returned_tokens"] = sum(len(c.token_ids) for conts in result for c in conts)
         record["sampler_calls"].append(entry)
         return result
 
-    sampler.sample = observed_sample
+    VLLMSampler.sample = observed_sample
 
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()

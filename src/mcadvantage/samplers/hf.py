@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..settings import validate_sampling_settings
 from .base import Continuation, RolloutRequest
 
 __all__ = ["TransformersSampler"]
@@ -31,7 +32,7 @@ class TransformersSampler:
         model: a causal LM (``PreTrainedModel`` or a PEFT model wrapping one). Pass the unwrapped
             module (e.g. via TRL's ``unwrap_model_for_generation`` under DeepSpeed ZeRO-3).
         tokenizer: used for its pad and EOS token ids; when None, ``model.generation_config``'s.
-        temperature: sampling temperature (> 0). Use the training rollouts' sampling settings for
+        temperature: sampling temperature (>= 0; 0 is greedy decoding, drawn as top-k 1). Use the training rollouts' sampling settings for
             this and the four below: VinePPO samples values with the current policy as it is trained.
         top_p: nucleus sampling threshold in (0, 1] (1.0 = off).
         top_k: keep the ``top_k`` most likely tokens; ``None`` disables top-k filtering
@@ -63,19 +64,14 @@ class TransformersSampler:
         max_batch_sequences: int = 256,
         generation_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if not temperature > 0:
-            raise ValueError(
-                f"temperature={temperature!r} must be > 0; for greedy continuations use top_k=1 "
-                "(Monte Carlo values need samples from the policy, not its mode)."
-            )
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p={top_p!r} must be in (0, 1].")
-        if top_k is not None and top_k < 0:
-            raise ValueError(f"top_k={top_k!r} must be >= 0 or None (no top-k filtering).")
-        if min_p is not None and not 0 <= min_p <= 1:
-            raise ValueError(f"min_p={min_p!r} must be in [0, 1] or None.")
-        if not repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty={repetition_penalty!r} must be > 0 (1.0 = none).")
+        validate_sampling_settings(
+            "TransformersSampler",
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+        )
         if max_batch_sequences < 1:
             raise ValueError(f"max_batch_sequences={max_batch_sequences!r} must be >= 1.")
         self.model = model
@@ -112,15 +108,17 @@ class TransformersSampler:
         """The ``GenerationConfig`` used for a batch generated up to ``max_new_tokens``."""
         from transformers import GenerationConfig
 
+        greedy = self.temperature == 0
         cfg = dict(
+            # Greedy (temperature 0) is sampling from the top-1 token: the same code path, no special case.
             do_sample=True,
             num_beams=1,
             num_return_sequences=1,
             max_new_tokens=int(max_new_tokens),
-            temperature=self.temperature,
+            temperature=1.0 if greedy else self.temperature,
             top_p=self.top_p,
             # 0 disables top-k in transformers; None would let a default (50) creep in.
-            top_k=0 if self.top_k is None else int(self.top_k),
+            top_k=1 if greedy else (0 if self.top_k is None else int(self.top_k)),
             # transformers fills every None field from the model's generation_config, so "off" must be
             # spelled out (0 / 1.0) or a checkpoint's min_p/typical_p would filter the rollouts.
             min_p=0.0 if self.min_p is None else float(self.min_p),
@@ -162,7 +160,7 @@ class TransformersSampler:
             return device
         return next(self.model.parameters()).device
 
-    def _generate(self, batch: list[tuple[int, RolloutRequest, int]]) -> list[tuple[int, Continuation]]:
+    def _generate_rows(self, batch: list[tuple[int, RolloutRequest, int]]) -> list[tuple[int, Continuation]]:
         rows: list[tuple[int, RolloutRequest]] = [(i, req) for i, req, k in batch for _ in range(k)]
         width = max(len(req.prefix_ids) for _, req in rows)
         max_new = max(req.max_tokens for _, req in rows)
@@ -202,7 +200,7 @@ class TransformersSampler:
         try:
             with torch.no_grad():
                 for batch in self._batches(requests):
-                    for i, cont in self._generate(batch):
+                    for i, cont in self._generate_rows(batch):
                         results[i].append(cont)
         finally:
             if was_training:

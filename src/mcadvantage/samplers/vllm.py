@@ -28,38 +28,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..settings import validate_sampling_settings
 from .base import Continuation, RolloutRequest
 
 __all__ = ["VLLMSampler", "VLLMServerSampler"]
-
-
-def _check_sampling_settings(
-    owner: str,
-    *,
-    temperature: float,
-    top_p: float,
-    top_k: int | None,
-    min_p: float | None,
-    repetition_penalty: float,
-) -> None:
-    """Fail at construction, naming the parameter, rather than deep inside the engine."""
-    if temperature < 0:
-        raise ValueError(
-            f"{owner}: temperature must be >= 0 (0 means greedy), got {temperature}. Use the training "
-            "rollouts' temperature so MC values estimate the current policy."
-        )
-    if not 0 < top_p <= 1:
-        raise ValueError(
-            f"{owner}: top_p must be in (0, 1], got {top_p}. Use 1.0 to disable nucleus sampling."
-        )
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"{owner}: top_k must be None (disabled) or >= 1, got {top_k}.")
-    if min_p is not None and not 0 <= min_p <= 1:
-        raise ValueError(f"{owner}: min_p must be None or in [0, 1], got {min_p}.")
-    if repetition_penalty <= 0:
-        raise ValueError(
-            f"{owner}: repetition_penalty must be > 0 (1.0 means no penalty), got {repetition_penalty}."
-        )
 
 
 def _check_requests(owner: str, requests: Sequence[RolloutRequest]) -> None:
@@ -135,7 +107,7 @@ class VLLMSampler:
                 f"VLLMSampler: llm must be a vllm.LLM (got {type(llm).__name__}); in a TRL trainer pass "
                 "trainer.vllm_generation.llm (vllm_mode='colocate'), or use VLLMServerSampler for a server."
             )
-        _check_sampling_settings(
+        validate_sampling_settings(
             "VLLMSampler",
             temperature=temperature,
             top_p=top_p,
@@ -285,7 +257,7 @@ class VLLMServerSampler:
     ) -> None:
         import requests as http
 
-        _check_sampling_settings(
+        validate_sampling_settings(
             "VLLMServerSampler",
             temperature=temperature,
             top_p=top_p,

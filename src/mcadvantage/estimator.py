@@ -37,6 +37,7 @@ import torch
 from .advantages import check_boundaries, step_advantages, token_advantages
 from .samplers.base import Continuation, RolloutRequest, Sampler
 from .settings import validate_mc_settings
+from .text import decode_batch, is_conversational
 
 __all__ = [
     "Trajectory",
@@ -405,10 +406,10 @@ class MCValueEstimator:
         # Decode the concatenated ids (not prefix text + continuation text) so a character split
         # across the prefix/continuation boundary (multi-token UTF-8) decodes correctly.
         completion_ids = [ids for _, ids in items]
-        texts = _decode_batch(self.tokenizer, completion_ids)
+        texts = decode_batch(self.tokenizer, completion_ids)
         prompts = [traj.prompt for traj, _ in items]
         completions: list[Any] = [
-            [{"role": "assistant", "content": text}] if _is_conversational(traj.prompt) else text
+            [{"role": "assistant", "content": text}] if is_conversational(traj.prompt) else text
             for (traj, _), text in zip(items, texts, strict=True)
         ]
         keys: list[str] = []
@@ -558,49 +559,5 @@ class MCValueEstimator:
         return MCEstimate(values=values, step_advantages=step_advs, token_advantages=token_advs, stats=stats)
 
 
-def _decode_batch(tokenizer: Any, sequences: list[list[int]]) -> list[str]:
-    """``tokenizer.batch_decode(sequences, skip_special_tokens=True)``, without its per-token cost.
-
-    transformers' ``decode`` first runs ``to_py_obj`` over the input, a Python-level type check of
-    every token id; on Monte Carlo rollouts (prefix + continuation, millions of ids per training
-    step) that check costs more than the decoding itself. For a plain fast tokenizer -- one whose
-    decoding is exactly the Rust backend's ``decode`` (no subclass override, no
-    ``clean_up_tokenization_spaces`` post-processing) -- this calls the backend's
-    ``decode_batch`` directly, which gives the same strings. Any other tokenizer goes through
-    ``batch_decode``.
-    """
-    backend = _plain_fast_backend(tokenizer)
-    if backend is not None:
-        return backend.decode_batch(sequences, skip_special_tokens=True)
-    return tokenizer.batch_decode(sequences, skip_special_tokens=True)
-
-
-def _plain_fast_backend(tokenizer: Any) -> Any:
-    """The ``tokenizers.Tokenizer`` behind ``tokenizer`` when decoding through it is equivalent to
-    ``tokenizer.batch_decode(..., skip_special_tokens=True)``; otherwise None."""
-    try:
-        from transformers import PreTrainedTokenizerFast
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return None
-    if not isinstance(tokenizer, PreTrainedTokenizerFast):
-        return None
-    cls = type(tokenizer)
-    # A subclass that customises any decoding step (e.g. Whisper's timestamps) keeps its own path.
-    for name in ("batch_decode", "decode", "_decode", "convert_tokens_to_string"):
-        if getattr(cls, name, None) is not getattr(PreTrainedTokenizerFast, name, None):
-            return None
-    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return None  # transformers post-processes the text (or decides not to): let it
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    return backend if callable(getattr(backend, "decode_batch", None)) else None
-
-
 def _mean(xs: list[float]) -> float:
     return math.fsum(xs) / len(xs) if xs else math.nan
-
-
-def _is_conversational(prompt: Any) -> bool:
-    # TRL's convention: a conversational prompt is a list of {"role": ..., "content": ...} messages.
-    return (
-        isinstance(prompt, list) and len(prompt) > 0 and isinstance(prompt[0], dict) and "role" in prompt[0]
-    )

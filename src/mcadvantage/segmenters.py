@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Protocol, runtime_checkable
 
+from .text import decode_batch
+
 __all__ = [
     "StepSegmenter",
     "NewlineSegmenter",
@@ -768,14 +770,9 @@ _REPLACEMENT = "\ufffd"
 
 
 def _decode_many(tokenizer: Any, windows: list[list[int]]) -> list[str]:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and hasattr(backend, "decode_batch"):
-        # One Rust call for all windows: transformers' Python decode costs ~10-20 us per call,
-        # which alone would exceed the ~20 ms budget for 3 x 1024 windows.
-        return backend.decode_batch(windows, skip_special_tokens=True)
-    return [
-        tokenizer.decode(w, skip_special_tokens=True, clean_up_tokenization_spaces=False) for w in windows
-    ]
+    # One Rust call for all windows where the tokenizer allows it: transformers' Python decode costs ~10-20 us
+    # per call, which alone would exceed the ~20 ms budget for 3 x 1024 windows.
+    return decode_batch(tokenizer, windows, clean_up_tokenization_spaces=False)
 
 
 def token_char_offsets(tokenizer: Any, token_ids: Sequence[int]) -> tuple[list[int], str]:

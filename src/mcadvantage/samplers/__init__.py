@@ -15,8 +15,6 @@ _LAZY = {
     "TransformersSampler": ".hf",
     "VLLMSampler": ".vllm",
     "VLLMServerSampler": ".vllm",
-    "FakeSampler": ".fake",
-    "OutcomeReward": ".fake",
 }
 
 __all__ = ["Continuation", "RolloutRequest", "Sampler", *_LAZY]

@@ -35,10 +35,12 @@ class VinePPOEstimator:
     """Monte Carlo step advantages (VinePPO).
 
     Args:
-        num_rollouts, rollout_budget, fixed_rollout_budget, max_estimated_steps, truncated_reward: as for
-            :class:`~mcadvantage.estimator.MCValueEstimator` (``VinePPOConfig``'s ``num_mc_rollouts``,
-            ``mc_rollout_budget``, ``mc_fixed_rollout_budget``, ``mc_max_estimated_steps``,
-            ``mc_truncated_reward``).
+        num_rollouts: K, continuations per state (``VinePPOConfig.num_mc_rollouts``).
+        rollout_budget: ``"remaining"`` or ``"fixed"`` (``mc_rollout_budget``), as for
+            :class:`~mcadvantage.estimator.MCValueEstimator`.
+        fixed_rollout_budget: tokens per continuation with ``"fixed"`` (``mc_fixed_rollout_budget``).
+        max_estimated_steps: estimate at most this many states per response (``mc_max_estimated_steps``).
+        truncated_reward: reward of a truncated continuation, None to grade it (``mc_truncated_reward``).
         step_segmenter: how responses are cut into steps (a name or a segmenter); the context's segmenter is
             used when None.
 

@@ -244,3 +244,33 @@ def test_rloo_estimator_equals_trl_rloo(tiny_model_dir, tmp_path):
     expected = want["advantages"].unsqueeze(1).expand_as(mask)
     assert torch.allclose(got["advantages"][mask], expected[mask], atol=1e-6, rtol=0)
     assert not torch.equal(want["advantages"], torch.zeros_like(want["advantages"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_baselines_train_end_to_end_on_cpu(tiny_model_dir, tmp_path, name):
+    from transformers import AutoModelForCausalLM
+
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = VinePPOTrainer(
+        model=model,
+        reward_funcs=[vowel_share, length_or_none],
+        args=VinePPOConfig(
+            **_common(
+                tmp_path / name, advantage_estimator=name, max_steps=2, logging_steps=1, learning_rate=1e-3
+            )
+        ),
+        train_dataset=_dataset(),
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert trainer.advantage_estimator.name == name and trainer.last_mc_estimate is None
+    changed = max((p.detach() - before[n]).abs().max().item() for n, p in trainer.model.named_parameters())
+    assert changed > 0
+    logs = [e for e in trainer.state.log_history if "advantage/frac_groups_zero_std" in e]
+    assert logs and all(0.0 <= e["advantage/frac_groups_zero_std"] <= 1.0 for e in logs)
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+    assert not any(k.startswith("mc/") for e in trainer.state.log_history for k in e)

@@ -6,9 +6,12 @@ Importing this module imports TRL (``GRPOConfig``), but not vLLM.
 
 from __future__ import annotations
 
+import math
+import os
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from trl import GRPOConfig
 
@@ -65,6 +68,15 @@ class VinePPOConfig(GRPOConfig):
         mc_truncated_reward (float | None): Reward of a continuation that hit its token budget without EOS. `None`
             (default) grades it with the reward functions like any other text; the official code used `0.0`.
             Defaults to `None`.
+        mc_steps_after_cap (str): What the steps past `mc_max_estimated_steps` get: `"merge"` (one final step
+            whose advantage is `R - V(S_{m-1})`, keeping the telescoping sum) or `"zero"` (advantage 0, as the
+            official code on GSM8K). Defaults to `"merge"`.
+        truncated_completion_reward (float | None): Reward of a training response that hit
+            `max_completion_length` without EOS: every reward function's score for it is replaced by this value
+            (with one reward function of weight 1, its reward is this value), whatever the text contains. `None`
+            grades it like any response; the official code gave it 0, even with a `\boxed{}` answer before the
+            cut. Unlike `mask_truncated_completions`, the response still trains (with a low reward). Defaults to
+            `None`.
         mc_max_batch_sequences (int): With the transformers sampler, the most sequences generated in one
             `generate` call (memory bound). Defaults to `256`.
         whiten_advantages (bool | None): Whiten the per-token advantages (zero mean, unit variance over all
@@ -190,6 +202,20 @@ class VinePPOConfig(GRPOConfig):
             "functions (official code: 0.0)."
         },
     )
+    mc_steps_after_cap: str = field(
+        default="merge",
+        metadata={
+            "help": "What steps past mc_max_estimated_steps get: 'merge' (one final step, R - V(S_{m-1})) or "
+            "'zero' (advantage 0, the official code on GSM8K)."
+        },
+    )
+    truncated_completion_reward: float | None = field(
+        default=None,
+        metadata={
+            "help": "Reward of a training response that hit max_completion_length without EOS, given by every reward "
+            "function instead of grading it. None: graded like any response (official code: 0.0)."
+        },
+    )
     mc_max_batch_sequences: int = field(
         default=256,
         metadata={"help": "Transformers sampler only: most sequences per `generate` call."},
@@ -233,8 +259,16 @@ class VinePPOConfig(GRPOConfig):
             max_completion_length=self.max_completion_length,
             max_estimated_steps=self.mc_max_estimated_steps,
             truncated_reward=self.mc_truncated_reward,
+            steps_after_cap=self.mc_steps_after_cap,
             names="config",
         )
+        if self.truncated_completion_reward is not None and not math.isfinite(
+            self.truncated_completion_reward
+        ):
+            raise ValueError(
+                f"truncated_completion_reward={self.truncated_completion_reward} is invalid: it must be a finite "
+                "reward (e.g. 0.0, the official code's) or None to grade truncated responses normally."
+            )
 
         # Resolving the segmenter here makes an unknown name fail when the config is built, not mid-training.
         from .segmenters import get_segmenter
@@ -271,3 +305,77 @@ class VinePPOConfig(GRPOConfig):
         validate = getattr(estimator_cls, "validate_config", None)
         if validate is not None:
             validate(self)
+
+    @classmethod
+    def from_paper(cls, task: str, **overrides: Any) -> VinePPOConfig:
+        """The settings of the paper's runs (Table 1) and of the official code (McGill-NLP/VinePPO), in one call.
+
+        Sets: AdamW lr 1e-6, betas (0.9, 0.999), weight decay 0, gradient clip 1.0, polynomial schedule with 3%
+        warm-up; 64 prompts x 8 responses = 512 episodes per PPO iteration, minibatch 64 (as gradient
+        accumulation over ``per_device_train_batch_size`` x ``WORLD_SIZE`` processes), 2 inner epochs; 1,000 (MATH)
+        or 650 (GSM8K) iterations as ``max_steps``; temperature 0.6, top-p 0.9, responses of up to 1,024 tokens,
+        KL 1e-4, clip 0.2; K = 9 with a fresh 1,024-token budget per rollout (capped by the context), reward 0 for
+        rollouts and for training responses that hit their length limit; the ``"math"`` or ``"gsm8k"`` segmenter,
+        and on GSM8K at most 26 estimated states with advantage 0 after them. See docs/fidelity.md for what
+        still differs from the official implementation.
+
+        Args:
+            task: ``"math"`` or ``"gsm8k"``.
+            **overrides: any ``VinePPOConfig`` field (``output_dir`` is required by ``TrainingArguments``;
+                hardware settings such as ``per_device_train_batch_size``, ``use_vllm`` or ``bf16`` belong here).
+        Raises:
+            ValueError: an unknown task, or a batch geometry that cannot make a 64-episode minibatch.
+        """
+        key = str(task).lower()
+        if key not in _PAPER_ITERATIONS:
+            raise ValueError(f"task={task!r} is not one of the paper's tasks: use 'math' or 'gsm8k'.")
+        settings: dict[str, Any] = {
+            "learning_rate": 1e-6,
+            "adam_beta1": 0.9,
+            "adam_beta2": 0.999,
+            "weight_decay": 0.0,
+            "max_grad_norm": 1.0,
+            "lr_scheduler_type": "polynomial",
+            "warmup_steps": 0.03,  # a float < 1 is a fraction of the training steps in transformers
+            "num_generations": 8,
+            "generation_batch_size": _PAPER_EPISODES_PER_ITERATION,
+            "num_iterations": 2,
+            "temperature": 0.6,
+            "top_p": 0.9,
+            "max_completion_length": 1024,
+            "beta": 1e-4,
+            "epsilon": 0.2,
+            "advantage_estimator": "vineppo",
+            "num_mc_rollouts": 9,
+            "step_segmenter": key,
+            "mc_rollout_budget": "fixed",
+            "mc_fixed_rollout_budget": 1024,
+            "mc_truncated_reward": 0.0,
+            "truncated_completion_reward": 0.0,
+        }
+        if key == "gsm8k":
+            settings.update(mc_max_estimated_steps=26, mc_steps_after_cap="zero")
+        settings.update(overrides)
+        per_device = int(settings.get("per_device_train_batch_size", 8))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if "gradient_accumulation_steps" not in overrides:
+            if _PAPER_MINIBATCH % (per_device * world):
+                raise ValueError(
+                    f"per_device_train_batch_size={per_device} x {world} processes does not divide the paper's "
+                    f"minibatch of {_PAPER_MINIBATCH} episodes. Pick a per_device_train_batch_size that does, or "
+                    "pass gradient_accumulation_steps yourself."
+                )
+            settings["gradient_accumulation_steps"] = _PAPER_MINIBATCH // (per_device * world)
+        if "max_steps" not in overrides:
+            minibatch = per_device * world * int(settings["gradient_accumulation_steps"])
+            steps_per_iteration = (
+                int(settings["generation_batch_size"]) // minibatch * int(settings["num_iterations"])
+            )
+            settings["max_steps"] = _PAPER_ITERATIONS[key] * steps_per_iteration
+        return cls(**settings)
+
+
+# Table 1 of the paper: PPO iterations per task, episodes per iteration, minibatch size.
+_PAPER_ITERATIONS = {"math": 1000, "gsm8k": 650}
+_PAPER_EPISODES_PER_ITERATION = 512
+_PAPER_MINIBATCH = 64

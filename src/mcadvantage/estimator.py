@@ -194,12 +194,13 @@ def build_requests(
     trajectories: Sequence[Trajectory],
     plan: StatePlan,
     num_rollouts: int,
-    budget: Callable[[int], int],
+    budget: Callable[[int, int], int],
 ) -> tuple[list[RolloutRequest], list[int | None]]:
     """One request of ``num_rollouts`` samples per unique state with budget left.
 
     Args:
-        budget: completion-prefix length -> max new tokens for a continuation from that state.
+        budget: ``(completion-prefix length, prompt length)`` -> max new tokens for a continuation from that
+            state.
 
     Returns:
         ``(requests, request_of_state)``: ``request_of_state[u]`` is the index of unique state
@@ -209,7 +210,7 @@ def build_requests(
     request_of_state: list[int | None] = []
     for t, prefix_len in plan.unique:
         traj = trajectories[t]
-        max_tokens = budget(prefix_len)
+        max_tokens = budget(prefix_len, len(traj.prompt_ids))
         if max_tokens < 1:
             request_of_state.append(None)
             continue
@@ -270,8 +271,13 @@ class MCValueEstimator:
             ``"fixed"``: every continuation gets a fresh ``fixed_rollout_budget`` tokens, as in the
             official VinePPO code.
         fixed_rollout_budget: the budget for ``rollout_budget="fixed"``.
-        max_estimated_steps: estimate at most the states ``S_0..S_{m-1}`` of a response; its
-            steps ``m..n`` are merged into one final step with advantage ``R - V(S_{m-1})``.
+        max_estimated_steps: estimate at most the states ``S_0..S_{m-1}`` of a response; what its
+            steps ``m..n`` get is ``steps_after_cap``'s choice.
+        steps_after_cap: ``"merge"`` (default): steps ``m..n`` are merged into one final step with
+            advantage ``R - V(S_{m-1})``, keeping the telescoping sum ``R - V(S_0)``. ``"zero"``: they
+            get advantage 0, as the official VinePPO code did on GSM8K.
+        context_length: the policy's context (prompt + completion); every continuation's budget is
+            capped so it fits (the official code's ``min(1024, context - prefix)``). None: no cap.
         truncated_reward: None (default): truncated continuations are graded like any other
             response. A float: truncated continuations (and unsampled no-budget states) get this
             reward without grading (the official code used 0.0). Never dropped either way.
@@ -291,6 +297,8 @@ class MCValueEstimator:
         fixed_rollout_budget: int | None = None,
         max_estimated_steps: int | None = None,
         truncated_reward: float | None = None,
+        steps_after_cap: Literal["merge", "zero"] = "merge",
+        context_length: int | None = None,
         show_progress: bool = False,
     ) -> None:
         if not callable(getattr(sampler, "sample", None)):
@@ -323,7 +331,10 @@ class MCValueEstimator:
             max_completion_length=max_completion_length,
             max_estimated_steps=max_estimated_steps,
             truncated_reward=truncated_reward,
+            steps_after_cap=steps_after_cap,
         )
+        if context_length is not None and context_length < 2:
+            raise ValueError(f"context_length={context_length!r} must be >= 2 (prompt + one token) or None.")
 
         self.sampler = sampler
         self.reward_funcs = funcs
@@ -335,15 +346,22 @@ class MCValueEstimator:
         self.fixed_rollout_budget = fixed_rollout_budget
         self.max_estimated_steps = max_estimated_steps
         self.truncated_reward = None if truncated_reward is None else float(truncated_reward)
+        self.steps_after_cap = steps_after_cap
+        self.context_length = context_length
         self.show_progress = show_progress
 
     # -- budgets ---------------------------------------------------------------------------------
 
-    def budget(self, prefix_len: int) -> int:
-        """Max new tokens for a continuation from a state with ``prefix_len`` completion tokens."""
+    def budget(self, prefix_len: int, prompt_len: int | None = None) -> int:
+        """Max new tokens for a continuation from a state with ``prefix_len`` completion tokens (after a
+        ``prompt_len``-token prompt), capped so prompt + prefix + continuation fit in ``context_length``."""
         if self.rollout_budget == "fixed":
-            return int(self.fixed_rollout_budget)  # type: ignore[arg-type]
-        return int(self.max_completion_length) - prefix_len  # type: ignore[arg-type]
+            tokens = int(self.fixed_rollout_budget)  # type: ignore[arg-type]
+        else:
+            tokens = int(self.max_completion_length) - prefix_len  # type: ignore[arg-type]
+        if self.context_length is not None and prompt_len is not None:
+            tokens = min(tokens, self.context_length - prompt_len - prefix_len)
+        return tokens
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -531,6 +549,9 @@ class MCValueEstimator:
         for t, traj in enumerate(trajectories):
             v = [state_values[u] for u in plan.state_index[t]] + [float(traj.reward)]
             a = step_advantages(v)
+            capped = len(plan.boundaries[t]) < len(traj.step_boundaries)
+            if capped and self.steps_after_cap == "zero":
+                a[-1] = 0.0  # the merged tail (steps m..n) gets no credit, as in the official code
             values.append(v)
             step_advs.append(a)
             token_advs.append(token_advantages(a, plan.boundaries[t], len(traj.completion_ids)))

@@ -22,6 +22,7 @@ _CONFIG_NAMES = {
     "fixed_rollout_budget": "mc_fixed_rollout_budget",
     "max_estimated_steps": "mc_max_estimated_steps",
     "truncated_reward": "mc_truncated_reward",
+    "steps_after_cap": "mc_steps_after_cap",
     "max_completion_length": "max_completion_length",
 }
 
@@ -34,6 +35,7 @@ def validate_mc_settings(
     max_completion_length: int | None,
     max_estimated_steps: int | None,
     truncated_reward: float | None,
+    steps_after_cap: str = "merge",
     names: Mapping[str, str] | str | None = None,
 ) -> None:
     """Refuse invalid or contradictory Monte Carlo settings, naming the parameter, its value and the fix.
@@ -94,6 +96,11 @@ def validate_mc_settings(
         raise ValueError(
             f"{n('max_estimated_steps')}={max_estimated_steps} is invalid: at least the prompt state S_0 must be "
             f"estimated. Set {n('max_estimated_steps')} >= 1, or None to estimate every step."
+        )
+    if steps_after_cap not in ("merge", "zero"):
+        raise ValueError(
+            f"{n('steps_after_cap')}={steps_after_cap!r} is invalid. Use 'merge' (steps past the cap form one final "
+            "step, R - V(S_{m-1})) or 'zero' (they get advantage 0, as the official VinePPO code on GSM8K)."
         )
     if truncated_reward is not None and not math.isfinite(float(truncated_reward)):
         raise ValueError(

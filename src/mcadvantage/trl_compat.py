@@ -87,6 +87,19 @@ class GRPOTrainerHooks(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        value = getattr(self.args, "truncated_completion_reward", None)
+        if value is not None:
+            # A response cut at max_completion_length scores `value` on every reward function, whatever it
+            # contains (the official VinePPO code gave it 0). Truncated exactly as GRPO counts it: the last token is
+            # neither EOS nor padding. Rewards are gathered over processes, so the mask is too.
+            stop = {*self.eos_token_ids, getattr(self.processing_class, "pad_token_id", None)}
+            local = torch.tensor(
+                [not ids or int(ids[-1]) not in stop for ids in completion_ids_list],
+                device=rewards_per_func.device,
+            )
+            truncated = self.accelerator.gather(local)
+            rewards_per_func = rewards_per_func.clone()
+            rewards_per_func[truncated] = float(value)
         self._mcadvantage_captured = {
             "inputs": inputs,
             "prompts": prompts,

@@ -41,6 +41,8 @@ class VinePPOEstimator:
         fixed_rollout_budget: tokens per continuation with ``"fixed"`` (``mc_fixed_rollout_budget``).
         max_estimated_steps: estimate at most this many states per response (``mc_max_estimated_steps``).
         truncated_reward: reward of a truncated continuation, None to grade it (``mc_truncated_reward``).
+        steps_after_cap: ``"merge"`` or ``"zero"``: what steps past ``max_estimated_steps`` get
+            (``mc_steps_after_cap``).
         step_segmenter: how responses are cut into steps (a name or a segmenter); the context's segmenter is
             used when None.
 
@@ -62,6 +64,7 @@ class VinePPOEstimator:
         fixed_rollout_budget: int | None = None,
         max_estimated_steps: int | None = None,
         truncated_reward: float | None = None,
+        steps_after_cap: str = "merge",
         step_segmenter: Any = None,
     ) -> None:
         self.num_rollouts = num_rollouts
@@ -69,6 +72,7 @@ class VinePPOEstimator:
         self.fixed_rollout_budget = fixed_rollout_budget
         self.max_estimated_steps = max_estimated_steps
         self.truncated_reward = truncated_reward
+        self.steps_after_cap = steps_after_cap
         self.segmenter = None if step_segmenter is None else get_segmenter(step_segmenter)
         self.last_estimate: MCEstimate | None = None
         self.last_rows: list[int] = []
@@ -81,6 +85,7 @@ class VinePPOEstimator:
             fixed_rollout_budget=config.mc_fixed_rollout_budget,
             max_estimated_steps=config.mc_max_estimated_steps,
             truncated_reward=config.mc_truncated_reward,
+            steps_after_cap=config.mc_steps_after_cap,
             step_segmenter=config.step_segmenter,
         )
 
@@ -189,6 +194,8 @@ class VinePPOEstimator:
             fixed_rollout_budget=self.fixed_rollout_budget,
             max_estimated_steps=self.max_estimated_steps,
             truncated_reward=self.truncated_reward,
+            steps_after_cap=self.steps_after_cap,  # type: ignore[arg-type]
+            context_length=context.context_length,
         )
 
     def _run(self, trajectories: list[Trajectory], context: EstimatorContext) -> MCEstimate:

@@ -19,10 +19,13 @@ answer scores 0.0. A missing gold *column* does raise, because that is a configu
 Why the MATH verifier uses a worker process: math-verify bounds its own time with
 ``signal.alarm``, which only works on the main thread, and some inputs (``9^{9^{9^9}}``, huge
 factorials) hang inside C code where no Python-level timeout can interrupt them. Equivalence checks
-therefore run in a small supervisor process (spawned, so it is safe from a multi-threaded trainer)
-that forks one grading child and kills and re-forks it when an answer exceeds its time budget. The
-per-answer bound then holds in any thread of the caller, and restarting costs a fork, not a fresh
-import of sympy. Cheap cases (identical strings, plain numbers) are decided in-process first.
+therefore run in a small supervisor process that forks one grading child and kills and re-forks it
+when an answer exceeds its time budget. The per-answer bound then holds in any thread of the caller,
+and restarting costs a fork, not a fresh import of sympy. Cheap cases (identical strings, plain
+numbers) are decided in-process first. The supervisor is a fresh interpreter started with
+:mod:`subprocess` that runs only :mod:`mcadvantage._grading_worker` (see there why): multiprocessing's
+``spawn`` would re-run the caller's ``__main__`` (a script without a main guard crashed) and ``fork``
+is unsafe in a multi-threaded trainer.
 
 Why an eval guard: sympy's string parser (``parse_expr``/``sympify``) runs Python ``eval``. In
 math-verify 0.9 only digit/operator strings reach it, but the grading child also replaces
@@ -35,9 +38,11 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing
-import multiprocessing.util  # noqa: F401  (registers its exit hook before ours; see _close_services)
 import os
 import re
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -518,10 +523,43 @@ def _limit_memory(memory_limit_mb: int | None) -> None:
         pass
 
 
-def _child_main(conn: Any, soft_timeout: float | None, memory_limit_mb: int | None) -> None:
-    """Grading child: grade items in order, sending ``(index, verdict)`` after each."""
+def _detach_from_supervisor(supervisor: tuple[int, int]) -> None:
+    """In a forked grading child: let go of the supervisor's link to the caller; die with the supervisor.
+
+    The fork copied the supervisor's end of its socket to the caller. While a child stuck in C code held
+    that copy, the caller saw no end-of-file when the supervisor died and waited out its long backstop.
+    The fd is pointed at /dev/null rather than closed because the supervisor's Connection object (copied
+    too) still owns the number. On Linux the child also asks to be killed when the supervisor dies (killed
+    from outside, e.g. by the OOM killer), since nothing else could stop an answer stuck in C code.
+    """
+    supervisor_pid, caller_fd = supervisor
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, caller_fd)
+    os.close(devnull)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
+    except (OSError, AttributeError):  # not Linux: the caller's kill of the process group remains
+        return
+    if os.getppid() != supervisor_pid:  # the supervisor died before prctl took effect
+        os._exit(1)
+
+
+def _child_main(
+    conn: Any,
+    soft_timeout: float | None,
+    memory_limit_mb: int | None,
+    supervisor: tuple[int, int] | None = None,
+) -> None:
+    """Grading child: grade items in order, sending ``(index, verdict)`` after each.
+
+    ``supervisor`` is ``(pid, fd of its connection to the caller)`` when the child was forked.
+    """
     import signal
 
+    if supervisor is not None:
+        _detach_from_supervisor(supervisor)
     _install_eval_guard()
     _limit_memory(memory_limit_mb)
     use_alarm = soft_timeout is not None and hasattr(signal, "setitimer")
@@ -558,10 +596,16 @@ def _child_main(conn: Any, soft_timeout: float | None, memory_limit_mb: int | No
 class _Child:
     """The supervisor's handle on one grading child."""
 
-    def __init__(self, ctx: Any, soft_timeout: float | None, memory_limit_mb: int | None) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        soft_timeout: float | None,
+        memory_limit_mb: int | None,
+        supervisor: tuple[int, int] | None,
+    ) -> None:
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
-            target=_child_main, args=(child_conn, soft_timeout, memory_limit_mb), daemon=True
+            target=_child_main, args=(child_conn, soft_timeout, memory_limit_mb, supervisor), daemon=True
         )
         self.process.start()
         child_conn.close()
@@ -597,6 +641,8 @@ def _supervisor_main(
     # SIGALRM in the child stops most slow answers cheaply (the child survives); answers stuck in C
     # code ignore it until the supervisor's deadline kills the child.
     soft_timeout = max(0.05, 0.75 * timeout_seconds) if interrupt_in_child else None
+    # What a forked child must let go of (see _detach_from_supervisor); a spawned one inherits nothing.
+    supervisor = (os.getpid(), conn.fileno()) if ctx.get_start_method() == "fork" else None
     children: list[_Child | None] = [None] * num_workers
     kills = 0
     refusals: list[str] = []
@@ -612,7 +658,7 @@ def _supervisor_main(
                     continue
                 child = children[slot]
                 if child is None or not child.process.is_alive():
-                    child = children[slot] = _Child(ctx, soft_timeout, memory_limit_mb)
+                    child = children[slot] = _Child(ctx, soft_timeout, memory_limit_mb, supervisor)
                 index = todo.pop()
                 child.conn.send(("grade", [items[index]]))
                 busy[slot] = (index, time.monotonic() + timeout_seconds)
@@ -642,7 +688,7 @@ def _supervisor_main(
         return results
 
     if ctx.get_start_method() == "fork":
-        children[0] = _Child(ctx, soft_timeout, memory_limit_mb)
+        children[0] = _Child(ctx, soft_timeout, memory_limit_mb, supervisor)
     conn.send(("ready", os.getpid()))
     try:
         while True:
@@ -654,13 +700,59 @@ def _supervisor_main(
                 conn.send(("result", grade(message[1])))
             elif message[0] == "info":
                 info = {"guard": _eval_guard_active(), "kills": kills, "refusals": len(refusals)}
-                conn.send(("info", {**info, "refused_samples": refusals[:20], "workers": num_workers}))
+                info.update(refused_samples=refusals[:20], workers=num_workers, pid=os.getpid())
+                conn.send(("info", info))
             else:
                 break
     finally:
         for child in children:
             if child is not None:
                 child.kill()
+
+
+# Directory holding the imported ``mcadvantage`` package: the grading process imports the same copy
+# (it may come from a sys.path entry the caller added at run time, or a source checkout).
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _StderrTail:
+    """Forwards the grading process' stderr to ours and keeps its tail, to name a start-up failure.
+
+    A thread rather than an inherited stderr because a process that dies before it can report (a broken
+    interpreter, a missing package) leaves its reason only there. It writes with ``os.write`` on fd 2,
+    where an inherited stderr would have written, and so takes none of ``sys.stderr``'s locks (a daemon
+    thread holding them at interpreter exit can abort the interpreter).
+    """
+
+    _KEEP = 4096  # bytes of tail kept for the error message
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._tail = b""
+        self._thread = threading.Thread(target=self._run, name="mcadvantage-grader-stderr", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while chunk := os.read(self._fd, 65536):
+                self._tail = (self._tail + chunk)[-self._KEEP :]
+                try:
+                    os.write(2, chunk)
+                except OSError:  # no stderr to forward to: keep only the tail
+                    pass
+        except OSError:
+            pass
+        finally:
+            os.close(self._fd)
+
+    def last_line(self, wait: float) -> str:
+        """The last non-empty line written, after waiting up to ``wait`` s for the stream to end."""
+        self._thread.join(wait)
+        lines = [line.strip() for line in self._tail.decode(errors="replace").splitlines()]
+        return next((line for line in reversed(lines) if line), "")[:300]
+
+    def join(self, wait: float) -> None:
+        self._thread.join(wait)
 
 
 class _GradingService:
@@ -673,60 +765,141 @@ class _GradingService:
         startup_timeout: float,
         interrupt_in_child: bool,
         num_workers: int,
+        python_executable: str | None,
     ) -> None:
         self.num_workers = num_workers
         self.timeout_seconds = timeout_seconds
         self.memory_limit_mb = memory_limit_mb
         self.startup_timeout = startup_timeout
         self.interrupt_in_child = interrupt_in_child
+        self.python_executable = python_executable
         self._lock = threading.Lock()
-        self._process: Any = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._conn: Any = None
+        self._stderr: _StderrTail | None = None
+
+    def _alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     def _start(self) -> None:
-        # spawn, not fork: the caller may be a multi-threaded trainer, where fork can deadlock.
-        ctx = multiprocessing.get_context("spawn")
-        parent_conn, child_conn = ctx.Pipe()
-        process = ctx.Process(
-            target=_supervisor_main,
-            args=(
-                child_conn,
-                self.timeout_seconds,
-                self.memory_limit_mb,
-                self.interrupt_in_child,
-                self.num_workers,
-            ),
-            name="mcadvantage-math-grader",
-        )
-        process.start()
-        child_conn.close()
-        if not parent_conn.poll(self.startup_timeout):
-            process.kill()
-            raise RuntimeError(
-                f"the math grading process did not start within {self.startup_timeout} s; check that "
-                "math-verify imports (python -c 'import math_verify')."
-            )
-        parent_conn.recv()
-        self._process, self._conn = process, parent_conn
+        from multiprocessing.connection import Connection
 
-    def _stop(self) -> None:
-        if self._process is None:
-            return
+        from ._grading_worker import BOOTSTRAP
+
+        if os.name != "posix":
+            raise RuntimeError(
+                "MathVerifier's grading process needs a POSIX system (Linux or macOS): it hands a socket "
+                f"to a subprocess and forks grading children, which {sys.platform!r} cannot. On Windows "
+                "run under WSL."
+            )
+        executable = self.python_executable or sys.executable
+        if not executable:
+            raise RuntimeError(
+                "MathVerifier cannot start its grading process: sys.executable is empty (embedded "
+                "Python?). Pass MathVerifier(python_executable=...) the path of a Python interpreter "
+                "that has mcadvantage and math-verify installed."
+            )
+        # A connected socket pair handed to the child by file descriptor: no listening address, and the
+        # child sees end-of-file as soon as this process exits or dies.
+        parent_sock, child_sock = socket.socketpair()
+        err_read, err_write = os.pipe()
         try:
-            self._conn.send(("close",))
-        except (OSError, ValueError):
-            pass
-        self._process.join(2)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(2)
-        self._conn.close()
-        self._process = self._conn = None
+            process = subprocess.Popen(
+                [executable, "-c", BOOTSTRAP, _PACKAGE_ROOT, str(child_sock.fileno())],
+                stdin=subprocess.DEVNULL,
+                stderr=err_write,
+                pass_fds=(child_sock.fileno(),),
+                # Its own session: a Ctrl-C in the terminal interrupts the caller, not the grader; the
+                # grader still exits when the caller does (end-of-file on the socket).
+                start_new_session=True,
+            )
+        except OSError as exc:
+            parent_sock.close()
+            os.close(err_read)
+            raise RuntimeError(
+                f"MathVerifier cannot start its grading process with python_executable={executable!r}: "
+                f"{exc.strerror or exc}. Pass python_executable= the path of a Python interpreter that "
+                "has mcadvantage and math-verify installed."
+            ) from None
+        finally:
+            child_sock.close()
+            os.close(err_write)
+        conn = Connection(parent_sock.detach())
+        self._process, self._conn, self._stderr = process, conn, _StderrTail(err_read)
+        settings = {
+            "sys_path": list(sys.path),
+            "timeout_seconds": self.timeout_seconds,
+            "memory_limit_mb": self.memory_limit_mb,
+            "interrupt_in_child": self.interrupt_in_child,
+            "num_workers": self.num_workers,
+        }
+        message: Any = None
+        try:
+            conn.send(settings)
+            if conn.poll(self.startup_timeout):
+                message = conn.recv()
+        except (EOFError, OSError):  # it exited before answering; its stderr says why
+            message = ("exited",)
+        except BaseException:  # interrupted (Ctrl-C): an unread "ready" would answer the next request
+            self._stop(graceful=False)
+            raise
+        if message is not None and message[0] == "ready":
+            return
+        stderr = self._stderr
+        if message is not None:  # it reported an error or closed the socket: let it finish exiting
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        self._stop(graceful=False)
+        if message is None:
+            raise RuntimeError(
+                f"MathVerifier's grading process ({executable}) did not start within "
+                f"{self.startup_timeout} s; check that `{executable} -c 'import math_verify'` works, or "
+                "raise MathVerifier(startup_timeout=...) on a slow file system."
+            )
+        if message[0] == "error":  # the process reported the exception itself
+            cause = message[1]
+        else:  # it died before it could: its last line of stderr is the best explanation
+            line = stderr.last_line(2.0) if stderr is not None else ""
+            cause = f"it exited with code {process.returncode}" + (f" ({line})" if line else "")
+        raise RuntimeError(
+            f"MathVerifier's grading process ({executable}) failed to start: {cause}. Check that "
+            f"`{executable} -c 'import mcadvantage, math_verify'` works, or pass "
+            "MathVerifier(python_executable=...) a Python interpreter that has both installed."
+        )
+
+    def _stop(self, graceful: bool = True) -> None:
+        process, conn, stderr = self._process, self._conn, self._stderr
+        if process is None:
+            return
+        self._process = self._conn = self._stderr = None
+        if graceful:
+            try:
+                conn.send(("close",))
+            except (OSError, ValueError):
+                pass
+        try:
+            process.wait(2 if graceful else 0.2)
+        except subprocess.TimeoutExpired:
+            # Kill its whole process group (its own session, see _start): a grading child stuck in C
+            # code would otherwise outlive the supervisor. Not yet reaped, so the group id is still ours.
+            try:
+                os.killpg(process.pid, 9)  # SIGKILL (signal.SIGKILL is missing on Windows)
+            except OSError:
+                process.kill()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:  # unkillable (e.g. stuck in the kernel): stop waiting
+                pass
+        conn.close()
+        if stderr is not None:
+            stderr.join(1.0)
 
     def _request(self, message: tuple[Any, ...], backstop: float) -> Any:
         for attempt in range(2):
-            if self._process is None or not self._process.is_alive():
-                self._stop()
+            if not self._alive():
+                self._stop(graceful=False)
                 self._start()
             try:
                 self._conn.send(message)
@@ -734,10 +907,14 @@ class _GradingService:
                     return self._conn.recv()[1]
             except (EOFError, OSError):
                 pass
-            # The supervisor only waits on its child, so this is a should-never-happen path.
+            except BaseException:
+                # Interrupted between request and answer (e.g. KeyboardInterrupt): the answer would
+                # arrive as the reply to the next request, so drop this process; the next call restarts.
+                self._stop(graceful=False)
+                raise
+            # The supervisor only waits on its children, so this is a should-never-happen path.
             logger.warning("math grading process stopped answering (attempt %d); restarting", attempt + 1)
-            self._process.kill()
-            self._stop()
+            self._stop(graceful=False)
         return None
 
     def grade(self, items: list[tuple[str, str]]) -> list[bool]:
@@ -754,16 +931,36 @@ class _GradingService:
 
     def warmup(self) -> None:
         with self._lock:
-            if self._process is None or not self._process.is_alive():
+            if not self._alive():
+                self._stop(graceful=False)
                 self._start()
 
     def close(self) -> None:
         with self._lock:
             self._stop()
 
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the parent's grading process without touching it.
 
-_SERVICES: dict[tuple[float, int | None, float, bool, int], _GradingService] = {}
+        The child inherited the lock (possibly held by a parent thread that does not exist here) and a
+        copy of the parent's socket; using that socket would interleave both processes' requests and
+        answers. The child gets a fresh lock and starts its own grading process when it needs one.
+        """
+        self._lock = threading.Lock()
+        if self._conn is not None:
+            self._conn.close()  # closes this process' copy of the descriptor only
+        if self._process is not None:
+            # Kept referenced: collecting the Popen would try to reap a process that is not our child.
+            _INHERITED_PROCESSES.append(self._process)
+        self._process = self._conn = self._stderr = None
+
+
+# (timeout_seconds, memory_limit_mb, startup_timeout, interrupt_in_child, num_workers, python_executable)
+_SERVICES: dict[tuple[Any, ...], _GradingService] = {}
 _SERVICES_LOCK = threading.Lock()
+# Guards every MathVerifier's verdict cache (a module lock keeps verifiers picklable; holds are brief).
+_CACHE_LOCK = threading.Lock()
+_INHERITED_PROCESSES: list[Any] = []
 
 
 def _service_for(
@@ -772,9 +969,17 @@ def _service_for(
     startup_timeout: float,
     interrupt_in_child: bool,
     num_workers: int,
+    python_executable: str | None,
 ) -> _GradingService:
     # Verifiers with the same limits share one grading process (TRL may build several reward funcs).
-    key = (timeout_seconds, memory_limit_mb, startup_timeout, interrupt_in_child, num_workers)
+    key = (
+        timeout_seconds,
+        memory_limit_mb,
+        startup_timeout,
+        interrupt_in_child,
+        num_workers,
+        python_executable,
+    )
     with _SERVICES_LOCK:
         service = _SERVICES.get(key)
         if service is None:
@@ -784,10 +989,22 @@ def _service_for(
 
 @atexit.register
 def _close_services() -> None:
-    # Registered after multiprocessing's own exit hook, so it runs first: close the supervisor
-    # (non-daemonic, because it has a child) before multiprocessing would wait for it.
+    # Ask each grading process to finish (it would also exit on end-of-file once we are gone, but an
+    # orderly close reaps it and its grading children before the interpreter exits).
     for service in list(_SERVICES.values()):
         service.close()
+
+
+def _after_fork_in_child() -> None:
+    global _SERVICES_LOCK, _CACHE_LOCK
+    _SERVICES_LOCK = threading.Lock()
+    _CACHE_LOCK = threading.Lock()
+    for service in _SERVICES.values():
+        service.forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # --------------------------------------------------------------------------------------------
@@ -824,6 +1041,14 @@ class MathVerifier(_VerifierBase):
             when grading many distinct hard answers, e.g. Monte Carlo rollouts on a many-core node).
         cache_size: verdicts of up to this many distinct ``(answer, gold)`` pairs are remembered, so
             the many identical answers of Monte Carlo rollouts are graded once (0 disables).
+        python_executable: the Python interpreter that runs the grading process (default
+            ``sys.executable``); it needs mcadvantage and math-verify. Set it when ``sys.executable`` is
+            not a Python interpreter (embedded Python, some application servers).
+
+    The grading process is a fresh interpreter started with :mod:`subprocess`, so the verifier works
+    from any entry point (a script without an ``if __name__ == "__main__":`` guard, ``python -c``, a
+    notebook, pytest, ``accelerate launch``) and from several threads at once. If it cannot start, the
+    call raises a ``RuntimeError`` that names the cause.
     """
 
     def __init__(
@@ -838,6 +1063,7 @@ class MathVerifier(_VerifierBase):
         interrupt_in_child: bool = True,
         num_workers: int = 1,
         cache_size: int = 65536,
+        python_executable: str | None = None,
     ) -> None:
         if not isinstance(answer_field, str) or not answer_field:
             raise ValueError(f"answer_field must be a non-empty column name, got {answer_field!r}.")
@@ -853,8 +1079,16 @@ class MathVerifier(_VerifierBase):
             raise ValueError(
                 f"cache_size must be an integer >= 0 (0 disables the cache), got {cache_size!r}."
             )
+        if python_executable is not None and (
+            not isinstance(python_executable, str) or not python_executable
+        ):
+            raise ValueError(
+                "python_executable must be the path of a Python interpreter (or None for sys.executable), "
+                f"got {python_executable!r}."
+            )
         self.num_workers = num_workers
         self.cache_size = cache_size
+        self.python_executable = python_executable
         self._verdicts: OrderedDict[tuple[str, str], bool] = OrderedDict()
         self.answer_field = answer_field
         self.solution_field = solution_field
@@ -879,6 +1113,7 @@ class MathVerifier(_VerifierBase):
             self.startup_timeout,
             self.interrupt_in_child,
             self.num_workers,
+            self.python_executable,
         )
 
     def warmup(self) -> None:
@@ -912,20 +1147,27 @@ class MathVerifier(_VerifierBase):
             else:
                 verdict = _quick_verdict(pred, gold)
             if verdict is None:
-                verdict = self._verdicts.get((pred, gold))
-                if verdict is not None:
-                    self._verdicts.move_to_end((pred, gold))
+                verdict = self._cached_verdict((pred, gold))
             verdicts.append(verdict)
             keys.append((pred, gold))
         # Identical pairs in one batch (common among rollouts) go to the grading process once.
         unique = list(dict.fromkeys(k for v, k in zip(verdicts, keys, strict=True) if v is None))
         graded = dict(zip(unique, self._service.grade(unique), strict=True)) if unique else {}
         if self.cache_size:
-            for pair, ok in graded.items():
-                self._verdicts[pair] = ok
-            while len(self._verdicts) > self.cache_size:
-                self._verdicts.popitem(last=False)
+            with _CACHE_LOCK:
+                for pair, ok in graded.items():
+                    self._verdicts[pair] = ok
+                while len(self._verdicts) > self.cache_size:
+                    self._verdicts.popitem(last=False)
         return [graded[k] if v is None else v for v, k in zip(verdicts, keys, strict=True)]
+
+    def _cached_verdict(self, pair: tuple[str, str]) -> bool | None:
+        # Under a lock: another thread's eviction between the lookup and move_to_end would raise.
+        with _CACHE_LOCK:
+            verdict = self._verdicts.get(pair)
+            if verdict is not None:
+                self._verdicts.move_to_end(pair)
+            return verdict
 
     def score_batch(self, responses: Sequence[str | None], golds: Sequence[Any]) -> list[float]:
         """Rewards for ``responses[i]`` (full responses; their last box is graded) against ``golds[i]``."""
@@ -939,7 +1181,8 @@ class MathVerifier(_VerifierBase):
 
         Keys: ``guard`` (the eval guard is installed), ``kills`` (answers that hit the time limit and
         cost a grading child), ``refusals`` (answers during which the guard refused to evaluate text)
-        and ``refused_samples`` (up to 20 refused strings).
+        ``refused_samples`` (up to 20 refused strings), ``workers`` (grading children) and ``pid``
+        (the grading process' id).
         """
         return self._service.info()
 

@@ -1,8 +1,10 @@
-"""The paper-scale examples (``examples/math.py``, ``examples/gsm8k.py``) and their accelerate configs.
+"""The paper-scale examples (``examples/vineppo_math.py``, ``examples/vineppo_gsm8k.py``) and their accelerate
+configs.
 
-Their arguments are parsed in-process (the defaults must be the paper's settings), their data loading and
-Pass@1 evaluation are checked on small inputs, and each example runs end to end for one training step on a
-tiny offline model on CPU, in a subprocess (slow), so the examples cannot rot.
+Their arguments are parsed in-process (the defaults must be the paper's settings), their data loading is checked
+on small inputs, and each example runs end to end for one training step and its Pass@1 evaluation on a tiny
+offline model on CPU, in a subprocess (slow), so the examples cannot rot. The evaluation itself is tested in
+tests/test_evaluation.py.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from mcadvantage.data import filter_long_prompts
+
 pytest.importorskip("trl")
 yaml = pytest.importorskip("yaml")
 
@@ -27,9 +31,9 @@ CONFIGS = EXAMPLES / "accelerate_configs"
 
 
 def _load_example(name: str):
-    """Import ``examples/<name>.py`` under a private module name (never as ``math``: the file's own name would
-    shadow the standard library)."""
-    spec = importlib.util.spec_from_file_location(f"_vineppo_example_{name}", EXAMPLES / f"{name}.py")
+    """Import ``examples/vineppo_<name>.py`` as a module (it imports the examples' ``_common`` as a script does,
+    from its own folder)."""
+    spec = importlib.util.spec_from_file_location(f"vineppo_{name}", EXAMPLES / f"vineppo_{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -37,11 +41,24 @@ def _load_example(name: str):
 
 @pytest.fixture(scope="module")
 def examples():
-    math_example = _load_example("math")
-    gsm8k_example = _load_example("gsm8k")
-    import _common  # importable once an example put examples/ on sys.path
+    # A script's folder is first on sys.path when Python runs it; the same here for the import of _common.
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import _common
 
-    return SimpleNamespace(math=math_example, gsm8k=gsm8k_example, common=_common)
+        yield SimpleNamespace(math=_load_example("math"), gsm8k=_load_example("gsm8k"), common=_common)
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+def test_no_example_shadows_a_standard_library_module():
+    """Python puts a script's folder first on sys.path, so an example named like a standard library module
+    (the old ``math.py``) would replace that module for everything the script imports."""
+    names = {p.stem for p in EXAMPLES.glob("*.py")}
+    assert {"vineppo_math", "vineppo_gsm8k", "_common"} <= names
+    assert not names & set(sys.stdlib_module_names)
+    for path in EXAMPLES.glob("*.py"):
+        assert "sys.path" not in path.read_text(encoding="utf-8"), f"{path.name} edits sys.path"
 
 
 def _parse(examples, name: str, tmp_path, *extra: str):
@@ -101,7 +118,7 @@ def test_defaults_are_the_papers_setup(
         "[MATH_TASK] Problem:\nWhat is $1+{2}$?\n\nSolution:"
     )
     # Pass@1 as in the paper: 16 samples at temperature 0.35 (top-p 0.9, 1024 tokens in the official code).
-    settings = examples.common.PassAt1Settings.from_args(script, args)
+    settings = examples.common.pass_at_1_settings(script, args)
     assert (settings.num_samples, settings.temperature, settings.top_p, settings.max_tokens) == (
         16,
         0.35,
@@ -153,6 +170,15 @@ def test_command_line_and_config_file_override_the_defaults(examples, tmp_path):
         ),
         (["--prompt_template", "Solve it.\nSolution:"], "no '{problem}' placeholder"),
         (["--pass_at_1_engine", "sglang"], "pass_at_1_engine='sglang' is invalid"),
+        (
+            ["--pass_at_1_samples", "0"],
+            "num_samples=0 is invalid; it must be an int >= 1. Set it with --pass_at_1_samples",
+        ),
+        (
+            ["--pass_at_1_top_p", "1.5"],
+            "top_p=1.5 must be in (0, 1]; use 1.0 to disable nucleus sampling. Set it with --pass_at_1_top_p",
+        ),
+        (["--max_eval_samples", "0"], "max_eval_samples=0 is invalid"),
         (["--max_steps", "1"], "leaving none for the polynomial decay"),
     ],
 )
@@ -209,7 +235,7 @@ def test_paper_batch_geometry_fits_each_accelerate_config(examples, config, per_
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Data and evaluation
+# Data
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -232,8 +258,30 @@ def test_local_problems_are_formatted_and_long_prompts_dropped(examples, tmp_pat
     assert sorted(dataset.column_names) == ["answer", "prompt"]  # unused columns are dropped
     assert dataset[0]["prompt"] == "[MATH_TASK] Problem:\nWhat is 2+2?\n\nSolution:"
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    kept = examples.common.filter_long_prompts(dataset, tokenizer, max_prompt_tokens=100)
+    kept = filter_long_prompts(dataset, tokenizer, max_prompt_tokens=100)
     assert kept["answer"] == ["2+2=4\n#### 4"]
+
+
+def test_prompt_limit_leaves_room_for_a_response_as_the_trainer_checks(examples, tmp_path, tiny_model_dir):
+    """The examples drop prompts longer than the model's context minus the response room: the tiny model has 512
+    positions, so 512 - 16 by default, 512 - 100 with a fixed 100-token rollout budget, and vLLM's context caps it."""
+    common = examples.common
+    base = [
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--max_completion_length",
+        "16",
+        "--use_vllm",
+        "false",
+    ]
+
+    def limit(*extra: str) -> int | None:
+        return common.prompt_token_limit(*_parse(examples, "gsm8k", tmp_path, *base, *extra))
+
+    assert limit() == 512 - 16
+    assert limit("--mc_rollout_budget", "fixed", "--mc_fixed_rollout_budget", "100") == 512 - 100
+    assert limit("--use_vllm", "true", "--vllm_max_model_length", "128") == 128 - 16
+    assert limit("--max_prompt_length", "7") == 7
 
 
 def test_local_problems_without_the_needed_columns_are_refused(examples, tmp_path):
@@ -246,83 +294,6 @@ def test_local_problems_without_the_needed_columns_are_refused(examples, tmp_pat
     )
     with pytest.raises(ValueError, match="--problem_column"):
         examples.common.load_problems(task=examples.math.TASK, script_args=script, split="eval")
-
-
-class ScriptedSampler:
-    """Returns, for problem ``i`` (identified by its prompt), ``i`` correct answers then wrong ones."""
-
-    def __init__(self, tokenizer, answers: dict[tuple[int, ...], int]):
-        self.tokenizer = tokenizer
-        self.answers = answers
-        self.requests = []
-
-    def sample(self, requests):
-        from mcadvantage.samplers import Continuation
-
-        self.requests.extend(requests)
-        out = []
-        for r in requests:
-            i = self.answers[r.prefix_ids]
-            texts = [f" {i}+{i}={2 * i}\n#### {2 * i}" if j < i else " #### -1" for j in range(r.n)]
-            ids = [tuple(self.tokenizer(text=t)["input_ids"]) + (self.tokenizer.eos_token_id,) for t in texts]
-            out.append([Continuation(t, truncated=False) for t in ids])
-        return out
-
-
-def test_pass_at_1_averages_every_sample_of_every_problem(examples, tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from mcadvantage import GSM8KVerifier
-
-    common = examples.common
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    rows = [{"prompt": f"Problem {i}:", "answer": f"#### {2 * i}"} for i in range(4)]
-    answers = {tuple(tokenizer(text=r["prompt"])["input_ids"]): i for i, r in enumerate(rows)}
-    sampler = ScriptedSampler(tokenizer, answers)
-    settings = common.PassAt1Settings(num_samples=4, max_tokens=32, problems_per_call=3)
-    scores, truncated, first = common.score_samples(
-        sampler, tokenizer, rows, GSM8KVerifier(), settings, context=512
-    )
-    # Problem i has i correct samples out of 4.
-    assert scores == [[1.0] * i + [0.0] * (4 - i) for i in range(4)]
-    assert truncated == 0
-    assert first[1] == " 1+1=2\n#### 2"
-    assert all(r.n == 4 and r.max_tokens == 32 for r in sampler.requests)
-    result = common.PassAt1Result.from_scores(
-        scores, truncated=0, engine="test", seconds=0.0, settings=settings, responses=first
-    )
-    assert result.responses == first
-    assert result.pass_at_1 == pytest.approx((0 + 1 + 2 + 3) / 16)
-    assert result.per_round == pytest.approx(
-        [3 / 4, 2 / 4, 1 / 4, 0.0]
-    )  # sample j is right for problems i > j
-    assert result.per_problem == pytest.approx([0.0, 0.25, 0.5, 0.75])
-
-    # A prompt that leaves no room in the context is not sampled and scores 0; budgets are capped by the context.
-    long_rows = [rows[3], {"prompt": "y" * 40, "answer": "#### 0"}]
-    sampler = ScriptedSampler(tokenizer, answers)
-    scores, _, _ = common.score_samples(sampler, tokenizer, long_rows, GSM8KVerifier(), settings, context=40)
-    assert scores == [[1.0, 1.0, 1.0, 0.0], [0.0] * 4]
-    assert [r.max_tokens for r in sampler.requests] == [
-        40 - len(tokenizer(text=rows[3]["prompt"])["input_ids"])
-    ]
-
-
-def test_evaluate_checkpoint_with_transformers(examples, tiny_model_dir):
-    from datasets import Dataset
-
-    from mcadvantage import GSM8KVerifier
-
-    common = examples.common
-    dataset = Dataset.from_dict({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]})
-    settings = common.PassAt1Settings(num_samples=3, max_tokens=6)
-    result = common.evaluate_checkpoint(
-        str(tiny_model_dir), dataset, GSM8KVerifier(), settings, engine="transformers"
-    )
-    assert result.engine == "transformers"
-    assert (result.num_problems, result.num_samples, len(result.per_round)) == (2, 3, 3)
-    assert result.truncated_ratio == 1.0  # a random tiny model does not stop within 6 tokens
-    assert result.pass_at_1 == 0.0
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -386,12 +357,21 @@ def test_accelerate_configs_parse_and_have_the_expected_keys(name):
 
 def test_readme_commands_point_at_files_that_exist():
     readme = (EXAMPLES / "README.md").read_text(encoding="utf-8")
-    for path in set(re.findall(r"examples/[\w./-]+\.(?:py|yaml)", readme)):
-        assert (ROOT / path).is_file(), f"examples/README.md mentions {path}, which does not exist"
     assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(EXPECTED_CONFIGS)
     for name in EXPECTED_CONFIGS:
         assert f"accelerate_configs/{name}" in readme, f"examples/README.md does not document {name}"
     assert "trl vllm-serve" in readme and "--vllm_mode server" in readme
+    # Every example path in the READMEs, the docs, the example scripts and the accelerate configs exists.
+    sources = [EXAMPLES / "README.md", ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    sources += sorted(EXAMPLES.glob("*.py")) + sorted(CONFIGS.glob("*.yaml"))
+    mentioned = 0
+    for source in sources:
+        for path in set(re.findall(r"examples/[\w./-]+\.(?:py|yaml)", source.read_text(encoding="utf-8"))):
+            mentioned += 1
+            assert (ROOT / path).is_file(), (
+                f"{source.relative_to(ROOT)} mentions {path}, which does not exist"
+            )
+    assert mentioned >= 10
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -437,7 +417,7 @@ TASK_ROWS = {
 def test_example_trains_one_step_and_evaluates(tmp_path, tiny_model_dir, name, launcher):
     data = _write_jsonl(tmp_path / f"{name}.jsonl", TASK_ROWS[name])
     out = tmp_path / "out"
-    script = str(EXAMPLES / f"{name}.py")
+    script = str(EXAMPLES / f"vineppo_{name}.py")
     if launcher == "accelerate":
         # The shipped single-GPU config, forced onto the CPU.
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",

@@ -51,6 +51,12 @@ _LAZY: dict[str, str] = {
     "RLOOEstimator": "estimators",
     # sampling from a trainer's current policy (imports TRL)
     "policy_sampler": "policy",
+    # Pass@1 evaluation (the trainer's engine through policy_sampler, or a saved checkpoint)
+    "PassAt1Settings": "evaluation",
+    "PassAt1Result": "evaluation",
+    "score_samples": "evaluation",
+    "evaluate_pass_at_1": "evaluation",
+    "evaluate_checkpoint": "evaluation",
     # estimation
     "MCValueEstimator": "estimator",
     "Trajectory": "estimator",
@@ -91,6 +97,13 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         available_advantage_estimators,
         get_advantage_estimator,
         register_advantage_estimator,
+    )
+    from .evaluation import (
+        PassAt1Result,
+        PassAt1Settings,
+        evaluate_checkpoint,
+        evaluate_pass_at_1,
+        score_samples,
     )
     from .policy import policy_sampler
     from .samplers import (

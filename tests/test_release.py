@@ -153,7 +153,7 @@ def test_wheel_contents_and_metadata(dists):
     assert not [n for n in names if n.split("/")[0] in ("tests", "benchmarks", "examples", "docs", "scripts")]
     assert f"Version: {version}" in metadata
     assert "License-Expression: Apache-2.0" in metadata
-    assert re.search(r"^Requires-Dist: trl<2,>=1\.16$", metadata, re.M), "the TRL range must be pinned"
+    assert re.search(r"^Requires-Dist: trl<1\.17,>=1\.16$", metadata, re.M), "the TRL range must be pinned"
     assert re.search(r"^Requires-Python: >=3\.10$", metadata, re.M)
     assert "VinePPO" in metadata  # the README is the long description
 

@@ -106,33 +106,17 @@ def test_missing_reward_funcs(model, tok, tmp_path):
         )
 
 
-@pytest.mark.parametrize("kind", ["module", "model_id"])
-def test_reward_models_not_supported(model, tok, tmp_path, kind):
-    reward = torch.nn.Linear(2, 1) if kind == "module" else "some-org/reward-model"
-    with pytest.raises(
-        NotImplementedError, match="is a reward model; VinePPOTrainer supports only Python callables"
-    ):
-        VinePPOTrainer(
-            model=model,
-            reward_funcs=[vowel_reward, reward],
-            args=config(tmp_path),
-            train_dataset=arithmetic(),
-            processing_class=tok,
-        )
+def test_reward_funcs_are_optional_in_the_signature_as_in_grpo(model, tok, tmp_path):
+    # GRPOTrainer(model=...) is valid Python; so is ours, with an error that says what is missing.
+    with pytest.raises(ValueError, match="reward_funcs is None"):
+        VinePPOTrainer(model=model, args=config(tmp_path), train_dataset=arithmetic(), processing_class=tok)
 
+    class Env:
+        def reset(self, **kwargs):
+            return None
 
-def test_async_reward_not_supported(model, tok, tmp_path):
-    async def async_reward(completions, **kwargs):
-        return [0.0] * len(completions)
-
-    with pytest.raises(NotImplementedError, match="'async_reward' is async"):
-        VinePPOTrainer(
-            model=model,
-            reward_funcs=async_reward,
-            args=config(tmp_path),
-            train_dataset=arithmetic(),
-            processing_class=tok,
-        )
+    with pytest.raises(NotImplementedError, match="does not support environment_factory="):
+        VinePPOTrainer(model=model, args=config(tmp_path), processing_class=tok, environment_factory=Env)
 
 
 def test_tools_not_supported(model, tok, tmp_path):

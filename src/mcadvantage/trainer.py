@@ -11,7 +11,7 @@ use of TRL internals lives in :mod:`mcadvantage.trl_compat`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from .estimators import (
 )
 from .estimators.base import AdvantageEstimator
 from .policy import policy_sampler
+from .reward_models import as_rollout_reward_func
 from .samplers.base import Sampler
 from .segmenters import get_segmenter
 from .settings import needed_completion_room
@@ -57,10 +58,11 @@ class VinePPOTrainer(GRPOTrainerHooks):
 
     Args:
         model: the policy, as for ``trl.GRPOTrainer``: a model id, a local directory or a loaded causal LM.
-        reward_funcs: reward function(s) called TRL-style, e.g. :class:`~mcadvantage.verifiers.GSM8KVerifier`. They
-            grade both the responses and every Monte Carlo continuation (on the full response text). Only Python
-            callables are supported: reward models (``nn.Module`` or model ids) and async functions raise
-            ``NotImplementedError``.
+        reward_funcs: as for ``trl.GRPOTrainer``: reward function(s) called TRL-style (e.g.
+            :class:`~mcadvantage.verifiers.GSM8KVerifier`), async reward functions, reward models (``nn.Module``
+            or model ids), or a list of them. They grade both the responses and every Monte Carlo continuation (on
+            the full response text); reward models score rollouts in batches with their own tokenizer
+            (:class:`~mcadvantage.reward_models.RewardModelScorer`).
         args: a :class:`~mcadvantage.config.VinePPOConfig` (a plain ``GRPOConfig`` raises ``TypeError``); default
             ``VinePPOConfig("<model name>-VinePPO")``.
         train_dataset: as for ``trl.GRPOTrainer``: a ``prompt`` column plus the columns the reward functions read
@@ -68,7 +70,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         eval_dataset: as for ``trl.GRPOTrainer`` (checked like ``train_dataset``).
         processing_class: as for ``trl.GRPOTrainer``: a text tokenizer (vision-language processors raise
             ``NotImplementedError``).
-        reward_processing_classes: as for ``trl.GRPOTrainer`` (only used by reward models, which are not supported).
+        reward_processing_classes: as for ``trl.GRPOTrainer``: the reward models' tokenizers.
         callbacks: as for ``trl.GRPOTrainer``.
         optimizers: as for ``trl.GRPOTrainer``.
         quantization_config: as for ``trl.GRPOTrainer``.
@@ -102,7 +104,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
     def __init__(
         self,
         model: Any,
-        reward_funcs: Callable | Sequence[Callable],
+        reward_funcs: Any = None,
         args: VinePPOConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
@@ -162,6 +164,11 @@ class VinePPOTrainer(GRPOTrainerHooks):
                 "from token prefixes without images. Pass a text tokenizer as processing_class."
             )
         self._mc_custom_sampler = mc_sampler
+        # Reward models and async functions grade rollouts through synchronous wrappers, built once.
+        self._rollout_reward_funcs = [
+            as_rollout_reward_func(func, tokenizer, chat_template_kwargs=self.chat_template_kwargs)
+            for func, tokenizer in zip(self.reward_funcs, self.reward_processing_classes, strict=True)
+        ]
         self.last_advantage_result: AdvantageResult | None = None
         if self.use_vllm and self.vllm_mode == "colocate":
             # TRL's colocated weight sync fails on vLLM's CPU backend; this swaps in a layerwise reload there and is
@@ -206,7 +213,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         """What the estimator may use: the live policy's sampler, the graders, the segmenter, the collectives."""
         return EstimatorContext(
             policy_sampler=self._rollout_sampler,
-            reward_funcs=list(self.reward_funcs),
+            reward_funcs=self._rollout_reward_funcs,
             reward_weights=self.reward_weights.tolist(),
             tokenizer=self.processing_class,
             segmenter=get_segmenter(self.args.step_segmenter),

@@ -3,7 +3,6 @@ parameter, the value and the fix, not mid-training."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,24 +26,22 @@ def check_unsupported_kwargs(kwargs: dict[str, Any]) -> None:
 
 
 def check_reward_funcs(reward_funcs: Any) -> list[Any]:
-    """The reward functions as a list; refuses what the Monte Carlo estimator cannot call on rollouts."""
+    """The reward functions as a list (reward models and async functions included: they grade rollouts through
+    :func:`~mcadvantage.reward_models.as_rollout_reward_func`)."""
     if reward_funcs is None:
         raise ValueError(
-            "reward_funcs is None: VinePPO grades every response and Monte Carlo continuation with reward "
-            "functions. Pass e.g. mcadvantage.GSM8KVerifier() or a function f(prompts, completions, **kw)."
+            "reward_funcs is None: VinePPO grades every response and Monte Carlo continuation with reward functions "
+            "or reward models. Pass e.g. mcadvantage.GSM8KVerifier(), a function f(prompts, completions, **kw), or "
+            "a reward model id."
         )
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs:
+        raise ValueError("reward_funcs is empty: pass at least one reward function or reward model.")
     for func in funcs:
-        if isinstance(func, (str, nn.Module)):
-            raise NotImplementedError(
-                f"reward function {func!r} is a reward model; VinePPOTrainer supports only Python callables, "
-                "since every Monte Carlo continuation is graded too and reward-model scoring of rollouts is not "
-                "implemented. Wrap the model in a function f(prompts, completions, **kw) -> list[float]."
-            )
-        if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
-            raise NotImplementedError(
-                f"reward function {reward_func_name(func)!r} is async; the Monte Carlo estimator calls reward "
-                "functions synchronously. Pass a synchronous function."
+        if not (isinstance(func, (str, nn.Module)) or callable(func)):
+            raise TypeError(
+                f"reward function {func!r} is neither callable, a reward model (nn.Module) nor a model id; pass a "
+                "function f(prompts, completions, **kw) -> list[float]."
             )
     return funcs
 
@@ -63,7 +60,7 @@ def _required_column_options(func: Any) -> list[tuple[str, ...]]:
         for f in (getattr(func, "answer_field", None), getattr(func, "solution_field", None))
         if isinstance(f, str)
     )
-    return [fields] if fields else []
+    return [fields] if fields else []  # reward models and plain functions declare nothing
 
 
 def check_dataset_columns(dataset: Any, reward_funcs: Sequence[Any], dataset_name: str) -> None:

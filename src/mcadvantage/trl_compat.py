@@ -166,6 +166,7 @@ class GRPOTrainerHooks(GRPOTrainer):
 
     @property
     def is_vision_language_model(self) -> bool:
+        """Whether the processing class is a vision-language processor (GRPO's own answer)."""
         return bool(self._is_vlm)
 
     def tokenize_prompt_ids(self, prompts: list[Any]) -> list[list[int]]:

@@ -156,6 +156,16 @@ class AdvantageResult:
     metric_reductions: dict[str, MetricReduction] = field(default_factory=dict)
 
 
+def _gather_one_process(objs: list[Any]) -> list[Any]:
+    """All-gather with one process: the objects themselves."""
+    return list(objs)
+
+
+def _broadcast_one_process(obj: Any) -> Any:
+    """Broadcast with one process: the object itself."""
+    return obj
+
+
 @dataclass
 class EstimatorContext:
     """What an estimator may use besides the batch: the live policy (through a sampler), the graders and the
@@ -190,8 +200,8 @@ class EstimatorContext:
     sample_on_main_only: bool = False
     process_index: int = 0
     num_processes: int = 1
-    gather_object: Callable[[list[Any]], list[Any]] = lambda objs: list(objs)
-    broadcast_object: Callable[[Any], Any] = lambda obj: obj
+    gather_object: Callable[[list[Any]], list[Any]] = field(default_factory=lambda: _gather_one_process)
+    broadcast_object: Callable[[Any], Any] = field(default_factory=lambda: _broadcast_one_process)
 
     @classmethod
     def single_process(

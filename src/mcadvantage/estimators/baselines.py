@@ -141,11 +141,13 @@ class GRPOEstimator:
 
     @classmethod
     def from_config(cls, config: Any) -> GRPOEstimator:
+        """Build the estimator from a ``VinePPOConfig`` (or any object with the same fields)."""
         return cls(
             scale_rewards=config.scale_rewards, multi_objective_aggregation=config.multi_objective_aggregation
         )
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
+        """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
         advantages = grpo_advantages(
             batch.rewards_per_func.cpu(),
             batch.reward_weights.cpu(),
@@ -179,9 +181,11 @@ class RLOOEstimator:
 
     @classmethod
     def from_config(cls, config: Any) -> RLOOEstimator:
+        """Build the estimator from a ``VinePPOConfig`` (or any object with the same fields)."""
         return cls()
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
+        """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
         all_rewards = batch.all_rewards.cpu()
         advantages = rloo_advantages(all_rewards, batch.group_size)[batch.local_slice]
         mask = batch.completion_mask

@@ -79,6 +79,7 @@ class VinePPOEstimator:
 
     @classmethod
     def from_config(cls, config: Any) -> VinePPOEstimator:
+        """Build the estimator from a ``VinePPOConfig`` (or any object with the same fields)."""
         return cls(
             num_rollouts=config.num_mc_rollouts,
             rollout_budget=config.mc_rollout_budget,
@@ -120,6 +121,7 @@ class VinePPOEstimator:
     # -- the seam ---------------------------------------------------------------------------------------------
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
+        """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
         segmenter = self.segmenter if self.segmenter is not None else get_segmenter(context.segmenter)
         rewards = batch.rewards.cpu()
         mask = batch.completion_mask.detach().cpu()

@@ -206,36 +206,35 @@ class VinePPOEstimator:
                 return self.make_estimator(sampler, context).estimate(
                     trajectories, reward_kwargs=context.reward_kwargs
                 )
-        # Only the main process reaches the engine (vLLM server): it estimates every process' trajectories.
+        # Only the main process reaches the engine (vLLM server): it estimates every process' trajectories. Every
+        # process still enters the sampler context, which may be collective (a weight sync gathers parameters).
         per_process = context.gather_object([trajectories])
         payload: Any = None
-        if context.process_index == 0:
-            try:
-                flat = [t for part in per_process for t in part]
-                with context.policy_sampler() as sampler:
+        with context.policy_sampler() as sampler:
+            if context.process_index == 0:
+                try:
+                    flat = [t for part in per_process for t in part]
                     full = self.make_estimator(sampler, context).estimate(
                         flat, reward_kwargs=context.reward_kwargs
                     )
-                parts, start = [], 0
-                for rank, part in enumerate(per_process):
-                    stop = start + len(part)
-                    # The main process did all the work: its part carries the statistics, so sums over processes
-                    # count every rollout once.
-                    parts.append(
-                        MCEstimate(
-                            values=full.values[start:stop],
-                            step_advantages=full.step_advantages[start:stop],
-                            token_advantages=full.token_advantages[start:stop],
-                            stats=dict(full.stats) if rank == 0 else {},
+                    parts, start = [], 0
+                    for rank, part in enumerate(per_process):
+                        stop = start + len(part)
+                        # The main process did all the work: its part carries the statistics, so sums over
+                        # processes count every rollout once.
+                        parts.append(
+                            MCEstimate(
+                                values=full.values[start:stop],
+                                step_advantages=full.step_advantages[start:stop],
+                                token_advantages=full.token_advantages[start:stop],
+                                stats=dict(full.stats) if rank == 0 else {},
+                            )
                         )
-                    )
-                    start = stop
-                payload = ("ok", parts)
-            except (
-                Exception
-            ) as err:  # the other processes wait in the broadcast: tell them, then fail everywhere
-                context.broadcast_object(("error", f"{type(err).__name__}: {err}"))
-                raise
+                        start = stop
+                    payload = ("ok", parts)
+                except Exception as err:  # the others wait in the broadcast: tell them, then fail everywhere
+                    context.broadcast_object(("error", f"{type(err).__name__}: {err}"))
+                    raise
         status, content = context.broadcast_object(payload)
         if status == "error":
             raise RuntimeError(f"Monte Carlo estimation failed on the main process: {content}")

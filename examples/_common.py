@@ -1,25 +1,30 @@
-"""What the paper-scale examples (``vineppo_math.py``, ``vineppo_gsm8k.py``) share besides the library: the task
-description (:class:`TaskSpec`), the command line (TRL's ``TrlParser`` over :class:`ExampleArguments`,
-:class:`mcadvantage.VinePPOConfig` and ``trl.ModelConfig``, with the paper's Table 1 settings as defaults), and the
-problems' loading and prompt formatting. Training, prompt-length filtering and Pass@1 are the library's
+"""What the paper-scale example (``vineppo.py --task math|gsm8k``) uses besides the library: the tasks
+(:data:`TASKS`: checkpoint, data, verifier), the command line (TRL's ``TrlParser`` over :class:`ExampleArguments`,
+:class:`mcadvantage.VinePPOConfig` and ``trl.ModelConfig``, with ``VinePPOConfig.from_paper(task)`` as defaults),
+and the problems' loading and prompt formatting. Training, prompt-length filtering and Pass@1 are the library's
 (:class:`mcadvantage.VinePPOTrainer`, :mod:`mcadvantage.data`, :mod:`mcadvantage.evaluation`).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from trl import ModelConfig, TrlParser
 
-from mcadvantage import PassAt1Settings, VinePPOConfig
+from mcadvantage import GSM8KVerifier, MathVerifier, PassAt1Settings, VinePPOConfig
 from mcadvantage.policy import ENGINES
 
 __all__ = [
     "PAPER_PROMPT_TEMPLATE",
+    "TASKS",
     "ExampleArguments",
     "TaskSpec",
     "build_prompt",
@@ -27,9 +32,11 @@ __all__ = [
     "load_problems",
     "make_parser",
     "paper_defaults",
+    "paper_settings",
     "parse_args",
     "pass_at_1_settings",
     "prompt_token_limit",
+    "requested_task",
     "setup_logging",
 ]
 
@@ -41,25 +48,24 @@ PAPER_PROMPT_TEMPLATE = "[MATH_TASK] Problem:\n{problem}\n\nSolution:"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Task description and command-line arguments
+# Tasks and command-line arguments
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What differs between the examples: the task's data, starting checkpoint and segmenter.
+    """What differs between the tasks besides the training settings (those, the step segmenter included, come from
+    ``VinePPOConfig.from_paper(task)``).
 
     Args:
-        name: task name used in messages and the default output directory (``"MATH"``, ``"GSM8K"``).
+        name: task name used in messages (``"MATH"``, ``"GSM8K"``).
         model_name_or_path: the official SFT checkpoint RL starts from.
         dataset_name, dataset_config, dataset_train_split: training problems on the Hub.
         eval_dataset_name, eval_dataset_config, eval_dataset_split: evaluation problems on the Hub.
         problem_column: dataset column holding the problem text.
         gold_columns: columns the verifier grades against (the first present is used by the verifier; every
             present one is kept).
-        step_segmenter: ``VinePPOConfig.step_segmenter`` for the task (``"math"`` or ``"gsm8k"``).
-        ppo_iterations: the paper's number of PPO iterations (Table 1 "# Train Steps": one iteration = one
-            generation batch of 512 episodes).
+        verifier: builds the reward function that grades a response against the gold answer.
     """
 
     name: str
@@ -72,8 +78,42 @@ class TaskSpec:
     eval_dataset_split: str
     problem_column: str
     gold_columns: tuple[str, ...]
-    step_segmenter: str
-    ppo_iterations: int
+    verifier: Callable[[], Any]
+
+
+#: The paper's tasks, by ``--task`` name (the names ``VinePPOConfig.from_paper`` takes).
+TASKS: dict[str, TaskSpec] = {
+    # MATH train (7,500 problems; the paper trained on the 11,500 of the PRM800K split, pass them with
+    # --train_file), evaluated on MATH-500 (the paper's test set). Graded on the last \boxed{} (math-verify).
+    "math": TaskSpec(
+        name="MATH",
+        model_name_or_path="realtreetune/rho-1b-sft-MATH",
+        dataset_name="DigitalLearningGmbH/MATH-lighteval",
+        dataset_config=None,
+        dataset_train_split="train",
+        eval_dataset_name="HuggingFaceH4/MATH-500",
+        eval_dataset_config=None,
+        eval_dataset_split="test",
+        problem_column="problem",
+        gold_columns=("answer", "solution"),  # the final answer, and/or a solution whose last \boxed{} is it
+        verifier=MathVerifier,
+    ),
+    # GSM8K train (7,473 problems; the paper held 373 out for validation) and test (1,319, the paper's test set).
+    # Graded on the number after the last "####".
+    "gsm8k": TaskSpec(
+        name="GSM8K",
+        model_name_or_path="realtreetune/rho-1b-sft-GSM8K",
+        dataset_name="openai/gsm8k",
+        dataset_config="main",
+        dataset_train_split="train",
+        eval_dataset_name="openai/gsm8k",
+        eval_dataset_config="main",
+        eval_dataset_split="test",
+        problem_column="question",
+        gold_columns=("answer",),  # a reference solution ending in "#### N", or the bare number
+        verifier=GSM8KVerifier,
+    ),
+}
 
 
 @dataclass
@@ -81,6 +121,14 @@ class ExampleArguments:
     """Data and evaluation settings of the examples (training settings are :class:`mcadvantage.VinePPOConfig`
     flags, model settings ``trl.ModelConfig`` flags)."""
 
+    task: str = field(
+        default="math",
+        metadata={
+            "help": "The paper's task: 'math' or 'gsm8k'. Picks the checkpoint, data and verifier, and the defaults "
+            "of every training flag (VinePPOConfig.from_paper(task)).",
+            "choices": sorted(TASKS),
+        },
+    )
     dataset_name: str | None = field(
         default=None, metadata={"help": "Hub dataset with the training problems (ignored with --train_file)."}
     )
@@ -130,18 +178,19 @@ class ExampleArguments:
             "max_completion_length, so every response fits."
         },
     )
-    minibatch_size: int = field(
-        default=64,
+    minibatch_size: int | None = field(
+        default=None,
         metadata={
-            "help": "Episodes per optimizer step (paper: 64). gradient_accumulation_steps is derived from it "
-            "(minibatch_size / (per_device_train_batch_size x processes)); 0 uses --gradient_accumulation_steps."
+            "help": "Episodes per optimizer step (default: the paper's). gradient_accumulation_steps is derived "
+            "from it (minibatch_size / (per_device_train_batch_size x processes)); 0 uses "
+            "--gradient_accumulation_steps."
         },
     )
-    ppo_iterations: int = field(
-        default=1000,
+    ppo_iterations: int | None = field(
+        default=None,
         metadata={
-            "help": "PPO iterations (generation batches) to train for when --max_steps is not set (paper: 1000 on "
-            "MATH, 650 on GSM8K). max_steps = ppo_iterations x generation_batch_size / minibatch x num_iterations."
+            "help": "PPO iterations (generation batches) to train for when --max_steps is not set (default: the "
+            "paper's for --task). max_steps = ppo_iterations x generation_batch_size / minibatch x num_iterations."
         },
     )
     run_pass_at_1: bool = field(
@@ -187,45 +236,50 @@ class ExampleArguments:
     )
 
 
-def paper_defaults(task: TaskSpec) -> dict[str, Any]:
-    """The example's defaults: the paper's Table 1 settings plus the task's checkpoint, data and segmenter.
+class _Recorded(VinePPOConfig):
+    """``from_paper`` builds ``cls(**fields)``; on this class it returns those fields instead of a config. A real
+    config would set up the devices (and the process group under ``accelerate launch``) before the command line
+    is parsed, with the defaults of ``--ddp_timeout`` and the like instead of the flags given."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def paper_settings(task: str) -> dict[str, Any]:
+    """The settings ``VinePPOConfig.from_paper(task)`` sets (the paper's Table 1 and the official code's Monte
+    Carlo choices), with its batch geometry as the examples state it: ``minibatch_size`` (episodes per optimizer
+    step) and ``ppo_iterations`` instead of ``gradient_accumulation_steps`` and ``max_steps``, which
+    :func:`parse_args` derives for the real per-device batch and number of processes.
+    """
+    # One process with one episode per device: from_paper's accumulation is then the minibatch in episodes.
+    with mock.patch.dict(os.environ, {"WORLD_SIZE": "1"}):
+        fields = vars(_Recorded.from_paper(task, output_dir="unused", per_device_train_batch_size=1))
+    for name in ("output_dir", "per_device_train_batch_size"):
+        fields.pop(name)
+    minibatch = fields.pop("gradient_accumulation_steps")
+    steps_per_iteration = fields["generation_batch_size"] // minibatch * fields["num_iterations"]
+    iterations = fields.pop("max_steps") // steps_per_iteration
+    return {**fields, "minibatch_size": minibatch, "ppo_iterations": iterations}
+
+
+def paper_defaults(task: str) -> dict[str, Any]:
+    """The example's defaults for ``--task``: :func:`paper_settings`, the task's checkpoint and data, and vLLM
+    colocated in the training processes (``--vllm_mode server`` for a separate server).
 
     Applied as parser defaults, so a ``--config`` YAML file and command-line flags override them.
     """
+    spec = TASKS[task]
     return {
-        # model and data
-        "model_name_or_path": task.model_name_or_path,
-        "dataset_name": task.dataset_name,
-        "dataset_config": task.dataset_config,
-        "dataset_train_split": task.dataset_train_split,
-        "eval_dataset_name": task.eval_dataset_name,
-        "eval_dataset_config": task.eval_dataset_config,
-        "eval_dataset_split": task.eval_dataset_split,
-        "problem_column": task.problem_column,
-        "output_dir": f"outputs/vineppo-{task.model_name_or_path.rstrip('/').split('/')[-1]}",
-        # VinePPO
-        "step_segmenter": task.step_segmenter,
-        "num_mc_rollouts": 9,
-        "ppo_iterations": task.ppo_iterations,
-        # Table 1 (the VinePPOConfig defaults already match most of them; stated here so the examples do not
-        # change behaviour if a library default moves)
-        "learning_rate": 1e-6,
-        "adam_beta1": 0.9,
-        "adam_beta2": 0.999,
-        "weight_decay": 0.0,
-        "max_grad_norm": 1.0,
-        "lr_scheduler_type": "polynomial",
-        "warmup_steps": 0.03,  # a float < 1 is a fraction of the training steps in transformers
-        "num_generations": 8,  # responses per prompt
-        "generation_batch_size": 512,  # episodes per PPO iteration = 64 prompts x 8 responses
-        "minibatch_size": 64,
-        "num_iterations": 2,  # inner PPO epochs
-        "temperature": 0.6,
-        "top_p": 0.9,  # official code
-        "max_completion_length": 1024,
-        "beta": 1e-4,
-        "epsilon": 0.2,
-        # engine: vLLM in the training processes; --vllm_mode server for a separate server
+        **paper_settings(task),
+        "model_name_or_path": spec.model_name_or_path,
+        "dataset_name": spec.dataset_name,
+        "dataset_config": spec.dataset_config,
+        "dataset_train_split": spec.dataset_train_split,
+        "eval_dataset_name": spec.eval_dataset_name,
+        "eval_dataset_config": spec.eval_dataset_config,
+        "eval_dataset_split": spec.eval_dataset_split,
+        "problem_column": spec.problem_column,
+        "output_dir": f"outputs/vineppo-{spec.model_name_or_path.rstrip('/').split('/')[-1]}",
         "use_vllm": True,
         "vllm_mode": "colocate",
         "logging_steps": 1,
@@ -233,23 +287,40 @@ def paper_defaults(task: TaskSpec) -> dict[str, Any]:
 
 
 def make_parser() -> TrlParser:
-    """The examples' parser: ``ExampleArguments``, ``VinePPOConfig`` and ``trl.ModelConfig`` flags."""
+    """The example's parser: ``ExampleArguments``, ``VinePPOConfig`` and ``trl.ModelConfig`` flags."""
     return TrlParser((ExampleArguments, VinePPOConfig, ModelConfig))
 
 
-def parse_args(
-    task: TaskSpec, argv: Sequence[str] | None = None
-) -> tuple[ExampleArguments, VinePPOConfig, ModelConfig]:
-    """Parse ``argv`` (default: ``sys.argv[1:]``) over the paper's defaults for ``task``.
+def requested_task(argv: Sequence[str]) -> str:
+    """``--task`` from the command line, else ``task:`` in the ``--config`` file, else ``"math"``: the defaults of
+    the other flags depend on it, so it is read before them."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--task")
+    early.add_argument("--config")
+    known, _ = early.parse_known_args(list(argv))
+    task = known.task
+    if task is None and known.config is not None:
+        import yaml
+
+        with open(known.config) as file:
+            recipe = yaml.safe_load(file)
+        task = recipe.get("task") if isinstance(recipe, dict) else None
+    task = "math" if task is None else str(task)
+    if task not in TASKS:
+        raise ValueError(f"task={task!r} is not one of the paper's tasks. Use --task {' or '.join(TASKS)}.")
+    return task
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[ExampleArguments, VinePPOConfig, ModelConfig]:
+    """Parse ``argv`` (default: ``sys.argv[1:]``) over the paper's defaults for its ``--task``.
 
     Also derives ``gradient_accumulation_steps`` from ``--minibatch_size`` and ``max_steps`` from
     ``--ppo_iterations`` (unless ``--max_steps`` is given), and checks the evaluation settings.
     """
+    argv = list(argv) if argv is not None else sys.argv[1:]
     parser = make_parser()
-    parser.set_defaults_with_config(**paper_defaults(task))
-    script_args, training_args, model_args = parser.parse_args_and_config(
-        args=list(argv) if argv is not None else None
-    )
+    parser.set_defaults_with_config(**paper_defaults(requested_task(argv)))
+    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     _resolve_batch_geometry(script_args, training_args)
     _check_example_args(script_args, training_args)
     return script_args, training_args, model_args

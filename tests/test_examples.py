@@ -1,9 +1,9 @@
-"""The paper-scale examples (``examples/vineppo_math.py``, ``examples/vineppo_gsm8k.py``) and their accelerate
-configs.
+"""The paper-scale example (``examples/vineppo.py --task math|gsm8k``) and its accelerate configs.
 
-Their arguments are parsed in-process (the defaults must be the paper's settings), their data loading is checked
-on small inputs, and each example runs end to end for one training step and its Pass@1 evaluation on a tiny
-offline model on CPU, in a subprocess (slow), so the examples cannot rot. The evaluation itself is tested in
+Its arguments are parsed in-process (the defaults must be the paper's settings, from
+``VinePPOConfig.from_paper``), its data loading is checked on small inputs, and each task runs end to end for one
+training step and its Pass@1 evaluation on a tiny offline model on CPU, in a subprocess (slow), so the example
+cannot rot. The evaluation itself is tested in
 tests/test_evaluation.py.
 """
 
@@ -30,23 +30,18 @@ EXAMPLES = ROOT / "examples"
 CONFIGS = EXAMPLES / "accelerate_configs"
 
 
-def _load_example(name: str):
-    """Import ``examples/vineppo_<name>.py`` as a module (it imports the examples' ``_common`` as a script does,
-    from its own folder)."""
-    spec = importlib.util.spec_from_file_location(f"vineppo_{name}", EXAMPLES / f"vineppo_{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def examples():
-    # A script's folder is first on sys.path when Python runs it; the same here for the import of _common.
+    """``examples/vineppo.py`` and its ``_common``, imported as the script imports them (a script's folder is
+    first on sys.path when Python runs it)."""
     sys.path.insert(0, str(EXAMPLES))
     try:
         import _common
 
-        yield SimpleNamespace(math=_load_example("math"), gsm8k=_load_example("gsm8k"), common=_common)
+        spec = importlib.util.spec_from_file_location("vineppo_example", EXAMPLES / "vineppo.py")
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        yield SimpleNamespace(script=script, common=_common)
     finally:
         sys.path.remove(str(EXAMPLES))
 
@@ -55,21 +50,22 @@ def test_no_example_shadows_a_standard_library_module():
     """Python puts a script's folder first on sys.path, so an example named like a standard library module
     (the old ``math.py``) would replace that module for everything the script imports."""
     names = {p.stem for p in EXAMPLES.glob("*.py")}
-    assert {"vineppo_math", "vineppo_gsm8k", "_common"} <= names
+    assert names == {"vineppo", "_common"}  # one script for both tasks
     assert not names & set(sys.stdlib_module_names)
     for path in EXAMPLES.glob("*.py"):
         assert "sys.path" not in path.read_text(encoding="utf-8"), f"{path.name} edits sys.path"
 
 
 def _parse(examples, name: str, tmp_path, *extra: str):
-    module = getattr(examples, name)
-    return examples.common.parse_args(module.TASK, ["--output_dir", str(tmp_path / "out"), *extra])
+    return examples.common.parse_args(["--task", name, "--output_dir", str(tmp_path / "out"), *extra])
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Arguments
 # --------------------------------------------------------------------------------------------------------------
 
+# The paper's Table 1 and the official code's Monte Carlo choices (VinePPOConfig.from_paper), and the examples'
+# engine: vLLM colocated in the training processes.
 PAPER = {
     "num_mc_rollouts": 9,
     "temperature": 0.6,
@@ -86,29 +82,36 @@ PAPER = {
     "num_generations": 8,
     "generation_batch_size": 512,
     "max_completion_length": 1024,
+    "advantage_estimator": "vineppo",
+    "mc_rollout_budget": "fixed",
+    "mc_fixed_rollout_budget": 1024,
+    "mc_truncated_reward": 0.0,
+    "truncated_completion_reward": 0.0,
     "use_vllm": True,
     "vllm_mode": "colocate",
 }
 
 
 @pytest.mark.parametrize(
-    "name, model, segmenter, iterations, problem_column",
+    "name, model, iterations, problem_column, cap",
     [
-        ("math", "realtreetune/rho-1b-sft-MATH", "math", 1000, "problem"),
-        ("gsm8k", "realtreetune/rho-1b-sft-GSM8K", "gsm8k", 650, "question"),
+        ("math", "realtreetune/rho-1b-sft-MATH", 1000, "problem", (None, "merge")),
+        # GSM8K: the official code estimated 26 states (S_0..S_25) and gave later steps advantage 0.
+        ("gsm8k", "realtreetune/rho-1b-sft-GSM8K", 650, "question", (26, "zero")),
     ],
 )
-def test_defaults_are_the_papers_setup(
-    examples, tmp_path, name, model, segmenter, iterations, problem_column
-):
+def test_defaults_are_the_papers_setup(examples, tmp_path, name, model, iterations, problem_column, cap):
     script, args, model_args = _parse(examples, name, tmp_path)
+    assert script.task == name
     for field_name, value in PAPER.items():
         assert getattr(args, field_name) == value, field_name
     assert getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type) == "polynomial"
-    assert args.step_segmenter == segmenter
+    assert args.step_segmenter == name
+    assert (args.mc_max_estimated_steps, args.mc_steps_after_cap) == cap
     assert model_args.model_name_or_path == model
     assert script.problem_column == problem_column
     # 64 prompts x 8 responses per iteration, minibatch 64: 8 optimizer steps per epoch, 2 epochs.
+    assert (script.minibatch_size, script.ppo_iterations) == (64, iterations)
     minibatch = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
     assert minibatch == 64
     assert args.max_steps == iterations * (512 // 64) * 2
@@ -128,6 +131,41 @@ def test_defaults_are_the_papers_setup(
     assert script.run_pass_at_1 is True
     # Hub data by default.
     assert script.dataset_name and script.eval_dataset_name and script.train_file is None
+
+
+@pytest.mark.parametrize("name", ["math", "gsm8k"])
+def test_defaults_are_from_paper(examples, tmp_path, name):
+    """The paper's settings are stated once, in the library: every field VinePPOConfig.from_paper sets is the
+    example's default, and the example's geometry gives from_paper's on the same per-device batch and processes."""
+    from mcadvantage import VinePPOConfig
+
+    _, args, _ = _parse(examples, name, tmp_path)
+    paper = VinePPOConfig.from_paper(name, output_dir=str(tmp_path / "paper"))
+    settings = examples.common.paper_settings(name)
+    assert {"minibatch_size", "ppo_iterations", "mc_rollout_budget", "step_segmenter"} <= settings.keys()
+    for field_name in settings.keys() - {"minibatch_size", "ppo_iterations"}:
+        assert getattr(args, field_name) == getattr(paper, field_name), field_name
+    for field_name in ("gradient_accumulation_steps", "max_steps", "steps_per_generation"):
+        assert getattr(args, field_name) == getattr(paper, field_name), field_name
+
+
+def test_task_comes_from_the_command_line_or_the_config_file(examples, tmp_path):
+    common = examples.common
+    assert common.requested_task([]) == "math"
+    assert common.requested_task(["--task=gsm8k"]) == "gsm8k"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("task: gsm8k\nnum_mc_rollouts: 5\n")
+    script, args, _ = common.parse_args(["--config", str(recipe), "--output_dir", str(tmp_path / "out")])
+    assert (script.task, args.step_segmenter, args.mc_max_estimated_steps, args.num_mc_rollouts) == (
+        "gsm8k",
+        "gsm8k",
+        26,
+        5,
+    )
+    script, args, _ = _parse(examples, "math", tmp_path, "--config", str(recipe))  # the command line wins
+    assert (script.task, args.step_segmenter, args.mc_max_estimated_steps) == ("math", "math", None)
+    with pytest.raises(ValueError, match=re.escape("task='aime' is not one of the paper's tasks")):
+        common.requested_task(["--task", "aime"])
 
 
 def test_command_line_and_config_file_override_the_defaults(examples, tmp_path):
@@ -254,7 +292,9 @@ def test_local_problems_are_formatted_and_long_prompts_dropped(examples, tmp_pat
     script, _, _ = _parse(
         examples, "gsm8k", tmp_path, "--train_file", str(_write_jsonl(tmp_path / "t.jsonl", rows))
     )
-    dataset = examples.common.load_problems(task=examples.gsm8k.TASK, script_args=script, split="train")
+    dataset = examples.common.load_problems(
+        task=examples.common.TASKS["gsm8k"], script_args=script, split="train"
+    )
     assert sorted(dataset.column_names) == ["answer", "prompt"]  # unused columns are dropped
     assert dataset[0]["prompt"] == "[MATH_TASK] Problem:\nWhat is 2+2?\n\nSolution:"
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -264,7 +304,9 @@ def test_local_problems_are_formatted_and_long_prompts_dropped(examples, tmp_pat
 
 def test_prompt_limit_leaves_room_for_a_response_as_the_trainer_checks(examples, tmp_path, tiny_model_dir):
     """The examples drop prompts longer than the model's context minus the response room: the tiny model has 512
-    positions, so 512 - 16 by default, 512 - 100 with a fixed 100-token rollout budget, and vLLM's context caps it."""
+    positions, so 512 - 1024 with the paper's fixed 1024-token rollout budget (no prompt fits), 512 - 16 with a
+    16-token budget or budgets from max_completion_length, 512 - 100 with a 100-token budget, and vLLM's context
+    caps it."""
     common = examples.common
     base = [
         "--model_name_or_path",
@@ -278,8 +320,11 @@ def test_prompt_limit_leaves_room_for_a_response_as_the_trainer_checks(examples,
     def limit(*extra: str) -> int | None:
         return common.prompt_token_limit(*_parse(examples, "gsm8k", tmp_path, *base, *extra))
 
-    assert limit() == 512 - 16
-    assert limit("--mc_rollout_budget", "fixed", "--mc_fixed_rollout_budget", "100") == 512 - 100
+    assert limit() == 512 - 1024
+    assert limit("--mc_rollout_budget", "remaining", "--mc_fixed_rollout_budget", "None") == 512 - 16
+    assert limit("--mc_fixed_rollout_budget", "16") == 512 - 16
+    assert limit("--mc_fixed_rollout_budget", "100") == 512 - 100
+    base += ["--mc_fixed_rollout_budget", "16"]
     assert limit("--use_vllm", "true", "--vllm_max_model_length", "128") == 128 - 16
     assert limit("--max_prompt_length", "7") == 7
 
@@ -288,12 +333,12 @@ def test_local_problems_without_the_needed_columns_are_refused(examples, tmp_pat
     path = _write_jsonl(tmp_path / "t.jsonl", [{"problem": "1+1?", "gold": "2"}])
     script, _, _ = _parse(examples, "math", tmp_path, "--eval_file", str(path))
     with pytest.raises(ValueError, match=r"none of the gold answer columns \['answer', 'solution'\]"):
-        examples.common.load_problems(task=examples.math.TASK, script_args=script, split="eval")
+        examples.common.load_problems(task=examples.common.TASKS["math"], script_args=script, split="eval")
     script, _, _ = _parse(
         examples, "math", tmp_path, "--eval_file", str(path), "--problem_column", "question"
     )
     with pytest.raises(ValueError, match="--problem_column"):
-        examples.common.load_problems(task=examples.math.TASK, script_args=script, split="eval")
+        examples.common.load_problems(task=examples.common.TASKS["math"], script_args=script, split="eval")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -375,7 +420,7 @@ def test_readme_commands_point_at_files_that_exist():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# End to end: one training step of each example on a tiny offline model (CPU)
+# End to end: one training step of each task on a tiny offline model (CPU)
 # --------------------------------------------------------------------------------------------------------------
 
 TINY_RUN = [
@@ -390,6 +435,7 @@ TINY_RUN = [
     "--minibatch_size", "4",
     "--num_mc_rollouts", "2",
     "--max_completion_length", "16",
+    "--mc_fixed_rollout_budget", "16",  # the paper's fixed budget (1024) does not fit the tiny model's context
     "--max_steps", "1",
     "--warmup_steps", "0",
     "--logging_steps", "1",
@@ -417,7 +463,7 @@ TASK_ROWS = {
 def test_example_trains_one_step_and_evaluates(tmp_path, tiny_model_dir, name, launcher):
     data = _write_jsonl(tmp_path / f"{name}.jsonl", TASK_ROWS[name])
     out = tmp_path / "out"
-    script = str(EXAMPLES / f"vineppo_{name}.py")
+    script = str(EXAMPLES / "vineppo.py")
     if launcher == "accelerate":
         # The shipped single-GPU config, forced onto the CPU.
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
@@ -425,6 +471,7 @@ def test_example_trains_one_step_and_evaluates(tmp_path, tiny_model_dir, name, l
     else:
         command = [sys.executable, script, "--use_cpu", "true"]
     command += [
+        "--task", name,
         "--model_name_or_path", str(tiny_model_dir),
         "--train_file", str(data),
         "--eval_file", str(data),

@@ -1,18 +1,20 @@
-"""VinePPO on GSM8K, as in the paper (Kazemnejad et al., arXiv 2410.01679): RhoMath 1.1B SFT checkpoint, K = 9
-Monte Carlo rollouts per step, Table 1 hyperparameters, Pass@1 at temperature 0.35 over 16 samples.
+"""VinePPO on MATH or GSM8K, as in the paper (Kazemnejad et al., arXiv 2410.01679): the RhoMath 1.1B SFT
+checkpoint, ``VinePPOConfig.from_paper(task)`` (Table 1, K = 9 Monte Carlo rollouts per step, the official code's
+rollout budget and truncation rewards), Pass@1 at temperature 0.35 over 16 samples.
 
-    accelerate launch --config_file examples/accelerate_configs/single_gpu.yaml examples/vineppo_gsm8k.py
-    accelerate launch --config_file examples/accelerate_configs/multi_gpu_zero2.yaml examples/vineppo_gsm8k.py \\
-        --model_name_or_path realtreetune/deepseekmath-7b-sft-GSM8K
+    accelerate launch --config_file examples/accelerate_configs/single_gpu.yaml examples/vineppo.py --task math
+    accelerate launch --config_file examples/accelerate_configs/multi_gpu_zero2.yaml examples/vineppo.py \\
+        --task gsm8k --model_name_or_path realtreetune/deepseekmath-7b-sft-GSM8K
 
 Every ``mcadvantage.VinePPOConfig`` / ``trl.GRPOConfig`` field is a flag (``--num_mc_rollouts 3``,
 ``--vllm_mode server``, ...), as are ``trl.ModelConfig``'s and the data/evaluation flags of
 ``examples/_common.py`` (``--train_file``, ``--eval_file``, ``--pass_at_1_samples``, ...); ``--config
 recipe.yaml`` sets any of them from a file. See examples/README.md.
 
-Data: GSM8K train (7,473 problems; the paper held 373 out for validation) and test (1,319 problems, the
-paper's test set). Steps are one per line, the final ``#### N`` line joining the last step ("gsm8k"
-segmenter, paper Appendix B); answers are graded by ``GSM8KVerifier`` (the number after the last ``####``).
+Data (``TASKS`` in ``examples/_common.py``): MATH train and MATH-500, or GSM8K train and test, from the Hub unless
+``--train_file`` / ``--eval_file`` give local JSONL files. Steps are cut with the task's segmenter (paper
+Appendix B); answers are graded by ``MathVerifier`` (last \\boxed{}, math-verify equivalence) or
+``GSM8KVerifier`` (the number after the last ``####``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from _common import (
-    TaskSpec,
+    TASKS,
     eval_source,
     load_problems,
     logger,
@@ -32,21 +34,6 @@ from _common import (
     setup_logging,
 )
 
-TASK = TaskSpec(
-    name="GSM8K",
-    model_name_or_path="realtreetune/rho-1b-sft-GSM8K",
-    dataset_name="openai/gsm8k",
-    dataset_config="main",
-    dataset_train_split="train",
-    eval_dataset_name="openai/gsm8k",
-    eval_dataset_config="main",
-    eval_dataset_split="test",
-    problem_column="question",
-    gold_columns=("answer",),  # a reference solution ending in "#### N", or the bare number
-    step_segmenter="gsm8k",
-    ppo_iterations=650,  # Table 1: 650 PPO iterations on GSM8K
-)
-
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train VinePPO from the SFT checkpoint, save it, and measure Pass@1 (or, with ``--evaluate_only``, only
@@ -54,25 +41,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from transformers import AutoTokenizer
     from trl import get_peft_config, get_quantization_config
 
-    from mcadvantage import GSM8KVerifier, VinePPOTrainer, evaluate_checkpoint, evaluate_pass_at_1
+    from mcadvantage import VinePPOTrainer, evaluate_checkpoint, evaluate_pass_at_1
     from mcadvantage.data import filter_long_prompts
 
-    # Arguments: the paper's settings as defaults; --config recipe.yaml and flags override them.
-    script_args, training_args, model_args = parse_args(TASK, argv)
+    # Arguments: the paper's settings for --task as defaults; --config recipe.yaml and flags override them.
+    script_args, training_args, model_args = parse_args(argv)
     setup_logging(training_args)
+    task = TASKS[script_args.task]
     model_path, output_dir = model_args.model_name_or_path, training_args.output_dir
-    verifier = GSM8KVerifier()
+    verifier = task.verifier()
     settings = pass_at_1_settings(script_args, training_args)
     source = eval_source(script_args)
-    summary: dict[str, Any] = {"task": TASK.name, "model": model_path, "output_dir": output_dir}
+    summary: dict[str, Any] = {"task": task.name, "model": model_path, "output_dir": output_dir}
 
     if script_args.evaluate_only:  # Pass@1 of the checkpoint alone, in this process (e.g. the SFT model)
         if training_args.world_size > 1:
             raise ValueError(
-                "--evaluate_only runs in one process; launch it with `python examples/...`, not with several "
-                "accelerate processes (use tensor/data parallel vLLM settings for a large model instead)."
+                "--evaluate_only runs in one process; launch it with `python examples/vineppo.py`, not with "
+                "several accelerate processes (use tensor/data parallel vLLM settings for a large model instead)."
             )
-        eval_dataset = load_problems(task=TASK, script_args=script_args, split="eval")
+        eval_dataset = load_problems(task=task, script_args=script_args, split="eval")
         result = evaluate_checkpoint(
             model_path,
             eval_dataset,
@@ -95,13 +83,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
     )
     with training_args.main_process_first(desc="loading the problems"):
-        train_dataset = load_problems(task=TASK, script_args=script_args, split="train")
+        train_dataset = load_problems(task=task, script_args=script_args, split="train")
         max_prompt = prompt_token_limit(script_args, training_args, model_args)
         if max_prompt is not None:
             train_dataset = filter_long_prompts(train_dataset, tokenizer, max_prompt)
         need_eval = script_args.run_pass_at_1 or script_args.pass_at_1_before_training
         need_eval = need_eval or training_args.eval_strategy != "no"
-        eval_dataset = load_problems(task=TASK, script_args=script_args, split="eval") if need_eval else None
+        eval_dataset = load_problems(task=task, script_args=script_args, split="eval") if need_eval else None
 
     # Trainer: GRPOTrainer with Monte Carlo step advantages (vLLM colocated by default).
     training_args.model_init_kwargs = {

@@ -807,14 +807,8 @@ def test_scale_rewards_left_unset_resolves_per_estimator(estimator, resolved):
     assert build(estimator).scale_rewards == resolved
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="VinePPOConfig validates the Monte Carlo settings (validate_mc_settings in config._validate_settings) "
-    "under every estimator, so GRPO's max_completion_length=None is refused under 'grpo'/'rloo' with a message "
-    "about mc_rollout_budget, a setting the baselines ignore (docs: 'The Monte Carlo settings are ignored by the "
-    "baselines').",
-)
+# The Monte Carlo settings are validated by the estimator that uses them, so the baselines accept GRPO's
+# max_completion_length=None.
 @pytest.mark.parametrize("estimator", ["grpo", "rloo"])
 def test_baselines_accept_grpo_max_completion_length_none(estimator):
     assert build(estimator, max_completion_length=None).max_completion_length is None

@@ -15,8 +15,6 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from .settings import validate_mc_settings
-
 
 def _bf16_available() -> bool:
     """True when a CUDA device with native bfloat16 support is visible (the only case where ``bf16=None``
@@ -252,16 +250,6 @@ class VinePPOConfig(GRPOConfig):
 
     def _validate_settings(self, estimator_cls: type) -> None:
         """Reject Monte Carlo settings that are invalid or contradict each other, naming the field and fix."""
-        validate_mc_settings(
-            num_rollouts=self.num_mc_rollouts,
-            rollout_budget=self.mc_rollout_budget,
-            fixed_rollout_budget=self.mc_fixed_rollout_budget,
-            max_completion_length=self.max_completion_length,
-            max_estimated_steps=self.mc_max_estimated_steps,
-            truncated_reward=self.mc_truncated_reward,
-            steps_after_cap=self.mc_steps_after_cap,
-            names="config",
-        )
         if self.truncated_completion_reward is not None and not math.isfinite(
             self.truncated_completion_reward
         ):

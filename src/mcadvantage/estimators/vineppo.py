@@ -18,7 +18,7 @@ import torch
 from ..data import check_prompt_fits
 from ..estimator import MCEstimate, MCValueEstimator, Trajectory
 from ..segmenters import get_segmenter, segment_completion
-from ..settings import needed_completion_room
+from ..settings import needed_completion_room, validate_mc_settings
 from .base import AdvantageBatch, AdvantageResult, EstimatorContext, register_advantage_estimator
 
 __all__ = ["VinePPOEstimator"]
@@ -92,7 +92,18 @@ class VinePPOEstimator:
 
     @staticmethod
     def validate_config(config: Any) -> None:
-        """Refuse GRPO settings that VinePPO would silently ignore or contradict."""
+        """Refuse invalid Monte Carlo settings, and GRPO settings that VinePPO would silently ignore or
+        contradict."""
+        validate_mc_settings(
+            num_rollouts=config.num_mc_rollouts,
+            rollout_budget=config.mc_rollout_budget,
+            fixed_rollout_budget=config.mc_fixed_rollout_budget,
+            max_completion_length=config.max_completion_length,
+            max_estimated_steps=config.mc_max_estimated_steps,
+            truncated_reward=config.mc_truncated_reward,
+            steps_after_cap=config.mc_steps_after_cap,
+            names="config",
+        )
         if config.scale_rewards != "none":
             raise ValueError(
                 f"scale_rewards={config.scale_rewards!r} contradicts VinePPO: it scales GRPO's group advantages, "

@@ -177,8 +177,8 @@ def _inputs():
     return [dict(r) for r in rows for _ in range(4)]
 
 
-def _generate_and_score(trainer, seed):
-    trainer.model.train()
+def _generate_and_score(trainer, seed, training=True):
+    trainer.model.train(training)
     torch.manual_seed(seed)
     return trainer._generate_and_score_completions(_inputs())
 
@@ -244,6 +244,33 @@ def test_rloo_estimator_equals_trl_rloo(tiny_model_dir, tmp_path):
     expected = want["advantages"].unsqueeze(1).expand_as(mask)
     assert torch.allclose(got["advantages"][mask], expected[mask], atol=1e-6, rtol=0)
     assert not torch.equal(want["advantages"], torch.zeros_like(want["advantages"]))
+
+
+def test_grpo_estimator_equals_trl_grpo_on_evaluation_batches(tiny_model_dir, tmp_path):
+    # Reward-only estimators are cheap, so evaluation batches get advantages (and an eval loss) as in TRL.
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    funcs = [vowel_share, length_or_none]
+    ref = GRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=funcs,
+        args=GRPOConfig(**_common(tmp_path / "g")),
+        train_dataset=_dataset(),
+    )
+    ours = VinePPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=funcs,
+        args=VinePPOConfig(**_common(tmp_path / "v", advantage_estimator="grpo")),
+        train_dataset=_dataset(),
+    )
+    want, got = _generate_and_score(ref, 5, training=False), _generate_and_score(ours, 5, training=False)
+    assert torch.equal(want["completion_ids"], got["completion_ids"])
+    mask = got["completion_mask"].bool()
+    expected = want["advantages"].unsqueeze(1).expand_as(mask)
+    assert torch.allclose(got["advantages"][mask], expected[mask], atol=1e-6, rtol=0)
+    assert got["advantages"][mask].abs().sum() > 0
 
 
 @pytest.mark.slow

@@ -242,7 +242,9 @@ class VinePPOTrainer(GRPOTrainerHooks):
         """Per-token advantages ``(B, T)`` of the local batch from the estimator, whitened across processes when
         ``whiten_advantages``. Collective: every process calls it."""
         mask = batch.completion_mask
-        if batch.mode == "eval" and not self.args.mc_estimate_on_eval:
+        samples = getattr(self.advantage_estimator, "uses_rollouts", True)
+        if batch.mode == "eval" and samples and not self.args.mc_estimate_on_eval:
+            # Rollouts on evaluation batches multiply the cost of evaluation: off unless asked for.
             return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         result = self.advantage_estimator.estimate(batch, self.estimator_context())
         self.last_advantage_result = result

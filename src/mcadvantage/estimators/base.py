@@ -230,6 +230,10 @@ class AdvantageEstimator(Protocol):
         whiten_by_default: whether the trainer whitens this estimator's advantages when
             ``whiten_advantages`` is left unset (VinePPO: yes, as the paper; GRPO/RLOO: no, their own
             normalisation is part of the estimator).
+
+    Optional class attributes the trainer reads: ``metric_prefix`` (default ``"advantage"``), ``uses_rollouts``
+    (default True: evaluation batches then skip the estimator unless ``mc_estimate_on_eval``),
+    ``validate_config(config)`` and ``default_scale_rewards``.
     """
 
     whiten_by_default: bool

@@ -124,6 +124,7 @@ class GRPOEstimator:
     """
 
     whiten_by_default = False
+    uses_rollouts = False  # cheap: evaluation batches get their advantages too, as in TRL
     #: ``VinePPOConfig.scale_rewards`` when left unset: GRPO's own default.
     default_scale_rewards = "group"
 
@@ -168,6 +169,7 @@ class RLOOEstimator:
     ``normalize_advantages=False``; set ``whiten_advantages=True`` to normalise, token-weighted)."""
 
     whiten_by_default = False
+    uses_rollouts = False  # cheap: evaluation batches get their advantages too, as in TRL
 
     @staticmethod
     def validate_config(config: Any) -> None:

@@ -55,6 +55,7 @@ class VinePPOEstimator:
 
     whiten_by_default = True
     metric_prefix = "mc"
+    uses_rollouts = True
 
     def __init__(
         self,

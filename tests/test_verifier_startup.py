@@ -333,12 +333,36 @@ def test_spawned_grading_children_do_not_rerun_any_main_module(tmp_path: Path):
 @pytest.mark.slow
 def test_interrupted_call_does_not_shift_later_answers(tmp_path: Path):
     # Ctrl-C while an answer is being graded: its late verdict must not become the answer to the next
-    # request (the grading process is in its own session, so Ctrl-C does not stop it too).
+    # request (the grading process is in its own session, so Ctrl-C does not stop it too). The grading is made
+    # slow on purpose (8 s for one marked answer, through a sitecustomize that every process of the test loads),
+    # so the interrupt at 1 s always lands during it, however fast the machine.
+    patch_dir = tmp_path / "slow_grading"
+    patch_dir.mkdir()
+    (patch_dir / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """\
+            import time
+
+            import mcadvantage.verifiers as _verifiers
+
+            _math_equal = _verifiers._math_equal
+
+
+            def _slow_math_equal(pred, gold):
+                if "10000000!" in pred:
+                    time.sleep(8.0)
+                return _math_equal(pred, gold)
+
+
+            _verifiers._math_equal = _slow_math_equal
+            """
+        )
+    )
     script = tmp_path / "interrupt.py"
     script.write_text(
         textwrap.dedent(
             """\
-            import signal, threading
+            import signal, threading, time
             from mcadvantage import MathVerifier
 
             v = MathVerifier(timeout_seconds=20.0, interrupt_in_child=False, cache_size=0)
@@ -346,17 +370,26 @@ def test_interrupted_call_does_not_shift_later_answers(tmp_path: Path):
             # A real SIGINT to the main thread, as Ctrl-C delivers it (it interrupts the blocking wait).
             main = threading.main_thread().ident
             threading.Timer(1.0, signal.pthread_kill, args=(main, signal.SIGINT)).start()
+            start = time.perf_counter()
             try:
                 v.is_equivalent("10000000!", "1")
-                print("NOT INTERRUPTED")
+                print("NOT INTERRUPTED after", round(time.perf_counter() - start, 1), "s")
             except KeyboardInterrupt:
                 print("INTERRUPTED")
             print("VERDICTS", [v.is_equivalent(p, g) for p, g in [("x+y", "y+x+1"), ("\\\\sqrt{8}", "2\\\\sqrt{2}")]])
             """
         )
     )
-    proc = _run([sys.executable, str(script)], tmp_path)
-    assert "INTERRUPTED" in proc.stdout.splitlines()
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(patch_dir), old) if p)
+    try:
+        proc = _run([sys.executable, str(script)], tmp_path)
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+    assert "INTERRUPTED" in proc.stdout.splitlines(), proc.stdout
     assert "VERDICTS [False, True]" in proc.stdout
 
 

@@ -365,6 +365,9 @@ def test_interrupted_call_does_not_shift_later_answers(tmp_path: Path):
             import signal, threading, time
             from mcadvantage import MathVerifier
 
+            # Python keeps SIGINT ignored when it starts with it ignored (e.g. under a background `nohup` job,
+            # as CI may run); a terminal user's Python raises KeyboardInterrupt, so restore that.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             v = MathVerifier(timeout_seconds=20.0, interrupt_in_child=False, cache_size=0)
             v.warmup()
             # A real SIGINT to the main thread, as Ctrl-C delivers it (it interrupts the blocking wait).

@@ -76,7 +76,7 @@ def supervised_warmup(
     def lr_factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        if step < decay_start:
+        if step < decay_start or decay_steps == 0:  # no decay phase asked for
             return 1.0
         return 1.0 - 0.9 * (step - decay_start + 1) / decay_steps
 

@@ -1,0 +1,501 @@
+"""Learning efficiency: GRPO, RLOO, VinePPO and more supervised steps, side by side from one warm-up per seed.
+
+    python benchmarks/learning_efficiency.py                       # task "demo", seeds 0 1 2, every arm
+    python benchmarks/learning_efficiency.py --task long --arms grpo vineppo_k4 sft
+    python benchmarks/learning_efficiency.py --report              # aggregate what is there, run nothing
+
+Protocol (docs/benchmarks/learning_efficiency.md, written before the runs): for each task and seed, one
+warm-up policy is trained with the demo's recipe (``mcadvantage.demo.arms.train_warmup_policy``) and saved;
+every arm starts from it, with the same RL prompts, the same trainer seed (so the same prompt order), the
+same batch layout, learning rate and temperature; only the advantage estimator differs
+(``mcadvantage.demo.arms``). Arms:
+
+- ``grpo``, ``rloo``, ``vineppo_k4``, ``vineppo_k9``: ``VinePPOTrainer`` with that estimator;
+- ``grpo_matched``: GRPO with as many prompts per step as make its sampled tokens per step match
+  ``vineppo_k4``'s in the same seed (VinePPO's sampling budget spent on more prompts instead);
+- ``sft``: more supervised steps on the warm-up's own demonstrations (what a user could do instead).
+
+Held-out greedy accuracy on the task's held-out problems (disjoint from every training prompt) is measured
+every ``--eval_every`` steps. Each (task, seed, arm) runs in its own process and appends its records to
+``<root>/<task>/seed<N>/<arm>.jsonl`` as they come; a finished arm writes ``<arm>.done.json`` and is never
+rerun, so an interrupted benchmark resumes where it stopped (an unfinished arm restarts from its warm-up).
+
+Writes ``benchmarks/results/learning_efficiency.json`` (``records``: ``{task, arm, seed, step, accuracy,
+sampled_tokens, train_seconds}``, ``summary`` per task and arm: mean and standard error across seeds, ratios
+to GRPO), ``benchmarks/results/learning_efficiency_<task>.png`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+# Task presets: DemoConfig overrides. Fixed before the runs (see the protocol document).
+TASKS: dict[str, dict[str, Any]] = {
+    # The demo task: 2-5 operations, 60% of the 4+ operation demonstrations forget the last operation.
+    "demo": {},
+    # Longer reasoning: 5-8 operations, the same flaw on 60% of all demonstrations (every problem has 5+).
+    "long": {"min_steps": 5, "max_steps": 8, "flawed_demo_min_steps": 5, "max_completion_length": 96},
+    # Smoke runs and tests only: the demo's --quick sizes (numbers meaningless).
+    "quick": {"quick": True},
+}
+DEFAULT_ARMS = ["grpo", "rloo", "vineppo_k4", "vineppo_k9", "grpo_matched", "sft"]
+SFT_STEPS = 400  # about GRPO's training wall time per seed on the demo task, measured on 2 cores
+SFT_LR = 3e-4  # where the warm-up's schedule ends (warmup_lr decayed to a tenth)
+
+
+def task_config(task: str, seed: int) -> Any:
+    from mcadvantage.demo.run import DemoConfig
+
+    if task not in TASKS:
+        raise SystemExit(f"--task must be one of {sorted(TASKS)}, got {task!r}.")
+    config = replace(DemoConfig(), seed=seed, **TASKS[task])
+    if config.quick:
+        config.apply_quick()
+    return config
+
+
+# ---- one arm, in its own process ------------------------------------------------------------------------------
+
+
+def _evaluator(config: Any, eval_set: list, tokenizer: Any):
+    from mcadvantage import GSM8KVerifier
+    from mcadvantage.demo.evaluation import evaluate_accuracy
+
+    verifier = GSM8KVerifier()
+
+    def evaluate(model: Any) -> float:
+        acc, _, _ = evaluate_accuracy(
+            model, tokenizer, eval_set, verifier.score, max_new_tokens=config.max_completion_length
+        )
+        return acc
+
+    return evaluate
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8")
+    os.replace(tmp, path)  # atomic: an interrupted write never leaves half a file
+
+
+def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
+    """Train (or reuse) the seed's warm-up policy; returns its metadata."""
+    meta_path = seed_dir / "warmup.json"
+    if meta_path.exists():
+        return json.loads(meta_path.read_text())
+    from mcadvantage.demo.arms import train_warmup_policy
+    from mcadvantage.demo.run import build_data
+    from mcadvantage.testing import build_char_tokenizer
+
+    config = task_config(task, seed)
+    data = build_data(config)
+    tokenizer = build_char_tokenizer()
+    curve_eval = _evaluator(config, data.eval_set[: config.curve_problems], tokenizer)
+    t0 = time.perf_counter()
+    model, tokenizer, curve = train_warmup_policy(
+        config, data, seed_dir / "warmup_policy", evaluate=curve_eval
+    )
+    seconds = time.perf_counter() - t0
+    accuracy = _evaluator(config, data.eval_set, tokenizer)(model)
+    meta = {
+        "task": task,
+        "seed": seed,
+        "accuracy": accuracy,
+        "curve_on_first_problems": curve,
+        "curve_problems": config.curve_problems,
+        "seconds": seconds,
+        "config": asdict(config),
+    }
+    _write_json(meta_path, meta)
+    return meta
+
+
+MATCHED_TO = "vineppo_k4"  # the arm whose sampling budget grpo_matched gets
+
+
+def _matched_prompts(seed_dir: Path, config: Any, matched_to: str = MATCHED_TO) -> int:
+    """Prompts per step that give GRPO ``matched_to``'s sampled tokens per step (from the finished runs)."""
+    per_step = {}
+    for arm in ("grpo", matched_to):
+        done = seed_dir / f"{arm}.done.json"
+        if not done.exists():
+            raise SystemExit(
+                f"grpo_matched needs the finished arms grpo and vineppo_k4 first ({done} is missing)."
+            )
+        info = json.loads(done.read_text())
+        per_step[arm] = info["sampled_tokens"] / info["steps"]
+    return max(1, round(config.prompts_per_step * per_step[matched_to] / per_step["grpo"]))
+
+
+def run_arm_process(task: str, seed: int, arm_name: str, root: Path, eval_every: int, sft_steps: int) -> None:
+    """Run one arm (``--worker``): records appended to ``<arm>.jsonl``, ``<arm>.done.json`` at the end."""
+    import torch
+
+    from mcadvantage.demo.arms import ArmRecord, parse_arm, run_rl_arm, run_sft_arm
+    from mcadvantage.demo.run import _quiet_libraries, build_data
+
+    _quiet_libraries()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    seed_dir = root / task / f"seed{seed}"
+    seed_dir.mkdir(parents=True, exist_ok=True)
+    warm = ensure_warmup(task, seed, seed_dir)
+    if arm_name == "warmup":
+        return
+    config = task_config(task, seed)
+    data = build_data(config)
+    policy_dir = seed_dir / "warmup_policy"
+    resolved = (
+        f"grpo_p{_matched_prompts(seed_dir, config, os.environ.get('LE_MATCHED_TO', MATCHED_TO))}"
+        if arm_name == "grpo_matched"
+        else arm_name
+    )
+    spec = parse_arm(resolved)
+    from mcadvantage.demo.arms import load_policy
+
+    evaluate = _evaluator(config, data.eval_set, load_policy(policy_dir)[1])
+    log_path = seed_dir / f"{arm_name}.jsonl"
+    log_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from the warm-up
+
+    def on_record(record: ArmRecord) -> None:
+        row = asdict(record) | {"arm": arm_name, "task": task}
+        with log_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(
+            f"[{task} seed {seed} {arm_name}] step {record.step}: accuracy {record.accuracy:.3f}", flush=True
+        )
+
+    on_record(ArmRecord(arm_name, seed, 0, warm["accuracy"], 0.0, 0.0))
+    t0 = time.perf_counter()
+    extra: dict[str, Any] = {}
+    if spec.kind == "sft":
+        _, records = run_sft_arm(
+            config,
+            policy_dir,
+            data,
+            steps=sft_steps,
+            learning_rate=SFT_LR,
+            evaluate=evaluate,
+            # as many evaluations as an RL arm gets
+            eval_every=max(1, sft_steps * eval_every // config.rl_steps),
+            on_record=on_record,
+        )
+        steps = sft_steps
+    else:
+        _, records, logs = run_rl_arm(
+            config,
+            spec,
+            policy_dir,
+            data,
+            seed_dir / f"{arm_name}_trainer",
+            evaluate=evaluate,
+            eval_every=eval_every,
+            on_record=on_record,
+        )
+        steps = config.rl_steps
+        extra["mean_reward"] = statistics.mean(r.get("reward", 0.0) for r in logs)
+        extra["logs"] = logs
+    _write_json(
+        seed_dir / f"{arm_name}.done.json",
+        {
+            "task": task,
+            "seed": seed,
+            "arm": arm_name,
+            "resolved_arm": resolved,
+            "prompts_per_step": spec.prompts_per_step or config.prompts_per_step,
+            "steps": steps,
+            "sampled_tokens": records[-1].sampled_tokens,
+            "train_seconds": records[-1].train_seconds,
+            "process_seconds": time.perf_counter() - t0,
+            **extra,
+        },
+    )
+
+
+# ---- aggregation ----------------------------------------------------------------------------------------------
+
+
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    if not xs:
+        return float("nan"), float("nan")
+    mean = statistics.mean(xs)
+    se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
+    return mean, se
+
+
+def steps_to_reach(curve: list[dict], target: float) -> int | None:
+    """First evaluated step at which ``curve`` (records sorted by step) reaches ``target`` (None: never)."""
+    for r in sorted(curve, key=lambda r: r["step"]):
+        if r["accuracy"] >= target - 1e-12:
+            return int(r["step"])
+    return None
+
+
+def summarize(records: list[dict], done: dict[tuple[str, int, str], dict]) -> dict:
+    """Per task and arm: mean and standard error across seeds of the final accuracy, the paired difference
+    to GRPO, sampled tokens, train seconds and their ratio to GRPO, and steps to reach GRPO's best accuracy
+    (per seed: GRPO's best held-out accuracy over its curve, step 0 excluded)."""
+    out: dict[str, dict] = {}
+    by_run: dict[tuple[str, int, str], list[dict]] = {}
+    for r in records:
+        by_run.setdefault((r["task"], r["seed"], r["arm"]), []).append(r)
+    tasks = sorted({k[0] for k in done})
+    for task in tasks:
+        arms = sorted({k[2] for k in done if k[0] == task}, key=lambda a: (DEFAULT_ARMS + [a]).index(a))
+        table: dict[str, dict] = {}
+        for arm in arms:
+            seeds = sorted(s for (t, s, a) in done if t == task and a == arm)
+            finals, diffs, tokens, seconds, tok_ratio, sec_ratio, reach, reached = (
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                0,
+            )
+            for seed in seeds:
+                curve = sorted(by_run[(task, seed, arm)], key=lambda r: r["step"])
+                finals.append(curve[-1]["accuracy"])
+                tokens.append(curve[-1]["sampled_tokens"])
+                seconds.append(curve[-1]["train_seconds"])
+                grpo = by_run.get((task, seed, "grpo")) if (task, seed, "grpo") in done else None
+                if grpo:
+                    grpo = sorted(grpo, key=lambda r: r["step"])
+                    diffs.append(curve[-1]["accuracy"] - grpo[-1]["accuracy"])
+                    if grpo[-1]["sampled_tokens"] > 0:
+                        tok_ratio.append(curve[-1]["sampled_tokens"] / grpo[-1]["sampled_tokens"])
+                    sec_ratio.append(curve[-1]["train_seconds"] / grpo[-1]["train_seconds"])
+                    best = max(r["accuracy"] for r in grpo if r["step"] > 0)
+                    step = steps_to_reach([r for r in curve if r["step"] > 0], best)
+                    if step is not None:
+                        reached += 1
+                        reach.append(step)
+            table[arm] = {
+                "seeds": seeds,
+                "prompts_per_step": [done[(task, s, arm)].get("prompts_per_step") for s in seeds],
+                "final_accuracy": _mean_se(finals),
+                "start_accuracy": _mean_se([by_run[(task, s, arm)][0]["accuracy"] for s in seeds]),
+                "final_minus_grpo": _mean_se(diffs),
+                "sampled_tokens": _mean_se(tokens),
+                "train_seconds": _mean_se(seconds),
+                "tokens_ratio_to_grpo": _mean_se(tok_ratio),
+                "seconds_ratio_to_grpo": _mean_se(sec_ratio),
+                "steps_to_grpo_best": _mean_se([float(s) for s in reach]),
+                "seeds_reaching_grpo_best": reached,
+            }
+        out[task] = table
+    return out
+
+
+def load_runs(root: Path) -> tuple[list[dict], dict[tuple[str, int, str], dict]]:
+    records: list[dict] = []
+    done: dict[tuple[str, int, str], dict] = {}
+    for marker in sorted(root.glob("*/seed*/*.done.json")):
+        info = json.loads(marker.read_text())
+        key = (info["task"], int(info["seed"]), info["arm"])
+        done[key] = info
+        log = marker.with_name(f"{info['arm']}.jsonl")
+        records += [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return records, done
+
+
+def print_table(summary: dict) -> None:
+    def fmt(ms: tuple[float, float], spec: str = ".3f") -> str:
+        m, s = ms
+        if math.isnan(m):
+            return "-"
+        return f"{m:{spec}}" + ("" if math.isnan(s) else f" ± {s:{spec}}")
+
+    for task, table in summary.items():
+        print(f"\ntask {task}")
+        head = (
+            f"{'arm':<14} {'n':>2} {'final acc':>15} {'minus GRPO':>16} {'steps to GRPO best':>19} "
+            f"{'tokens x GRPO':>14} {'seconds x GRPO':>15}"
+        )
+        print(head)
+        print("-" * len(head))
+        for arm, row in table.items():
+            reach = (
+                fmt(row["steps_to_grpo_best"], ".0f")
+                + f" ({row['seeds_reaching_grpo_best']}/{len(row['seeds'])})"
+            )
+            print(
+                f"{arm:<14} {len(row['seeds']):>2} {fmt(row['final_accuracy']):>15} {fmt(row['final_minus_grpo'], '+.3f'):>16} "
+                f"{reach:>19} {fmt(row['tokens_ratio_to_grpo'], '.2f'):>14} {fmt(row['seconds_ratio_to_grpo'], '.2f'):>15}"
+            )
+
+
+def plot(records: list[dict], summary: dict, path_for: Any) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for task, table in summary.items():
+        fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+        for i, arm in enumerate(table):
+            seeds = table[arm]["seeds"]
+            curves = {
+                s: sorted(
+                    (r for r in records if r["task"] == task and r["arm"] == arm and r["seed"] == s),
+                    key=lambda r: r["step"],
+                )
+                for s in seeds
+            }
+            steps = sorted(set.intersection(*[{r["step"] for r in c} for c in curves.values()]))
+            mean, se, secs = [], [], []
+            for st in steps:
+                xs = [next(r for r in c if r["step"] == st) for c in curves.values()]
+                m, e = _mean_se([x["accuracy"] for x in xs])
+                mean.append(m)
+                se.append(0.0 if math.isnan(e) else e)
+                secs.append(statistics.mean(x["train_seconds"] for x in xs))
+            colour = f"C{i}"
+            label = f"{arm} (n={len(seeds)})"
+            if arm != "sft":
+                by_step.plot(steps, mean, "o-", color=colour, label=label)
+                by_step.fill_between(
+                    steps,
+                    [m - e for m, e in zip(mean, se, strict=True)],
+                    [m + e for m, e in zip(mean, se, strict=True)],
+                    color=colour,
+                    alpha=0.15,
+                )
+            by_time.plot(secs, mean, "o-", color=colour, label=label)
+            by_time.fill_between(
+                secs,
+                [m - e for m, e in zip(mean, se, strict=True)],
+                [m + e for m, e in zip(mean, se, strict=True)],
+                color=colour,
+                alpha=0.15,
+            )
+        by_step.set_xlabel("RL step")
+        by_step.set_ylabel("held-out greedy accuracy (mean ± SE over seeds)")
+        by_time.set_xlabel("training wall time, s (evaluation excluded)")
+        for ax in (by_step, by_time):
+            ax.grid(alpha=0.3)
+        by_time.legend(fontsize=8, loc="lower right")
+        fig.suptitle(f"Learning efficiency, task '{task}'")
+        fig.tight_layout()
+        path = path_for(task)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+    return written
+
+
+def report(root: Path, json_path: Path, command: str) -> dict:
+    records, done = load_runs(root)
+    if not done:
+        print(f"no finished arms under {root}")
+        return {}
+    summary = summarize(records, done)
+    print_table(summary)
+    plots = plot(records, summary, lambda task: json_path.parent / f"learning_efficiency_{task}.png")
+    warmups = {}
+    for meta in sorted(root.glob("*/seed*/warmup.json")):
+        w = json.loads(meta.read_text())
+        warmups[f"{w['task']}/seed{w['seed']}"] = {
+            k: w[k] for k in ("accuracy", "curve_on_first_problems", "curve_problems", "seconds")
+        }
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+        },
+        "command": command,
+        "tasks": TASKS,
+        "sft_learning_rate": SFT_LR,
+        "warmups": warmups,
+        "runs": [
+            {k: v for k, v in info.items() if k != "logs"}
+            for info in sorted(done.values(), key=lambda d: (d["task"], d["seed"], d["arm"]))
+        ],
+        "summary": summary,
+        "plots": [str(Path(p).relative_to(ROOT)) if Path(p).is_relative_to(ROOT) else p for p in plots],
+        "records": sorted(records, key=lambda r: (r["task"], r["arm"], r["seed"], r["step"])),
+    }
+    _write_json(json_path, result)
+    print(f"wrote {json_path} and {', '.join(plots)}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="demo", choices=sorted(TASKS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
+    parser.add_argument("--eval_every", type=int, default=10, help="RL steps between held-out evaluations")
+    parser.add_argument("--sft_steps", type=int, default=SFT_STEPS, help="supervised steps of the sft arm")
+    parser.add_argument("--root", default=str(RESULTS / "learning_efficiency_runs"))
+    parser.add_argument("--json", default=str(RESULTS / "learning_efficiency.json"))
+    parser.add_argument("--report", action="store_true", help="only aggregate the finished arms")
+    parser.add_argument("--worker", nargs=2, metavar=("SEED", "ARM"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    root = Path(args.root)
+    if args.worker:
+        run_arm_process(args.task, int(args.worker[0]), args.worker[1], root, args.eval_every, args.sft_steps)
+        return 0
+    from mcadvantage.demo.arms import parse_arm
+
+    for arm in args.arms:
+        if arm != "grpo_matched":
+            parse_arm(arm)  # fail before hours of runs, not after
+    command = "python benchmarks/learning_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if not args.report:
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+        # Seed-major order: a partial run still gives complete seeds to compare.
+        for seed in args.seeds:
+            for arm in ["warmup", *args.arms]:
+                seed_dir = root / args.task / f"seed{seed}"
+                if arm == "warmup" and (seed_dir / "warmup.json").exists():
+                    continue
+                if arm != "warmup" and (seed_dir / f"{arm}.done.json").exists():
+                    continue
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--task",
+                    args.task,
+                    "--root",
+                    str(root),
+                    "--eval_every",
+                    str(args.eval_every),
+                    "--sft_steps",
+                    str(args.sft_steps),
+                    "--worker",
+                    str(seed),
+                    arm,
+                ]
+                print(f"[learning_efficiency] task {args.task} seed {seed}: {arm}", flush=True)
+                t0 = time.perf_counter()
+                proc = subprocess.run(cmd, env=env)
+                if proc.returncode != 0:
+                    raise SystemExit(
+                        f"arm {arm} (task {args.task}, seed {seed}) failed with exit code {proc.returncode}"
+                    )
+                print(f"[learning_efficiency] {arm} took {time.perf_counter() - t0:.0f} s", flush=True)
+                report(root, Path(args.json), command)
+    report(root, Path(args.json), command)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -252,6 +252,9 @@ def test_quick_flag_shrinks_the_run_and_explicit_flags_win():
         (["--num_generations", "1"], "--num_generations must be >= 2"),
         (["--curve_problems", "700"], "--curve_problems \\(700\\) must be <= --eval_problems"),
         (["--flawed_demo_rate", "1.5"], "--flawed_demo_rate must be in \\[0, 1\\]"),
+        (["--arms", "grpo,ppo"], "--arms: unknown arm 'ppo'"),
+        (["--arms", "sft"], "--arms takes RL arms"),
+        (["--arms", ","], "--arms is empty"),
         (["--rl_steps", "0"], "--rl_steps must be >= 1, got 0"),
         (["--min_steps", "4", "--max_steps", "3"], "need 1 <= --min_steps <= --max_steps"),
     ],
@@ -287,11 +290,15 @@ def test_quick_demo_writes_every_output(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     stdout = proc.stdout
-    # Progress bars for both phases, and the two accuracies.
-    assert "warm-up (SFT)" in stdout and "VinePPO: 100%" in stdout
-    before = re.search(r"accuracy BEFORE VinePPO \(after the warm-up\): ([01]\.\d{3})", stdout)
-    after = re.search(r"accuracy AFTER VinePPO: ([01]\.\d{3})", stdout)
-    assert before and after, stdout[-3000:]
+    # --quick trains its own warm-up (the shipped checkpoint only fits the default sizes), then both arms.
+    assert "warm-up (SFT)" in stdout and "GRPO: 100%" in stdout and "VinePPO (K=2): 100%" in stdout
+    before = re.search(r"accuracy of the starting policy: ([01]\.\d{3})", stdout)
+    after = dict(
+        re.findall(
+            r"\[demo\] (GRPO|VinePPO \(K=2\)): held-out greedy accuracy [01]\.\d{3} -> ([01]\.\d{3})", stdout
+        )
+    )
+    assert before and set(after) == {"GRPO", "VinePPO (K=2)"}, stdout[-3000:]
     assert "{'loss'" not in stdout  # transformers' PrinterCallback is removed
 
     png = (out / "learning_curve.png").read_bytes()
@@ -300,61 +307,41 @@ def test_quick_demo_writes_every_output(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     config = DemoConfig()
     config.apply_quick()
+    assert metrics["starting_policy"] == "trained warm-up"
     assert metrics["accuracy_before"] == pytest.approx(float(before[1]), abs=5e-4)
-    assert metrics["accuracy_after"] == pytest.approx(float(after[1]), abs=5e-4)
-    for key in ("accuracy_before", "accuracy_after"):
-        assert 0.0 <= metrics[key] <= 1.0
-    assert metrics["improvement"] == pytest.approx(metrics["accuracy_after"] - metrics["accuracy_before"])
+    assert list(metrics["arms"]) == ["grpo", "vineppo_k2"]
+    for name, label in (("grpo", "GRPO"), ("vineppo_k2", "VinePPO (K=2)")):
+        arm = metrics["arms"][name]
+        assert arm["accuracy_after"] == pytest.approx(float(after[label]), abs=5e-4)
+        assert arm["improvement"] == pytest.approx(arm["accuracy_after"] - metrics["accuracy_before"])
+        assert set(arm["accuracy_after_by_num_steps"]) <= {"2", "3", "4", "5"}
+        assert [s for s, _ in arm["curve"]] == [0.0, 3.0]  # rl_evals=1: the start and the end
+        assert [r["step"] for r in arm["logs"]] == [1.0, 2.0, 3.0]
+        assert all(0.0 <= r["reward"] <= 1.0 for r in arm["logs"])
+        assert arm["train_seconds"] > 0 and arm["sampled_tokens"] > 0
+        assert (out / f"{name}_policy" / "config.json").exists()
+    # Monte Carlo rollouts are sampled tokens too: VinePPO samples more than GRPO on the same prompts.
+    assert metrics["arms"]["vineppo_k2"]["sampled_tokens"] > metrics["arms"]["grpo"]["sampled_tokens"]
+    assert (
+        metrics["arms"]["vineppo_k2"]["mean_rollouts_per_step"]
+        > 0
+        == metrics["arms"]["grpo"]["mean_rollouts_per_step"]
+    )
     assert metrics["eval_problems"] == config.eval_problems
-    assert set(metrics["accuracy_after_by_num_steps"]) <= {"2", "3", "4", "5"}
     assert [s for s, _ in metrics["warmup_curve"]] == [0.0, 30.0, 60.0]
-    assert [s for s, _ in metrics["rl_curve"]] == [0.0, 3.0]  # rl_evals=1: the start and the end
-    assert [r["step"] for r in metrics["rl_logs"]] == [1.0, 2.0, 3.0]
-    assert metrics["mean_rollouts_per_step"] > 0
-    assert all(0.0 <= r["reward"] <= 1.0 for r in metrics["rl_logs"])
-    assert 0 < metrics["warmup_seconds"] < metrics["total_seconds"] and metrics["rl_seconds"] > 0
+    assert 0 < metrics["warmup_seconds"] < metrics["total_seconds"]
     assert metrics["config"]["quick"] is True and metrics["threads"] >= 1
 
     page = (out / "responses.html").read_text()
-    assert "<h2>Before VinePPO (the warm-up policy)</h2>" in page and "<h2>After VinePPO</h2>" in page
-    assert page.count('class="response ') == 2 * config.html_responses
-    assert len(re.findall(r'<span class="step" style="background:rgba\(', page)) >= 2 * config.html_responses
+    for heading in (
+        "The starting policy (after the supervised warm-up)",
+        "After GRPO",
+        "After VinePPO (K=2)",
+    ):
+        assert f"<h2>{html.escape(heading)}</h2>" in page
+    assert page.count('class="response ') == 3 * config.html_responses
+    assert len(re.findall(r'<span class="step" style="background:rgba\(', page)) >= 3 * config.html_responses
     shown = _html_problems(build_data(DemoConfig(**metrics["config"])).eval_set, config.html_responses)
-    for p in shown:  # the responses to these held-out prompts, before and after
-        assert page.count(html.escape(p.prompt)) == 2
-    assert (out / "warmup_policy" / "config.json").exists() and (
-        out / "vineppo_policy" / "config.json"
-    ).exists()
-
-
-def test_demo_seeds_summary_hand_computed():
-    """benchmarks/demo_seeds.py's noise summary on three made-up runs."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("demo_seeds", REPO / "benchmarks" / "demo_seeds.py")
-    demo_seeds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo_seeds)
-
-    def run(seed, before, after):
-        return {
-            "seed": seed,
-            "accuracy_before": before,
-            "accuracy_after": after,
-            "stderr_before": 0.02,
-            "stderr_after": 0.04,
-            "total_seconds": 100.0 + seed,
-        }
-
-    s = demo_seeds.summarize([run(0, 0.3, 0.4), run(1, 0.4, 0.6), run(2, 0.5, 0.8)])
-    assert s["mean_before"] == pytest.approx(0.4) and s["mean_after"] == pytest.approx(0.6)
-    assert s["sd_before_across_seeds"] == pytest.approx(0.1)  # stdev of 0.3, 0.4, 0.5
-    assert s["mean_improvement"] == pytest.approx(0.2) and s["sd_improvement_across_seeds"] == pytest.approx(
-        0.1
-    )
-    assert s["sem_improvement"] == pytest.approx(0.1 / 3**0.5) and s["min_improvement"] == pytest.approx(0.1)
-    assert s["mean_binomial_stderr"] == pytest.approx(0.03) and s["max_total_seconds"] == 102.0
-    assert s["improvement_exceeds_noise"] is True  # every gain > 0 and 0.2 > 2 * 0.0577
-    assert s["mean_improvement_exceeds_sd_before"] is True  # 0.2 > 0.1
-    # Gains no larger than the spread between runs do not count.
-    noisy = demo_seeds.summarize([run(0, 0.3, 0.32), run(1, 0.5, 0.48), run(2, 0.4, 0.45)])
-    assert noisy["improvement_exceeds_noise"] is False
+    for p in shown:  # the responses to these held-out prompts: starting policy and each arm
+        assert page.count(html.escape(p.prompt)) == 3
+    assert (out / "warmup_policy" / "config.json").exists()

@@ -107,14 +107,18 @@ def plot_learning_curve(
     path: str | Path,
     *,
     warmup: Sequence[tuple[float, float]],
-    rl: Sequence[tuple[float, float]],
-    rl_reward: Sequence[tuple[float, float]] = (),
+    arms: Mapping[str, Sequence[tuple[float, float]]],
+    noise_problems: int | None = None,
     title: str = "Held-out greedy accuracy",
 ) -> Path:
     """Write a PNG with two panels sharing the accuracy axis: held-out accuracy against optimizer step
-    for the supervised warm-up (left) and for VinePPO (right; ``(step, accuracy)`` pairs), plus the
-    mean training reward of each VinePPO step when given. Two panels because the warm-up takes many
-    more (cheaper) steps than VinePPO: on one axis the RL curve would be squeezed into a sliver."""
+    for the supervised warm-up (left) and for each RL arm (right; ``arms`` maps a label to ``(step,
+    accuracy)`` pairs, all from the same starting policy). With ``noise_problems`` (the number of
+    problems behind each accuracy), each arm's curve carries a band of one binomial standard error,
+    ``sqrt(p (1 - p) / n)``: differences inside the bands are measurement noise. Two panels because the
+    warm-up takes many more (cheaper) steps than RL: on one axis the RL curves would be squeezed."""
+    import math
+
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
@@ -128,23 +132,28 @@ def plot_learning_curve(
     left.set_title("supervised warm-up")
     left.set_xlabel("warm-up step")
     left.set_ylabel("accuracy")
-    if rl_reward:
-        right.plot(
-            [s for s, _ in rl_reward],
-            [r for _, r in rl_reward],
-            "-",
-            color="#16a34a",
-            alpha=0.35,
-            label="training reward (batch mean)",
-        )
-    if rl:
-        right.plot([s for s, _ in rl], [a for _, a in rl], "o-", color="#16a34a", label="held-out accuracy")
-    right.set_title("VinePPO")
-    right.set_xlabel("VinePPO step")
+    colours = ["#d97706", "#16a34a", "#7c3aed", "#db2777", "#0891b2"]
+    for i, (label, curve) in enumerate(arms.items()):
+        colour = colours[i % len(colours)]
+        steps = [s for s, _ in curve]
+        accs = [a for _, a in curve]
+        right.plot(steps, accs, "o-", color=colour, label=label)
+        if noise_problems:
+            se = [math.sqrt(max(a * (1 - a), 0.0) / noise_problems) for a in accs]
+            right.fill_between(
+                steps,
+                [a - e for a, e in zip(accs, se, strict=True)],
+                [a + e for a, e in zip(accs, se, strict=True)],
+                color=colour,
+                alpha=0.15,
+                label=f"{label} ± 1 binomial SE" if i == 0 else None,
+            )
+    right.set_title("RL from the same starting policy")
+    right.set_xlabel("RL step")
     for ax in (left, right):
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left")
+        ax.legend(loc="upper left", fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)

@@ -1,4 +1,4 @@
-"""The offline CPU demo: supervised warm-up, then VinePPO, on a synthetic GSM8K-format task.
+"""The offline CPU demo: GRPO and VinePPO side by side from one starting policy, on a synthetic GSM8K-format task.
 
 ``python -m mcadvantage.demo --output_dir demo_output`` (``--help`` lists every flag). Nothing is
 downloaded: the task is generated (:mod:`mcadvantage.demo.task`), the tokenizer and the 1M-parameter
@@ -6,22 +6,27 @@ Llama are built offline (:mod:`mcadvantage.testing`).
 
 Steps:
 
-1. A supervised warm-up on demonstrations of problems with 2-5 operations. The demonstrations are
-   imperfect on purpose, as real supervised data is: for problems with at least
-   ``--flawed_demo_min_steps`` operations (default 4), a fraction ``--flawed_demo_rate`` (default
-   0.6) of the demonstrations forget the last operation and report the value before it
-   (:func:`~mcadvantage.demo.task.skip_last_solution`). Imitation learns the arithmetic and the
-   format, and also learns to stop early on long problems: more supervised training cannot fix that.
+1. The starting policy: a supervised warm-up on demonstrations of problems with 2-5 operations. The
+   demonstrations are imperfect on purpose, as real supervised data is: for problems with at least
+   ``--flawed_demo_min_steps`` operations (default 4), a fraction ``--flawed_demo_rate`` (default 0.6) of
+   the demonstrations forget the last operation and report the value before it
+   (:func:`~mcadvantage.demo.task.skip_last_solution`). The package ships this checkpoint for the default
+   settings and seed 0 (``mcadvantage/demo/warmup_policy``, made by ``python -m
+   mcadvantage.demo.make_warmup``); other settings, or ``--train_warmup``, train it here (about 5 minutes).
 2. Held-out greedy accuracy (problems with 2-5 operations, disjoint from every training prompt).
-3. VinePPO (``VinePPOTrainer`` with ``GSM8KVerifier`` as the reward, ``GSM8KSegmenter`` steps, ``K``
-   rollouts per state on the transformers sampler) on prompts with 2-5 operations and their final
-   answers only, no solutions. The reward only checks the final number, and the Monte Carlo values
-   find which step lost it (a premature ``#### N`` line, an arithmetic slip).
-4. Held-out greedy accuracy again; ``learning_curve.png``, ``responses.html`` (sampled held-out
-   responses of the policy before and after VinePPO, each step coloured by its Monte Carlo advantage
-   under that policy) and ``metrics.json`` in ``--output_dir``.
+3. Each arm of ``--arms`` (default ``grpo,vineppo``), one after another from the same starting policy
+   with the same prompts, prompt order, batch layout, learning rate and temperature: the same
+   ``VinePPOTrainer`` with ``GSM8KVerifier`` as the reward, only the advantage differs (GRPO's
+   group-relative advantage, or Monte Carlo step values from ``K`` rollouts per state on the
+   transformers sampler). See :mod:`mcadvantage.demo.arms`.
+4. Held-out greedy accuracy of each arm, a table, ``learning_curve.png`` (every arm on one axis, with a
+   band of one binomial standard error), ``responses.html`` (sampled held-out responses of the starting
+   policy and of each trained policy, each step coloured by its Monte Carlo advantage under that policy)
+   and ``metrics.json`` in ``--output_dir``.
 
-The defaults take about 8 minutes on 2 CPU cores (446-480 s measured; docs/benchmarks.md has the numbers).
+One run is one seed: RL run-to-run noise on this task (about 0.05 held-out accuracy) is larger than the
+differences between arms, so the demo shows how to compare, and ``benchmarks/learning_efficiency.py``
+measures the comparison over seeds (docs/benchmarks/learning_efficiency.md).
 """
 
 from __future__ import annotations
@@ -81,7 +86,12 @@ class DemoConfig:
     warmup_batch_size: int = 32
     warmup_lr: float = 3e-3
     warmup_evals: int = 8
-    # VinePPO
+    # RL arms, comma-separated, run one after another from the same starting policy: grpo, rloo, vineppo
+    # (K = num_mc_rollouts), vineppo_k<K>, <arm>_p<P> (P prompts per step); see mcadvantage.demo.arms
+    arms: str = "grpo,vineppo"
+    # Train the warm-up here instead of loading the shipped checkpoint (which only fits the default
+    # settings and seed 0; other settings train it anyway, about 5 minutes).
+    train_warmup: bool = False
     rl_steps: int = 40
     num_mc_rollouts: int = 4
     num_generations: int = 8
@@ -182,6 +192,17 @@ def validate_config(config: DemoConfig) -> None:
             f"--html_responses ({config.html_responses}) must be <= --eval_problems ({config.eval_problems}): "
             "the page shows responses to held-out problems."
         )
+    from .arms import parse_arm
+
+    for name in _arm_names(config):
+        try:
+            spec = parse_arm(name)
+        except ValueError as err:
+            raise SystemExit(f"--arms: {err}") from None
+        if spec.kind != "rl":
+            raise SystemExit(f"--arms takes RL arms (grpo, rloo, vineppo, vineppo_k<K>), got {name!r}.")
+    if not _arm_names(config):
+        raise SystemExit("--arms is empty; pass e.g. --arms grpo,vineppo.")
     if not config.temperature > 0:
         raise SystemExit(
             f"--temperature must be > 0 (VinePPO samples from the policy), got {config.temperature}."
@@ -258,22 +279,70 @@ def _fmt_by_steps(by_steps: dict[str, float]) -> str:
     return ", ".join(f"{k} ops {v:.2f}" for k, v in by_steps.items())
 
 
+# Settings that decide the warm-up policy: the shipped checkpoint is used only when all of them equal the
+# ones it was trained with (recorded in its warmup.json).
+WARMUP_FIELDS = (
+    "seed",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "head_dim",
+    "intermediate_size",
+    "warmup_problems",
+    "flawed_demo_rate",
+    "flawed_demo_min_steps",
+    "eval_problems",
+    "min_steps",
+    "max_steps",
+    "warmup_steps",
+    "warmup_batch_size",
+    "warmup_lr",
+)
+
+
+def shipped_warmup_dir() -> Path:
+    """Where the package keeps the demo's warm-up checkpoint (trained by ``python -m
+    mcadvantage.demo.make_warmup``, seed 0, default settings)."""
+    return Path(__file__).resolve().parent / "warmup_policy"
+
+
+def usable_shipped_warmup(config: DemoConfig) -> dict[str, Any] | None:
+    """The shipped checkpoint's ``warmup.json`` when it matches ``config``'s warm-up settings, else None."""
+    meta_path = shipped_warmup_dir() / "warmup.json"
+    if config.train_warmup or config.quick or not meta_path.exists():
+        return None
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if any(meta["config"].get(name) != getattr(config, name) for name in WARMUP_FIELDS):
+        return None
+    return meta
+
+
+def _arm_names(config: DemoConfig) -> list[str]:
+    """``--arms`` as arm names of :mod:`mcadvantage.demo.arms` (``vineppo`` means ``vineppo_k<K>``)."""
+    names = [a.strip() for a in config.arms.split(",") if a.strip()]
+    return [f"vineppo_k{config.num_mc_rollouts}" if a == "vineppo" else a for a in names]
+
+
+def _arm_label(name: str) -> str:
+    if name.startswith("vineppo_k"):
+        return f"VinePPO (K={name.removeprefix('vineppo_k')})"
+    return name.upper() if name in ("grpo", "rloo") else name
+
+
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Run the whole demo and return the metrics written to ``metrics.json``."""
     validate_config(config)
     _quiet_libraries()
+    import shutil
+
     import torch
-    from datasets import Dataset
     from tqdm.auto import tqdm
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
 
-    from mcadvantage import GSM8KVerifier, VinePPOConfig, VinePPOTrainer
-    from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
+    from mcadvantage import GSM8KVerifier
 
+    from .arms import load_policy, parse_arm, run_rl_arm, train_warmup_policy
     from .evaluation import evaluate_accuracy
     from .report import plot_learning_curve, render_responses_html
-    from .warmup import supervised_warmup
 
     t_start = time.perf_counter()
     torch.set_num_threads(max(1, min(config.threads, os.cpu_count() or 1)))
@@ -281,30 +350,12 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    arms = [parse_arm(name) for name in _arm_names(config)]
 
     data = build_data(config)
-    eval_set, rl_set = data.eval_set, data.rl_set
+    eval_set = data.eval_set
     curve_set = eval_set[: config.curve_problems]
     verifier = GSM8KVerifier()
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_llama(
-        tokenizer,
-        hidden_size=config.hidden_size,
-        num_layers=config.num_layers,
-        num_heads=config.num_heads,
-        head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size,
-        max_position_embeddings=256,
-        seed=config.seed,
-    )
-    n_params = sum(p.numel() for p in model.parameters())
-    print(
-        f"[demo] tiny Llama: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} CPU threads. "
-        f"{len(data.warmup)} warm-up demonstrations ({data.flawed} of them flawed: the last operation of a "
-        f"{config.flawed_demo_min_steps}+ operation problem forgotten), {len(rl_set)} RL prompts, "
-        f"{len(eval_set)} held-out problems ({config.min_steps}-{config.max_steps} operations)",
-        flush=True,
-    )
 
     def greedy_accuracy(policy: Any, problems: Sequence[ArithmeticProblem]) -> tuple[float, list[float]]:
         acc, _, scores = evaluate_accuracy(
@@ -316,170 +367,144 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         acc, scores = greedy_accuracy(policy, eval_set)
         return acc, accuracy_by_num_steps(eval_set, scores)
 
-    # ---- 1. supervised warm-up ------------------------------------------------------------------------
-    warmup_curve: list[tuple[float, float]] = [(0.0, greedy_accuracy(model, curve_set)[0])]
-    eval_every = max(1, config.warmup_steps // config.warmup_evals)
+    # ---- 1. the starting policy: the shipped warm-up checkpoint, or a warm-up trained now -----------------
+    policy_dir = out / "warmup_policy"
+    shipped = usable_shipped_warmup(config)
     t0 = time.perf_counter()
-    with tqdm(
-        total=config.warmup_steps, desc="warm-up (SFT)", unit="step", file=sys.stdout, mininterval=1
-    ) as bar:
-
-        def on_step(step: int, loss: float) -> None:
-            bar.update(1)
-            if step % eval_every == 0 or step == config.warmup_steps:
-                warmup_curve.append((float(step), greedy_accuracy(model, curve_set)[0]))
-                model.train()  # evaluation switched it to eval mode
-            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{warmup_curve[-1][1]:.2f}", refresh=False)
-
-        supervised_warmup(
-            model,
-            tokenizer,
-            data.warmup,
-            steps=config.warmup_steps,
-            batch_size=config.warmup_batch_size,
-            learning_rate=config.warmup_lr,
-            seed=config.seed,
-            progress=on_step,
+    if shipped is not None:
+        if policy_dir.exists():
+            shutil.rmtree(policy_dir)
+        shutil.copytree(shipped_warmup_dir(), policy_dir)
+        model, tokenizer = load_policy(policy_dir)
+        warmup_curve = [tuple(point) for point in shipped["curve_on_first_problems"]]
+        print(
+            f"[demo] starting policy: the shipped warm-up checkpoint ({shipped['config']['warmup_steps']} supervised "
+            f"steps, seed {shipped['config']['seed']}; retrain it with --train_warmup or python -m "
+            "mcadvantage.demo.make_warmup)",
+            flush=True,
         )
+    else:
+        from mcadvantage.testing import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+        with tqdm(
+            total=config.warmup_steps, desc="warm-up (SFT)", unit="step", file=sys.stdout, mininterval=1
+        ) as bar:
+
+            def on_warmup_step(step: int, loss: float) -> None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+            model, tokenizer, warmup_curve = train_warmup_policy(
+                config,
+                data,
+                policy_dir,
+                evaluate=lambda m: greedy_accuracy(m, curve_set)[0],
+                on_step=on_warmup_step,
+            )
     warmup_seconds = time.perf_counter() - t0
+    n_params = sum(p.numel() for p in model.parameters())
+    print(
+        f"[demo] tiny Llama: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} CPU threads. "
+        f"{len(data.warmup)} warm-up demonstrations ({data.flawed} of them flawed: the last operation of a "
+        f"{config.flawed_demo_min_steps}+ operation problem forgotten), {len(data.rl_set)} RL prompts, "
+        f"{len(eval_set)} held-out problems ({config.min_steps}-{config.max_steps} operations)",
+        flush=True,
+    )
     acc_before, by_steps_before = full_eval(model)
     print(
-        f"[demo] held-out greedy accuracy BEFORE VinePPO (after the warm-up): {acc_before:.3f} "
-        f"({_fmt_by_steps(by_steps_before)})",
+        f"[demo] held-out greedy accuracy of the starting policy: {acc_before:.3f} ({_fmt_by_steps(by_steps_before)})",
         flush=True,
     )
 
-    # ---- 2. VinePPO -----------------------------------------------------------------------------------
-    # The trainer loads the policy by path (TRL reloads a reference model from it when beta > 0); the
-    # in-memory `model` stays the warm-up policy, for the "before" half of responses.html.
-    policy_dir = out / "warmup_policy"
-    model.save_pretrained(policy_dir)
-    tokenizer.save_pretrained(policy_dir)
-    batch = config.prompts_per_step * config.num_generations
-    args = VinePPOConfig(
-        output_dir=str(out / "vineppo"),
-        max_steps=config.rl_steps,
-        learning_rate=config.rl_lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
-        num_generations=config.num_generations,
-        num_iterations=config.num_iterations,
-        num_mc_rollouts=config.num_mc_rollouts,
-        step_segmenter="gsm8k",
-        temperature=config.temperature,
-        top_p=1.0,
-        beta=config.beta,
-        max_completion_length=config.max_completion_length,
-        # Every rollout of a step in one or two generate calls: at this model size transformers'
-        # per-decoding-step overhead, not the arithmetic, is the cost (SPEC section 7).
-        mc_max_batch_sequences=1024,
-        # A 1M-parameter model on CPU: no checkpointing (it only costs time here), no bf16.
-        gradient_checkpointing=False,
-        bf16=False,
-        use_cpu=True,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        seed=config.seed,
-        disable_tqdm=True,  # the demo draws its own progress bar
-        dataloader_num_workers=0,
-    )
-    rl_curve: list[tuple[float, float]] = []
-    rl_logs: list[dict[str, float]] = []
+    # ---- 2. the arms, one after another from the same starting policy -------------------------------------
     rl_eval_every = max(1, config.rl_steps // config.rl_evals)
+    batch = config.prompts_per_step * config.num_generations
+    results: dict[str, dict[str, Any]] = {}
+    policies: dict[str, Any] = {}
+    for arm in arms:
+        label = _arm_label(arm.name)
+        with tqdm(total=config.rl_steps, desc=label, unit="step", file=sys.stdout, mininterval=1) as bar:
 
-    class DemoProgress(TrainerCallback):
-        """Progress bar over RL steps, training reward and Monte Carlo statistics, and the held-out
-        learning curve."""
+            def on_rl_step(step: int, logs: dict[str, float]) -> None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{logs.get('reward', 0.0):.2f}", refresh=False)
 
-        def __init__(self) -> None:
-            self.bar: Any = None
-            self.trainer: Any = None
-
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.bar = tqdm(
-                total=config.rl_steps, desc="VinePPO", unit="step", file=sys.stdout, mininterval=1
+            policy, records, logs = run_rl_arm(
+                config,
+                arm,
+                policy_dir,
+                data,
+                out / f"{arm.name}_trainer",
+                evaluate=lambda m: greedy_accuracy(m, curve_set)[0],
+                eval_every=rl_eval_every,
+                on_step=on_rl_step,
             )
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-            if logs and "reward" in logs:
-                keep = (
-                    "reward",
-                    "mc/rollouts",
-                    "mc/seconds",
-                    "mc/dedup_ratio",
-                    "step_time",
-                    "completions/mean_length",
-                )
-                rl_logs.append(
-                    {"step": float(state.global_step), **{k: float(logs[k]) for k in keep if k in logs}}
-                )
-                self.bar.set_postfix(
-                    reward=f"{logs['reward']:.2f}", rollouts=int(logs.get("mc/rollouts", 0)), refresh=False
-                )
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.bar.update(1)
-            step = state.global_step
-            if step % rl_eval_every == 0 or step == config.rl_steps:
-                rl_curve.append((float(step), greedy_accuracy(self.trainer.model, curve_set)[0]))
-                self.trainer.model.train()
-
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.bar.close()
-
-    progress = DemoProgress()
-    trainer = VinePPOTrainer(
-        model=str(policy_dir),
-        reward_funcs=verifier,
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in rl_set]),
-        processing_class=tokenizer,
-        callbacks=[progress],
-    )
-    # With disable_tqdm, transformers prints every log dict; the demo's bar shows the useful part.
-    trainer.remove_callback(PrinterCallback)
-    progress.trainer = trainer
-    rl_curve.append((0.0, warmup_curve[-1][1]))  # the same policy, the same curve problems
-    t0 = time.perf_counter()
-    trainer.train()
-    rl_seconds = time.perf_counter() - t0
-    policy = trainer.model
-    policy.eval()
-    acc_after, by_steps_after = full_eval(policy)
-    print(
-        f"[demo] held-out greedy accuracy AFTER VinePPO: {acc_after:.3f} ({_fmt_by_steps(by_steps_after)})",
-        flush=True,
-    )
-    policy.save_pretrained(out / "vineppo_policy")
-    tokenizer.save_pretrained(out / "vineppo_policy")
+        acc_after, by_steps_after = full_eval(policy)
+        print(
+            f"[demo] {label}: held-out greedy accuracy {acc_before:.3f} -> {acc_after:.3f} "
+            f"({_fmt_by_steps(by_steps_after)})",
+            flush=True,
+        )
+        policy.save_pretrained(out / f"{arm.name}_policy")
+        tokenizer.save_pretrained(out / f"{arm.name}_policy")
+        policies[arm.name] = policy
+        results[arm.name] = {
+            "label": label,
+            "accuracy_after": acc_after,
+            "improvement": acc_after - acc_before,
+            "stderr_after": _binomial_stderr(acc_after, len(eval_set)),
+            "accuracy_after_by_num_steps": by_steps_after,
+            "curve": [(0.0, warmup_curve[-1][1])] + [(float(r.step), r.accuracy) for r in records],
+            "train_seconds": records[-1].train_seconds,
+            "sampled_tokens": records[-1].sampled_tokens,
+            "mean_rollouts_per_step": sum(r.get("mc/rollouts", 0.0) for r in logs) / max(1, len(logs)),
+            "logs": [
+                {k: r[k] for k in ("step", "reward", "sampled_tokens", "mc/rollouts", "mc/seconds") if k in r}
+                for r in logs
+            ],
+        }
 
     # ---- 3. report ------------------------------------------------------------------------------------
     t0 = time.perf_counter()
-    shown = _html_problems(eval_set, config.html_responses)
-    scored_before = _score_responses(model, tokenizer, shown, config, verifier)
-    scored_after = _score_responses(policy, tokenizer, shown, config, verifier)
     n_eval = len(eval_set)
+    header = f"{'arm':<16} {'held-out accuracy':>22} {'change':>8} {'train s':>8} {'sampled tokens':>15}"
+    print("[demo] " + header + "\n[demo] " + "-" * len(header))
+    print(f"[demo] {'starting policy':<16} {acc_before:>14.3f} ± {_binomial_stderr(acc_before, n_eval):.3f}")
+    for r in results.values():
+        print(
+            f"[demo] {r['label']:<16} {r['accuracy_after']:>14.3f} ± {r['stderr_after']:.3f} "
+            f"{r['improvement']:>+8.3f} {r['train_seconds']:>8.0f} {r['sampled_tokens']:>15,.0f}"
+        )
+    print(
+        "[demo] One seed, one run per arm: RL run-to-run noise on this task is about 0.05 (larger than the "
+        "binomial error); docs/benchmarks/learning_efficiency.md has the multi-seed comparison.",
+        flush=True,
+    )
+    shown = _html_problems(eval_set, config.html_responses)
+    sections = {
+        "The starting policy (after the supervised warm-up)": _score_responses(
+            model, tokenizer, shown, config, verifier
+        )
+    }
+    for name, r in results.items():
+        sections[f"After {r['label']}"] = _score_responses(policies[name], tokenizer, shown, config, verifier)
     plot_learning_curve(
         out / "learning_curve.png",
         warmup=warmup_curve,
-        rl=rl_curve,
-        rl_reward=[(r["step"], r["reward"]) for r in rl_logs],
+        arms={r["label"]: r["curve"] for r in results.values()},
+        noise_problems=len(curve_set),
         title=f"Held-out greedy accuracy ({len(curve_set)} problems), seed {config.seed}",
     )
     summary = {
-        "held-out greedy accuracy": f"{acc_before:.3f} before VinePPO, {acc_after:.3f} after ({n_eval} problems; "
-        f"binomial standard error {_binomial_stderr(acc_before, n_eval):.3f} / {_binomial_stderr(acc_after, n_eval):.3f})",
-        "by number of operations, before": _fmt_by_steps(by_steps_before),
-        "by number of operations, after": _fmt_by_steps(by_steps_after),
+        "held-out greedy accuracy": f"{acc_before:.3f} for the starting policy; "
+        + "; ".join(f"{r['accuracy_after']:.3f} after {r['label']}" for r in results.values())
+        + f" ({n_eval} problems, binomial standard error about {_binomial_stderr(acc_before, n_eval):.3f})",
         "warm-up": f"{config.warmup_steps} steps x {config.warmup_batch_size} demonstrations, "
         f"{data.flawed} of {len(data.warmup)} demonstrations flawed (last operation forgotten)",
-        "VinePPO": f"{config.rl_steps} steps x {batch} responses, K={config.num_mc_rollouts} rollouts per state, "
-        f"temperature {config.temperature}, lr {config.rl_lr}",
+        "RL": f"{config.rl_steps} steps x {batch} responses, temperature {config.temperature}, lr {config.rl_lr}; "
+        "the arms differ only in the advantage",
     }
-    sections = {"Before VinePPO (the warm-up policy)": scored_before, "After VinePPO": scored_after}
     (out / "responses.html").write_text(
         render_responses_html(
             sections, title="mcadvantage demo: Monte Carlo step advantages", summary=summary
@@ -487,23 +512,16 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         encoding="utf-8",
     )
     report_seconds = time.perf_counter() - t0
-    mc_rollouts = [r["mc/rollouts"] for r in rl_logs if "mc/rollouts" in r]
     metrics = {
         "seed": config.seed,
+        "starting_policy": "shipped checkpoint" if shipped is not None else "trained warm-up",
         "accuracy_before": acc_before,
-        "accuracy_after": acc_after,
-        "improvement": acc_after - acc_before,
         "stderr_before": _binomial_stderr(acc_before, n_eval),
-        "stderr_after": _binomial_stderr(acc_after, n_eval),
         "eval_problems": n_eval,
         "accuracy_before_by_num_steps": by_steps_before,
-        "accuracy_after_by_num_steps": by_steps_after,
         "warmup_curve": warmup_curve,
-        "rl_curve": rl_curve,
-        "rl_logs": rl_logs,
-        "mean_rollouts_per_step": sum(mc_rollouts) / len(mc_rollouts) if mc_rollouts else 0.0,
+        "arms": results,
         "warmup_seconds": warmup_seconds,
-        "rl_seconds": rl_seconds,
         "report_seconds": report_seconds,
         "total_seconds": time.perf_counter() - t_start,
         "parameters": n_params,
@@ -513,9 +531,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     print(
-        f"[demo] held-out accuracy {acc_before:.3f} -> {acc_after:.3f} ({acc_after - acc_before:+.3f}); "
-        f"warm-up {warmup_seconds:.0f}s, VinePPO {rl_seconds:.0f}s, total {metrics['total_seconds']:.0f}s.\n"
-        f"[demo] wrote {out / 'learning_curve.png'}, {out / 'responses.html'}, {out / 'metrics.json'}",
+        f"[demo] total {metrics['total_seconds']:.0f}s. Wrote {out / 'learning_curve.png'}, "
+        f"{out / 'responses.html'}, {out / 'metrics.json'}",
         flush=True,
     )
     return metrics

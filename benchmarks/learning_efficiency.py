@@ -236,12 +236,18 @@ def _mean_se(xs: list[float]) -> tuple[float, float]:
     return mean, se
 
 
-def steps_to_reach(curve: list[dict], target: float) -> int | None:
-    """First evaluated step at which ``curve`` (records sorted by step) reaches ``target`` (None: never)."""
+def first_reaching(curve: list[dict], target: float) -> dict | None:
+    """The first record (by step) of ``curve`` whose accuracy reaches ``target`` (None: never)."""
     for r in sorted(curve, key=lambda r: r["step"]):
         if r["accuracy"] >= target - 1e-12:
-            return int(r["step"])
+            return r
     return None
+
+
+def steps_to_reach(curve: list[dict], target: float) -> int | None:
+    """First evaluated step at which ``curve`` reaches ``target`` (None: never)."""
+    hit = first_reaching(curve, target)
+    return None if hit is None else int(hit["step"])
 
 
 def summarize(records: list[dict], done: dict[tuple[str, int, str], dict]) -> dict:
@@ -258,16 +264,15 @@ def summarize(records: list[dict], done: dict[tuple[str, int, str], dict]) -> di
         table: dict[str, dict] = {}
         for arm in arms:
             seeds = sorted(s for (t, s, a) in done if t == task and a == arm)
-            finals, diffs, tokens, seconds, tok_ratio, sec_ratio, reach, reached = (
-                [],
-                [],
-                [],
-                [],
-                [],
-                [],
-                [],
-                0,
-            )
+            finals: list[float] = []
+            diffs: list[float] = []  # final accuracy minus GRPO's, same seed
+            tokens: list[float] = []
+            seconds: list[float] = []
+            tok_ratio: list[float] = []
+            sec_ratio: list[float] = []
+            reach: list[float] = []  # steps to GRPO's best, seeds that reach it
+            reach_seconds: list[float] = []
+            reached = 0
             for seed in seeds:
                 curve = sorted(by_run[(task, seed, arm)], key=lambda r: r["step"])
                 finals.append(curve[-1]["accuracy"])
@@ -281,10 +286,11 @@ def summarize(records: list[dict], done: dict[tuple[str, int, str], dict]) -> di
                         tok_ratio.append(curve[-1]["sampled_tokens"] / grpo[-1]["sampled_tokens"])
                     sec_ratio.append(curve[-1]["train_seconds"] / grpo[-1]["train_seconds"])
                     best = max(r["accuracy"] for r in grpo if r["step"] > 0)
-                    step = steps_to_reach([r for r in curve if r["step"] > 0], best)
-                    if step is not None:
+                    hit = first_reaching([r for r in curve if r["step"] > 0], best)
+                    if hit is not None:
                         reached += 1
-                        reach.append(step)
+                        reach.append(hit["step"])
+                        reach_seconds.append(hit["train_seconds"])
             table[arm] = {
                 "seeds": seeds,
                 "prompts_per_step": [done[(task, s, arm)].get("prompts_per_step") for s in seeds],
@@ -296,6 +302,7 @@ def summarize(records: list[dict], done: dict[tuple[str, int, str], dict]) -> di
                 "tokens_ratio_to_grpo": _mean_se(tok_ratio),
                 "seconds_ratio_to_grpo": _mean_se(sec_ratio),
                 "steps_to_grpo_best": _mean_se([float(s) for s in reach]),
+                "seconds_to_grpo_best": _mean_se(reach_seconds),
                 "seeds_reaching_grpo_best": reached,
             }
         out[task] = table
@@ -324,7 +331,7 @@ def print_table(summary: dict) -> None:
     for task, table in summary.items():
         print(f"\ntask {task}")
         head = (
-            f"{'arm':<14} {'n':>2} {'final acc':>15} {'minus GRPO':>16} {'steps to GRPO best':>19} "
+            f"{'arm':<14} {'n':>2} {'final acc':>15} {'minus GRPO':>16} {'steps to GRPO best':>19} {'s to GRPO best':>15} "
             f"{'tokens x GRPO':>14} {'seconds x GRPO':>15}"
         )
         print(head)
@@ -336,7 +343,7 @@ def print_table(summary: dict) -> None:
             )
             print(
                 f"{arm:<14} {len(row['seeds']):>2} {fmt(row['final_accuracy']):>15} {fmt(row['final_minus_grpo'], '+.3f'):>16} "
-                f"{reach:>19} {fmt(row['tokens_ratio_to_grpo'], '.2f'):>14} {fmt(row['seconds_ratio_to_grpo'], '.2f'):>15}"
+                f"{reach:>19} {fmt(row['seconds_to_grpo_best'], '.0f'):>15} {fmt(row['tokens_ratio_to_grpo'], '.2f'):>14} {fmt(row['seconds_ratio_to_grpo'], '.2f'):>15}"
             )
 
 

@@ -49,6 +49,9 @@ TASKS: dict[str, dict[str, Any]] = {
     "demo": {},
     # Longer reasoning: 5-8 operations, the same flaw on 60% of all demonstrations (every problem has 5+).
     "long": {"min_steps": 5, "max_steps": 8, "flawed_demo_min_steps": 5, "max_completion_length": 96},
+    # Where the mistakes sit: the demo's problems and flawed demonstrations (same problems, same count), but a
+    # flawed demonstration makes one arithmetic slip at a random operation instead of forgetting the last one.
+    "slip": {"flaw": "slip"},
     # Smoke runs and tests only: the demo's --quick sizes (numbers meaningless).
     "quick": {"quick": True},
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -19,7 +20,9 @@ from mcadvantage.demo.task import (
     Operation,
     generate_problems,
     make_problem,
+    random_slip,
     skip_last_solution,
+    slip_solution,
     to_rows,
 )
 from mcadvantage.segmenters import GSM8KSegmenter
@@ -100,6 +103,45 @@ def test_skip_last_solution_forgets_the_last_operation():
     assert GSM8KVerifier().score(flawed, p.answer) == 0.0
     with pytest.raises(ValueError, match="needs a problem with >= 2 operations"):
         skip_last_solution(make_problem(5, [Operation("add", 1)]))
+
+
+def test_slip_solution_hand_computed():
+    p = make_problem(
+        12, [Operation("sub", 3), Operation("mul", 2), Operation("half", 2), Operation("add", 4)]
+    )
+    # 12-3=9, 9*2=18, 18/2=9, 9+4=13; a slip of +2 on the second operation carries 20 on.
+    assert slip_solution(p, 1, 2) == "12-3=9\n9*2=20\n20/2=10\n10+4=14\n#### 14"
+    assert slip_solution(p, 3, -1) == "12-3=9\n9*2=18\n18/2=9\n9+4=12\n#### 12"
+    with pytest.raises(ValueError, match="delta must be a multiple of 2 when 1 later operation"):
+        slip_solution(p, 0, 1)
+    with pytest.raises(ValueError, match="step must be in"):
+        slip_solution(p, 4, 2)
+    rng = random.Random(0)
+    for q in generate_problems(2000, seed=2):
+        text = random_slip(q, rng)
+        assert GSM8KVerifier().score(text, q.answer) == 0.0  # the final answer is always wrong
+        wrong = [line for line in text.split("\n")[:-1] if not _line_is_right(line)]
+        assert len(wrong) == 1  # exactly one wrong line
+
+
+def _line_is_right(line: str) -> bool:
+    # A wrong value carried on can go below zero ("0-3=-3"): this check allows negative numbers.
+    m = re.match(r"^(-?\d+)([-+*/])(\d+)=(-?\d+)$", line)
+    left, symbol, operand, result = int(m[1]), m[2], int(m[3]), int(m[4])
+    return result == {"+": left + operand, "-": left - operand, "*": left * operand, "/": left // operand}[
+        symbol
+    ] and (symbol != "/" or left % 2 == 0)
+
+
+def test_slip_flaw_changes_only_the_flawed_demonstrations():
+    base = build_data(DemoConfig(warmup_problems=400, rl_problems=10, eval_problems=10))
+    slip = build_data(DemoConfig(warmup_problems=400, rl_problems=10, eval_problems=10, flaw="slip"))
+    assert base.flawed == slip.flawed > 0
+    assert [p for p, _ in base.warmup] == [p for p, _ in slip.warmup]
+    changed = [(a, b) for (_, a), (_, b) in zip(base.warmup, slip.warmup, strict=True) if a != b]
+    assert len(changed) == base.flawed  # the flawed ones, and only they, differ
+    for skipped, slipped in changed:
+        assert skipped.count("\n") + 1 == slipped.count("\n")  # a slip keeps every operation line
 
 
 @pytest.mark.parametrize(
@@ -255,6 +297,7 @@ def test_quick_flag_shrinks_the_run_and_explicit_flags_win():
         (["--arms", "grpo,ppo"], "--arms: unknown arm 'ppo'"),
         (["--arms", "sft"], "--arms takes RL arms"),
         (["--arms", ","], "--arms is empty"),
+        (["--flaw", "typo"], "--flaw must be 'skip_last' or 'slip'"),
         (["--rl_steps", "0"], "--rl_steps must be >= 1, got 0"),
         (["--min_steps", "4", "--max_steps", "3"], "need 1 <= --min_steps <= --max_steps"),
     ],

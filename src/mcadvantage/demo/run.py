@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .task import ArithmeticProblem, generate_problems, skip_last_solution
+from .task import ArithmeticProblem, generate_problems, random_slip, skip_last_solution
 
 __all__ = [
     "DemoConfig",
@@ -76,6 +76,9 @@ class DemoConfig:
     warmup_problems: int = 30000
     flawed_demo_rate: float = 0.6
     flawed_demo_min_steps: int = 4
+    # What a flawed demonstration gets wrong: "skip_last" forgets the last operation; "slip" makes one
+    # arithmetic slip at a random operation and carries the wrong value on (a mistake mid-solution).
+    flaw: str = "skip_last"
     rl_problems: int = 5000
     eval_problems: int = 600
     curve_problems: int = 200
@@ -177,6 +180,8 @@ def validate_config(config: DemoConfig) -> None:
         )
     if not 0.0 <= config.flawed_demo_rate <= 1.0:
         raise SystemExit(f"--flawed_demo_rate must be in [0, 1], got {config.flawed_demo_rate}.")
+    if config.flaw not in ("skip_last", "slip"):
+        raise SystemExit(f"--flaw must be 'skip_last' or 'slip', got {config.flaw!r}.")
     if config.flawed_demo_min_steps < 2:
         raise SystemExit(
             f"--flawed_demo_min_steps must be >= 2 (a flawed demonstration drops the last operation, so it "
@@ -235,13 +240,20 @@ def build_data(config: DemoConfig) -> DemoData:
         config.rl_problems, seed=3_000_003 * (config.seed + 1), exclude=taken, **kwargs
     )
     rng = random.Random(4_000_003 * (config.seed + 1))
+    # The slips' own generator, so the default ("skip_last") data is unchanged by this option.
+    slip_rng = random.Random(5_000_003 * (config.seed + 1))
     warmup: list[tuple[str, str]] = []
     flawed = 0
     for p in warmup_set:
         # rng.random() is drawn for every problem so the flaw pattern does not depend on min_steps.
         flaw = rng.random() < config.flawed_demo_rate and p.num_steps >= config.flawed_demo_min_steps
         flawed += flaw
-        warmup.append((p.prompt, skip_last_solution(p) if flaw else p.solution))
+        if not flaw:
+            warmup.append((p.prompt, p.solution))
+        elif config.flaw == "slip":
+            warmup.append((p.prompt, random_slip(p, slip_rng)))
+        else:
+            warmup.append((p.prompt, skip_last_solution(p)))
     return DemoData(eval_set=eval_set, warmup=warmup, flawed=flawed, rl_set=rl_set)
 
 

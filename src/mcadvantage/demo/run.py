@@ -303,6 +303,7 @@ WARMUP_FIELDS = (
     "warmup_problems",
     "flawed_demo_rate",
     "flawed_demo_min_steps",
+    "flaw",
     "eval_problems",
     "min_steps",
     "max_steps",

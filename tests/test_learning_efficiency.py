@@ -1,0 +1,216 @@
+"""The side-by-side comparison: arm names, the benchmark's summary on hand-computed records, a resumable
+end-to-end run on the quick task, and the shipped warm-up checkpoint the demo starts from."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcadvantage.demo.arms import ArmSpec, parse_arm
+from mcadvantage.demo.run import DemoConfig, shipped_warmup_dir, usable_shipped_warmup
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location(
+        "learning_efficiency", REPO / "benchmarks" / "learning_efficiency.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("grpo", ArmSpec("grpo", "rl", "grpo", None, None)),
+        ("rloo", ArmSpec("rloo", "rl", "rloo", None, None)),
+        ("vineppo_k9", ArmSpec("vineppo_k9", "rl", "vineppo", 9, None)),
+        ("grpo_p19", ArmSpec("grpo_p19", "rl", "grpo", None, 19)),
+        ("vineppo_k4_p2", ArmSpec("vineppo_k4_p2", "rl", "vineppo", 4, 2)),
+        ("sft", ArmSpec("sft", "sft")),
+    ],
+)
+def test_parse_arm(name, expected):
+    assert parse_arm(name) == expected
+
+
+@pytest.mark.parametrize("name", ["ppo", "vineppo", "vineppo_k0", "grpo_p0", "grpo_k4", "sft_p2", ""])
+def test_parse_arm_rejects_unknown_names_and_says_what_works(name):
+    with pytest.raises(ValueError, match="use 'grpo', 'rloo', 'vineppo_k<K>'"):
+        parse_arm(name)
+
+
+def _rec(arm, seed, step, acc, tokens, seconds, task="t"):
+    return {
+        "task": task,
+        "arm": arm,
+        "seed": seed,
+        "step": step,
+        "accuracy": acc,
+        "sampled_tokens": tokens,
+        "train_seconds": seconds,
+    }
+
+
+def test_summary_hand_computed():
+    le = _benchmark()
+    records = []
+    # seed 0: GRPO 0.4 -> 0.5 -> 0.6 (best 0.6); VinePPO 0.4 -> 0.6 -> 0.7: reaches 0.6 at step 10
+    records += [
+        _rec("grpo", 0, 0, 0.4, 0, 0),
+        _rec("grpo", 0, 10, 0.5, 100, 10),
+        _rec("grpo", 0, 20, 0.6, 200, 20),
+    ]
+    records += [
+        _rec("vineppo_k4", 0, 0, 0.4, 0, 0),
+        _rec("vineppo_k4", 0, 10, 0.6, 400, 30),
+        _rec("vineppo_k4", 0, 20, 0.7, 800, 60),
+    ]
+    # seed 1: GRPO 0.3 -> 0.5 -> 0.4 (best 0.5); VinePPO 0.3 -> 0.4 -> 0.45: never reaches 0.5
+    records += [
+        _rec("grpo", 1, 0, 0.3, 0, 0),
+        _rec("grpo", 1, 10, 0.5, 100, 10),
+        _rec("grpo", 1, 20, 0.4, 200, 20),
+    ]
+    records += [
+        _rec("vineppo_k4", 1, 0, 0.3, 0, 0),
+        _rec("vineppo_k4", 1, 10, 0.4, 600, 20),
+        _rec("vineppo_k4", 1, 20, 0.45, 600, 40),
+    ]
+    done = {("t", s, a): {"prompts_per_step": 4} for s in (0, 1) for a in ("grpo", "vineppo_k4")}
+    summary = le.summarize(records, done)["t"]
+    v, g = summary["vineppo_k4"], summary["grpo"]
+    assert list(summary) == ["grpo", "vineppo_k4"]
+    assert v["final_accuracy"][0] == pytest.approx(0.575)
+    assert v["final_accuracy"][1] == pytest.approx(0.125)  # sd of (0.7, 0.45) / sqrt(2) = 0.1768 / 1.414
+    # paired differences 0.7 - 0.6 = 0.1 and 0.45 - 0.4 = 0.05
+    assert v["final_minus_grpo"][0] == pytest.approx(0.075)
+    assert v["final_minus_grpo"][1] == pytest.approx(0.025)
+    assert v["tokens_ratio_to_grpo"][0] == pytest.approx((4.0 + 3.0) / 2)
+    assert v["seconds_ratio_to_grpo"][0] == pytest.approx((3.0 + 2.0) / 2)
+    assert v["steps_to_grpo_best"][0] == 10 and v["seeds_reaching_grpo_best"] == 1
+    assert v["seconds_to_grpo_best"][0] == 30  # its train_seconds at step 10 of seed 0
+    assert math.isnan(v["steps_to_grpo_best"][1])  # one seed reached it: no spread
+    assert g["final_minus_grpo"] == (0.0, 0.0) and g["seeds_reaching_grpo_best"] == 2
+    assert g["steps_to_grpo_best"][0] == pytest.approx(15.0)  # 20 in seed 0, 10 in seed 1
+
+
+def test_steps_to_reach():
+    le = _benchmark()
+    curve = [{"step": 20, "accuracy": 0.5}, {"step": 10, "accuracy": 0.45}, {"step": 30, "accuracy": 0.6}]
+    assert le.steps_to_reach(curve, 0.5) == 20
+    assert le.steps_to_reach(curve, 0.61) is None
+
+
+@pytest.mark.slow
+def test_quick_benchmark_runs_resumes_and_writes_the_records(tmp_path):
+    root, out = tmp_path / "runs", tmp_path / "le.json"
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks" / "learning_efficiency.py"),
+        "--task",
+        "quick",
+        "--seeds",
+        "0",
+    ]
+    cmd += ["--eval_every", "3", "--sft_steps", "4", "--root", str(root), "--json", str(out)]
+    proc = subprocess.run(
+        [*cmd, "--arms", "grpo", "vineppo_k2", "sft"], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    records = result["records"]
+    assert {r["arm"] for r in records} == {"grpo", "vineppo_k2", "sft"}
+    for arm, last in (("grpo", 3), ("vineppo_k2", 3), ("sft", 4)):
+        steps = [r["step"] for r in records if r["arm"] == arm]
+        assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == last
+    for r in records:
+        assert set(r) == {"task", "arm", "seed", "step", "accuracy", "sampled_tokens", "train_seconds"}
+        assert 0.0 <= r["accuracy"] <= 1.0
+    # Every arm starts from the same warm-up policy: the same step-0 accuracy.
+    assert len({r["accuracy"] for r in records if r["step"] == 0}) == 1
+    final = {r["arm"]: r for r in records if r["step"] == (4 if r["arm"] == "sft" else 3)}
+    assert (
+        final["vineppo_k2"]["sampled_tokens"]
+        > final["grpo"]["sampled_tokens"]
+        > 0
+        == final["sft"]["sampled_tokens"]
+    )
+    assert result["summary"]["quick"]["vineppo_k2"]["tokens_ratio_to_grpo"][0] > 1
+    assert (tmp_path / "learning_efficiency_quick.png").read_bytes()[:4] == b"\x89PNG"
+    # Resuming: finished arms are not rerun; a new arm is added next to them.
+    marker = root / "quick" / "seed0" / "grpo.done.json"
+    stamp = marker.stat().st_mtime_ns
+    proc = subprocess.run([*cmd, "--arms", "grpo", "rloo"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert marker.stat().st_mtime_ns == stamp and "seed 0: grpo\n" not in proc.stdout
+    assert {r["arm"] for r in json.loads(out.read_text())["records"]} == {"grpo", "vineppo_k2", "sft", "rloo"}
+
+
+def test_warmup_is_bit_identical_on_one_machine(tmp_path):
+    """What a seed fixes on one machine and torch build: the whole warm-up, bit for bit."""
+    for name in ("a", "b"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mcadvantage.demo.make_warmup",
+                "--quick",
+                "--warmup_steps",
+                "8",
+                "--output_dir",
+                str(tmp_path / name),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a = (tmp_path / "a" / "model.safetensors").read_bytes()
+    assert a == (tmp_path / "b" / "model.safetensors").read_bytes()
+    meta = json.loads((tmp_path / "a" / "warmup.json").read_text())
+    assert meta["config"]["warmup_steps"] == 8 and [s for s, _ in meta["curve_on_first_problems"]][-1] == 8
+
+
+def test_shipped_warmup_is_used_only_for_its_own_settings():
+    meta = usable_shipped_warmup(DemoConfig())
+    assert meta is not None, f"the demo's checkpoint is missing from {shipped_warmup_dir()}"
+    assert meta["config"]["seed"] == 0
+    assert usable_shipped_warmup(DemoConfig(seed=1)) is None
+    assert usable_shipped_warmup(DemoConfig(hidden_size=64)) is None
+    assert usable_shipped_warmup(DemoConfig(warmup_steps=900)) is None
+    assert usable_shipped_warmup(DemoConfig(train_warmup=True)) is None
+    assert usable_shipped_warmup(DemoConfig(flaw="slip")) is None
+    # Settings that only affect RL keep it.
+    assert usable_shipped_warmup(DemoConfig(rl_steps=10, arms="grpo")) is not None
+
+
+@pytest.mark.slow
+def test_shipped_warmup_reproduces_its_recorded_accuracy():
+    """The shipped checkpoint scores what its warm-up.json says on the 600 held-out problems. Greedy decoding is
+    deterministic on one machine; on another CPU a near-tie argmax can flip, so a few problems may differ: the
+    tolerance is 0.02 (12 of 600 problems), the binomial standard error of the accuracy."""
+    from mcadvantage import GSM8KVerifier
+    from mcadvantage.demo.arms import load_policy
+    from mcadvantage.demo.evaluation import evaluate_accuracy
+    from mcadvantage.demo.run import build_data
+
+    config = DemoConfig()
+    meta = usable_shipped_warmup(config)
+    model, tokenizer = load_policy(shipped_warmup_dir())
+    acc, _, _ = evaluate_accuracy(
+        model,
+        tokenizer,
+        build_data(config).eval_set,
+        GSM8KVerifier().score,
+        max_new_tokens=config.max_completion_length,
+    )
+    assert acc == pytest.approx(meta["held_out_accuracy"], abs=0.02)

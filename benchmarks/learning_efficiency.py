@@ -4,7 +4,7 @@
     python benchmarks/learning_efficiency.py --task long --arms grpo vineppo_k4 sft
     python benchmarks/learning_efficiency.py --report              # aggregate what is there, run nothing
 
-Protocol (docs/benchmarks/learning_efficiency.md, written before the runs): for each task and seed, one
+Protocol (docs/learning-efficiency.md, written before the runs): for each task and seed, one
 warm-up policy is trained with the demo's recipe (``mcadvantage.demo.arms.train_warmup_policy``) and saved;
 every arm starts from it, with the same RL prompts, the same trainer seed (so the same prompt order), the
 same batch layout, learning rate and temperature; only the advantage estimator differs

@@ -26,7 +26,7 @@ Steps:
 
 One run is one seed: RL run-to-run noise on this task (about 0.05 held-out accuracy) is larger than the
 differences between arms, so the demo shows how to compare, and ``benchmarks/learning_efficiency.py``
-measures the comparison over seeds (docs/benchmarks/learning_efficiency.md).
+measures the comparison over seeds (docs/learning-efficiency.md).
 """
 
 from __future__ import annotations
@@ -491,7 +491,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         )
     print(
         "[demo] One seed, one run per arm: RL run-to-run noise on this task is about 0.05 (larger than the "
-        "binomial error); docs/benchmarks/learning_efficiency.md has the multi-seed comparison.",
+        "binomial error); docs/learning-efficiency.md has the multi-seed comparison.",
         flush=True,
     )
     shown = _html_problems(eval_set, config.html_responses)

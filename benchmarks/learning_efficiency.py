@@ -144,7 +144,9 @@ def _matched_prompts(seed_dir: Path, config: Any, matched_to: str = MATCHED_TO) 
     return max(1, round(config.prompts_per_step * per_step[matched_to] / per_step["grpo"]))
 
 
-def run_arm_process(task: str, seed: int, arm_name: str, root: Path, eval_every: int, sft_steps: int) -> None:
+def run_arm_process(
+    task: str, seed: int, arm_name: str, root: Path, eval_every: int, sft_steps: int, threads: int = 2
+) -> None:
     """Run one arm (``--worker``): records appended to ``<arm>.jsonl``, ``<arm>.done.json`` at the end."""
     import torch
 
@@ -152,7 +154,7 @@ def run_arm_process(task: str, seed: int, arm_name: str, root: Path, eval_every:
     from mcadvantage.demo.run import _quiet_libraries, build_data
 
     _quiet_libraries()
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
     seed_dir = root / task / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
     warm = ensure_warmup(task, seed, seed_dir)
@@ -454,6 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
     parser.add_argument("--eval_every", type=int, default=10, help="RL steps between held-out evaluations")
     parser.add_argument("--sft_steps", type=int, default=SFT_STEPS, help="supervised steps of the sft arm")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="torch threads per arm process (1 lets two benchmark processes share a 2-core machine)",
+    )
     parser.add_argument("--root", default=str(RESULTS / "learning_efficiency_runs"))
     parser.add_argument("--json", default=str(RESULTS / "learning_efficiency.json"))
     parser.add_argument("--report", action="store_true", help="only aggregate the finished arms")
@@ -461,7 +469,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path(args.root)
     if args.worker:
-        run_arm_process(args.task, int(args.worker[0]), args.worker[1], root, args.eval_every, args.sft_steps)
+        run_arm_process(
+            args.task,
+            int(args.worker[0]),
+            args.worker[1],
+            root,
+            args.eval_every,
+            args.sft_steps,
+            args.threads,
+        )
         return 0
     from mcadvantage.demo.arms import parse_arm
 
@@ -490,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
                     str(args.eval_every),
                     "--sft_steps",
                     str(args.sft_steps),
+                    "--threads",
+                    str(args.threads),
                     "--worker",
                     str(seed),
                     arm,

@@ -55,7 +55,11 @@ TASKS: dict[str, dict[str, Any]] = {
     # Smoke runs and tests only: the demo's --quick sizes (numbers meaningless).
     "quick": {"quick": True},
 }
-DEFAULT_ARMS = ["grpo", "rloo", "vineppo_k4", "vineppo_k9", "grpo_matched", "sft"]
+DEFAULT_ARMS = ["grpo", "rloo", "vineppo_k4", "vineppo_k9", "grpo_matched", "sft", "restem"]
+# RestEM: 4 iterations of 40 new prompts x num_generations samples (the RL arms' 160 prompts in all), 8 epochs
+# on the correct ones per iteration (the paper's), from the starting policy each time.
+RESTEM_ITERATIONS = 4
+RESTEM_EPOCHS = 8
 SFT_STEPS = 400  # about GRPO's training wall time per seed on the demo task, measured on 2 cores
 SFT_LR = 3e-4  # where the warm-up's schedule ends (warmup_lr decayed to a tenth)
 
@@ -150,7 +154,7 @@ def run_arm_process(
     """Run one arm (``--worker``): records appended to ``<arm>.jsonl``, ``<arm>.done.json`` at the end."""
     import torch
 
-    from mcadvantage.demo.arms import ArmRecord, parse_arm, run_rl_arm, run_sft_arm
+    from mcadvantage.demo.arms import ArmRecord, parse_arm, run_restem_arm, run_rl_arm, run_sft_arm
     from mcadvantage.demo.run import _quiet_libraries, build_data
 
     _quiet_libraries()
@@ -186,7 +190,21 @@ def run_arm_process(
     on_record(ArmRecord(arm_name, seed, 0, warm["accuracy"], 0.0, 0.0))
     t0 = time.perf_counter()
     extra: dict[str, Any] = {}
-    if spec.kind == "sft":
+    if spec.kind == "restem":
+        prompts = config.rl_steps * config.prompts_per_step // RESTEM_ITERATIONS
+        _, records = run_restem_arm(
+            config,
+            policy_dir,
+            data,
+            iterations=RESTEM_ITERATIONS,
+            prompts_per_iteration=prompts,
+            epochs=RESTEM_EPOCHS,
+            learning_rate=SFT_LR,
+            evaluate=evaluate,
+            on_record=on_record,
+        )
+        steps = config.rl_steps
+    elif spec.kind == "sft":
         _, records = run_sft_arm(
             config,
             policy_dir,

@@ -36,13 +36,16 @@ def _benchmark():
         ("grpo_p19", ArmSpec("grpo_p19", "rl", "grpo", None, 19)),
         ("vineppo_k4_p2", ArmSpec("vineppo_k4_p2", "rl", "vineppo", 4, 2)),
         ("sft", ArmSpec("sft", "sft")),
+        ("restem", ArmSpec("restem", "restem")),
     ],
 )
 def test_parse_arm(name, expected):
     assert parse_arm(name) == expected
 
 
-@pytest.mark.parametrize("name", ["ppo", "vineppo", "vineppo_k0", "grpo_p0", "grpo_k4", "sft_p2", ""])
+@pytest.mark.parametrize(
+    "name", ["ppo", "vineppo", "vineppo_k0", "grpo_p0", "grpo_k4", "sft_p2", "restem_p2", ""]
+)
 def test_parse_arm_rejects_unknown_names_and_says_what_works(name):
     with pytest.raises(ValueError, match="use 'grpo', 'rloo', 'vineppo_k<K>'"):
         parse_arm(name)
@@ -123,13 +126,14 @@ def test_quick_benchmark_runs_resumes_and_writes_the_records(tmp_path):
     ]
     cmd += ["--eval_every", "3", "--sft_steps", "4", "--root", str(root), "--json", str(out)]
     proc = subprocess.run(
-        [*cmd, "--arms", "grpo", "vineppo_k2", "sft"], capture_output=True, text=True, timeout=600
+        [*cmd, "--arms", "grpo", "vineppo_k2", "sft", "restem"], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     records = result["records"]
-    assert {r["arm"] for r in records} == {"grpo", "vineppo_k2", "sft"}
-    for arm, last in (("grpo", 3), ("vineppo_k2", 3), ("sft", 4)):
+    assert {r["arm"] for r in records} == {"grpo", "vineppo_k2", "sft", "restem"}
+    # restem: 4 iterations of 3 steps x 2 prompts // 4 = 1 prompt, each counted as one step of 2 prompts (min 1)
+    for arm, last in (("grpo", 3), ("vineppo_k2", 3), ("sft", 4), ("restem", 4)):
         steps = [r["step"] for r in records if r["arm"] == arm]
         assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == last
     for r in records:
@@ -137,7 +141,8 @@ def test_quick_benchmark_runs_resumes_and_writes_the_records(tmp_path):
         assert 0.0 <= r["accuracy"] <= 1.0
     # Every arm starts from the same warm-up policy: the same step-0 accuracy.
     assert len({r["accuracy"] for r in records if r["step"] == 0}) == 1
-    final = {r["arm"]: r for r in records if r["step"] == (4 if r["arm"] == "sft" else 3)}
+    final = {r["arm"]: r for r in records if r["step"] == (4 if r["arm"] in ("sft", "restem") else 3)}
+    assert final["restem"]["sampled_tokens"] > 0  # it samples 4 responses per prompt, 4 times
     assert (
         final["vineppo_k2"]["sampled_tokens"]
         > final["grpo"]["sampled_tokens"]
@@ -146,13 +151,23 @@ def test_quick_benchmark_runs_resumes_and_writes_the_records(tmp_path):
     )
     assert result["summary"]["quick"]["vineppo_k2"]["tokens_ratio_to_grpo"][0] > 1
     assert (tmp_path / "learning_efficiency_quick.png").read_bytes()[:4] == b"\x89PNG"
-    # Resuming: finished arms are not rerun; a new arm is added next to them.
+    # Resuming: finished arms are not rerun, and the report still holds every finished arm.
     marker = root / "quick" / "seed0" / "grpo.done.json"
     stamp = marker.stat().st_mtime_ns
-    proc = subprocess.run([*cmd, "--arms", "grpo", "rloo"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([*cmd, "--arms", "grpo", "sft"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert marker.stat().st_mtime_ns == stamp and "seed 0: grpo\n" not in proc.stdout
-    assert {r["arm"] for r in json.loads(out.read_text())["records"]} == {"grpo", "vineppo_k2", "sft", "rloo"}
+    assert (
+        marker.stat().st_mtime_ns == stamp
+        and "seed 0: grpo\n" not in proc.stdout
+        and "seed 0: sft\n" not in proc.stdout
+    )
+    assert {r["arm"] for r in json.loads(out.read_text())["records"]} == {
+        "grpo",
+        "vineppo_k2",
+        "sft",
+        "restem",
+        "rloo",
+    }
 
 
 def test_warmup_is_bit_identical_on_one_machine(tmp_path):

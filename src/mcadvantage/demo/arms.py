@@ -9,7 +9,9 @@ arm, several seeds). An arm is named by a short string:
 - ``"vineppo_k<K>"``: Monte Carlo step values from ``K`` rollouts per state (``"vineppo_k4"``);
 - ``"<rl arm>_p<P>"``: the same with ``P`` prompts per step instead of the config's
   ``prompts_per_step`` (``"grpo_p19"``: GRPO given more prompts, e.g. VinePPO's sampling budget);
-- ``"sft"``: more supervised steps on the warm-up demonstrations, what a user could do instead of RL.
+- ``"sft"``: more supervised steps on the warm-up demonstrations, what a user could do instead of RL;
+- ``"restem"``: RestEM (the paper's RL-free baseline): rounds of sampling from the current policy,
+  keeping the verified-correct responses, and fine-tuning the starting policy on them.
 
 Every RL arm is the same ``VinePPOTrainer`` with the same settings (:func:`rl_training_args`); the
 estimator is the only difference, so a gap between arms is the advantage's doing.
@@ -32,6 +34,7 @@ __all__ = [
     "parse_arm",
     "rl_training_args",
     "run_rl_arm",
+    "run_restem_arm",
     "run_sft_arm",
     "load_policy",
     "summarize_curve",
@@ -69,13 +72,13 @@ class ArmRecord:
 
 def parse_arm(name: str) -> ArmSpec:
     """The :class:`ArmSpec` for an arm name (see the module docstring for the grammar)."""
-    if name == "sft":
-        return ArmSpec(name, "sft")
+    if name in ("sft", "restem"):
+        return ArmSpec(name, name)
     m = _ARM.match(name)
     if m is None:
         raise ValueError(
             f"unknown arm {name!r}: use 'grpo', 'rloo', 'vineppo_k<K>' (e.g. 'vineppo_k4'), any of them with "
-            "'_p<P>' for P prompts per step (e.g. 'grpo_p19'), or 'sft'."
+            "'_p<P>' for P prompts per step (e.g. 'grpo_p19'), 'sft' or 'restem'."
         )
     base = m.group("base")
     estimator = "vineppo" if base.startswith("vineppo") else base
@@ -328,6 +331,95 @@ def run_sft_arm(
     )
     model.eval()
     return model, records
+
+
+def run_restem_arm(
+    config: DemoConfig,
+    policy_dir: str | Path,
+    data: DemoData,
+    *,
+    iterations: int,
+    prompts_per_iteration: int,
+    epochs: int,
+    learning_rate: float,
+    evaluate: Callable[[Any], float],
+    on_record: Callable[[ArmRecord], None] | None = None,
+    steps_per_iteration: int | None = None,
+) -> tuple[Any, list[ArmRecord]]:
+    """RestEM (Singh et al., 2024) on the demo task, as the paper ran it: each iteration samples
+    ``config.num_generations`` responses (temperature ``config.temperature``) to ``prompts_per_iteration``
+    new RL prompts from the previous iteration's policy, keeps the verified-correct ones
+    (:func:`mcadvantage.self_training.restem_examples`), and fine-tunes the *starting* policy on them for
+    ``epochs`` epochs (the paper resets to the base model every iteration). Evaluated after every
+    iteration; a record's ``step`` is the RL step that has consumed as many prompts
+    (``steps_per_iteration``, default ``prompts_per_iteration / config.prompts_per_step``), so its curve
+    lines up with the RL arms' by data consumed. The paper picks each iteration's checkpoint on a
+    validation split; here every iteration is kept (no validation split is held out), which is stated with
+    the results."""
+    from mcadvantage import GSM8KVerifier, TransformersSampler
+    from mcadvantage.self_training import restem_examples, sample_and_grade
+
+    from .warmup import supervised_warmup
+
+    if min(iterations, prompts_per_iteration, epochs) < 1:
+        raise ValueError(
+            f"run_restem_arm: iterations, prompts_per_iteration and epochs must be >= 1, got {iterations}, "
+            f"{prompts_per_iteration} and {epochs}."
+        )
+    if iterations * prompts_per_iteration > len(data.rl_set):
+        raise ValueError(
+            f"run_restem_arm: {iterations} x {prompts_per_iteration} prompts exceed the {len(data.rl_set)} RL prompts."
+        )
+    steps_per_iteration = steps_per_iteration or max(1, prompts_per_iteration // config.prompts_per_step)
+    verifier = GSM8KVerifier()
+    policy, tokenizer = load_policy(policy_dir)
+    records: list[ArmRecord] = []
+    tokens = 0.0
+    train_seconds = 0.0
+    for it in range(iterations):
+        t0 = time.perf_counter()
+        rows = [
+            {"prompt": p.prompt, "answer": p.answer}
+            for p in data.rl_set[it * prompts_per_iteration : (it + 1) * prompts_per_iteration]
+        ]
+        sampler = TransformersSampler(
+            policy, tokenizer, temperature=config.temperature, max_batch_sequences=1024
+        )
+        graded = sample_and_grade(
+            sampler,
+            tokenizer,
+            rows,
+            verifier,
+            num_samples=config.num_generations,
+            max_new_tokens=config.max_completion_length,
+        )
+        tokens += sum(
+            len(tokenizer(c, add_special_tokens=False)["input_ids"]) for g in graded for c in g.completions
+        )
+        examples = [(r["prompt"], r["completion"]) for r in restem_examples(graded)]
+        policy, _ = load_policy(policy_dir)  # RestEM fine-tunes the starting policy every iteration
+        if examples:
+            steps = max(1, epochs * len(examples) // config.warmup_batch_size)
+            supervised_warmup(
+                policy,
+                tokenizer,
+                examples,
+                steps=steps,
+                batch_size=config.warmup_batch_size,
+                learning_rate=learning_rate,
+                warmup_ratio=0.0,
+                decay_ratio=0.0,
+                seed=config.seed + it,
+            )
+        train_seconds += time.perf_counter() - t0
+        record = ArmRecord(
+            "restem", config.seed, (it + 1) * steps_per_iteration, evaluate(policy), tokens, train_seconds
+        )
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+    policy.eval()
+    return policy, records
 
 
 def summarize_curve(records: Sequence[ArmRecord]) -> dict[str, float]:

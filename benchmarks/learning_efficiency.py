@@ -370,6 +370,69 @@ def print_table(summary: dict) -> None:
             )
 
 
+def markdown_tables(records: list[dict], summary: dict) -> str:
+    """The results as Markdown: per task, the summary table (mean ± standard error over seeds) and every
+    run's held-out curve, so the documentation shows every configuration that ran."""
+
+    def fmt(ms: Any, spec: str = ".3f") -> str:
+        m, e = ms
+        if math.isnan(m):
+            return "-"
+        return f"{m:{spec}}" + ("" if math.isnan(e) else f" ± {e:{spec}}")
+
+    out: list[str] = []
+    for task, table in summary.items():
+        out += [
+            f"### Task `{task}`",
+            "",
+            "| arm | seeds | final accuracy | minus GRPO (paired) | steps to GRPO's best | seconds to GRPO's best "
+            "| sampled tokens x GRPO | training seconds x GRPO |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for arm, row in table.items():
+            n = len(row["seeds"])
+            out.append(
+                f"| `{arm}` | {n} | {fmt(row['final_accuracy'])} | {fmt(row['final_minus_grpo'], '+.3f')} "
+                f"| {fmt(row['steps_to_grpo_best'], '.0f')} ({row['seeds_reaching_grpo_best']}/{n}) "
+                f"| {fmt(row['seconds_to_grpo_best'], '.0f')} | {fmt(row['tokens_ratio_to_grpo'], '.2f')} "
+                f"| {fmt(row['seconds_ratio_to_grpo'], '.2f')} |"
+            )
+        out += [
+            "",
+            "Every run (held-out accuracy at each evaluated step; `sft` steps are supervised steps):",
+            "",
+        ]
+        out += [
+            "| arm | seed | curve (step: accuracy) | sampled tokens | training s |",
+            "|---|---:|---|---:|---:|",
+        ]
+        for arm, row in table.items():
+            for seed in row["seeds"]:
+                curve = sorted(
+                    (r for r in records if r["task"] == task and r["arm"] == arm and r["seed"] == seed),
+                    key=lambda r: r["step"],
+                )
+                points = " / ".join(f"{r['step']}: {r['accuracy']:.3f}" for r in curve)
+                out.append(
+                    f"| `{arm}` | {seed} | {points} | {curve[-1]['sampled_tokens']:,.0f} "
+                    f"| {curve[-1]['train_seconds']:.0f} |"
+                )
+        out.append("")
+    return "\n".join(out)
+
+
+def update_doc(doc: Path, markdown: str) -> bool:
+    """Replace the text between the results markers of ``doc`` with ``markdown`` (False: no markers)."""
+    start, end = "<!-- learning_efficiency results: start -->", "<!-- learning_efficiency results: end -->"
+    text = doc.read_text(encoding="utf-8")
+    if start not in text or end not in text:
+        return False
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{start}\n{markdown}\n{end}{tail}", encoding="utf-8")
+    return True
+
+
 def plot(records: list[dict], summary: dict, path_for: Any) -> list[str]:
     import matplotlib
 
@@ -430,7 +493,7 @@ def plot(records: list[dict], summary: dict, path_for: Any) -> list[str]:
     return written
 
 
-def report(root: Path, json_path: Path, command: str) -> dict:
+def report(root: Path, json_path: Path, command: str, doc: Path | None = None) -> dict:
     records, done = load_runs(root)
     if not done:
         print(f"no finished arms under {root}")
@@ -464,6 +527,8 @@ def report(root: Path, json_path: Path, command: str) -> dict:
     }
     _write_json(json_path, result)
     print(f"wrote {json_path} and {', '.join(plots)}")
+    if doc is not None and update_doc(doc, markdown_tables(records, summary)):
+        print(f"updated the results in {doc}")
     return result
 
 
@@ -483,6 +548,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=str(RESULTS / "learning_efficiency_runs"))
     parser.add_argument("--json", default=str(RESULTS / "learning_efficiency.json"))
     parser.add_argument("--report", action="store_true", help="only aggregate the finished arms")
+    parser.add_argument(
+        "--doc",
+        default=None,
+        help="also rewrite the results between the markers of this Markdown file (docs/learning-efficiency.md)",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("SEED", "ARM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     root = Path(args.root)
@@ -539,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 print(f"[learning_efficiency] {arm} took {time.perf_counter() - t0:.0f} s", flush=True)
                 report(root, Path(args.json), command)
-    report(root, Path(args.json), command)
+    report(root, Path(args.json), command, Path(args.doc) if args.doc else None)
     return 0
 
 

@@ -229,3 +229,23 @@ def test_shipped_warmup_reproduces_its_recorded_accuracy():
         max_new_tokens=config.max_completion_length,
     )
     assert acc == pytest.approx(meta["held_out_accuracy"], abs=0.02)
+
+
+def test_markdown_results_replace_only_the_marked_block(tmp_path):
+    le = _benchmark()
+    records = [_rec("grpo", 0, 0, 0.4, 0, 0), _rec("grpo", 0, 10, 0.5, 100, 10)]
+    records += [_rec("vineppo_k4", 0, 0, 0.4, 0, 0), _rec("vineppo_k4", 0, 10, 0.45, 500, 40)]
+    done = {("t", 0, a): {} for a in ("grpo", "vineppo_k4")}
+    markdown = le.markdown_tables(records, le.summarize(records, done))
+    assert "| `vineppo_k4` | 1 | 0.450 | -0.050 | - (0/1) | - | 5.00 | 4.00 |" in markdown
+    assert "| `grpo` | 0 | 0: 0.400 / 10: 0.500 | 100 | 10 |" in markdown
+    doc = tmp_path / "page.md"
+    doc.write_text(
+        "intro\n<!-- learning_efficiency results: start -->\nold\n<!-- learning_efficiency results: end -->\nend\n"
+    )
+    assert le.update_doc(doc, markdown)
+    text = doc.read_text()
+    assert text.startswith("intro\n") and text.endswith("end\n") and "old" not in text and markdown in text
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers\n")
+    assert not le.update_doc(plain, markdown) and plain.read_text() == "no markers\n"

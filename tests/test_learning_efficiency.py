@@ -166,7 +166,6 @@ def test_quick_benchmark_runs_resumes_and_writes_the_records(tmp_path):
         "vineppo_k2",
         "sft",
         "restem",
-        "rloo",
     }
 
 

@@ -47,3 +47,159 @@ def test_inputs_are_checked():
         sign_accuracy([float("nan")], [1.0])
     with pytest.raises(ValueError, match="2 estimated groups but 1 true groups"):
         ranking_accuracy([[1.0], [2.0]], [[1.0]])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# diagnose_credit on toy policies with known values, and the command line
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _toy(p):
+    from mcadvantage.testing import FakeSampler, OutcomeReward, build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    y, n, nl = (tok.convert_tokens_to_ids(c) for c in ("Y", "N", "\n"))
+    sampler = FakeSampler(
+        p,
+        success_token_id=y,
+        failure_token_id=n,
+        eos_token_id=tok.eos_token_id,
+        filler_token_id=nl,
+        num_filler_tokens=1,
+    )
+    return tok, sampler, OutcomeReward("Y")
+
+
+def test_diagnose_credit_is_exact_on_a_deterministic_policy():
+    """Prompts ending in "1" always succeed, in "0" never: every value is exact (1 or 0), so every Monte Carlo
+    estimate and GRPO's implied V(S_0) (the group mean) have zero error, and no advantage is decided."""
+    from mcadvantage.diagnostics import diagnose_credit
+
+    tok, _, reward = _toy(0.0)
+    one = tok.convert_tokens_to_ids("1")
+    tok, sampler, reward = _toy(lambda prefix: float(one in prefix))
+    rows = [{"prompt": "q1"}, {"prompt": "q0"}]
+    result = diagnose_credit(
+        sampler,
+        tok,
+        reward,
+        rows,
+        responses_per_prompt=3,
+        ground_truth_k=8,
+        ks=(1, 2),
+        alternatives=2,
+        ranking_states=4,
+        max_new_tokens=6,
+        progress=False,
+    )
+    assert set(result.estimators) == {"vineppo_k1", "vineppo_k2", "grpo (implied)", "rloo (implied)"}
+    for name, m in result.estimators.items():
+        assert m["value_mae"] == 0.0, name
+        assert math.isnan(m["sign_accuracy"])  # every true advantage is 0: nothing decided
+    assert [r["reward"] for r in result.responses] == [1.0] * 3 + [0.0] * 3
+    assert result.settings["responses"] == 6
+
+
+def test_diagnose_credit_value_errors_match_the_binomial_on_a_coin_flip_policy():
+    """Every state of a p = 0.5 policy has value 0.5. The mean absolute error of a K-rollout estimate is then
+    E|Binomial(K, 0.5)/K - 0.5|: 0.5 for K = 1, 0.1875 for K = 4 (hand-computed: P(1 or 3 of 4) x 0.25 + P(0 or 4)
+    x 0.5). Over 96 states the observed MAE has a standard error below 0.03 (K = 1: |x - 0.5| is exactly 0.5
+    whatever the draw, up to the ground truth's own error); the tolerance is 0.08, about 3 standard errors
+    including the ground truth's (K = 256: SE 0.031 per state, averaged)."""
+    from mcadvantage.diagnostics import diagnose_credit
+
+    tok, sampler, reward = _toy(0.5)
+    rows = [{"prompt": f"q{i}"} for i in range(24)]
+    result = diagnose_credit(
+        sampler,
+        tok,
+        reward,
+        rows,
+        responses_per_prompt=4,
+        ground_truth_k=256,
+        ks=(1, 4),
+        alternatives=2,
+        ranking_states=8,
+        max_new_tokens=6,
+        progress=False,
+    )
+    assert result.estimators["vineppo_k1"]["states"] == 96
+    assert result.estimators["vineppo_k1"]["value_mae"] == pytest.approx(0.5, abs=0.08)
+    assert result.estimators["vineppo_k4"]["value_mae"] == pytest.approx(0.1875, abs=0.08)
+    # GRPO's and RLOO's implied ranking cannot tell alternatives apart: chance by construction (ties count half;
+    # a top-1 pick among 2 tied alternatives is right half the time).
+    for name in ("grpo (implied)", "rloo (implied)"):
+        m = result.estimators[name]
+        assert m["ranking_groups"] > 0 and m["ranking_pairwise"] == 0.5 and m["ranking_top1"] == 0.5
+
+
+def test_diagnose_credit_rejects_bad_settings():
+    from mcadvantage.diagnostics import diagnose_credit
+
+    tok, sampler, reward = _toy(0.5)
+    with pytest.raises(ValueError, match="responses_per_prompt must be >= 2"):
+        diagnose_credit(sampler, tok, reward, [{"prompt": "q"}], responses_per_prompt=1, progress=False)
+    with pytest.raises(ValueError, match="ks must be a non-empty list"):
+        diagnose_credit(sampler, tok, reward, [{"prompt": "q"}], ks=(), progress=False)
+    with pytest.raises(ValueError, match="rows is empty"):
+        diagnose_credit(sampler, tok, reward, [], progress=False)
+
+
+@pytest.mark.slow
+def test_command_line_on_a_saved_model(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(
+        tok, hidden_size=32, num_layers=1, num_heads=1, head_dim=32, intermediate_size=64, seed=0
+    )
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    data = tmp_path / "rows.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"Start with {i}. Add 1.\n", "answer": str(i + 1)}) + "\n" for i in range(3)
+        )
+    )
+    out = tmp_path / "diag"
+    cmd = [
+        sys.executable,
+        "-m",
+        "mcadvantage.diagnostics",
+        "--model",
+        str(tmp_path / "model"),
+        "--data",
+        str(data),
+    ]
+    cmd += [
+        "--output_dir",
+        str(out),
+        "--ground_truth_k",
+        "4",
+        "--ks",
+        "1",
+        "2",
+        "--responses_per_prompt",
+        "2",
+    ]
+    cmd += ["--alternatives", "2", "--ranking_states", "3", "--max_new_tokens", "12"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "vineppo_k2" in proc.stdout and "grpo (implied)" in proc.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["estimators"]) == {"vineppo_k1", "vineppo_k2", "grpo (implied)", "rloo (implied)"}
+    assert metrics["settings"]["responses"] == 6
+    for name in ("value_scatter.png", "error_by_position.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert 'class="step"' in (out / "report.html").read_text()
+    bad = subprocess.run(
+        [*cmd[:5], "--data", str(tmp_path / "missing.jsonl"), "--output_dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode != 0 and "--data" in bad.stderr and "does not exist" in bad.stderr

@@ -238,7 +238,8 @@ def diagnose_credit(
             "diagnose_credit: rows is empty; pass at least one {'prompt': ..., 'answer': ...} row."
         )
     torch.manual_seed(seed)
-    bar = tqdm(total=3 + len(ks), desc="credit diagnostics", disable=not progress)
+    # Stages: responses, ground truth, each K; alternatives, their ground truth, each K on them.
+    bar = tqdm(total=4 + 2 * len(ks), desc="credit diagnostics", disable=not progress)
 
     # 1. responses
     prompt_ids = [list(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows]
@@ -339,14 +340,11 @@ def diagnose_credit(
     bar.update(1)
     ranking: dict[str, dict[str, float]] = {}
     if alt_trajs:
-        alt_truth = estimator(ground_truth_k).estimate(alt_trajs).values
-        scored = {
-            "truth": alt_truth,
-            **{
-                name: estimator(int(name.removeprefix("vineppo_k"))).estimate(alt_trajs).values
-                for name in estimates
-            },
-        }
+        scored = {"truth": estimator(ground_truth_k).estimate(alt_trajs).values}
+        bar.update(1)
+        for name in estimates:
+            scored[name] = estimator(int(name.removeprefix("vineppo_k"))).estimate(alt_trajs).values
+            bar.update(1)
 
         def grouped(values: list[list[float]]) -> list[list[float]]:
             out: list[list[float]] = [[] for _ in chosen]

@@ -175,9 +175,10 @@ def run_arm_process(
         else arm_name
     )
     spec = parse_arm(resolved)
-    from mcadvantage.demo.arms import load_policy
 
-    evaluate = _evaluator(config, data.eval_set, load_policy(policy_dir)[1])
+    from transformers import AutoTokenizer
+
+    evaluate = _evaluator(config, data.eval_set, AutoTokenizer.from_pretrained(policy_dir))
     log_path = seed_dir / f"{arm_name}.jsonl"
     log_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from the warm-up
 

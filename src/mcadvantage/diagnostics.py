@@ -170,15 +170,6 @@ class CreditDiagnostics:
         return paths
 
 
-def _grade(
-    reward_func: Callable[..., list[float]], prompt: Any, texts: list[str], fields: dict[str, Any]
-) -> list[float]:
-    rewards = reward_func(
-        prompts=[prompt] * len(texts), completions=texts, **{k: [v] * len(texts) for k, v in fields.items()}
-    )
-    return [float(r) for r in rewards]
-
-
 def diagnose_credit(
     sampler: Any,
     tokenizer: Any,
@@ -219,6 +210,7 @@ def diagnose_credit(
     from .estimator import MCValueEstimator, Trajectory
     from .samplers.base import RolloutRequest
     from .segmenters import segment_completion
+    from .self_training import grade_completions
     from .text import decode_batch
 
     for name, value in (
@@ -251,7 +243,9 @@ def diagnose_credit(
     for g, (row, pids, group) in enumerate(zip(rows, prompt_ids, conts, strict=True)):
         fields = {k: v for k, v in row.items() if k != "prompt"}
         texts = decode_batch(tokenizer, [list(c.token_ids) for c in group])
-        for c, reward in zip(group, _grade(reward_func, row["prompt"], texts, fields), strict=True):
+        for c, reward in zip(
+            group, grade_completions(reward_func, row["prompt"], texts, fields), strict=True
+        ):
             ids = list(c.token_ids)
             trajectories.append(
                 Trajectory(
@@ -331,7 +325,9 @@ def diagnose_credit(
         base = trajectories[i]
         head = base.completion_ids[: base.step_boundaries[j]]
         texts = decode_batch(tokenizer, [head + list(c.token_ids) for c in group])
-        for c, reward in zip(group, _grade(reward_func, base.prompt, texts, base.fields), strict=True):
+        for c, reward in zip(
+            group, grade_completions(reward_func, base.prompt, texts, base.fields), strict=True
+        ):
             ids = head + list(c.token_ids)
             bounds = segment_completion(segmenter, tokenizer, ids)
             k = next((n for n, b in enumerate(bounds) if b > len(head)), len(bounds) - 1)

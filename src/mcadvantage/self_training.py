@@ -117,6 +117,18 @@ def preference_pairs(
     return rows
 
 
+def grade_completions(
+    reward_func: Callable[..., list[float]], prompt: Any, completions: list[str], fields: Mapping[str, Any]
+) -> list[float]:
+    """Rewards of ``completions`` to one ``prompt``: calls a TRL-style reward function with the prompt and each
+    dataset column (``fields``) repeated once per completion, as TRL passes them."""
+    n = len(completions)
+    rewards = reward_func(
+        prompts=[prompt] * n, completions=completions, **{k: [v] * n for k, v in fields.items()}
+    )
+    return [float(r) for r in rewards]
+
+
 def sample_and_grade(
     sampler: Any,
     tokenizer: Any,
@@ -154,10 +166,9 @@ def sample_and_grade(
     for row, conts in zip(rows, continuations, strict=True):
         texts = decode_batch(tokenizer, [list(c.token_ids) for c in conts])
         extra = {k: v for k, v in row.items() if k != "prompt"}
-        rewards = reward_func(
-            prompts=[row["prompt"]] * len(texts),
-            completions=texts,
-            **{k: [v] * len(texts) for k, v in extra.items()},
+        graded.append(
+            GradedPrompt(
+                row["prompt"], texts, grade_completions(reward_func, row["prompt"], texts, extra), extra
+            )
         )
-        graded.append(GradedPrompt(row["prompt"], texts, [float(r) for r in rewards], extra))
     return graded

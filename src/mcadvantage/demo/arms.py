@@ -217,7 +217,7 @@ def run_rl_arm(
     evaluation) and the per-step logs.
     """
     from datasets import Dataset
-    from transformers import TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
 
     from mcadvantage import GSM8KVerifier, VinePPOTrainer
@@ -265,7 +265,7 @@ def run_rl_arm(
         reward_funcs=GSM8KVerifier(),
         args=args,
         train_dataset=Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in data.rl_set]),
-        processing_class=load_policy(policy_dir)[1],
+        processing_class=AutoTokenizer.from_pretrained(policy_dir),
         callbacks=[Recorder()],
     )
     trainer.remove_callback(PrinterCallback)  # with disable_tqdm, transformers prints every log dict

@@ -68,7 +68,25 @@ class VinePPOConfig(GRPOConfig):
             Defaults to `None`.
         mc_steps_after_cap (str): What the steps past `mc_max_estimated_steps` get: `"merge"` (one final step
             whose advantage is `R - V(S_{m-1})`, keeping the telescoping sum) or `"zero"` (advantage 0, as the
-            official code on GSM8K). Defaults to `"merge"`.
+            official code on GSM8K). `"spread"` keeps `mc_max_estimated_steps` states spread evenly by token
+            position over the response instead of the first ones, so cost follows the cap, not the number of
+            newlines. Defaults to `"merge"`.
+        mc_min_step_tokens (int | None): Merge steps shorter than this many tokens into the next one before
+            estimating, so every estimated segment covers at least that many tokens. `None` (default) keeps every
+            step. Defaults to `None`.
+        mc_reuse_samples (bool): Count free samples in every state's value: the other responses of the batch that
+            pass through the state and every rollout that passes through it, leave-one-out (a response's own
+            outcome never enters its own values, which keeps the policy gradient unbiased). A state then gets only
+            `num_mc_rollouts` minus its free samples as new rollouts; the prompt state of a group of 8 responses
+            needs none for K <= 7. Needs `mc_rollout_budget="remaining"`. Defaults to `False`.
+        mc_allocation (str): `"uniform"` (default): every state gets `num_mc_rollouts` samples. `"variance"`: a
+            first wave tops every state up to `mc_min_rollouts` samples, then the rollout tokens `num_mc_rollouts`
+            per state would cost are spent where they cut advantage error most (by estimated variance, shrunk
+            toward the parent state's, and by how many advantage tokens the state's value enters). Its decisions
+            look only at rollouts, never at the responses' own outcomes; its bias is measured in
+            `docs/benchmarks.md`. Defaults to `"uniform"`.
+        mc_min_rollouts (int): The first wave of `mc_allocation="variance"`: samples (free ones included) every
+            state has before the rest of the budget is allocated. Defaults to `1`.
         truncated_completion_reward (float | None): Reward of a training response that hit
             `max_completion_length` without EOS: every reward function's score for it is replaced by this value
             (with one reward function of weight 1, its reward is this value), whatever the text contains. `None`
@@ -203,9 +221,34 @@ class VinePPOConfig(GRPOConfig):
     mc_steps_after_cap: str = field(
         default="merge",
         metadata={
-            "help": "What steps past mc_max_estimated_steps get: 'merge' (one final step, R - V(S_{m-1})) or "
-            "'zero' (advantage 0, the official code on GSM8K)."
+            "help": "What steps past mc_max_estimated_steps get: 'merge' (one final step, R - V(S_{m-1})), "
+            "'zero' (advantage 0, the official code on GSM8K) or 'spread' (keep the cap's number of states, spread "
+            "evenly over the response)."
         },
+    )
+    mc_min_step_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Merge steps shorter than this many tokens into the next one. None: keep every step."
+        },
+    )
+    mc_reuse_samples: bool = field(
+        default=False,
+        metadata={
+            "help": "Count the other responses and rollouts that pass through a state as samples of its value "
+            "(leave-one-out); new rollouts only top each state up to num_mc_rollouts samples."
+        },
+    )
+    mc_allocation: str = field(
+        default="uniform",
+        metadata={
+            "help": "'uniform' (num_mc_rollouts samples per state) or 'variance' (the same rollout tokens, spent "
+            "where they cut advantage error most)."
+        },
+    )
+    mc_min_rollouts: int = field(
+        default=1,
+        metadata={"help": "mc_allocation='variance': samples every state gets in the first wave."},
     )
     truncated_completion_reward: float | None = field(
         default=None,

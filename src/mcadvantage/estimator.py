@@ -35,6 +35,13 @@ from typing import Any, Literal
 import torch
 
 from .advantages import check_boundaries, step_advantages, token_advantages
+from .mc_budget import (
+    allocate_rollouts,
+    leave_one_out_mean,
+    merge_short_steps,
+    shrunk_variance,
+    spread_boundaries,
+)
 from .samplers.base import Continuation, RolloutRequest, Sampler
 from .settings import validate_mc_settings
 from .text import decode_batch, is_conversational
@@ -104,13 +111,20 @@ class MCEstimate:
             - ``unscorable_rollouts``: rollouts for which every reward function returned None;
             - ``rollout_reward_mean``: mean reward of the graded rollouts (NaN if none);
             - ``seconds``, ``sampling_seconds``, ``grading_seconds``: wall time of the call, of
-              the sampler call and of the reward calls.
+              the sampler calls and of the reward calls;
+            - with ``reuse_samples`` or ``allocation="variance"``: ``free_samples`` (samples of a state's value
+              that were not drawn for it: other responses and other states' rollouts through it, summed over
+              unique states) and ``rollouts_saved`` (``num_rollouts`` per sampled state minus the rollouts
+              drawn); with ``allocation="variance"`` also ``budget_tokens`` (the rollout tokens allowed).
+        sample_counts: per trajectory, the number of samples behind each of its state values (leave-one-out with
+            ``reuse_samples``: the response's own outcome is not counted).
     """
 
     values: list[list[float]]
     step_advantages: list[list[float]]
     token_advantages: list[torch.Tensor]
     stats: dict[str, float]
+    sample_counts: list[list[int]] = field(default_factory=list)
 
 
 RewardFunc = Callable[..., Sequence[float | None]]
@@ -121,18 +135,28 @@ RewardFunc = Callable[..., Sequence[float | None]]
 # ---------------------------------------------------------------------------------------------
 
 
-def estimated_boundaries(boundaries: Sequence[int], max_estimated_steps: int | None) -> list[int]:
-    """Boundaries after the ``max_estimated_steps`` cap.
+def estimated_boundaries(
+    boundaries: Sequence[int],
+    max_estimated_steps: int | None,
+    *,
+    min_step_tokens: int | None = None,
+    steps_after_cap: str = "merge",
+) -> list[int]:
+    """Boundaries of the states that are estimated, after the step budget.
 
-    With ``m = max_estimated_steps`` and ``n > m`` steps, states ``S_0 .. S_{m-1}`` are kept and
-    steps ``m .. n`` are merged into one final step (boundaries ``b_0 .. b_{m-1}, b_n``), whose
-    advantage is ``R - V(S_{m-1})``, so the telescoping sum ``R - V(S_0)`` is kept. (The official
-    VinePPO code instead gave the steps past its cap 0 advantage.)
+    First steps shorter than ``min_step_tokens`` are merged (:func:`~mcadvantage.mc_budget.merge_short_steps`).
+    Then, with ``m = max_estimated_steps`` and ``n > m`` steps left: ``steps_after_cap="spread"`` keeps ``m``
+    states spread evenly by token position (:func:`~mcadvantage.mc_budget.spread_boundaries`); otherwise states
+    ``S_0 .. S_{m-1}`` are kept and steps ``m .. n`` form one final step (boundaries ``b_0 .. b_{m-1}, b_n``),
+    whose advantage is ``R - V(S_{m-1})``, so the telescoping sum ``R - V(S_0)`` is kept. (The official VinePPO
+    code instead gave the steps past its cap 0 advantage: ``"zero"``, applied by the estimator.)
     """
-    b = [int(x) for x in boundaries]
+    b = merge_short_steps(boundaries, min_step_tokens)
     n = len(b) - 1
     if max_estimated_steps is None or n <= max_estimated_steps:
         return b
+    if steps_after_cap == "spread":
+        return spread_boundaries(b, max_estimated_steps)
     return b[:max_estimated_steps] + [b[-1]]
 
 
@@ -146,11 +170,17 @@ class StatePlan:
         state_index: per trajectory, the unique-state index of each of its states ``S_0..S_{m-1}``.
         boundaries: per trajectory, the (possibly merged, see :func:`estimated_boundaries`)
             boundaries used for the advantages.
+        capped: per trajectory, whether ``max_estimated_steps`` cut its steps (what ``steps_after_cap="zero"``
+            zeroes).
+        parent: per unique state, the unique state before it in the trajectory of its first occurrence (None
+            for a prompt state).
     """
 
     unique: list[tuple[int, int]]
     state_index: list[list[int]]
     boundaries: list[list[int]]
+    capped: list[bool] = field(default_factory=list)
+    parent: list[int | None] = field(default_factory=list)
 
     @property
     def num_states(self) -> int:
@@ -164,59 +194,82 @@ def _grading_key(traj: Trajectory) -> str:
     return repr((traj.prompt, sorted(traj.fields.items(), key=lambda kv: kv[0])))
 
 
-def plan_states(trajectories: Sequence[Trajectory], max_estimated_steps: int | None = None) -> StatePlan:
+def plan_states(
+    trajectories: Sequence[Trajectory],
+    max_estimated_steps: int | None = None,
+    *,
+    min_step_tokens: int | None = None,
+    steps_after_cap: str = "merge",
+) -> StatePlan:
     """List the non-terminal states of every trajectory and deduplicate them.
 
     A state is identified by its prompt token ids, its completion-prefix token ids and its grading
-    context (prompt and fields); identical states anywhere in the batch map to one unique state.
+    context (prompt and fields); identical states anywhere in the batch map to one unique state. The step
+    budget (``max_estimated_steps``, ``min_step_tokens``, ``steps_after_cap``) decides which boundaries are
+    states (:func:`estimated_boundaries`).
     """
     key_to_index: dict[tuple[tuple[int, ...], tuple[int, ...], str], int] = {}
     unique: list[tuple[int, int]] = []
+    parent: list[int | None] = []
     state_index: list[list[int]] = []
     all_boundaries: list[list[int]] = []
+    capped: list[bool] = []
     for t, traj in enumerate(trajectories):
-        b = estimated_boundaries(traj.step_boundaries, max_estimated_steps)
+        b = estimated_boundaries(
+            traj.step_boundaries,
+            max_estimated_steps,
+            min_step_tokens=min_step_tokens,
+            steps_after_cap=steps_after_cap,
+        )
         all_boundaries.append(b)
+        merged_steps = len(merge_short_steps(traj.step_boundaries, min_step_tokens)) - 1
+        capped.append(max_estimated_steps is not None and merged_steps > max_estimated_steps)
         prompt_key = tuple(traj.prompt_ids)
         gkey = _grading_key(traj)
-        idx = []
+        idx: list[int] = []
         for prefix_len in b[:-1]:  # S_0 .. S_{n-1}: the terminal state is never sampled
             key = (prompt_key, tuple(traj.completion_ids[:prefix_len]), gkey)
             if key not in key_to_index:
                 key_to_index[key] = len(unique)
                 unique.append((t, prefix_len))
+                parent.append(idx[-1] if idx else None)
             idx.append(key_to_index[key])
         state_index.append(idx)
-    return StatePlan(unique=unique, state_index=state_index, boundaries=all_boundaries)
+    return StatePlan(
+        unique=unique, state_index=state_index, boundaries=all_boundaries, capped=capped, parent=parent
+    )
 
 
 def build_requests(
     trajectories: Sequence[Trajectory],
     plan: StatePlan,
-    num_rollouts: int,
+    num_rollouts: int | Sequence[int],
     budget: Callable[[int, int], int],
 ) -> tuple[list[RolloutRequest], list[int | None]]:
     """One request of ``num_rollouts`` samples per unique state with budget left.
 
     Args:
+        num_rollouts: samples per state, one number for all or one per unique state (0: no request).
         budget: ``(completion-prefix length, prompt length)`` -> max new tokens for a continuation from that
             state.
 
     Returns:
         ``(requests, request_of_state)``: ``request_of_state[u]`` is the index of unique state
-        ``u``'s request, or None when the state has no budget left (it is graded directly).
+        ``u``'s request, or None when the state has no budget left (it is graded directly) or asks for no
+        sample.
     """
     requests: list[RolloutRequest] = []
     request_of_state: list[int | None] = []
-    for t, prefix_len in plan.unique:
+    for u, (t, prefix_len) in enumerate(plan.unique):
         traj = trajectories[t]
         max_tokens = budget(prefix_len, len(traj.prompt_ids))
-        if max_tokens < 1:
+        n = num_rollouts if isinstance(num_rollouts, int) else int(num_rollouts[u])
+        if max_tokens < 1 or n < 1:
             request_of_state.append(None)
             continue
         request_of_state.append(len(requests))
         prefix = tuple(traj.prompt_ids) + tuple(traj.completion_ids[:prefix_len])
-        requests.append(RolloutRequest(prefix_ids=prefix, n=num_rollouts, max_tokens=max_tokens))
+        requests.append(RolloutRequest(prefix_ids=prefix, n=n, max_tokens=max_tokens))
     return requests, request_of_state
 
 
@@ -281,6 +334,19 @@ class MCValueEstimator:
         truncated_reward: None (default): truncated continuations are graded like any other
             response. A float: truncated continuations (and unsampled no-budget states) get this
             reward without grading (the official code used 0.0). Never dropped either way.
+        reuse_samples: pool *free samples* into every state's value: the other responses of the batch that pass
+            through the state (share its prompt, grading context and prefix tokens, and go on) and every rollout
+            that passes through it. Leave-one-out: a response's own outcome never enters the values of its own
+            states. A state then gets only ``num_rollouts - free samples`` new rollouts (none when it has
+            enough). Needs ``rollout_budget="remaining"`` (responses and rollouts must share one token budget to
+            be draws of the same value).
+        allocation: ``"uniform"`` (default): every state gets ``num_rollouts`` samples. ``"variance"``: a first
+            wave tops every state up to ``min_rollouts`` samples, then the rollout tokens that ``num_rollouts``
+            per state would cost are spent where they reduce advantage error most
+            (:func:`~mcadvantage.mc_budget.allocate_rollouts`); see :mod:`mcadvantage.mc_budget` for its
+            measured bias.
+        min_rollouts: the first wave of ``allocation="variance"`` (free samples count toward it).
+        min_step_tokens: merge steps shorter than this many tokens before estimating (None: keep every step).
         show_progress: show a tqdm progress bar over the call's phases (sampling, grading).
     """
 
@@ -299,6 +365,10 @@ class MCValueEstimator:
         truncated_reward: float | None = None,
         steps_after_cap: Literal["merge", "zero"] = "merge",
         context_length: int | None = None,
+        reuse_samples: bool = False,
+        allocation: Literal["uniform", "variance"] = "uniform",
+        min_rollouts: int = 1,
+        min_step_tokens: int | None = None,
         show_progress: bool = False,
     ) -> None:
         if not callable(getattr(sampler, "sample", None)):
@@ -332,6 +402,10 @@ class MCValueEstimator:
             max_estimated_steps=max_estimated_steps,
             truncated_reward=truncated_reward,
             steps_after_cap=steps_after_cap,
+            reuse_samples=reuse_samples,
+            allocation=allocation,
+            min_rollouts=min_rollouts,
+            min_step_tokens=min_step_tokens,
         )
         if context_length is not None and context_length < 2:
             raise ValueError(f"context_length={context_length!r} must be >= 2 (prompt + one token) or None.")
@@ -348,6 +422,10 @@ class MCValueEstimator:
         self.truncated_reward = None if truncated_reward is None else float(truncated_reward)
         self.steps_after_cap = steps_after_cap
         self.context_length = context_length
+        self.reuse_samples = bool(reuse_samples)
+        self.allocation = allocation
+        self.min_rollouts = min_rollouts
+        self.min_step_tokens = min_step_tokens
         self.show_progress = show_progress
 
     # -- budgets ---------------------------------------------------------------------------------
@@ -466,8 +544,80 @@ class MCValueEstimator:
 
     # -- the estimate ----------------------------------------------------------------------------
 
+    def _sample_and_grade(
+        self,
+        trajectories: Sequence[Trajectory],
+        plan: StatePlan,
+        counts: Sequence[int],
+        budgets: Sequence[int],
+        reward_kwargs: Mapping[str, Any],
+        stats: dict[str, float],
+        *,
+        grade_unsampled: bool,
+        progress: Any = None,
+    ) -> list[list[tuple[list[int], float]]]:
+        """One wave: ``counts[u]`` continuations from every unique state ``u`` with budget left, in ONE sampler
+        call, graded in one call per reward function. With ``grade_unsampled``, states without budget are graded
+        as their own (truncated) prefix. Adds to ``stats``; returns per state its samples as ``(completion ids,
+        reward)`` (the full response: the state's prefix plus the continuation)."""
+        requests, request_of_state = build_requests(trajectories, plan, counts, self.budget)
+
+        t0 = time.perf_counter()
+        samples: list[list[Continuation]] = []
+        if requests:
+            samples = self._validate_samples(requests, self.sampler.sample(requests))
+        stats["sampling_seconds"] += time.perf_counter() - t0
+        if progress is not None:
+            progress.update(1)
+
+        out: list[list[tuple[list[int], float]]] = [[] for _ in plan.unique]
+        to_grade: list[tuple[Trajectory, list[int]]] = []
+        slots: list[int] = []  # unique-state index of each graded item
+        for u, (t, prefix_len) in enumerate(plan.unique):
+            traj = trajectories[t]
+            prefix = list(traj.completion_ids[:prefix_len])
+            r = request_of_state[u]
+            if r is None:
+                if grade_unsampled and budgets[u] < 1:
+                    # No budget left: the prefix itself is the (truncated) response.
+                    stats["unsampled_states"] += 1
+                    if self.truncated_reward is not None:
+                        out[u].append((prefix, self.truncated_reward))
+                    else:
+                        to_grade.append((traj, prefix))
+                        slots.append(u)
+                continue
+            for cont in samples[r]:
+                stats["generated_tokens"] += len(cont.token_ids)
+                stats["truncated_rollouts"] += bool(cont.truncated)
+                stats["rollouts"] += 1
+                ids = prefix + list(cont.token_ids)
+                if cont.truncated and self.truncated_reward is not None:
+                    out[u].append((ids, self.truncated_reward))
+                    stats["rollout_reward_sum"] += self.truncated_reward
+                    stats["rollout_reward_count"] += 1
+                else:
+                    to_grade.append((traj, ids))
+                    slots.append(u)
+        stats["requests"] += len(requests)
+
+        t0 = time.perf_counter()
+        graded, unscorable = self._grade(to_grade, reward_kwargs, progress)
+        stats["grading_seconds"] += time.perf_counter() - t0
+        stats["unscorable_rollouts"] += unscorable
+        for u, (_, ids), reward in zip(slots, to_grade, graded, strict=True):
+            out[u].append((ids, reward))
+            if request_of_state[u] is not None:
+                stats["rollout_reward_sum"] += reward
+                stats["rollout_reward_count"] += 1
+        return out
+
     def estimate(
-        self, trajectories: Sequence[Trajectory], *, reward_kwargs: Mapping[str, Any] | None = None
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        reward_kwargs: Mapping[str, Any] | None = None,
+        extra_responses: Sequence[Trajectory] = (),
     ) -> MCEstimate:
         """Estimate the values of every trajectory's step states and the resulting advantages.
 
@@ -476,6 +626,9 @@ class MCValueEstimator:
                 states are shared and the engine gets one large batch).
             reward_kwargs: extra keyword arguments passed to every reward function call (e.g.
                 TRL's ``trainer_state``).
+            extra_responses: with ``reuse_samples``, more responses of the same batch whose outcomes are free
+                samples for the states they pass through but which get no values themselves (e.g. responses
+                the trainer masks out: leaving them out of the pool would select the pool by outcome).
 
         Returns:
             An :class:`MCEstimate`.
@@ -483,74 +636,136 @@ class MCValueEstimator:
         start = time.perf_counter()
         trajectories = list(trajectories)
         self._validate(trajectories)
-        plan = plan_states(trajectories, self.max_estimated_steps)
-        requests, request_of_state = build_requests(trajectories, plan, self.num_rollouts, self.budget)
-
+        extra = list(extra_responses)
+        if extra:
+            self._validate(extra)
+        plan = plan_states(
+            trajectories,
+            self.max_estimated_steps,
+            min_step_tokens=self.min_step_tokens,
+            steps_after_cap=self.steps_after_cap,
+        )
+        budgets = [self.budget(prefix_len, len(trajectories[t].prompt_ids)) for t, prefix_len in plan.unique]
+        sampled = [b >= 1 for b in budgets]
+        pooled = self.reuse_samples or self.allocation == "variance"
+        stats: dict[str, float] = dict.fromkeys(
+            (
+                "requests",
+                "unsampled_states",
+                "rollouts",
+                "generated_tokens",
+                "truncated_rollouts",
+                "unscorable_rollouts",
+                "sampling_seconds",
+                "grading_seconds",
+                "rollout_reward_sum",
+                "rollout_reward_count",
+            ),
+            0.0,
+        )
+        kwargs = dict(reward_kwargs or {})
+        waves = 2 if self.allocation == "variance" else 1
         progress = None
         if self.show_progress:
             from tqdm.auto import tqdm
 
             progress = tqdm(
-                total=(1 if requests else 0) + len(self.reward_funcs),
-                desc=f"MC values ({len(requests)} states x {self.num_rollouts})",
+                total=waves * (1 + len(self.reward_funcs)),
+                desc=f"MC values ({sum(sampled)} states x {self.num_rollouts})",
                 unit="phase",
             )
         try:
-            # 1. One sampler call for every rollout of the batch.
-            t0 = time.perf_counter()
-            samples: list[list[Continuation]] = []
-            if requests:
-                samples = self._validate_samples(requests, self.sampler.sample(requests))
-                if progress is not None:
-                    progress.update(1)
-            sampling_seconds = time.perf_counter() - t0
+            if not pooled:
+                # The paper's scheme: K fresh rollouts per state, nothing shared between states.
+                counts = [self.num_rollouts if ok else 0 for ok in sampled]
+                waves_out = self._sample_and_grade(
+                    trajectories,
+                    plan,
+                    counts,
+                    budgets,
+                    kwargs,
+                    stats,
+                    grade_unsampled=True,
+                    progress=progress,
+                )
+                state_values = average_values([[r for _, r in wave] for wave in waves_out])
+                state_counts = [len(wave) for wave in waves_out]
 
-            # 2. Collect what must be graded; fixed truncated rewards skip grading.
-            rewards_per_state: list[list[float]] = [[] for _ in plan.unique]
-            to_grade: list[tuple[Trajectory, list[int]]] = []
-            slots: list[int] = []  # unique-state index of each graded item
-            generated_tokens = truncated = 0
-            for u, (t, prefix_len) in enumerate(plan.unique):
-                traj = trajectories[t]
-                prefix = list(traj.completion_ids[:prefix_len])
-                r = request_of_state[u]
-                if r is None:
-                    # No budget left: the prefix itself is the (truncated) response.
-                    if self.truncated_reward is not None:
-                        rewards_per_state[u].append(self.truncated_reward)
-                    else:
-                        to_grade.append((traj, prefix))
-                        slots.append(u)
-                    continue
-                for cont in samples[r]:
-                    generated_tokens += len(cont.token_ids)
-                    truncated += bool(cont.truncated)
-                    if cont.truncated and self.truncated_reward is not None:
-                        rewards_per_state[u].append(self.truncated_reward)
-                    else:
-                        to_grade.append((traj, prefix + list(cont.token_ids)))
-                        slots.append(u)
+                def value(t: int, u: int) -> float:
+                    return state_values[u]
+            else:
+                pool = _SamplePool(trajectories, plan)
+                for traj in [*trajectories, *extra]:
+                    pool.add_path(traj, traj.completion_ids, float(traj.reward))
+                # A response always passes through its own states: the others are its free samples.
+                free = [max(0, n - 1) for n in pool.count]
+                target = self.num_rollouts if self.allocation == "uniform" else self.min_rollouts
+                first = [max(0, target - f) if ok else 0 for f, ok in zip(free, sampled, strict=True)]
+                own_rollouts = list(first)
+                pool.add_wave(
+                    trajectories,
+                    self._sample_and_grade(
+                        trajectories,
+                        plan,
+                        first,
+                        budgets,
+                        kwargs,
+                        stats,
+                        grade_unsampled=True,
+                        progress=progress,
+                    ),
+                )
+                if self.allocation == "variance":
+                    spent = stats["generated_tokens"]
+                    costs = [pool.mean_remaining(u) for u in range(len(plan.unique))]
+                    token_budget = self.num_rollouts * math.fsum(
+                        c for c, ok in zip(costs, sampled, strict=True) if ok
+                    )
+                    stats["budget_tokens"] = token_budget
+                    second = allocate_rollouts(
+                        weights=[
+                            w if ok else 0.0 for w, ok in zip(_advantage_weights(plan), sampled, strict=True)
+                        ],
+                        variances=pool.variances(plan.parent, VARIANCE_PRIOR_STRENGTH),
+                        counts=[max(0, n - 1) for n in pool.count],
+                        costs=costs,
+                        budget=max(0.0, token_budget - spent),
+                    )
+                    own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
+                    pool.add_wave(
+                        trajectories,
+                        self._sample_and_grade(
+                            trajectories,
+                            plan,
+                            second,
+                            budgets,
+                            kwargs,
+                            stats,
+                            grade_unsampled=False,
+                            progress=progress,
+                        ),
+                    )
+                stats["free_samples"] = float(
+                    sum(max(0, n - 1 - own) for n, own in zip(pool.count, own_rollouts, strict=True))
+                )
+                stats["rollouts_saved"] = self.num_rollouts * sum(sampled) - stats["rollouts"]
 
-            # 3. One call per reward function for every rollout of the batch.
-            t0 = time.perf_counter()
-            graded, unscorable = self._grade(to_grade, dict(reward_kwargs or {}), progress)
-            grading_seconds = time.perf_counter() - t0
-            for u, reward in zip(slots, graded, strict=True):
-                rewards_per_state[u].append(reward)
+                state_counts = [n - 1 for n in pool.count]
+
+                def value(t: int, u: int) -> float:
+                    return leave_one_out_mean(pool.total[u], pool.count[u], float(trajectories[t].reward))
         finally:
             if progress is not None:
                 progress.close()
 
-        # 4. Values and advantages.
-        state_values = average_values(rewards_per_state)
+        # Values and advantages.
         values: list[list[float]] = []
         step_advs: list[list[float]] = []
         token_advs: list[torch.Tensor] = []
         for t, traj in enumerate(trajectories):
-            v = [state_values[u] for u in plan.state_index[t]] + [float(traj.reward)]
+            v = [value(t, u) for u in plan.state_index[t]] + [float(traj.reward)]
             a = step_advantages(v)
-            capped = len(plan.boundaries[t]) < len(traj.step_boundaries)
-            if capped and self.steps_after_cap == "zero":
+            if plan.capped[t] and self.steps_after_cap == "zero":
                 a[-1] = 0.0  # the merged tail (steps m..n) gets no credit, as in the official code
             values.append(v)
             step_advs.append(a)
@@ -558,26 +773,112 @@ class MCValueEstimator:
 
         num_states = plan.num_states
         num_unique = len(plan.unique)
-        rollouts = sum(req.n for req in requests)
-        stats: dict[str, float] = {
-            "trajectories": float(len(trajectories)),
-            "states": float(num_states),
-            "unique_states": float(num_unique),
-            "dedup_ratio": (1.0 - num_unique / num_states) if num_states else 0.0,
-            "requests": float(len(requests)),
-            "unsampled_states": float(sum(r is None for r in request_of_state)),
-            "rollouts": float(rollouts),
-            "generated_tokens": float(generated_tokens),
-            "truncated_rollouts": float(truncated),
-            "unscorable_rollouts": float(unscorable),
-            "rollout_reward_mean": _mean(
-                [r for u, rs in enumerate(rewards_per_state) if request_of_state[u] is not None for r in rs]
-            ),
-            "sampling_seconds": sampling_seconds,
-            "grading_seconds": grading_seconds,
-            "seconds": time.perf_counter() - start,
-        }
-        return MCEstimate(values=values, step_advantages=step_advs, token_advantages=token_advs, stats=stats)
+        reward_sum, reward_count = stats.pop("rollout_reward_sum"), stats.pop("rollout_reward_count")
+        stats.update(
+            trajectories=float(len(trajectories)),
+            states=float(num_states),
+            unique_states=float(num_unique),
+            dedup_ratio=(1.0 - num_unique / num_states) if num_states else 0.0,
+            rollout_reward_mean=reward_sum / reward_count if reward_count else math.nan,
+            seconds=time.perf_counter() - start,
+        )
+        return MCEstimate(
+            values=values,
+            step_advantages=step_advs,
+            token_advantages=token_advs,
+            stats=stats,
+            sample_counts=[[state_counts[u] for u in states] for states in plan.state_index],
+        )
+
+
+#: Pseudo-samples of the parent state's variance in a state's variance estimate (``allocation="variance"``).
+VARIANCE_PRIOR_STRENGTH = 2.0
+
+
+def _advantage_weights(plan: StatePlan) -> list[float]:
+    """Per unique state, the advantage tokens its value enters: the steps before and after it, summed over the
+    trajectories that pass through it."""
+    weights = [0.0] * len(plan.unique)
+    for b, states in zip(plan.boundaries, plan.state_index, strict=True):
+        for i, u in enumerate(states):
+            weights[u] += (b[i] - b[i - 1] if i else 0) + (b[i + 1] - b[i])
+    return weights
+
+
+class _SamplePool:
+    """The samples of every unique state's value: each path (a response or a rollout, as completion ids with its
+    reward) counts for every state whose prefix it starts with and goes beyond."""
+
+    def __init__(self, trajectories: Sequence[Trajectory], plan: StatePlan) -> None:
+        self.key_to_state: dict[tuple[tuple[int, ...], str, tuple[int, ...]], int] = {}
+        lengths: dict[tuple[tuple[int, ...], str], set[int]] = {}
+        for u, (t, prefix_len) in enumerate(plan.unique):
+            traj = trajectories[t]
+            group = (tuple(traj.prompt_ids), _grading_key(traj))
+            self.key_to_state[(*group, tuple(traj.completion_ids[:prefix_len]))] = u
+            lengths.setdefault(group, set()).add(prefix_len)
+        self.lengths = {group: sorted(ls) for group, ls in lengths.items()}
+        self.plan = plan
+        size = len(plan.unique)
+        self.total = [0.0] * size
+        self.count = [0] * size
+        self.remaining = [0.0] * size
+        # Rollout outcomes only: allocation decisions never look at the responses' own outcomes, which would
+        # tie how many samples a response's states get to its own reward.
+        self.rollout_rewards: list[list[float]] = [[] for _ in range(size)]
+
+    def _add(self, u: int, reward: float, remaining: int, rollout: bool) -> None:
+        self.total[u] += reward
+        self.count[u] += 1
+        self.remaining[u] += remaining
+        if rollout:
+            self.rollout_rewards[u].append(reward)
+
+    def add_path(
+        self,
+        traj: Trajectory,
+        completion_ids: Sequence[int],
+        reward: float,
+        start: int = 0,
+        rollout: bool = False,
+    ) -> None:
+        """Count a path for every state it passes through at or after ``start``, the token where its sampling
+        began (0 for a response). A rollout from a deeper state is not a draw of a shallower state's value: it
+        was made to follow that deeper prefix."""
+        group = (tuple(traj.prompt_ids), _grading_key(traj))
+        ids = tuple(completion_ids)
+        for prefix_len in self.lengths.get(group, ()):
+            if prefix_len < start:
+                continue
+            if prefix_len >= len(ids):
+                break
+            u = self.key_to_state.get((*group, ids[:prefix_len]))
+            if u is not None:
+                self._add(u, reward, len(ids) - prefix_len, rollout=start > 0 or rollout)
+
+    def add_wave(self, trajectories: Sequence[Trajectory], wave: list[list[tuple[list[int], float]]]) -> None:
+        for u, samples in enumerate(wave):
+            t, prefix_len = self.plan.unique[u]
+            for ids, reward in samples:
+                if len(ids) <= prefix_len:  # an unsampled state's own prefix, graded directly
+                    self._add(u, reward, 0, rollout=True)
+                else:  # a rollout is a sample of its own state and of every deeper state it passes through
+                    self.add_path(trajectories[t], ids, reward, start=prefix_len, rollout=True)
+
+    def mean_remaining(self, u: int) -> float:
+        """Expected tokens of one rollout from state ``u``: the mean length its samples had beyond it."""
+        return max(1.0, self.remaining[u] / self.count[u]) if self.count[u] else 1.0
+
+    def variances(self, parent: Sequence[int | None], strength: float) -> list[float]:
+        """Each state's reward variance from its rollouts, shrunk toward its parent's (the root toward the
+        variance of every rollout of the batch)."""
+        everything = [r for rs in self.rollout_rewards for r in rs]
+        root = shrunk_variance(everything, 0.0, 0.0) if everything else 0.25
+        out: list[float] = []
+        for u, rewards in enumerate(self.rollout_rewards):  # a parent is always listed before its children
+            prior = root if parent[u] is None else out[parent[u]]  # type: ignore[index]
+            out.append(shrunk_variance(rewards, prior, strength))
+        return out
 
 
 def _mean(xs: list[float]) -> float:

@@ -10,7 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-__all__ = ["ROLLOUT_BUDGETS", "needed_completion_room", "validate_mc_settings", "validate_sampling_settings"]
+__all__ = [
+    "ALLOCATIONS",
+    "ROLLOUT_BUDGETS",
+    "STEPS_AFTER_CAP",
+    "needed_completion_room",
+    "validate_mc_settings",
+    "validate_sampling_settings",
+]
 
 #: How a Monte Carlo continuation's token budget is set (see ``VinePPOConfig.mc_rollout_budget``).
 ROLLOUT_BUDGETS = ("remaining", "fixed")
@@ -24,7 +31,16 @@ _CONFIG_NAMES = {
     "truncated_reward": "mc_truncated_reward",
     "steps_after_cap": "mc_steps_after_cap",
     "max_completion_length": "max_completion_length",
+    "reuse_samples": "mc_reuse_samples",
+    "allocation": "mc_allocation",
+    "min_rollouts": "mc_min_rollouts",
+    "min_step_tokens": "mc_min_step_tokens",
 }
+
+#: How Monte Carlo rollouts are spread over states (see ``VinePPOConfig.mc_allocation``).
+ALLOCATIONS = ("uniform", "variance")
+#: What steps past ``max_estimated_steps`` get (see ``VinePPOConfig.mc_steps_after_cap``).
+STEPS_AFTER_CAP = ("merge", "zero", "spread")
 
 
 def validate_mc_settings(
@@ -36,6 +52,10 @@ def validate_mc_settings(
     max_estimated_steps: int | None,
     truncated_reward: float | None,
     steps_after_cap: str = "merge",
+    reuse_samples: bool = False,
+    allocation: str = "uniform",
+    min_rollouts: int = 1,
+    min_step_tokens: int | None = None,
     names: Mapping[str, str] | str | None = None,
 ) -> None:
     """Refuse invalid or contradictory Monte Carlo settings, naming the parameter, its value and the fix.
@@ -97,10 +117,44 @@ def validate_mc_settings(
             f"{n('max_estimated_steps')}={max_estimated_steps} is invalid: at least the prompt state S_0 must be "
             f"estimated. Set {n('max_estimated_steps')} >= 1, or None to estimate every step."
         )
-    if steps_after_cap not in ("merge", "zero"):
+    if steps_after_cap not in STEPS_AFTER_CAP:
         raise ValueError(
             f"{n('steps_after_cap')}={steps_after_cap!r} is invalid. Use 'merge' (steps past the cap form one final "
-            "step, R - V(S_{m-1})) or 'zero' (they get advantage 0, as the official VinePPO code on GSM8K)."
+            "step, R - V(S_{m-1})), 'zero' (they get advantage 0, as the official VinePPO code on GSM8K) or "
+            "'spread' (keep the cap's number of states, spread evenly over the response)."
+        )
+    if steps_after_cap == "spread" and max_estimated_steps is None:
+        raise ValueError(
+            f"{n('steps_after_cap')}='spread' spreads {n('max_estimated_steps')} states over each response, but "
+            f"{n('max_estimated_steps')} is None. Set it (e.g. 8), or use {n('steps_after_cap')}='merge'."
+        )
+    if allocation not in ALLOCATIONS:
+        raise ValueError(
+            f"{n('allocation')}={allocation!r} is invalid. Use 'uniform' ({n('num_rollouts')} samples per state) "
+            f"or 'variance' (the same rollout tokens, spent where they reduce advantage error most)."
+        )
+    if isinstance(min_rollouts, bool) or not isinstance(min_rollouts, int) or min_rollouts < 1:
+        raise ValueError(
+            f"{n('min_rollouts')}={min_rollouts!r} is invalid: every state needs at least one sample besides the "
+            f"response's own. Set {n('min_rollouts')} to an int >= 1 (default 1)."
+        )
+    if allocation == "variance" and min_rollouts > num_rollouts:
+        raise ValueError(
+            f"{n('min_rollouts')}={min_rollouts} exceeds {n('num_rollouts')}={num_rollouts}: the first wave "
+            f"would spend more than the whole budget. Set {n('min_rollouts')} <= {n('num_rollouts')}."
+        )
+    if reuse_samples and rollout_budget != "remaining":
+        raise ValueError(
+            f"{n('reuse_samples')}=True needs {n('rollout_budget')}='remaining', got {rollout_budget!r}: a "
+            "response is a draw of a state's value only when rollouts from that state get the budget the response "
+            f"had left. Set {n('rollout_budget')}='remaining' or {n('reuse_samples')}=False."
+        )
+    if min_step_tokens is not None and (
+        isinstance(min_step_tokens, bool) or not isinstance(min_step_tokens, int) or min_step_tokens < 1
+    ):
+        raise ValueError(
+            f"{n('min_step_tokens')}={min_step_tokens!r} is invalid. Set it to an int >= 1 (steps shorter than "
+            "this many tokens are merged into the next one) or None to keep every step."
         )
     if truncated_reward is not None and not math.isfinite(float(truncated_reward)):
         raise ValueError(

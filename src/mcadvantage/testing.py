@@ -8,6 +8,8 @@ vLLM's CPU attention kernel (head_dim 64 by default: head_dim 16 is rejected the
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import string
 from collections.abc import Callable, Sequence
@@ -221,3 +223,89 @@ class OutcomeReward:
             text = c[-1]["content"] if isinstance(c, list) else c
             rewards.append(1.0 if text.endswith(self.success_text) else 0.0)
         return rewards
+
+
+class StepTreeSampler:
+    """Seeded toy policy over multi-step responses, with exactly known state values: the toy for free samples.
+
+    A response is ``depth`` step tokens, each drawn independently from ``step_token_ids`` with ``step_probs``,
+    then a success token with probability ``success_prob(step indexes)`` (a failure token otherwise), then EOS.
+    Cut into one step per step token (and the outcome with EOS as the last step), responses to one prompt share
+    prefixes often, so the other responses of a group are real draws of a state's value, as are rollouts that pass
+    through it. :meth:`value` enumerates every future exactly.
+
+    The completion part of a prefix is read as its trailing step tokens, so prompts must not end with one.
+    """
+
+    def __init__(
+        self,
+        *,
+        step_token_ids: Sequence[int],
+        step_probs: Sequence[float],
+        depth: int,
+        success_prob: Callable[[tuple[int, ...]], float],
+        success_token_id: int,
+        failure_token_id: int,
+        eos_token_id: int,
+        seed: int = 0,
+    ) -> None:
+        if len(step_token_ids) != len(step_probs) or abs(sum(step_probs) - 1) > 1e-9:
+            raise ValueError(
+                f"step_probs={list(step_probs)!r} must give one probability per step token "
+                f"({len(step_token_ids)}) and sum to 1."
+            )
+        if depth < 1:
+            raise ValueError(f"depth={depth!r} must be >= 1.")
+        self.step_token_ids = list(step_token_ids)
+        self.step_probs = list(step_probs)
+        self.depth = depth
+        self._success = success_prob
+        self.success_token_id = success_token_id
+        self.failure_token_id = failure_token_id
+        self.eos_token_id = eos_token_id
+        self.rng = random.Random(seed)
+        self.calls: list[list[RolloutRequest]] = []
+        self._index = {tok: i for i, tok in enumerate(self.step_token_ids)}
+
+    @property
+    def response_length(self) -> int:
+        """Tokens of a whole response: the steps, the outcome and EOS."""
+        return self.depth + 2
+
+    def steps_of(self, prefix_ids: Sequence[int]) -> tuple[int, ...]:
+        """The step indexes already taken in ``prefix_ids`` (its trailing step tokens, at most ``depth``)."""
+        taken: list[int] = []
+        for tok in reversed(list(prefix_ids)):
+            if tok not in self._index or len(taken) == self.depth:
+                break
+            taken.append(self._index[tok])
+        return tuple(reversed(taken))
+
+    def value(self, prefix_ids: Sequence[int]) -> float:
+        """The exact probability of success from ``prefix_ids`` (a prompt plus some step tokens)."""
+        taken = self.steps_of(prefix_ids)
+        total = 0.0
+        for future in itertools.product(range(len(self.step_token_ids)), repeat=self.depth - len(taken)):
+            weight = math.prod(self.step_probs[i] for i in future)
+            total += weight * float(self._success(taken + future))
+        return total
+
+    def sample(self, requests: Sequence[RolloutRequest]) -> list[list[Continuation]]:
+        """``n`` independent continuations per request, each cut at the request's ``max_tokens``."""
+        self.calls.append(list(requests))
+        out: list[list[Continuation]] = []
+        for req in requests:
+            taken = self.steps_of(req.prefix_ids)
+            conts = []
+            for _ in range(req.n):
+                future = tuple(
+                    self.rng.choices(range(len(self.step_token_ids)), weights=self.step_probs)[0]
+                    for _ in range(self.depth - len(taken))
+                )
+                success = self.rng.random() < float(self._success(taken + future))
+                tokens = [self.step_token_ids[i] for i in future]
+                tokens += [self.success_token_id if success else self.failure_token_id, self.eos_token_id]
+                cut = len(tokens) > req.max_tokens
+                conts.append(Continuation(token_ids=tuple(tokens[: req.max_tokens]), truncated=cut))
+            out.append(conts)
+        return out

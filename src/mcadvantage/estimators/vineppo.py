@@ -41,8 +41,12 @@ class VinePPOEstimator:
         fixed_rollout_budget: tokens per continuation with ``"fixed"`` (``mc_fixed_rollout_budget``).
         max_estimated_steps: estimate at most this many states per response (``mc_max_estimated_steps``).
         truncated_reward: reward of a truncated continuation, None to grade it (``mc_truncated_reward``).
-        steps_after_cap: ``"merge"`` or ``"zero"``: what steps past ``max_estimated_steps`` get
+        steps_after_cap: ``"merge"``, ``"zero"`` or ``"spread"``: what steps past ``max_estimated_steps`` get
             (``mc_steps_after_cap``).
+        reuse_samples: pool free samples leave-one-out (``mc_reuse_samples``).
+        allocation: ``"uniform"`` or ``"variance"`` (``mc_allocation``).
+        min_rollouts: the first wave of ``"variance"`` (``mc_min_rollouts``).
+        min_step_tokens: merge steps shorter than this (``mc_min_step_tokens``).
         step_segmenter: how responses are cut into steps (a name or a segmenter); the context's segmenter is
             used when None.
 
@@ -66,6 +70,10 @@ class VinePPOEstimator:
         max_estimated_steps: int | None = None,
         truncated_reward: float | None = None,
         steps_after_cap: str = "merge",
+        reuse_samples: bool = False,
+        allocation: str = "uniform",
+        min_rollouts: int = 1,
+        min_step_tokens: int | None = None,
         step_segmenter: Any = None,
     ) -> None:
         self.num_rollouts = num_rollouts
@@ -74,6 +82,10 @@ class VinePPOEstimator:
         self.max_estimated_steps = max_estimated_steps
         self.truncated_reward = truncated_reward
         self.steps_after_cap = steps_after_cap
+        self.reuse_samples = reuse_samples
+        self.allocation = allocation
+        self.min_rollouts = min_rollouts
+        self.min_step_tokens = min_step_tokens
         self.segmenter = None if step_segmenter is None else get_segmenter(step_segmenter)
         self.last_estimate: MCEstimate | None = None
         self.last_rows: list[int] = []
@@ -88,6 +100,10 @@ class VinePPOEstimator:
             max_estimated_steps=config.mc_max_estimated_steps,
             truncated_reward=config.mc_truncated_reward,
             steps_after_cap=config.mc_steps_after_cap,
+            reuse_samples=config.mc_reuse_samples,
+            allocation=config.mc_allocation,
+            min_rollouts=config.mc_min_rollouts,
+            min_step_tokens=config.mc_min_step_tokens,
             step_segmenter=config.step_segmenter,
         )
 
@@ -103,6 +119,10 @@ class VinePPOEstimator:
             max_estimated_steps=config.mc_max_estimated_steps,
             truncated_reward=config.mc_truncated_reward,
             steps_after_cap=config.mc_steps_after_cap,
+            reuse_samples=config.mc_reuse_samples,
+            allocation=config.mc_allocation,
+            min_rollouts=config.mc_min_rollouts,
+            min_step_tokens=config.mc_min_step_tokens,
             names="config",
         )
         if config.scale_rewards != "none":
@@ -141,11 +161,21 @@ class VinePPOEstimator:
             context.max_completion_length, self.rollout_budget, self.fixed_rollout_budget
         )
         trajectories: list[Trajectory] = []
+        extras: list[Trajectory] = []
         rows: list[int] = []
         for i, ids in enumerate(batch.completion_ids):
             reward = float(rewards[i])
             if not ids or not math.isfinite(reward) or int(mask[i].sum()) == 0:
-                continue  # nothing to credit: advantage 0, excluded from the whitening statistics
+                # Nothing to credit: advantage 0, excluded from the whitening statistics. Its outcome is still a
+                # free sample for the states it passes through (leaving masked or unscorable responses out would
+                # select the pool by outcome); unscorable counts 0, as an unscorable rollout does.
+                if ids and self.reuse_samples:
+                    extras.append(
+                        self._trajectory(
+                            batch, i, segmenter, context, reward if math.isfinite(reward) else 0.0
+                        )
+                    )
+                continue
             if context.context_length is not None:  # iterable datasets are not checked before training
                 check_prompt_fits(
                     len(batch.prompt_ids[i]),
@@ -154,20 +184,10 @@ class VinePPOEstimator:
                     where=f"local batch row {i}",
                     room_name=room_name,
                 )
-            row = batch.rows[i] if batch.rows else {}
-            trajectories.append(
-                Trajectory(
-                    prompt_ids=list(batch.prompt_ids[i]),
-                    completion_ids=list(ids),
-                    step_boundaries=segment_completion(segmenter, context.tokenizer, list(ids)),
-                    reward=reward,
-                    prompt=batch.prompts[i] if batch.prompts else None,
-                    fields={k: v for k, v in row.items() if k not in _NON_REWARD_COLUMNS},
-                )
-            )
+            trajectories.append(self._trajectory(batch, i, segmenter, context, reward))
             rows.append(i)
 
-        estimate = self._run(trajectories, context)
+        estimate = self._run(trajectories, extras, context)
         self.last_estimate, self.last_rows = estimate, rows
 
         advantages = torch.zeros(mask.shape, dtype=torch.float32)
@@ -188,7 +208,25 @@ class VinePPOEstimator:
                 "generated_tokens": "sum",
                 "states": "sum",
                 "seconds": "max",
+                "free_samples": "sum",
+                "rollouts_saved": "sum",
+                "budget_tokens": "sum",
             },
+        )
+
+    @staticmethod
+    def _trajectory(
+        batch: AdvantageBatch, i: int, segmenter: Any, context: EstimatorContext, reward: float
+    ) -> Trajectory:
+        ids = list(batch.completion_ids[i])
+        row = batch.rows[i] if batch.rows else {}
+        return Trajectory(
+            prompt_ids=list(batch.prompt_ids[i]),
+            completion_ids=ids,
+            step_boundaries=segment_completion(segmenter, context.tokenizer, ids),
+            reward=reward,
+            prompt=batch.prompts[i] if batch.prompts else None,
+            fields={k: v for k, v in row.items() if k not in _NON_REWARD_COLUMNS},
         )
 
     # -- I/O around the pure estimator ------------------------------------------------------------------------
@@ -210,27 +248,35 @@ class VinePPOEstimator:
             truncated_reward=self.truncated_reward,
             steps_after_cap=self.steps_after_cap,  # type: ignore[arg-type]
             context_length=context.context_length,
+            reuse_samples=self.reuse_samples,
+            allocation=self.allocation,  # type: ignore[arg-type]
+            min_rollouts=self.min_rollouts,
+            min_step_tokens=self.min_step_tokens,
         )
 
-    def _run(self, trajectories: list[Trajectory], context: EstimatorContext) -> MCEstimate:
+    def _run(
+        self, trajectories: list[Trajectory], extras: list[Trajectory], context: EstimatorContext
+    ) -> MCEstimate:
         if not context.sample_on_main_only:
             with context.policy_sampler() as sampler:
                 return self.make_estimator(sampler, context).estimate(
-                    trajectories, reward_kwargs=context.reward_kwargs
+                    trajectories, reward_kwargs=context.reward_kwargs, extra_responses=extras
                 )
         # Only the main process reaches the engine (vLLM server): it estimates every process' trajectories. Every
         # process still enters the sampler context, which may be collective (a weight sync gathers parameters).
-        per_process = context.gather_object([trajectories])
+        per_process = context.gather_object([(trajectories, extras)])
         payload: Any = None
         with context.policy_sampler() as sampler:
             if context.process_index == 0:
                 try:
-                    flat = [t for part in per_process for t in part]
+                    flat = [t for part, _ in per_process for t in part]
                     full = self.make_estimator(sampler, context).estimate(
-                        flat, reward_kwargs=context.reward_kwargs
+                        flat,
+                        reward_kwargs=context.reward_kwargs,
+                        extra_responses=[t for _, part in per_process for t in part],
                     )
                     parts, start = [], 0
-                    for rank, part in enumerate(per_process):
+                    for rank, (part, _) in enumerate(per_process):
                         stop = start + len(part)
                         # The main process did all the work: its part carries the statistics, so sums over
                         # processes count every rollout once.
@@ -240,6 +286,7 @@ class VinePPOEstimator:
                                 step_advantages=full.step_advantages[start:stop],
                                 token_advantages=full.token_advantages[start:stop],
                                 stats=dict(full.stats) if rank == 0 else {},
+                                sample_counts=full.sample_counts[start:stop],
                             )
                         )
                         start = stop
@@ -277,4 +324,7 @@ class VinePPOEstimator:
                 dedup_ratio=1.0 - stats.get("unique_states", 0.0) / states if states else 0.0,
                 truncated_rollout_ratio=stats.get("truncated_rollouts", 0.0) / rollouts if rollouts else 0.0,
             )
+            for key in ("free_samples", "rollouts_saved", "budget_tokens"):  # only the options that have them
+                if key in stats:
+                    metrics[key] = stats[key]
         return metrics

@@ -403,6 +403,39 @@ def test_loss_receives_the_estimators_advantages_token_for_token(model, tok, tmp
 
 
 @pytest.mark.slow
+def test_free_samples_and_variance_allocation_reach_the_loss(model, tok, tmp_path):
+    # The cheaper Monte Carlo options through the trainer: the loss gets the estimator's (leave-one-out) values,
+    # and mc/* reports the free samples, the rollouts saved and the token budget.
+    args = config(
+        tmp_path,
+        mc_reuse_samples=True,
+        mc_allocation="variance",
+        num_mc_rollouts=2,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+    )
+    trainer = RecordingTrainer(
+        model=model, reward_funcs=vowel_reward, args=args, train_dataset=arithmetic(), processing_class=tok
+    )
+    trainer.train()
+    gen = trainer.generations[0]
+    assert gen["rows"] == list(range(8))
+    torch.testing.assert_close(
+        gen["advantages"], _expected_advantages(gen, tok, vowel_reward), rtol=1e-5, atol=1e-5
+    )
+    est = gen["estimate"]
+    # Leave-one-out: the 4 responses to a prompt see the other 3 (plus rollouts) at S_0, so they differ in V(S_0)
+    # exactly by their own rewards: V_j(S_0) = (total - R_j) / (n - 1).
+    for a in range(0, 8, 4):
+        n = est.sample_counts[a][0] + 1
+        totals = {round(est.values[j][0] * (n - 1) + est.values[j][-1], 9) for j in range(a, a + 4)}
+        assert len(totals) == 1
+    logged = [entry for entry in trainer.state.log_history if "mc/free_samples" in entry]
+    assert logged and logged[0]["mc/free_samples"] >= 2 * 3  # S_0 alone: 3 other responses per prompt
+    assert logged[0]["mc/budget_tokens"] > 0 and "mc/rollouts_saved" in logged[0]
+
+
+@pytest.mark.slow
 def test_conversational_data_with_kl_reference_and_eval(tiny_model_dir, tok, tmp_path):
     seen_completion_types = []
 

@@ -1,0 +1,498 @@
+"""Cheaper Monte Carlo: value error against Monte Carlo tokens, for the fixed scheme and each cheaper option.
+
+    python benchmarks/mc_efficiency.py                  # both tasks: the exact toy, then the demo policy
+    python benchmarks/mc_efficiency.py --tasks toy      # seconds
+    python benchmarks/mc_efficiency.py --report         # only rebuild the table, JSON and plot
+
+Tasks:
+
+* ``toy``: :class:`~mcadvantage.testing.StepTreeSampler`, 6 one-token steps (a/b/c with probabilities
+  0.5/0.3/0.2) then success with probability ``P[sum of step indexes % 4]``, ``P = (0.1, 0.4, 0.7, 0.95)``;
+  groups of 8 responses drawn from the toy itself. Ground truth is exact.
+* ``demo``: the shipped demo warm-up policy on held-out demo problems, groups of 8 responses at the RL
+  temperature (0.6), ``gsm8k`` steps, the GSM8K verifier. Ground truth: ``--ground_truth_k`` rollouts per state
+  (its own variance, ``p(1-p)/K``, is reported and not subtracted).
+
+Options (each swept over K, the per-state budget): ``fixed`` (the paper's scheme, K fresh rollouts per state),
+``reuse`` (free samples, leave-one-out, topped up to K), ``variance`` (free samples plus variance allocation of
+the tokens fixed K would spend), and ``reuse+merge`` (free samples on steps merged to >= ``--min_step_tokens``
+tokens: fewer, coarser states, so its errors are over other steps and are not compared at equal error).
+
+Per point: value MSE over every (response, state) pair, advantage sign accuracy over steps whose true
+advantage exceeds 0.05 in size, Spearman rank correlation of step advantages, Monte Carlo tokens per response.
+Per family: the tokens it needs to reach fixed K=9's value MSE (log-log interpolation between the sweep's points),
+as a ratio to K=9's tokens. Every (task, option, K, repeat) is appended to
+``benchmarks/results/mc_efficiency_runs/<task>.jsonl`` as it finishes, and a rerun skips what is there; the demo's
+responses and ground truth are cached there too. Writes ``benchmarks/results/mc_efficiency.json`` and
+``mc_efficiency.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+RUNS = RESULTS / "mc_efficiency_runs"
+
+#: family -> (MCValueEstimator options, Ks swept)
+FAMILIES: dict[str, tuple[dict[str, Any], list[int]]] = {
+    "fixed": ({}, [1, 3, 9]),
+    "reuse": ({"reuse_samples": True}, [1, 2, 3, 6, 9]),
+    "variance": ({"reuse_samples": True, "allocation": "variance"}, [1, 2, 3, 6, 9]),
+    "reuse+merge": (
+        {"reuse_samples": True, "min_step_tokens": None},
+        [1, 3, 9],
+    ),  # min_step_tokens set per task
+}
+SIGN_TOLERANCE = 0.05
+TOY_P = (0.1, 0.4, 0.7, 0.95)
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):  # ties share their average rank
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (Pearson on average ranks); NaN when either side is constant."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sx = math.sqrt(math.fsum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(math.fsum((b - my) ** 2 for b in ry))
+    return sxy / (sx * sy) if sx and sy else math.nan
+
+
+def score(
+    estimate: Any, boundaries: list[list[int]], trajectories: list[Any], truth: dict[tuple[int, int], float]
+) -> dict[str, float]:
+    """Value MSE, sign accuracy and rank correlation of one estimate (whose states sit at ``boundaries``) against
+    ``truth[(trajectory, prefix length)]``."""
+    sq, est_adv, true_adv = [], [], []
+    for t, traj in enumerate(trajectories):
+        bounds = boundaries[t]
+        values = estimate.values[t]
+        true_values = [truth[(t, b)] for b in bounds[:-1]] + [float(traj.reward)]
+        sq += [(v - tv) ** 2 for v, tv in zip(values[:-1], true_values[:-1], strict=True)]
+        est_adv += [values[i] - values[i - 1] for i in range(1, len(values))]
+        true_adv += [true_values[i] - true_values[i - 1] for i in range(1, len(true_values))]
+    decided = [(e, t) for e, t in zip(est_adv, true_adv, strict=True) if abs(t) > SIGN_TOLERANCE]
+    return {
+        "value_mse": statistics.fmean(sq),
+        "sign_accuracy": statistics.fmean((e > 0) == (t > 0) for e, t in decided) if decided else math.nan,
+        "rank_correlation": spearman(est_adv, true_adv),
+        "states_per_response": len(sq) / len(trajectories),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ tasks
+
+
+def toy_task(groups: int, seed: int) -> dict[str, Any]:
+    from mcadvantage.estimator import Trajectory
+    from mcadvantage.samplers.base import RolloutRequest
+    from mcadvantage.testing import OutcomeReward, StepTreeSampler, build_char_tokenizer
+
+    tok = build_char_tokenizer()
+
+    def tid(ch: str) -> int:
+        return tok(ch, add_special_tokens=False)["input_ids"][0]
+
+    def sampler(s: int) -> StepTreeSampler:
+        return StepTreeSampler(
+            step_token_ids=[tid(c) for c in "abc"],
+            step_probs=[0.5, 0.3, 0.2],
+            depth=6,
+            success_prob=lambda steps: TOY_P[sum(steps) % 4],
+            success_token_id=tid("Y"),
+            failure_token_id=tid("N"),
+            eos_token_id=tok.eos_token_id,
+            seed=s,
+        )
+
+    source = sampler(seed)
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    trajectories = []
+    for g in range(groups):
+        prompt = f"{letters[g // 26 % 26]}{letters[g % 26]}:"
+        pid = tok(prompt, add_special_tokens=False)["input_ids"]
+        for cont in source.sample([RolloutRequest(prefix_ids=tuple(pid), n=8, max_tokens=64)])[0]:
+            ids = list(cont.token_ids)
+            trajectories.append(
+                Trajectory(
+                    prompt_ids=pid,
+                    completion_ids=ids,
+                    step_boundaries=[*range(7), len(ids)],
+                    reward=1.0 if ids[-2] == tid("Y") else 0.0,
+                    prompt=prompt,
+                )
+            )
+    truth = {
+        (t, b): source.value(traj.prompt_ids + traj.completion_ids[:b])
+        for t, traj in enumerate(trajectories)
+        for b in traj.step_boundaries[:-1]
+    }
+    return {
+        "trajectories": trajectories,
+        "truth": truth,
+        "make_sampler": sampler,
+        "tokenizer": tok,
+        "reward": OutcomeReward("Y"),
+        "max_completion_length": 16,
+        "min_step_tokens": 2,
+        "description": f"StepTreeSampler, 6 steps, {groups} groups of 8 (exact values)",
+        "truth_variance": 0.0,
+    }
+
+
+def demo_task(
+    prompts: int, ground_truth_k: int, seed: int, threads: int, runs: Path = RUNS
+) -> dict[str, Any]:
+    import torch
+
+    from mcadvantage import GSM8KVerifier, MCValueEstimator, TransformersSampler
+    from mcadvantage.demo.arms import load_policy
+    from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.estimator import Trajectory
+    from mcadvantage.samplers.base import RolloutRequest
+    from mcadvantage.segmenters import get_segmenter, segment_completion
+    from mcadvantage.self_training import grade_completions
+    from mcadvantage.text import decode_batch
+
+    torch.set_num_threads(threads)
+    config = DemoConfig()
+    model, tok = load_policy(str(shipped_warmup_dir()))
+    model.eval()
+    verifier = GSM8KVerifier()
+    segmenter = get_segmenter("gsm8k")
+
+    def sampler(s: int) -> Any:
+        torch.manual_seed(s)
+        return TransformersSampler(model, tok, temperature=config.temperature, max_batch_sequences=1024)
+
+    cache = runs / f"demo_ground_truth_p{prompts}_k{ground_truth_k}_s{seed}.json"
+    problems = build_data(config).eval_set[:prompts]
+    rows = [{"prompt": p.prompt, "answer": p.answer} for p in problems]
+    if cache.exists():
+        stored = json.loads(cache.read_text(encoding="utf-8"))
+        responses, truth_items = stored["responses"], stored["truth"]
+    else:
+        engine = sampler(seed)
+        responses = []
+        for row in rows:
+            pid = tok(row["prompt"], add_special_tokens=False)["input_ids"]
+            request = RolloutRequest(prefix_ids=tuple(pid), n=8, max_tokens=config.max_completion_length)
+            conts = engine.sample([request])[0]
+            texts = decode_batch(tok, [list(c.token_ids) for c in conts])
+            rewards = grade_completions(verifier, row["prompt"], texts, {"answer": row["answer"]})
+            for cont, reward in zip(conts, rewards, strict=True):
+                responses.append(
+                    {"row": row, "prompt_ids": pid, "ids": list(cont.token_ids), "reward": reward}
+                )
+        trajectories = _demo_trajectories(responses, tok, segmenter, Trajectory, segment_completion)
+        t0 = time.perf_counter()
+        gt = MCValueEstimator(
+            sampler(seed + 1),
+            verifier,
+            tok,
+            num_rollouts=ground_truth_k,
+            max_completion_length=config.max_completion_length,
+            show_progress=True,
+        ).estimate(trajectories)
+        truth_items = [
+            [t, b, v]
+            for t, traj in enumerate(trajectories)
+            for b, v in zip(traj.step_boundaries[:-1], gt.values[t][:-1], strict=True)
+        ]
+        cache.write_text(
+            json.dumps(
+                {"responses": responses, "truth": truth_items, "seconds": time.perf_counter() - t0},
+                indent=None,
+            ),
+            encoding="utf-8",
+        )
+    trajectories = _demo_trajectories(responses, tok, segmenter, Trajectory, segment_completion)
+    truth = {(t, b): v for t, b, v in truth_items}
+    variances = [v * (1 - v) / ground_truth_k for v in truth.values()]
+    return {
+        "trajectories": trajectories,
+        "truth": truth,
+        "make_sampler": sampler,
+        "tokenizer": tok,
+        "reward": verifier,
+        "max_completion_length": config.max_completion_length,
+        "min_step_tokens": 24,
+        "description": f"demo warm-up policy (seed 0), {prompts} held-out prompts x 8 responses, "
+        f"ground truth K={ground_truth_k}",
+        "truth_variance": statistics.fmean(variances),
+    }
+
+
+def _demo_trajectories(responses, tok, segmenter, trajectory_cls, segment_completion) -> list[Any]:
+    out = []
+    for r in responses:
+        if not r["ids"]:
+            continue
+        out.append(
+            trajectory_cls(
+                prompt_ids=list(r["prompt_ids"]),
+                completion_ids=list(r["ids"]),
+                step_boundaries=segment_completion(segmenter, tok, list(r["ids"])),
+                reward=float(r["reward"]),
+                prompt=r["row"]["prompt"],
+                fields={"answer": r["row"]["answer"]},
+            )
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def run_point(task: dict[str, Any], family: str, k: int, repeat: int) -> dict[str, Any]:
+    from mcadvantage.estimator import MCValueEstimator, plan_states
+
+    options = dict(FAMILIES[family][0])
+    if "min_step_tokens" in options:
+        options["min_step_tokens"] = task["min_step_tokens"]
+    estimator = MCValueEstimator(
+        task["make_sampler"](1000 * (repeat + 1) + k),
+        task["reward"],
+        task["tokenizer"],
+        num_rollouts=k,
+        max_completion_length=task["max_completion_length"],
+        **options,
+    )
+    t0 = time.perf_counter()
+    out = estimator.estimate(task["trajectories"])
+    seconds = time.perf_counter() - t0
+    plan = plan_states(task["trajectories"], min_step_tokens=options.get("min_step_tokens"))
+    responses = len(task["trajectories"])
+    return {
+        "family": family,
+        "k": k,
+        "repeat": repeat,
+        **score(out, plan.boundaries, task["trajectories"], task["truth"]),
+        "tokens_per_response": out.stats["generated_tokens"] / responses,
+        "rollouts_per_response": out.stats["rollouts"] / responses,
+        "free_samples_per_response": out.stats.get("free_samples", 0.0) / responses,
+        "seconds": seconds,
+    }
+
+
+def _interpolate_tokens(points: list[tuple[float, float]], target_mse: float) -> float | None:
+    """Tokens at which a family's (tokens, mse) curve reaches ``target_mse`` (log-log linear between the two
+    points around it); None when the sweep never gets there."""
+    points = sorted(points)
+    if points and points[0][1] <= target_mse:
+        return points[0][0]  # already at the target with its cheapest point
+    for (t0, m0), (t1, m1) in zip(points, points[1:], strict=False):
+        if m0 > target_mse >= m1:
+            f = (math.log(target_mse) - math.log(m0)) / (math.log(m1) - math.log(m0))
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    return None
+
+
+def summarize(task_name: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean over repeats per (family, K), and each family's token ratio to fixed K=9 at K=9's value MSE."""
+    keys = sorted(
+        {(r["family"], r["k"]) for r in records}, key=lambda fk: (list(FAMILIES).index(fk[0]), fk[1])
+    )
+    options = []
+    for family, k in keys:
+        rs = [r for r in records if r["family"] == family and r["k"] == k]
+        entry = {"task": task_name, "name": f"{family} K={k}", "family": family, "k": k, "repeats": len(rs)}
+        for field in (
+            "tokens_per_response",
+            "value_mse",
+            "sign_accuracy",
+            "rank_correlation",
+            "states_per_response",
+            "rollouts_per_response",
+            "free_samples_per_response",
+            "seconds",
+        ):
+            xs = [r[field] for r in rs if not math.isnan(r[field])]
+            entry[field] = statistics.fmean(xs) if xs else math.nan
+            entry[field + "_se"] = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
+        options.append(entry)
+    k9 = next((o for o in options if o["family"] == "fixed" and o["k"] == 9), None)
+    for family in FAMILIES:
+        members = [o for o in options if o["family"] == family]
+        ratio = None
+        if k9 is not None and members and family != "reuse+merge":
+            tokens = _interpolate_tokens(
+                [(o["tokens_per_response"], o["value_mse"]) for o in members], k9["value_mse"]
+            )
+            ratio = None if tokens is None else tokens / k9["tokens_per_response"]
+        for o in members:
+            o["tokens_ratio_vs_k9_at_equal_error"] = ratio
+    return options
+
+
+def table(options: list[dict[str, Any]]) -> str:
+    lines = [
+        "| task | option | MC tokens / response | value MSE | sign accuracy | rank corr. | states / resp. | "
+        "free samples / resp. | tokens vs K=9 at K=9's error |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for o in options:
+        ratio = o["tokens_ratio_vs_k9_at_equal_error"]
+        lines.append(
+            f"| {o['task']} | {o['name']} | {o['tokens_per_response']:.1f} | {o['value_mse']:.4f} ± "
+            f"{o['value_mse_se']:.4f} | {o['sign_accuracy']:.3f} | {o['rank_correlation']:.3f} | "
+            f"{o['states_per_response']:.2f} | {o['free_samples_per_response']:.1f} | "
+            + ("not reached" if ratio is None else f"{ratio:.2f}x")
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def plot(options: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({o["task"] for o in options}, key=["toy", "demo"].index)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for family in FAMILIES:
+            pts = sorted(
+                (o["tokens_per_response"], o["value_mse"], o["k"])
+                for o in options
+                if o["task"] == task and o["family"] == family
+            )
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=family)
+            for x, y, k in pts:
+                ax.annotate(f"K={k}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("Monte Carlo tokens per response")
+        ax.set_ylabel("value MSE vs ground truth")
+        ax.set_title(task)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", default=["toy", "demo"], choices=["toy", "demo"])
+    parser.add_argument("--toy_groups", type=int, default=300)
+    parser.add_argument("--prompts", type=int, default=6, help="demo: held-out prompts (8 responses each)")
+    parser.add_argument("--ground_truth_k", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3, help="independent estimates per (option, K)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--report", action="store_true", help="only aggregate what is in the run files")
+    parser.add_argument("--json", default=str(RESULTS / "mc_efficiency.json"))
+    parser.add_argument("--runs", default=str(RUNS), help="where per-task records and caches are kept")
+    args = parser.parse_args(argv)
+
+    runs = Path(args.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    png = Path(args.json).with_suffix(".png")
+    descriptions: dict[str, str] = {}
+    truth_variance: dict[str, float] = {}
+    for task_name in args.tasks:
+        path = runs / f"{task_name}.jsonl"
+        done = set()
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                r = json.loads(line)
+                done.add((r["family"], r["k"], r["repeat"]))
+        # Repeat-major, so an interrupted run leaves whole sweeps behind.
+        todo = [(f, k, rep) for rep in range(args.repeats) for f, (_, ks) in FAMILIES.items() for k in ks]
+        todo = [x for x in todo if x not in done]
+        meta_path = runs / f"{task_name}.meta.json"
+        if args.report or not todo:
+            if meta_path.exists():
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                descriptions[task_name], truth_variance[task_name] = (
+                    meta["description"],
+                    meta["truth_variance"],
+                )
+            continue
+        if task_name == "toy":
+            task = toy_task(args.toy_groups, args.seed)
+        else:
+            task = demo_task(args.prompts, args.ground_truth_k, args.seed, args.threads, runs)
+        descriptions[task_name], truth_variance[task_name] = task["description"], task["truth_variance"]
+        meta_path.write_text(
+            json.dumps({"description": task["description"], "truth_variance": task["truth_variance"]}),
+            encoding="utf-8",
+        )
+        for family, k, rep in todo:
+            record = run_point(task, family, k, rep)
+            with path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            print(
+                f"[{task_name}] {family} K={k} repeat {rep}: {record['tokens_per_response']:.1f} tokens/response, "
+                f"value MSE {record['value_mse']:.4f}, sign {record['sign_accuracy']:.3f} ({record['seconds']:.1f} s)",
+                flush=True,
+            )
+
+    options: list[dict[str, Any]] = []
+    for task_name in ("toy", "demo"):
+        path = runs / f"{task_name}.jsonl"
+        if path.exists():
+            records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+            options += summarize(task_name, records)
+            meta_path = runs / f"{task_name}.meta.json"
+            if task_name not in descriptions and meta_path.exists():
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                descriptions[task_name], truth_variance[task_name] = (
+                    meta["description"],
+                    meta["truth_variance"],
+                )
+    if not options:
+        print("no finished runs yet")
+        return 0
+    print(table(options))
+    plot(options, png)
+    out = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "threads": args.threads,
+        },
+        "command": "python benchmarks/mc_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "tasks": descriptions,
+        "ground_truth_variance": truth_variance,
+        "sign_tolerance": SIGN_TOLERANCE,
+        "options": options,
+    }
+    Path(args.json).write_text(json.dumps(out, indent=2), encoding="utf-8")
+    print(f"wrote {args.json} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""benchmarks/mc_efficiency.py: its statistics (hand-computed cases) and a small run of the exact toy."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("mc_efficiency", ROOT / "benchmarks" / "mc_efficiency.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_spearman_hand_cases(bench):
+    assert bench.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert bench.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # Ties share their average rank: ranks (0.5, 0.5, 2) vs (0, 1, 2) -> Pearson 0.866.
+    assert bench.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(math.sqrt(3) / 2)
+    assert math.isnan(bench.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_interpolated_tokens_at_equal_error(bench):
+    # MSE 1/K-like: (10, 0.1), (30, 0.0333); the target 0.05 sits at log-log fraction
+    # log(0.5) / log(1/3) = 0.631 -> tokens 10 * 3 ** 0.631 = 20.0.
+    points = [(10.0, 0.1), (30.0, 0.1 / 3)]
+    assert bench._interpolate_tokens(points, 0.05) == pytest.approx(20.0, rel=1e-6)
+    assert bench._interpolate_tokens(points, 0.2) == 10.0  # the cheapest point is already there
+    assert bench._interpolate_tokens(points, 0.01) is None  # never reached
+
+
+def test_score_against_exact_truth(bench):
+    from types import SimpleNamespace
+
+    # One response, states at 0 and 2, reward 1. Truth V(S_0) = 0.5, V(S_1) = 0.8; estimate 0.6, 0.7.
+    est = SimpleNamespace(values=[[0.6, 0.7, 1.0]])
+    traj = SimpleNamespace(reward=1.0)
+    out = bench.score(est, [[0, 2, 5]], [traj], {(0, 0): 0.5, (0, 2): 0.8})
+    assert out["value_mse"] == pytest.approx((0.01 + 0.01) / 2)
+    # True advantages 0.3, 0.2 (both decided); estimated 0.1, 0.3: both signs right.
+    assert out["sign_accuracy"] == 1.0 and out["states_per_response"] == 2
+
+
+@pytest.mark.slow
+def test_toy_run_writes_the_documented_schema(bench, tmp_path):
+    out = tmp_path / "mc.json"
+    assert (
+        bench.main(
+            [
+                "--tasks",
+                "toy",
+                "--toy_groups",
+                "40",
+                "--repeats",
+                "1",
+                "--json",
+                str(out),
+                "--runs",
+                str(tmp_path / "runs"),
+            ]
+        )
+        == 0
+    )
+    data = json.loads(out.read_text())
+    names = {o["name"] for o in data["options"]}
+    assert {"fixed K=1", "fixed K=3", "fixed K=9", "reuse K=3", "variance K=3"} <= names
+    for o in data["options"]:
+        assert {
+            "name",
+            "tokens_per_response",
+            "value_mse",
+            "sign_accuracy",
+            "tokens_ratio_vs_k9_at_equal_error",
+        } <= set(o)
+    fixed9 = next(o for o in data["options"] if o["name"] == "fixed K=9")
+    assert fixed9["tokens_ratio_vs_k9_at_equal_error"] == pytest.approx(1.0)
+    # Free samples: reuse at K=9 spends fewer tokens than fixed K=9 (the prompt states need no rollout).
+    reuse9 = next(o for o in data["options"] if o["name"] == "reuse K=9")
+    assert reuse9["tokens_per_response"] < fixed9["tokens_per_response"]
+    assert out.with_suffix(".png").exists()
+    # Resumable: a second run finds every point done and only aggregates.
+    assert (
+        bench.main(["--tasks", "toy", "--repeats", "1", "--json", str(out), "--runs", str(tmp_path / "runs")])
+        == 0
+    )
+    lines = (tmp_path / "runs" / "toy.jsonl").read_text().splitlines()
+    assert len(lines) == sum(len(ks) for _, ks in bench.FAMILIES.values())

@@ -35,6 +35,21 @@ def _benchmark():
         ("vineppo_k9", ArmSpec("vineppo_k9", "rl", "vineppo", 9, None)),
         ("grpo_p19", ArmSpec("grpo_p19", "rl", "grpo", None, 19)),
         ("vineppo_k4_p2", ArmSpec("vineppo_k4_p2", "rl", "vineppo", 4, 2)),
+        (
+            "vineppo_k3_reuse",
+            ArmSpec("vineppo_k3_reuse", "rl", "vineppo", 3, None, (("mc_reuse_samples", True),)),
+        ),
+        (
+            "vineppo_k2_variance_p5",
+            ArmSpec(
+                "vineppo_k2_variance_p5",
+                "rl",
+                "vineppo",
+                2,
+                5,
+                (("mc_allocation", "variance"), ("mc_reuse_samples", True)),
+            ),
+        ),
         ("sft", ArmSpec("sft", "sft")),
         ("restem", ArmSpec("restem", "restem")),
     ],
@@ -44,11 +59,32 @@ def test_parse_arm(name, expected):
 
 
 @pytest.mark.parametrize(
-    "name", ["ppo", "vineppo", "vineppo_k0", "grpo_p0", "grpo_k4", "sft_p2", "restem_p2", ""]
+    "name",
+    [
+        "ppo",
+        "vineppo",
+        "vineppo_k0",
+        "grpo_p0",
+        "grpo_k4",
+        "sft_p2",
+        "restem_p2",
+        "grpo_reuse",
+        "vineppo_k3_fast",
+        "",
+    ],
 )
 def test_parse_arm_rejects_unknown_names_and_says_what_works(name):
     with pytest.raises(ValueError, match="use 'grpo', 'rloo', 'vineppo_k<K>'"):
         parse_arm(name)
+
+
+def test_mc_option_arms_reach_the_config():
+    from mcadvantage.demo.arms import rl_training_args
+
+    args = rl_training_args(DemoConfig(), parse_arm("vineppo_k3_variance"), "/tmp/unused")
+    assert (args.num_mc_rollouts, args.mc_reuse_samples, args.mc_allocation) == (3, True, "variance")
+    plain = rl_training_args(DemoConfig(), parse_arm("vineppo_k3"), "/tmp/unused")
+    assert (plain.mc_reuse_samples, plain.mc_allocation) == (False, "uniform")
 
 
 def _rec(arm, seed, step, acc, tokens, seconds, task="t"):

@@ -7,6 +7,10 @@ arm, several seeds). An arm is named by a short string:
 - ``"grpo"``, ``"rloo"``: ``VinePPOTrainer`` with ``advantage_estimator="grpo"`` / ``"rloo"`` (equal to
   TRL's own advantages);
 - ``"vineppo_k<K>"``: Monte Carlo step values from ``K`` rollouts per state (``"vineppo_k4"``);
+- ``"vineppo_k<K>_reuse"``: the same with free samples (``mc_reuse_samples``: the group's other responses and
+  rollouts through a state count, leave-one-out, and new rollouts only top a state up to ``K``);
+  ``"vineppo_k<K>_variance"``: free samples plus ``mc_allocation="variance"`` (the tokens fixed ``K`` would cost,
+  spent where they cut advantage error most);
 - ``"<rl arm>_p<P>"``: the same with ``P`` prompts per step instead of the config's
   ``prompts_per_step`` (``"grpo_p19"``: GRPO given more prompts, e.g. VinePPO's sampling budget);
 - ``"sft"``: more supervised steps on the warm-up demonstrations, what a user could do instead of RL;
@@ -41,19 +45,28 @@ __all__ = [
     "train_warmup_policy",
 ]
 
-_ARM = re.compile(r"^(?P<base>grpo|rloo|vineppo_k(?P<k>[1-9][0-9]*))(?:_p(?P<p>[1-9][0-9]*))?$")
+_ARM = re.compile(
+    r"^(?P<base>grpo|rloo|vineppo_k(?P<k>[1-9][0-9]*)(?:_(?P<mc>reuse|variance))?)(?:_p(?P<p>[1-9][0-9]*))?$"
+)
+#: Monte Carlo options of the ``_reuse`` / ``_variance`` arm suffixes (``VinePPOConfig`` fields).
+MC_OPTION_SUFFIXES: dict[str, dict[str, Any]] = {
+    "reuse": {"mc_reuse_samples": True},
+    "variance": {"mc_reuse_samples": True, "mc_allocation": "variance"},
+}
 
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """What one arm trains with. ``kind`` is ``"rl"`` or ``"sft"``; ``prompts_per_step`` None means the
-    config's."""
+    """What one arm trains with. ``kind`` is ``"rl"``, ``"sft"`` or ``"restem"``; ``prompts_per_step`` None
+    means the config's; ``mc_options`` are extra ``VinePPOConfig`` Monte Carlo fields as ``(name, value)``
+    pairs."""
 
     name: str
     kind: str
     advantage_estimator: str | None = None
     num_mc_rollouts: int | None = None
     prompts_per_step: int | None = None
+    mc_options: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass
@@ -77,14 +90,18 @@ def parse_arm(name: str) -> ArmSpec:
     m = _ARM.match(name)
     if m is None:
         raise ValueError(
-            f"unknown arm {name!r}: use 'grpo', 'rloo', 'vineppo_k<K>' (e.g. 'vineppo_k4'), any of them with "
-            "'_p<P>' for P prompts per step (e.g. 'grpo_p19'), 'sft' or 'restem'."
+            f"unknown arm {name!r}: use 'grpo', 'rloo', 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or "
+            "'_variance' for the cheaper Monte Carlo options), any of them with '_p<P>' for P prompts per step "
+            "(e.g. 'grpo_p19'), 'sft' or 'restem'."
         )
     base = m.group("base")
     estimator = "vineppo" if base.startswith("vineppo") else base
     k = int(m.group("k")) if m.group("k") else None
     p = int(m.group("p")) if m.group("p") else None
-    return ArmSpec(name, "rl", advantage_estimator=estimator, num_mc_rollouts=k, prompts_per_step=p)
+    options = tuple(sorted(MC_OPTION_SUFFIXES[m.group("mc")].items())) if m.group("mc") else ()
+    return ArmSpec(
+        name, "rl", advantage_estimator=estimator, num_mc_rollouts=k, prompts_per_step=p, mc_options=options
+    )
 
 
 def load_policy(policy_dir: str | Path) -> tuple[Any, Any]:
@@ -193,6 +210,7 @@ def rl_training_args(config: DemoConfig, arm: ArmSpec, output_dir: str | Path) -
         seed=config.seed,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **dict(arm.mc_options),
     )
 
 

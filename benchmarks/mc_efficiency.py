@@ -46,7 +46,7 @@ RUNS = RESULTS / "mc_efficiency_runs"
 
 #: family -> (MCValueEstimator options, Ks swept)
 FAMILIES: dict[str, tuple[dict[str, Any], list[int]]] = {
-    "fixed": ({}, [1, 3, 9]),
+    "fixed": ({}, [1, 3, 4, 9]),  # K=4: the learning-efficiency arms' K
     "reuse": ({"reuse_samples": True}, [1, 2, 3, 6, 9]),
     "variance": ({"reuse_samples": True, "allocation": "variance"}, [1, 2, 3, 6, 9]),
     "reuse+merge": (

@@ -810,14 +810,16 @@ class _SamplePool:
     reward) counts for every state whose prefix it starts with and goes beyond."""
 
     def __init__(self, trajectories: Sequence[Trajectory], plan: StatePlan) -> None:
-        self.key_to_state: dict[tuple[tuple[int, ...], str, tuple[int, ...]], int] = {}
-        lengths: dict[tuple[tuple[int, ...], str], set[int]] = {}
+        # Per grading group (prompt ids, grading context), a token trie of the states' completion prefixes; the
+        # key None of a node holds the state ending there. A path walks it token by token and stops where it
+        # leaves every state prefix, so matching costs O(path length), not O(states x length).
+        self.tries: dict[tuple[tuple[int, ...], str], dict[Any, Any]] = {}
         for u, (t, prefix_len) in enumerate(plan.unique):
             traj = trajectories[t]
-            group = (tuple(traj.prompt_ids), _grading_key(traj))
-            self.key_to_state[(*group, tuple(traj.completion_ids[:prefix_len]))] = u
-            lengths.setdefault(group, set()).add(prefix_len)
-        self.lengths = {group: sorted(ls) for group, ls in lengths.items()}
+            node = self.tries.setdefault((tuple(traj.prompt_ids), _grading_key(traj)), {})
+            for token in traj.completion_ids[:prefix_len]:
+                node = node.setdefault(token, {})
+            node[None] = u
         self.plan = plan
         size = len(plan.unique)
         self.total = [0.0] * size
@@ -845,16 +847,15 @@ class _SamplePool:
         """Count a path for every state it passes through at or after ``start``, the token where its sampling
         began (0 for a response). A rollout from a deeper state is not a draw of a shallower state's value: it
         was made to follow that deeper prefix."""
-        group = (tuple(traj.prompt_ids), _grading_key(traj))
-        ids = tuple(completion_ids)
-        for prefix_len in self.lengths.get(group, ()):
-            if prefix_len < start:
-                continue
-            if prefix_len >= len(ids):
-                break
-            u = self.key_to_state.get((*group, ids[:prefix_len]))
-            if u is not None:
-                self._add(u, reward, len(ids) - prefix_len, rollout=start > 0 or rollout)
+        node = self.tries.get((tuple(traj.prompt_ids), _grading_key(traj)))
+        ids = list(completion_ids)
+        depth = 0
+        while node is not None and depth < len(ids):  # a state counts only paths that go beyond it
+            u = node.get(None)
+            if u is not None and depth >= start:
+                self._add(u, reward, len(ids) - depth, rollout=start > 0 or rollout)
+            node = node.get(ids[depth])
+            depth += 1
 
     def add_wave(self, trajectories: Sequence[Trajectory], wave: list[list[tuple[list[int], float]]]) -> None:
         for u, samples in enumerate(wave):

@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["toy", "demo"], choices=["toy", "demo"])
     parser.add_argument("--toy_groups", type=int, default=300)
-    parser.add_argument("--prompts", type=int, default=6, help="demo: held-out prompts (8 responses each)")
+    parser.add_argument("--prompts", type=int, default=16, help="demo: held-out prompts (8 responses each)")
     parser.add_argument("--ground_truth_k", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="independent estimates per (option, K)")
     parser.add_argument("--seed", type=int, default=0)
@@ -432,6 +432,18 @@ def main(argv: list[str] | None = None) -> int:
         todo = [(f, k, rep) for rep in range(args.repeats) for f, (_, ks) in FAMILIES.items() for k in ks]
         todo = [x for x in todo if x not in done]
         meta_path = runs / f"{task_name}.meta.json"
+        settings = (
+            {"toy_groups": args.toy_groups, "seed": args.seed}
+            if task_name == "toy"
+            else {"prompts": args.prompts, "ground_truth_k": args.ground_truth_k, "seed": args.seed}
+        )
+        if meta_path.exists() and not args.report and todo:
+            stored = json.loads(meta_path.read_text(encoding="utf-8")).get("settings")
+            if stored != settings:
+                raise SystemExit(
+                    f"{path} holds runs with settings {stored}, not {settings}: pass those settings to resume, "
+                    "or another --runs directory for a new configuration."
+                )
         if args.report or not todo:
             if meta_path.exists():
                 meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -446,7 +458,13 @@ def main(argv: list[str] | None = None) -> int:
             task = demo_task(args.prompts, args.ground_truth_k, args.seed, args.threads, runs)
         descriptions[task_name], truth_variance[task_name] = task["description"], task["truth_variance"]
         meta_path.write_text(
-            json.dumps({"description": task["description"], "truth_variance": task["truth_variance"]}),
+            json.dumps(
+                {
+                    "description": task["description"],
+                    "truth_variance": task["truth_variance"],
+                    "settings": settings,
+                }
+            ),
             encoding="utf-8",
         )
         for family, k, rep in todo:

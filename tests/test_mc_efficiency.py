@@ -93,3 +93,8 @@ def test_toy_run_writes_the_documented_schema(bench, tmp_path):
     )
     lines = (tmp_path / "runs" / "toy.jsonl").read_text().splitlines()
     assert len(lines) == sum(len(ks) for _, ks in bench.FAMILIES.values())
+    # Runs of another configuration never mix into these.
+    with pytest.raises(SystemExit, match="holds runs with settings"):
+        bench.main(
+            ["--tasks", "toy", "--toy_groups", "41", "--repeats", "2", "--runs", str(tmp_path / "runs")]
+        )

@@ -370,6 +370,56 @@ def table(options: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def doc_tables(
+    options: list[dict[str, Any]], descriptions: dict[str, str], truth_variance: dict[str, float]
+) -> str:
+    """The Markdown results of every task (for ``--doc``): one table per task, every point of every option."""
+    out = []
+    for task in ("toy", "demo"):
+        rows = [o for o in options if o["task"] == task]
+        if not rows:
+            continue
+        out += [f"**{task}**: {descriptions.get(task, '')}.", ""]
+        if truth_variance.get(task):
+            out += [
+                f"Mean variance of the ground truth itself: {truth_variance[task]:.5f} (included in every value MSE "
+                "below, so it narrows the gaps between options).",
+                "",
+            ]
+        out += [
+            "| option | MC tokens / response | value MSE | sign accuracy | rank corr. | states / resp. | "
+            "free samples / resp. | tokens vs K=9 at K=9's error |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for o in rows:
+            ratio = o["tokens_ratio_vs_k9_at_equal_error"]
+            last = o["family"] != "reuse+merge" and o["k"] == max(
+                r["k"] for r in rows if r["family"] == o["family"]
+            )
+            shown = "(other states)" if o["family"] == "reuse+merge" and o["k"] == 1 else ""
+            if last:
+                shown = "not reached" if ratio is None else f"**{ratio:.2f}x**"
+            out.append(
+                f"| {o['name']} | {o['tokens_per_response']:.1f} | {o['value_mse']:.4f} ± {o['value_mse_se']:.4f} | "
+                f"{o['sign_accuracy']:.3f} | {o['rank_correlation']:.3f} | {o['states_per_response']:.2f} | "
+                f"{o['free_samples_per_response']:.1f} | {shown} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def update_doc(doc: Path, markdown: str) -> bool:
+    """Replace the text between the results markers of ``doc`` with ``markdown`` (False: no markers)."""
+    start, end = "<!-- mc_efficiency results: start -->", "<!-- mc_efficiency results: end -->"
+    text = doc.read_text(encoding="utf-8")
+    if start not in text or end not in text:
+        return False
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{start}\n{markdown}\n{end}{tail}", encoding="utf-8")
+    return True
+
+
 def plot(options: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -414,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="only aggregate what is in the run files")
     parser.add_argument("--json", default=str(RESULTS / "mc_efficiency.json"))
     parser.add_argument("--runs", default=str(RUNS), help="where per-task records and caches are kept")
+    parser.add_argument(
+        "--doc", default=None, help="also rewrite the results between the markers of this file"
+    )
     args = parser.parse_args(argv)
 
     runs = Path(args.runs)
@@ -509,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     Path(args.json).write_text(json.dumps(out, indent=2), encoding="utf-8")
     print(f"wrote {args.json} and {png}")
+    if args.doc and not update_doc(Path(args.doc), doc_tables(options, descriptions, truth_variance)):
+        print(f"{args.doc} has no mc_efficiency results markers; left it alone")
     return 0
 
 

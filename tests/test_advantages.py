@@ -165,3 +165,58 @@ def test_masked_whiten_across_two_gloo_ranks_equals_whitening_the_concatenation(
     assert torch.allclose(torch.cat(per_rank), reference, atol=1e-6)
     local0 = masked_whiten(values[0], masks[0])
     assert not torch.allclose(per_rank[0], local0, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- GAE and the value loss (PPO's critic)
+
+
+def test_gae_with_gamma_lambda_one_is_reward_minus_value():
+    from mcadvantage.advantages import gae_advantages
+
+    values = torch.tensor([[0.2, 0.5, 0.9], [0.4, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    adv, ret = gae_advantages(values, torch.tensor([1.0, 0.0]), mask)
+    torch.testing.assert_close(adv, torch.tensor([[0.8, 0.5, 0.1], [-0.4, 0.0, 0.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+
+
+def test_gae_hand_computed_with_lambda_half():
+    from mcadvantage.advantages import gae_advantages
+
+    # delta = (0.5 - 0.2, 0.9 - 0.5, 1 - 0.9) = (0.3, 0.4, 0.1); A_2 = 0.1, A_1 = 0.4 + 0.5 * 0.1 = 0.45,
+    # A_0 = 0.3 + 0.5 * 0.45 = 0.525; returns = A + V = (0.725, 0.95, 1.0).
+    adv, ret = gae_advantages(torch.tensor([[0.2, 0.5, 0.9]]), torch.tensor([1.0]), torch.ones(1, 3), lam=0.5)
+    torch.testing.assert_close(adv, torch.tensor([[0.525, 0.45, 0.1]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.725, 0.95, 1.0]]))
+    # gamma = 0.5, lambda = 1: delta = (0.25 - 0.2, 0.45 - 0.5, 1 - 0.9) = (0.05, -0.05, 0.1);
+    # A_2 = 0.1, A_1 = -0.05 + 0.05 = 0, A_0 = 0.05 + 0 = 0.05.
+    adv, _ = gae_advantages(torch.tensor([[0.2, 0.5, 0.9]]), torch.tensor([1.0]), torch.ones(1, 3), gamma=0.5)
+    torch.testing.assert_close(adv, torch.tensor([[0.05, 0.0, 0.1]]))
+
+
+def test_gae_rejects_bad_shapes_and_parameters():
+    from mcadvantage.advantages import gae_advantages
+
+    with pytest.raises(ValueError, match="must be"):
+        gae_advantages(torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"lam=1.5"):
+        gae_advantages(torch.zeros(1, 2), torch.zeros(1), torch.ones(1, 2), lam=1.5)
+
+
+def test_clipped_value_loss_hand_computed():
+    from mcadvantage.advantages import clipped_value_loss
+
+    new = torch.tensor([[0.9, 0.3]])
+    old = torch.tensor([[0.5, 0.3]])
+    ret = torch.tensor([[1.0, 0.0]])
+    # Token 0: unclipped (0.9 - 1)^2 = 0.01; clipped 0.5 + 0.2 = 0.7 -> 0.09; max 0.09.
+    # Token 1: 0.09 both ways. Mean of 0.5 * (0.09, 0.09) = 0.045; the padded third column does not count.
+    loss = clipped_value_loss(new, old, ret, torch.tensor([[1, 1]]))
+    assert loss.item() == pytest.approx(0.045)
+    padded = clipped_value_loss(
+        torch.tensor([[0.9, 0.3, 5.0]]),
+        torch.tensor([[0.5, 0.3, 0.0]]),
+        torch.tensor([[1.0, 0.0, 0.0]]),
+        torch.tensor([[1, 1, 0]]),
+    )
+    assert padded.item() == pytest.approx(0.045)

@@ -16,7 +16,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["step_advantages", "token_advantages", "masked_whiten", "check_boundaries"]
+__all__ = [
+    "step_advantages",
+    "token_advantages",
+    "masked_whiten",
+    "check_boundaries",
+    "gae_advantages",
+    "clipped_value_loss",
+]
 
 
 def step_advantages(values: Sequence[float]) -> list[float]:
@@ -106,6 +113,79 @@ def token_advantages(
     for i, adv in enumerate(step_advs):
         out[int(boundaries[i]) : int(boundaries[i + 1])] = float(adv)
     return out
+
+
+def gae_advantages(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) for responses rewarded at their end, as PPO's
+    critic baseline uses it (the paper's Appendix A.2, with the paper's gamma = lambda = 1 by default).
+
+    Token ``t`` of a response is the action taken in state ``s_t`` (the prompt and tokens ``< t``); the only reward
+    is the response's ``R`` after its last token. With ``delta_t = r_t + gamma V(s_{t+1}) - V(s_t)`` (``r_t = R`` on
+    the last token, else 0, and no value after the last token) the advantage is
+    ``A_t = sum_l (gamma lambda)^l delta_{t+l}`` and the return (the value target) ``A_t + V(s_t)``. With
+    ``gamma = lambda = 1``: ``A_t = R - V(s_t)``.
+
+    Args:
+        values: ``(B, T)`` critic values ``V(s_t)``.
+        rewards: ``(B,)`` the responses' rewards.
+        mask: ``(B, T)`` completion mask; each row's ones must come first (right padding).
+        gamma, lam: discount and GAE parameter, in ``[0, 1]``.
+
+    Returns:
+        ``(advantages, returns)``, both ``(B, T)`` float32, zero on padding.
+
+    Written by hand: TRL 1.16 no longer ships PPO, and its GAE lived inside the removed trainer.
+    """
+    if values.shape != mask.shape or rewards.shape != values.shape[:1]:
+        raise ValueError(
+            f"gae_advantages: values {tuple(values.shape)}, mask {tuple(mask.shape)} and rewards "
+            f"{tuple(rewards.shape)} must be (B, T), (B, T) and (B,)."
+        )
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gae_advantages: gamma={gamma} and lam={lam} must lie in [0, 1].")
+    m = mask.to(torch.float64)
+    v = values.to(torch.float64) * m
+    lengths = m.sum(dim=1).long()
+    batch, width = v.shape
+    rows = torch.arange(batch)
+    # Reward on each row's last token; the value after the last token is 0 (the episode has ended).
+    r = torch.zeros_like(v)
+    has_tokens = lengths > 0
+    r[rows[has_tokens], lengths[has_tokens] - 1] = rewards.to(torch.float64)[has_tokens]
+    next_v = torch.cat([v[:, 1:], torch.zeros(batch, 1, dtype=v.dtype)], dim=1) * torch.cat(
+        [m[:, 1:], torch.zeros(batch, 1, dtype=v.dtype)], dim=1
+    )
+    delta = (r + gamma * next_v - v) * m
+    adv = torch.zeros_like(v)
+    running = torch.zeros(batch, dtype=v.dtype)
+    for t in range(width - 1, -1, -1):
+        running = delta[:, t] + gamma * lam * running * m[:, t]
+        adv[:, t] = running
+    adv = adv * m
+    return adv.float(), ((adv + v) * m).float()
+
+
+def clipped_value_loss(
+    new_values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: float = 0.2,
+) -> torch.Tensor:
+    """PPO's clipped value loss: ``0.5 * max((V - G)^2, (V_old + clip(V - V_old, -c, c) - G)^2)``, averaged over
+    the tokens where ``mask`` is set (the paper's Appendix A.1, value clip 0.2)."""
+    m = mask.to(new_values.dtype)
+    clipped = old_values + torch.clamp(new_values - old_values, -clip, clip)
+    per_token = 0.5 * torch.maximum((new_values - returns) ** 2, (clipped - returns) ** 2)
+    return (per_token * m).sum() / m.sum().clamp(min=1.0)
 
 
 def _dist_ready() -> bool:

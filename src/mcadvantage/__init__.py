@@ -49,6 +49,7 @@ _LAZY: dict[str, str] = {
     "VinePPOEstimator": "estimators",
     "GRPOEstimator": "estimators",
     "RLOOEstimator": "estimators",
+    "CriticEstimator": "estimators",
     # sampling from a trainer's current policy (imports TRL)
     "policy_sampler": "policy",
     # Pass@1 evaluation (the trainer's engine through policy_sampler, or a saved checkpoint)
@@ -90,6 +91,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         AdvantageBatch,
         AdvantageEstimator,
         AdvantageResult,
+        CriticEstimator,
         EstimatorContext,
         GRPOEstimator,
         RLOOEstimator,

@@ -45,6 +45,14 @@ class VinePPOConfig(GRPOConfig):
             :func:`~mcadvantage.register_advantage_estimator`. One flag switches the same trainer, data and
             logging between VinePPO and its baselines. The Monte Carlo settings below apply to `"vineppo"`.
             Defaults to `"vineppo"`.
+        gae_gamma (float), gae_lambda (float): With `advantage_estimator="gae"` (PPO's learned critic): GAE's
+            discount and parameter. Default to the paper's `1.0` and `1.0` (then `A_t = R - V(s_t)`).
+        critic_value_clip (float): With `"gae"`: PPO's value clipping of the critic's loss. Defaults to `0.2`.
+        critic_learning_rate (float | None): With `"gae"`: the critic's AdamW learning rate. `None` (default) uses
+            `learning_rate`.
+        critic_model (str | None): With `"gae"`: a model id or directory for a separate value model (loaded with
+            a one-output token-classification head). `None` (default) copies the policy's weights and swaps the
+            language-model head for a scalar head, as the paper did.
         num_mc_rollouts (int): K, the number of continuations sampled from every state to estimate its value
             (paper: 9; larger is better, K=1 already beats PPO). Defaults to `9`.
         step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
@@ -176,6 +184,24 @@ class VinePPOConfig(GRPOConfig):
         metadata={
             "help": "How advantages are computed: 'vineppo' (Monte Carlo step values, default), 'grpo', 'rloo', "
             "or any name registered with mcadvantage.register_advantage_estimator."
+        },
+    )
+
+    # ---- PPO's learned critic (advantage_estimator="gae") ------------------------------------------------
+    gae_gamma: float = field(default=1.0, metadata={"help": "'gae' only: GAE discount (paper: 1.0)."})
+    gae_lambda: float = field(default=1.0, metadata={"help": "'gae' only: GAE lambda (paper: 1.0)."})
+    critic_value_clip: float = field(
+        default=0.2, metadata={"help": "'gae' only: PPO value clipping (paper: 0.2)."}
+    )
+    critic_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "'gae' only: the critic's learning rate. None: the policy's learning_rate."},
+    )
+    critic_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "'gae' only: a model id or directory for a separate value model. None: a copy of the policy "
+            "with a scalar head (the paper's initialisation)."
         },
     )
 

@@ -11,6 +11,8 @@ use of TRL internals lives in :mod:`mcadvantage.trl_compat`.
 from __future__ import annotations
 
 import contextlib
+import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -228,6 +230,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
             num_processes=self.accelerator.num_processes,
             gather_object=gather_object,
             broadcast_object=_broadcast_from_main,
+            policy_model=self.accelerator.unwrap_model(self.model),
         )
 
     @contextlib.contextmanager
@@ -237,6 +240,35 @@ class VinePPOTrainer(GRPOTrainerHooks):
             return
         with policy_sampler(self) as sampler:
             yield sampler
+
+    #: File in a checkpoint directory holding the advantage estimator's own state (e.g. the "gae" critic).
+    ESTIMATOR_STATE_FILE = "advantage_estimator.pt"
+
+    def save_estimator_state(self, checkpoint_dir: str) -> None:
+        """Save the estimator's ``state_dict()`` (estimators with state, e.g. the ``"gae"`` critic) to
+        ``checkpoint_dir/advantage_estimator.pt``; called for every checkpoint."""
+        state_dict = getattr(self.advantage_estimator, "state_dict", None)
+        if state_dict is None or not self.accelerator.is_main_process:
+            return
+        state = state_dict()
+        if state:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            torch.save(state, os.path.join(checkpoint_dir, self.ESTIMATOR_STATE_FILE))
+
+    def load_estimator_state(self, checkpoint_dir: str) -> None:
+        """Restore the estimator's state saved in ``checkpoint_dir`` (called when training resumes from it)."""
+        load = getattr(self.advantage_estimator, "load_state_dict", None)
+        if load is None:
+            return
+        file = os.path.join(str(checkpoint_dir), self.ESTIMATOR_STATE_FILE)
+        if os.path.exists(file):
+            load(torch.load(file, map_location="cpu", weights_only=True))
+        elif getattr(self.advantage_estimator, "state_dict", None) is not None:
+            warnings.warn(
+                f"{checkpoint_dir} has no {self.ESTIMATOR_STATE_FILE}: the {type(self.advantage_estimator).__name__}'s "
+                "own state (e.g. a critic) starts afresh; the checkpoint was saved without it.",
+                stacklevel=2,
+            )
 
     def compute_advantages(self, batch: AdvantageBatch) -> torch.Tensor:
         """Per-token advantages ``(B, T)`` of the local batch from the estimator, whitened across processes when

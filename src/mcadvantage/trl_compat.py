@@ -19,6 +19,8 @@ What is used, and why:
   ``vllm_generation.sync_weights``: GRPO's vLLM weight-sync bookkeeping, so rollouts and evaluations outside
   GRPO's ``generate`` see the current weights and GRPO does not push them twice.
 - ``_tag_names`` / ``_name``: the model-card tags and trainer name.
+- ``Trainer._save_checkpoint`` / ``_get_output_dir`` and ``Trainer._load_optimizer_and_scheduler``: extended to
+  save the advantage estimator's own state (the ``"gae"`` critic) in every checkpoint and restore it on resume.
 """
 
 from __future__ import annotations
@@ -84,6 +86,25 @@ class GRPOTrainerHooks(GRPOTrainer):
     def compute_advantages(self, batch: AdvantageBatch) -> torch.Tensor:
         """Per-token advantages ``(B, T)`` for the local batch (what GRPO's loss will use)."""
         raise NotImplementedError
+
+    def save_estimator_state(self, checkpoint_dir: str) -> None:
+        """Save the advantage estimator's own state (e.g. a critic) into a checkpoint directory."""
+
+    def load_estimator_state(self, checkpoint_dir: str) -> None:
+        """Restore the advantage estimator's own state from a checkpoint directory."""
+
+    def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
+        # Called on every resume path (plain, DeepSpeed, FSDP), unlike _load_from_checkpoint.
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self.load_estimator_state(checkpoint)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        run_dir = self._get_output_dir(trial=trial)
+        self.save_estimator_state(f"{run_dir}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)

@@ -1,7 +1,8 @@
 """Advantage estimators behind one seam (see :mod:`mcadvantage.estimators.base`).
 
 Built in: ``"vineppo"`` (Monte Carlo step values, :class:`VinePPOEstimator`), ``"grpo"``
-(:class:`GRPOEstimator`) and ``"rloo"`` (:class:`RLOOEstimator`). Register your own with
+(:class:`GRPOEstimator`), ``"rloo"`` (:class:`RLOOEstimator`) and ``"gae"`` (PPO's learned critic,
+:class:`CriticEstimator`). Register your own with
 :func:`register_advantage_estimator`.
 """
 
@@ -30,6 +31,7 @@ _LAZY = {
     "grpo_advantages": ".baselines",
     "rloo_advantages": ".baselines",
     "VinePPOEstimator": ".vineppo",
+    "CriticEstimator": ".critic",
 }
 
 __all__ = [

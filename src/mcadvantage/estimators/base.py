@@ -187,6 +187,8 @@ class EstimatorContext:
         process_index, num_processes: this process' rank and the world size.
         gather_object: all-gather of picklable objects (one list element per process, concatenated).
         broadcast_object: broadcast ``obj`` from the main process; returns it everywhere.
+        policy_model: the (unwrapped) policy model, for estimators that need its weights (the ``"gae"`` critic is
+            initialised from them); None when not available.
     """
 
     policy_sampler: Callable[[], AbstractContextManager[Sampler | None]]
@@ -202,6 +204,7 @@ class EstimatorContext:
     num_processes: int = 1
     gather_object: Callable[[list[Any]], list[Any]] = field(default_factory=lambda: _gather_one_process)
     broadcast_object: Callable[[Any], Any] = field(default_factory=lambda: _broadcast_one_process)
+    policy_model: Any = None
 
     @classmethod
     def single_process(
@@ -255,7 +258,7 @@ class AdvantageEstimator(Protocol):
 
 _REGISTRY: dict[str, type] = {}
 # Built-in estimators register themselves when their module is imported; listed here so lookups import them.
-_BUILTIN_MODULES = {"vineppo": ".vineppo", "grpo": ".baselines", "rloo": ".baselines"}
+_BUILTIN_MODULES = {"vineppo": ".vineppo", "grpo": ".baselines", "rloo": ".baselines", "gae": ".critic"}
 
 
 def register_advantage_estimator(name: str) -> Callable[[type], type]:

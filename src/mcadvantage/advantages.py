@@ -136,7 +136,8 @@ def gae_advantages(
         values: ``(B, T)`` critic values ``V(s_t)``.
         rewards: ``(B,)`` the responses' rewards.
         mask: ``(B, T)`` completion mask; each row's ones must come first (right padding).
-        gamma, lam: discount and GAE parameter, in ``[0, 1]``.
+        gamma: the discount, in ``[0, 1]``.
+        lam: the GAE parameter, in ``[0, 1]``.
 
     Returns:
         ``(advantages, returns)``, both ``(B, T)`` float32, zero on padding.

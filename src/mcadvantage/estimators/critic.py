@@ -63,7 +63,8 @@ class CriticEstimator:
     """PPO's advantages from a learned value model (GAE), trained alongside the policy.
 
     Args:
-        gamma, lam: GAE's discount and parameter (``gae_gamma``, ``gae_lambda``; the paper's 1.0 and 1.0).
+        gamma: GAE's discount (``gae_gamma``; the paper's 1.0).
+        lam: GAE's parameter (``gae_lambda``; the paper's 1.0).
         value_clip: PPO's value clipping (``critic_value_clip``; the paper's 0.2).
         learning_rate: the critic's AdamW learning rate (``critic_learning_rate``, default the policy's).
         epochs: passes over each batch (``num_iterations``, as the policy).

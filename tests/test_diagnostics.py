@@ -203,3 +203,58 @@ def test_command_line_on_a_saved_model(tmp_path):
         timeout=300,
     )
     assert bad.returncode != 0 and "--data" in bad.stderr and "does not exist" in bad.stderr
+
+
+def _chars(text: str) -> list[str]:
+    return list(text)
+
+
+def test_learned_value_functions_are_scored_like_the_estimators():
+    """A value function that knows the exact values (StepTreeSampler.value) is scored against the K = 256 ground
+    truth: its value MAE is the ground truth's own noise (SD <= 0.5 / 16 = 0.031 per state, so the MAE is below
+    0.05), and it ranks every pair of alternative next steps right. A constant function ranks them at chance (0.5
+    pairwise, by the tie rule), except where the alternatives end the response (their values are the rewards)."""
+    from mcadvantage.diagnostics import diagnose_credit
+    from mcadvantage.testing import OutcomeReward, StepTreeSampler, build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    tid = tok.convert_tokens_to_ids
+    sampler = StepTreeSampler(
+        step_token_ids=[tid("a"), tid("b")],
+        step_probs=[0.5, 0.5],
+        depth=2,
+        # Every next step changes the value: "aa" 0.95, "ab" 0.8, "ba" 0.35, "bb" 0.2 (so V("a") = 0.875,
+        # V("b") = 0.275); the closest alternatives differ by 0.15, about 7 SDs of the ground truth's noise.
+        success_prob=lambda steps: 0.2 + 0.6 * (steps[0] == 0) + 0.15 * (steps[1] == 0),
+        success_token_id=tid("Y"),
+        failure_token_id=tid("N"),
+        eos_token_id=tok.eos_token_id,
+        seed=0,
+    )
+
+    def exact(prompt_ids, prefixes):
+        return [sampler.value(list(p) + list(c)) for p, c in zip(prompt_ids, prefixes, strict=True)]
+
+    def constant(prompt_ids, prefixes):
+        return [0.5] * len(prompt_ids)
+
+    result = diagnose_credit(
+        sampler,
+        tok,
+        OutcomeReward("Y"),
+        [{"prompt": f"{c}:"} for c in "QRST"],
+        segmenter=_chars,
+        responses_per_prompt=4,
+        ground_truth_k=256,
+        ks=(1,),
+        alternatives=4,
+        ranking_states=8,
+        max_new_tokens=8,
+        progress=False,
+        value_functions={"exact critic": exact, "constant critic": constant},
+    )
+    est = result.estimators
+    assert est["exact critic"]["value_mae"] < 0.05
+    assert est["exact critic"]["ranking_pairwise"] == 1.0
+    assert est["constant critic"]["ranking_pairwise"] < 0.75
+    assert est["constant critic"]["value_mae"] > est["exact critic"]["value_mae"]

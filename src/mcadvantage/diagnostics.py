@@ -185,6 +185,7 @@ def diagnose_credit(
     max_new_tokens: int = 64,
     seed: int = 0,
     progress: bool = True,
+    value_functions: Mapping[str, Callable[[list[list[int]], list[list[int]]], list[float]]] | None = None,
 ) -> CreditDiagnostics:
     """Measure how well each estimator assigns credit on responses of one policy, against ground truth.
 
@@ -200,6 +201,11 @@ def diagnose_credit(
        state it leads to (ground truth, and each estimator). GRPO and RLOO give every alternative the same value,
        so their ranking is chance by construction (pairwise 0.5, top-1 ``1 / alternatives``); it is reported so
        the comparison reads side by side.
+
+    6. Learned value functions (``value_functions``, e.g. a PPO critic's
+       :meth:`~mcadvantage.estimators.CriticEstimator.predict_values`): ``fn(prompt_ids, prefixes) -> values`` is
+       asked for every state, scored like the Monte Carlo estimates (value errors, step-advantage signs, the
+       ranking test).
 
     ``sampler`` must sample with the policy's training settings (e.g.
     ``TransformersSampler(model, tokenizer, temperature=0.6)``); ``seed`` seeds torch's generator first.
@@ -285,6 +291,25 @@ def diagnose_credit(
             [a for advs in est.step_advantages for a in advs], true_advs, tolerance=SIGN_TOLERANCE
         )
 
+    def learned_values(fn: Callable[..., list[float]], trajs: Sequence[Trajectory]) -> list[list[float]]:
+        flat = [(t.prompt_ids, t.completion_ids[:b]) for t in trajs for b in t.step_boundaries[:-1]]
+        preds = list(fn([p for p, _ in flat], [c for _, c in flat])) if flat else []
+        out, start = [], 0
+        for t in trajs:
+            n = len(t.step_boundaries) - 1
+            out.append([float(v) for v in preds[start : start + n]] + [float(t.reward)])
+            start += n
+        return out
+
+    learned = dict(value_functions or {})
+    for name, fn in learned.items():
+        values = learned_values(fn, trajectories)
+        value_points[name] = points(values)
+        metrics[name] = _value_metrics(value_points[name])
+        metrics[name]["sign_accuracy"] = sign_accuracy(
+            [v[i] - v[i - 1] for v in values for i in range(1, len(v))], true_advs, tolerance=SIGN_TOLERANCE
+        )
+
     # 4. GRPO / RLOO implied credit
     rewards = [t.reward for t in trajectories]
     groups: dict[int, list[int]] = {}
@@ -348,8 +373,10 @@ def diagnose_credit(
                 out[s].append(vals[k])
             return out
 
+        for name, fn in learned.items():
+            scored[name] = learned_values(fn, alt_trajs)
         true_groups = grouped(scored["truth"])
-        for name in estimates:
+        for name in [*estimates, *learned]:
             ranking[name] = ranking_accuracy(grouped(scored[name]), true_groups)
         flat = [[0.0] * len(g) for g in true_groups]  # one value for every alternative
         for name in ("grpo (implied)", "rloo (implied)"):

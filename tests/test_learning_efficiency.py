@@ -32,6 +32,7 @@ def _benchmark():
     [
         ("grpo", ArmSpec("grpo", "rl", "grpo", None, None)),
         ("rloo", ArmSpec("rloo", "rl", "rloo", None, None)),
+        ("ppo", ArmSpec("ppo", "rl", "gae", None, None)),
         ("vineppo_k9", ArmSpec("vineppo_k9", "rl", "vineppo", 9, None)),
         ("grpo_p19", ArmSpec("grpo_p19", "rl", "grpo", None, 19)),
         ("vineppo_k4_p2", ArmSpec("vineppo_k4_p2", "rl", "vineppo", 4, 2)),
@@ -61,7 +62,7 @@ def test_parse_arm(name, expected):
 @pytest.mark.parametrize(
     "name",
     [
-        "ppo",
+        "ppo_k4",
         "vineppo",
         "vineppo_k0",
         "grpo_p0",
@@ -74,7 +75,7 @@ def test_parse_arm(name, expected):
     ],
 )
 def test_parse_arm_rejects_unknown_names_and_says_what_works(name):
-    with pytest.raises(ValueError, match="use 'grpo', 'rloo', 'vineppo_k<K>'"):
+    with pytest.raises(ValueError, match="use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>'"):
         parse_arm(name)
 
 

@@ -6,6 +6,8 @@ arm, several seeds). An arm is named by a short string:
 
 - ``"grpo"``, ``"rloo"``: ``VinePPOTrainer`` with ``advantage_estimator="grpo"`` / ``"rloo"`` (equal to
   TRL's own advantages);
+- ``"ppo"``: PPO with a learned critic (``advantage_estimator="gae"``, the critic initialised from the starting
+  policy, the paper's gamma = lambda = 1, value clip 0.2, the critic's learning rate the policy's);
 - ``"vineppo_k<K>"``: Monte Carlo step values from ``K`` rollouts per state (``"vineppo_k4"``);
 - ``"vineppo_k<K>_reuse"``: the same with free samples (``mc_reuse_samples``: the group's other responses and
   rollouts through a state count, leave-one-out, and new rollouts only top a state up to ``K``);
@@ -46,7 +48,7 @@ __all__ = [
 ]
 
 _ARM = re.compile(
-    r"^(?P<base>grpo|rloo|vineppo_k(?P<k>[1-9][0-9]*)(?:_(?P<mc>reuse|variance))?)(?:_p(?P<p>[1-9][0-9]*))?$"
+    r"^(?P<base>grpo|rloo|ppo|vineppo_k(?P<k>[1-9][0-9]*)(?:_(?P<mc>reuse|variance))?)(?:_p(?P<p>[1-9][0-9]*))?$"
 )
 #: Monte Carlo options of the ``_reuse`` / ``_variance`` arm suffixes (``VinePPOConfig`` fields).
 MC_OPTION_SUFFIXES: dict[str, dict[str, Any]] = {
@@ -90,12 +92,12 @@ def parse_arm(name: str) -> ArmSpec:
     m = _ARM.match(name)
     if m is None:
         raise ValueError(
-            f"unknown arm {name!r}: use 'grpo', 'rloo', 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or "
+            f"unknown arm {name!r}: use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or "
             "'_variance' for the cheaper Monte Carlo options), any of them with '_p<P>' for P prompts per step "
             "(e.g. 'grpo_p19'), 'sft' or 'restem'."
         )
     base = m.group("base")
-    estimator = "vineppo" if base.startswith("vineppo") else base
+    estimator = "vineppo" if base.startswith("vineppo") else "gae" if base == "ppo" else base
     k = int(m.group("k")) if m.group("k") else None
     p = int(m.group("p")) if m.group("p") else None
     options = tuple(sorted(MC_OPTION_SUFFIXES[m.group("mc")].items())) if m.group("mc") else ()
@@ -290,6 +292,12 @@ def run_rl_arm(
     trainer.train()
     model = trainer.model
     model.eval()
+    if callable(getattr(trainer.advantage_estimator, "state_dict", None)):
+        # An estimator with its own state (the "ppo" arm's critic): keep the final policy and the critic together
+        # for the diagnostics (benchmarks/credit_diagnostics.py --critic).
+        final = Path(output_dir) / "final"
+        trainer.save_model(str(final))
+        trainer.save_estimator_state(str(final))
     return model, records, logs_out
 
 

@@ -3,6 +3,12 @@ are to ground truth, and the paper's ranking test.
 
     python benchmarks/credit_diagnostics.py                      # the shipped warm-up checkpoint (seed 0)
     python benchmarks/credit_diagnostics.py --model DIR --prompts 16 --ground_truth_k 256
+    python benchmarks/credit_diagnostics.py --critic RUN/ppo_trainer/final \
+        --json benchmarks/results/credit_diagnostics_ppo.json --output_dir benchmarks/results/credit_diagnostics_ppo
+
+``--critic DIR``: a policy and its PPO critic saved together (the ``ppo`` arm of
+``benchmarks/learning_efficiency.py`` keeps them in ``<arm>_trainer/final``); the diagnostics then run on that
+policy and score the critic's values (``diagnose_credit(value_functions=...)``) next to Monte Carlo's.
 
 Held-out demo problems (disjoint from every training prompt), responses sampled at the RL temperature (0.6) with
 the transformers sampler, ``mcadvantage.diagnostics.diagnose_credit``: ground-truth state values from
@@ -29,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="default: the shipped demo warm-up checkpoint")
+    parser.add_argument(
+        "--critic", default=None, help="a directory with a policy and its advantage_estimator.pt"
+    )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--responses_per_prompt", type=int, default=4)
     parser.add_argument("--ground_truth_k", type=int, default=128)
@@ -50,9 +59,17 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     config = DemoConfig()
-    model_dir = args.model or str(shipped_warmup_dir())
+    model_dir = args.model or args.critic or str(shipped_warmup_dir())
     model, tokenizer = load_policy(model_dir)
     model.eval()
+    value_functions = {}
+    if args.critic is not None:
+        from mcadvantage.estimators import CriticEstimator, EstimatorContext
+
+        critic = CriticEstimator()
+        critic.load_state_dict(torch.load(Path(args.critic) / "advantage_estimator.pt", weights_only=True))
+        critic.ensure_value_model(EstimatorContext.single_process(None, [], tokenizer, policy_model=model))
+        value_functions["ppo critic"] = critic.predict_values
     problems = build_data(config).eval_set[: args.prompts]
     rows = [{"prompt": p.prompt, "answer": p.answer} for p in problems]
     sampler = TransformersSampler(model, tokenizer, temperature=config.temperature, max_batch_sequences=1024)
@@ -70,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         ranking_states=args.ranking_states,
         max_new_tokens=config.max_completion_length,
         seed=args.seed,
+        value_functions=value_functions,
     )
     seconds = time.perf_counter() - t0
     print(result.table())
@@ -82,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "command": "python benchmarks/credit_diagnostics.py "
         + " ".join(sys.argv[1:] if argv is None else argv),
-        "model": "shipped demo warm-up (seed 0)" if args.model is None else args.model,
+        "model": "shipped demo warm-up (seed 0)" if args.model is None and args.critic is None else model_dir,
         "seconds": seconds,
         "settings": result.settings,
         "estimators": result.estimators,

@@ -57,11 +57,26 @@ TASKS: dict[str, dict[str, Any]] = {
     # Smoke runs and tests only: the demo's --quick sizes (numbers meaningless).
     "quick": {"quick": True},
 }
-DEFAULT_ARMS = ["grpo", "rloo", "vineppo_k4", "vineppo_k9", "grpo_matched", "sft", "restem"]
+DEFAULT_ARMS = [
+    "grpo",
+    "rloo",
+    "vineppo_k4",
+    "vineppo_k9",
+    "grpo_matched",
+    "sft",
+    "restem",
+    "ppo",
+    "dpo_plus",
+]
 # RestEM: 4 iterations of 40 new prompts x num_generations samples (the RL arms' 160 prompts in all), 8 epochs
 # on the correct ones per iteration (the paper's), from the starting policy each time.
 RESTEM_ITERATIONS = 4
 RESTEM_EPOCHS = 8
+# DPO+ (the paper's Table 3): 3 epochs, beta 0.3 on GSM8K, 64 pairs per prompt (8 samples give at most 16); the
+# RL arms' learning rate; the same 160 prompts as the RL arms, sampled once from the warm-up.
+DPO_EPOCHS = 3
+DPO_BETA = 0.3
+DPO_PAIRS_PER_PROMPT = 64
 SFT_STEPS = 400  # about GRPO's training wall time per seed on the demo task, measured on 2 cores
 SFT_LR = 3e-4  # where the warm-up's schedule ends (warmup_lr decayed to a tenth)
 
@@ -156,7 +171,14 @@ def run_arm_process(
     """Run one arm (``--worker``): records appended to ``<arm>.jsonl``, ``<arm>.done.json`` at the end."""
     import torch
 
-    from mcadvantage.demo.arms import ArmRecord, parse_arm, run_restem_arm, run_rl_arm, run_sft_arm
+    from mcadvantage.demo.arms import (
+        ArmRecord,
+        parse_arm,
+        run_dpo_plus_arm,
+        run_restem_arm,
+        run_rl_arm,
+        run_sft_arm,
+    )
     from mcadvantage.demo.run import _quiet_libraries, build_data
 
     _quiet_libraries()
@@ -203,6 +225,21 @@ def run_arm_process(
             prompts_per_iteration=prompts,
             epochs=RESTEM_EPOCHS,
             learning_rate=SFT_LR,
+            evaluate=evaluate,
+            on_record=on_record,
+        )
+        steps = config.rl_steps
+    elif spec.kind == "dpo_plus":
+        _, records = run_dpo_plus_arm(
+            config,
+            policy_dir,
+            data,
+            seed_dir / f"{arm_name}_trainer",
+            prompts=config.rl_steps * config.prompts_per_step,
+            pairs_per_prompt=DPO_PAIRS_PER_PROMPT,
+            epochs=DPO_EPOCHS,
+            learning_rate=config.rl_lr,
+            beta=DPO_BETA,
             evaluate=evaluate,
             on_record=on_record,
         )

@@ -53,6 +53,7 @@ def _benchmark():
         ),
         ("sft", ArmSpec("sft", "sft")),
         ("restem", ArmSpec("restem", "restem")),
+        ("dpo_plus", ArmSpec("dpo_plus", "dpo_plus")),
     ],
 )
 def test_parse_arm(name, expected):

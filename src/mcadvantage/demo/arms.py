@@ -17,7 +17,9 @@ arm, several seeds). An arm is named by a short string:
   ``prompts_per_step`` (``"grpo_p19"``: GRPO given more prompts, e.g. VinePPO's sampling budget);
 - ``"sft"``: more supervised steps on the warm-up demonstrations, what a user could do instead of RL;
 - ``"restem"``: RestEM (the paper's RL-free baseline): rounds of sampling from the current policy,
-  keeping the verified-correct responses, and fine-tuning the starting policy on them.
+  keeping the verified-correct responses, and fine-tuning the starting policy on them;
+- ``"dpo_plus"``: DPO+ (the paper's other RL-free baseline): responses sampled once from the starting policy,
+  (correct, incorrect) pairs per prompt, ``trl.DPOTrainer`` with the NLL term on the chosen response.
 
 Every RL arm is the same ``VinePPOTrainer`` with the same settings (:func:`rl_training_args`); the
 estimator is the only difference, so a gap between arms is the advantage's doing.
@@ -41,6 +43,7 @@ __all__ = [
     "rl_training_args",
     "run_rl_arm",
     "run_restem_arm",
+    "run_dpo_plus_arm",
     "run_sft_arm",
     "load_policy",
     "summarize_curve",
@@ -87,14 +90,14 @@ class ArmRecord:
 
 def parse_arm(name: str) -> ArmSpec:
     """The :class:`ArmSpec` for an arm name (see the module docstring for the grammar)."""
-    if name in ("sft", "restem"):
+    if name in ("sft", "restem", "dpo_plus"):
         return ArmSpec(name, name)
     m = _ARM.match(name)
     if m is None:
         raise ValueError(
             f"unknown arm {name!r}: use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or "
             "'_variance' for the cheaper Monte Carlo options), any of them with '_p<P>' for P prompts per step "
-            "(e.g. 'grpo_p19'), 'sft' or 'restem'."
+            "(e.g. 'grpo_p19'), 'sft', 'restem' or 'dpo_plus'."
         )
     base = m.group("base")
     estimator = "vineppo" if base.startswith("vineppo") else "gae" if base == "ppo" else base
@@ -446,6 +449,94 @@ def run_restem_arm(
             on_record(record)
     policy.eval()
     return policy, records
+
+
+def run_dpo_plus_arm(
+    config: DemoConfig,
+    policy_dir: str | Path,
+    data: DemoData,
+    output_dir: str | Path,
+    *,
+    prompts: int,
+    pairs_per_prompt: int,
+    epochs: int,
+    learning_rate: float,
+    beta: float,
+    evaluate: Callable[[Any], float],
+    on_record: Callable[[ArmRecord], None] | None = None,
+    step: int | None = None,
+) -> tuple[Any, list[ArmRecord]]:
+    """DPO+ (Pal et al., 2024) on the demo task, as the paper ran it: ``config.num_generations`` responses
+    (temperature ``config.temperature``) to each of the first ``prompts`` RL prompts, sampled once from the
+    starting policy; up to ``pairs_per_prompt`` (correct, incorrect) pairs per prompt
+    (:func:`mcadvantage.self_training.preference_pairs`); ``trl.DPOTrainer`` for ``epochs`` epochs with ``beta`` and
+    ``loss_type=["sigmoid", "sft"]`` (DPO plus the chosen response's NLL: TRL 1.16 has no DPO-Positive loss, see
+    ``docs/howto/restem-dpo-plus.md``). Evaluated once trained; the record's ``step`` is ``step`` (default the RL
+    step that has consumed as many prompts)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from transformers.trainer_callback import PrinterCallback
+    from trl import DPOConfig, DPOTrainer
+
+    from mcadvantage import GSM8KVerifier, TransformersSampler
+    from mcadvantage.self_training import preference_pairs, sample_and_grade
+
+    if min(prompts, pairs_per_prompt, epochs) < 1 or prompts > len(data.rl_set):
+        raise ValueError(
+            f"run_dpo_plus_arm: prompts ({prompts}, at most {len(data.rl_set)}), pairs_per_prompt "
+            f"({pairs_per_prompt}) and epochs ({epochs}) must be >= 1."
+        )
+    t0 = time.perf_counter()
+    policy, tokenizer = load_policy(policy_dir)
+    rows = [{"prompt": p.prompt, "answer": p.answer} for p in data.rl_set[:prompts]]
+    sampler = TransformersSampler(policy, tokenizer, temperature=config.temperature, max_batch_sequences=1024)
+    graded = sample_and_grade(
+        sampler,
+        tokenizer,
+        rows,
+        GSM8KVerifier(),
+        num_samples=config.num_generations,
+        max_new_tokens=config.max_completion_length,
+    )
+    tokens = float(
+        sum(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for g in graded for c in g.completions)
+    )
+    pairs = preference_pairs(graded, pairs_per_prompt=pairs_per_prompt, seed=config.seed)
+    if pairs:
+        args = DPOConfig(
+            output_dir=str(output_dir),
+            num_train_epochs=epochs,
+            per_device_train_batch_size=config.warmup_batch_size,
+            learning_rate=learning_rate,
+            lr_scheduler_type="constant",
+            beta=beta,
+            loss_type=["sigmoid", "sft"],
+            max_length=256,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            bf16=False,
+            seed=config.seed,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        trainer = DPOTrainer(
+            model=str(policy_dir),
+            args=args,
+            train_dataset=Dataset.from_list(pairs),
+            processing_class=AutoTokenizer.from_pretrained(policy_dir),
+        )
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+        policy = trainer.model
+    train_seconds = time.perf_counter() - t0
+    step = step if step is not None else max(1, prompts // config.prompts_per_step)
+    policy.eval()
+    record = ArmRecord("dpo_plus", config.seed, step, evaluate(policy), tokens, train_seconds)
+    if on_record is not None:
+        on_record(record)
+    return policy, [record]
 
 
 def summarize_curve(records: Sequence[ArmRecord]) -> dict[str, float]:

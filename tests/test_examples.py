@@ -50,7 +50,8 @@ def test_no_example_shadows_a_standard_library_module():
     """Python puts a script's folder first on sys.path, so an example named like a standard library module
     (the old ``math.py``) would replace that module for everything the script imports."""
     names = {p.stem for p in EXAMPLES.glob("*.py")}
-    assert names == {"vineppo", "_common"}  # one script for both tasks
+    # one script per method, each for both tasks, and their shared helpers
+    assert names == {"vineppo", "restem", "dpo_plus", "_common", "_self_training"}
     assert not names & set(sys.stdlib_module_names)
     for path in EXAMPLES.glob("*.py"):
         assert "sys.path" not in path.read_text(encoding="utf-8"), f"{path.name} edits sys.path"
@@ -520,3 +521,86 @@ def test_example_trains_one_step_and_evaluates(tmp_path, tiny_model_dir, name, l
         assert all(isinstance(r["response"], str) and r["accuracy"] in (0.0, 0.5, 1.0) for r in inspected)
     final = json.loads((out / "pass_at_1.json").read_text())
     assert json.loads((out / "pass_at_1_results.json").read_text())["pass_at_1"] == final["pass_at_1"]
+
+
+# ----------------------------------------------------------------------------- RestEM and DPO+ (the paper's RL-free baselines)
+
+
+@pytest.fixture(scope="module")
+def baselines():
+    """``examples/restem.py`` and ``examples/dpo_plus.py``, imported as the scripts import their helpers."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        mods = {}
+        for name in ("restem", "dpo_plus"):
+            spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
+            mods[name] = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mods[name]  # dataclasses look their module up there
+            spec.loader.exec_module(mods[name])
+        yield SimpleNamespace(**mods)
+    finally:
+        sys.path.remove(str(EXAMPLES))
+        for name in ("restem", "dpo_plus"):
+            sys.modules.pop(f"{name}_example", None)
+
+
+CPU = ("--use_cpu", "true")  # the TRL configs default to bf16, which a CPU-only machine refuses
+
+
+def test_restem_and_dpo_plus_defaults_are_the_papers(baselines, tmp_path):
+    script, restem, sft = baselines.restem.parse_args(
+        ["--task", "gsm8k", "--output_dir", str(tmp_path), *CPU]
+    )
+    assert (restem.iterations, script.samples_per_prompt, script.sampling_temperature) == (10, 8, 0.6)
+    assert (sft.num_train_epochs, sft.learning_rate, sft.lr_scheduler_type.value) == (8, 1e-6, "polynomial")
+    assert (
+        script.model_name_or_path == "realtreetune/rho-1b-sft-GSM8K" and script.problem_column == "question"
+    )
+    for task, beta in (("gsm8k", 0.3), ("math", 0.1)):
+        script, dpo_plus, dpo = baselines.dpo_plus.parse_args(
+            ["--task", task, "--output_dir", str(tmp_path), *CPU]
+        )
+        assert (dpo.beta, dpo.num_train_epochs, dpo.learning_rate) == (beta, 3, 1e-6)
+        assert list(dpo.loss_type) == ["sigmoid", "sft"]
+        assert (script.samples_per_prompt, dpo_plus.pairs_per_prompt) == (64, 64)
+    # Flags override the paper's settings.
+    _, _, dpo = baselines.dpo_plus.parse_args(
+        ["--task", "gsm8k", "--beta", "0.05", "--output_dir", str(tmp_path), *CPU]
+    )
+    assert dpo.beta == 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["restem", "dpo_plus"])
+def test_restem_and_dpo_plus_examples_run_one_round(tmp_path, name):
+    """One round on the shipped demo warm-up policy (a tiny offline model that solves about 40% of the demo's
+    problems, so some responses are correct and some are not), with the GSM8K verifier."""
+    from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
+
+    problems = build_data(DemoConfig()).rl_set[:6]
+    data = _write_jsonl(
+        tmp_path / "demo.jsonl", [{"question": p.prompt, "answer": p.answer} for p in problems]
+    )
+    out = tmp_path / "out"
+    command = [
+        sys.executable, str(EXAMPLES / f"{name}.py"), "--task", "gsm8k",
+        "--model_name_or_path", str(shipped_warmup_dir()), "--train_file", str(data), "--prompt_template", "{problem}",
+        "--samples_per_prompt", "8", "--max_new_tokens", "64", "--engine", "transformers",
+        "--max_steps", "2", "--per_device_train_batch_size", "4", "--output_dir", str(out),
+        "--use_cpu", "true", "--report_to", "none",
+    ]  # fmt: skip
+    command += ["--iterations", "1"] if name == "restem" else ["--pairs_per_prompt", "4"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    from transformers import AutoModelForCausalLM
+
+    summary = json.loads((out / f"{name}.json").read_text())
+    if name == "restem":
+        (round_,) = summary["iterations"]
+        assert round_["correct_responses"] > 0
+        AutoModelForCausalLM.from_pretrained(round_["checkpoint"])
+    else:
+        assert summary["pairs"] > 0 and summary["beta"] == 0.3 and summary["loss_type"] == ["sigmoid", "sft"]
+        AutoModelForCausalLM.from_pretrained(out)

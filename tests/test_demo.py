@@ -294,7 +294,7 @@ def test_quick_flag_shrinks_the_run_and_explicit_flags_win():
         (["--num_generations", "1"], "--num_generations must be >= 2"),
         (["--curve_problems", "700"], "--curve_problems \\(700\\) must be <= --eval_problems"),
         (["--flawed_demo_rate", "1.5"], "--flawed_demo_rate must be in \\[0, 1\\]"),
-        (["--arms", "grpo,ppo"], "--arms: unknown arm 'ppo'"),
+        (["--arms", "grpo,ppo_k3"], "--arms: unknown arm 'ppo_k3'"),
         (["--arms", "sft"], "--arms takes RL arms"),
         (["--arms", ","], "--arms is empty"),
         (["--flaw", "typo"], "--flaw must be 'skip_last' or 'slip'"),

@@ -88,3 +88,24 @@ def test_colocated_vllm_training_syncs_weights_and_runs_mc_rollouts(tmp_path, ex
     # After the last optimizer step, one more sync brings the engine to the final policy.
     assert record["final_engine_greedy"] == record["final_policy_greedy"]
     assert record["final_engine_greedy"] != first
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_critic_trains_next_to_a_colocated_vllm_engine(tmp_path):
+    pytest.importorskip("vllm")
+    from mcadvantage.testing import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    out = tmp_path / "record.json"
+    run_vllm_script(
+        "train_critic_colocate.py",
+        ["--model-dir", str(model_dir), "--output-dir", str(tmp_path / "run"), "--out", str(out)],
+    )
+    record = json.loads(out.read_text())
+    assert record["global_step"] == 2 and record["engine"] == "LLM"
+    # The responses came from the engine; the critic scored them and trained once per generation batch.
+    assert record["critic_updates"] == 2 and record["critic_is_separate"]
+    losses = [e["critic/value_loss"] for e in record["log_history"] if "critic/value_loss" in e]
+    assert len(losses) == 2 and all(loss >= 0 for loss in losses)
+    assert not any(k.startswith("mc/") for e in record["log_history"] for k in e)  # no Monte Carlo rollouts

@@ -385,6 +385,7 @@ def diagnose_credit(
         metrics[name]["ranking_pairwise"] = r["pairwise"]
         metrics[name]["ranking_top1"] = r["top1"]
         metrics[name]["ranking_groups"] = r["groups"]
+        metrics[name]["ranking_pairs"] = r["pairs"]
     bar.close()
 
     responses = []

@@ -440,6 +440,9 @@ def plot(options: list[dict[str, Any]], path: Path) -> None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=family)
             for x, y, k in pts:
                 ax.annotate(f"K={k}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        k9 = [o["value_mse"] for o in options if o["task"] == task and o["family"] == "fixed" and o["k"] == 9]
+        if k9:
+            ax.axhline(k9[0], ls="--", lw=1, color="grey", label="fixed K=9's error")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("Monte Carlo tokens per response")

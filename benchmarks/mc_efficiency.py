@@ -410,14 +410,9 @@ def doc_tables(
 
 def update_doc(doc: Path, markdown: str) -> bool:
     """Replace the text between the results markers of ``doc`` with ``markdown`` (False: no markers)."""
-    start, end = "<!-- mc_efficiency results: start -->", "<!-- mc_efficiency results: end -->"
-    text = doc.read_text(encoding="utf-8")
-    if start not in text or end not in text:
-        return False
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    doc.write_text(f"{head}{start}\n{markdown}\n{end}{tail}", encoding="utf-8")
-    return True
+    from mcadvantage.report import replace_between_markers
+
+    return replace_between_markers(doc, "mc_efficiency", markdown)
 
 
 def plot(options: list[dict[str, Any]], path: Path) -> None:

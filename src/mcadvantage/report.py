@@ -11,8 +11,9 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["ScoredResponse", "advantage_colour", "render_responses_html"]
+__all__ = ["ScoredResponse", "advantage_colour", "render_responses_html", "replace_between_markers"]
 
 
 @dataclass
@@ -105,3 +106,18 @@ is green for a correct final answer, red for a wrong one.</p>
 {"".join(body)}
 </body></html>
 """
+
+
+def replace_between_markers(doc: str | Path, name: str, markdown: str) -> bool:
+    """Replace the text between ``<!-- {name} results: start -->`` and ``<!-- {name} results: end -->`` in the
+    Markdown file ``doc`` with ``markdown`` (how the benchmarks write their results into the docs). Returns False,
+    leaving the file alone, when it lacks either marker."""
+    path = Path(doc)
+    start, end = f"<!-- {name} results: start -->", f"<!-- {name} results: end -->"
+    text = path.read_text(encoding="utf-8")
+    if start not in text or end not in text:
+        return False
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{markdown}\n{end}{tail}", encoding="utf-8")
+    return True

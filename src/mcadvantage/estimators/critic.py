@@ -26,7 +26,7 @@ import torch
 from ..advantages import clipped_value_loss, gae_advantages
 from ..segmenters import get_segmenter, segment_completion
 from .base import AdvantageBatch, AdvantageResult, EstimatorContext, register_advantage_estimator
-from .vineppo import TOKEN_LEVEL_CLIP_LOSSES
+from .vineppo import check_token_level_loss
 
 __all__ = ["CriticEstimator", "value_model_from_policy"]
 
@@ -170,16 +170,7 @@ class CriticEstimator:
                 f"scale_rewards={config.scale_rewards!r} scales GRPO's group advantages, which the critic's GAE "
                 "replaces. Set scale_rewards='none' (whiten_advantages=True normalises PPO's advantages)."
             )
-        if config.loss_type not in TOKEN_LEVEL_CLIP_LOSSES:
-            raise ValueError(
-                f"loss_type={config.loss_type!r} is not a token-level PPO-clip loss; PPO's per-token advantages "
-                f"need one of {list(TOKEN_LEVEL_CLIP_LOSSES)}."
-            )
-        if config.importance_sampling_level != "token":
-            raise ValueError(
-                f"importance_sampling_level={config.importance_sampling_level!r} averages the ratio over the "
-                "sequence, which discards PPO's per-token credit. Set importance_sampling_level='token'."
-            )
+        check_token_level_loss(config, "PPO")
 
     # -- the critic -------------------------------------------------------------------------------------------
 

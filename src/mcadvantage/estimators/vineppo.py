@@ -30,6 +30,23 @@ TOKEN_LEVEL_CLIP_LOSSES = ("dapo", "bnpo", "dr_grpo", "grpo")
 _NON_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
 
 
+def check_token_level_loss(config: Any, method: str) -> None:
+    """Refuse GRPO loss settings that would average away per-token advantages (``method`` names the estimator
+    in the message)."""
+    if config.loss_type not in TOKEN_LEVEL_CLIP_LOSSES:
+        raise ValueError(
+            f"loss_type={config.loss_type!r} is not a token-level PPO-clip loss, so it would not use {method}'s "
+            f"per-token advantages as the paper does. Use one of {list(TOKEN_LEVEL_CLIP_LOSSES)} "
+            "('dapo', the default, is the paper's token-weighted mean)."
+        )
+    if config.importance_sampling_level != "token":
+        raise ValueError(
+            f"importance_sampling_level={config.importance_sampling_level!r} averages the ratio over the "
+            f"sequence, which discards {method}'s per-token credit in the clipping. Set "
+            "importance_sampling_level='token'."
+        )
+
+
 @register_advantage_estimator("vineppo")
 class VinePPOEstimator:
     """Monte Carlo step advantages (VinePPO).
@@ -137,18 +154,7 @@ class VinePPOEstimator:
                 "values are means of the weighted sum of raw rewards, so group-normalising each reward function "
                 "first has no Monte Carlo equivalent. Set multi_objective_aggregation='sum_then_normalize'."
             )
-        if config.loss_type not in TOKEN_LEVEL_CLIP_LOSSES:
-            raise ValueError(
-                f"loss_type={config.loss_type!r} is not a token-level PPO-clip loss, so it would not use VinePPO's "
-                f"per-token advantages as the paper does. Use one of {list(TOKEN_LEVEL_CLIP_LOSSES)} "
-                "('dapo', the default, is the paper's token-weighted mean)."
-            )
-        if config.importance_sampling_level != "token":
-            raise ValueError(
-                f"importance_sampling_level={config.importance_sampling_level!r} averages the ratio over the "
-                "sequence, which discards VinePPO's per-step credit in the clipping. Set "
-                "importance_sampling_level='token'."
-            )
+        check_token_level_loss(config, "VinePPO")
 
     # -- the seam ---------------------------------------------------------------------------------------------
 

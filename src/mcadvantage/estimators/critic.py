@@ -325,7 +325,8 @@ class CriticEstimator:
             for start in range(0, size, self.minibatch_size):
                 idx = order[start : start + self.minibatch_size]
                 m = token_mask[idx]
-                count = m.sum().to(torch.float64).reshape(1)
+                # On the parameters' device: NCCL all-reduces CUDA tensors only (gloo takes CPU ones).
+                count = m.sum().to(device=next(model.parameters()).device, dtype=torch.float64).reshape(1)
                 if ready and world > 1:
                     torch.distributed.all_reduce(count)
                 new = self.token_values(

@@ -248,9 +248,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         """Save the estimator's ``state_dict()`` (estimators with state, e.g. the ``"gae"`` critic) to
         ``checkpoint_dir/advantage_estimator.pt``; called for every checkpoint."""
         state_dict = getattr(self.advantage_estimator, "state_dict", None)
-        if state_dict is None or not self.accelerator.is_main_process:
-            return
-        state = state_dict()
+        state = state_dict() if state_dict is not None and self.accelerator.is_main_process else None
         if state:
             os.makedirs(checkpoint_dir, exist_ok=True)
             torch.save(state, os.path.join(checkpoint_dir, self.ESTIMATOR_STATE_FILE))
@@ -258,12 +256,10 @@ class VinePPOTrainer(GRPOTrainerHooks):
     def load_estimator_state(self, checkpoint_dir: str) -> None:
         """Restore the estimator's state saved in ``checkpoint_dir`` (called when training resumes from it)."""
         load = getattr(self.advantage_estimator, "load_state_dict", None)
-        if load is None:
-            return
         file = os.path.join(str(checkpoint_dir), self.ESTIMATOR_STATE_FILE)
-        if os.path.exists(file):
+        if load is not None and os.path.exists(file):
             load(torch.load(file, map_location="cpu", weights_only=True))
-        elif getattr(self.advantage_estimator, "state_dict", None) is not None:
+        elif load is not None:
             warnings.warn(
                 f"{checkpoint_dir} has no {self.ESTIMATOR_STATE_FILE}: the {type(self.advantage_estimator).__name__}'s "
                 "own state (e.g. a critic) starts afresh; the checkpoint was saved without it.",

@@ -880,7 +880,3 @@ class _SamplePool:
             prior = root if parent[u] is None else out[parent[u]]  # type: ignore[index]
             out.append(shrunk_variance(rewards, prior, strength))
         return out
-
-
-def _mean(xs: list[float]) -> float:
-    return math.fsum(xs) / len(xs) if xs else math.nan

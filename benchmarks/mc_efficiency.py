@@ -61,6 +61,7 @@ TOY_P = (0.1, 0.4, 0.7, 0.95)
 # ------------------------------------------------------------------------------------------------ statistics
 
 
+# Rank correlation by hand: scipy is not a dependency of the project, and these 20 lines are all it would give.
 def _ranks(xs: list[float]) -> list[float]:
     order = sorted(range(len(xs)), key=lambda i: xs[i])
     ranks = [0.0] * len(xs)

@@ -215,15 +215,10 @@ def plan_states(
     all_boundaries: list[list[int]] = []
     capped: list[bool] = []
     for t, traj in enumerate(trajectories):
-        b = estimated_boundaries(
-            traj.step_boundaries,
-            max_estimated_steps,
-            min_step_tokens=min_step_tokens,
-            steps_after_cap=steps_after_cap,
-        )
+        merged = merge_short_steps(traj.step_boundaries, min_step_tokens)
+        b = estimated_boundaries(merged, max_estimated_steps, steps_after_cap=steps_after_cap)
         all_boundaries.append(b)
-        merged_steps = len(merge_short_steps(traj.step_boundaries, min_step_tokens)) - 1
-        capped.append(max_estimated_steps is not None and merged_steps > max_estimated_steps)
+        capped.append(max_estimated_steps is not None and len(merged) - 1 > max_estimated_steps)
         prompt_key = tuple(traj.prompt_ids)
         gkey = _grading_key(traj)
         idx: list[int] = []
@@ -612,6 +607,69 @@ class MCValueEstimator:
                 stats["rollout_reward_count"] += 1
         return out
 
+    def _pooled_values(
+        self,
+        trajectories: Sequence[Trajectory],
+        extra: Sequence[Trajectory],
+        plan: StatePlan,
+        budgets: Sequence[int],
+        sampled: Sequence[bool],
+        reward_kwargs: Mapping[str, Any],
+        stats: dict[str, float],
+        progress: Any,
+    ) -> tuple[Callable[[int, int], float], list[int]]:
+        """Free samples and/or variance allocation: pool every response and rollout through each state, top the
+        states up (first wave), allocate the rest of the token budget (``"variance"``, second wave). Returns the
+        leave-one-out value ``(trajectory, unique state) -> V`` and the samples behind each state's values."""
+        pool = _SamplePool(trajectories, plan)
+        for traj in [*trajectories, *extra]:
+            pool.add_path(traj, traj.completion_ids, float(traj.reward))
+        target = self.num_rollouts if self.allocation == "uniform" else self.min_rollouts
+        first = [max(0, target - f) if ok else 0 for f, ok in zip(pool.others, sampled, strict=True)]
+        own_rollouts = list(first)
+
+        def wave(counts: Sequence[int], grade_unsampled: bool) -> None:
+            pool.add_wave(
+                trajectories,
+                self._sample_and_grade(
+                    trajectories,
+                    plan,
+                    counts,
+                    budgets,
+                    reward_kwargs,
+                    stats,
+                    grade_unsampled=grade_unsampled,
+                    progress=progress,
+                ),
+            )
+
+        wave(first, grade_unsampled=True)
+        if self.allocation == "variance":
+            costs = [pool.mean_remaining(u) for u in range(len(plan.unique))]
+            token_budget = self.num_rollouts * math.fsum(
+                c for c, ok in zip(costs, sampled, strict=True) if ok
+            )
+            stats["budget_tokens"] = token_budget
+            second = allocate_rollouts(
+                weights=[w if ok else 0.0 for w, ok in zip(_advantage_weights(plan), sampled, strict=True)],
+                variances=pool.variances(plan.parent, VARIANCE_PRIOR_STRENGTH),
+                counts=pool.others,
+                costs=costs,
+                budget=max(0.0, token_budget - stats["generated_tokens"]),
+            )
+            own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
+            wave(second, grade_unsampled=False)
+        others = pool.others
+        stats["free_samples"] = float(
+            sum(max(0, n - own) for n, own in zip(others, own_rollouts, strict=True))
+        )
+        stats["rollouts_saved"] = self.num_rollouts * sum(sampled) - stats["rollouts"]
+
+        def value(t: int, u: int) -> float:
+            return leave_one_out_mean(pool.total[u], pool.count[u], float(trajectories[t].reward))
+
+        return value, others
+
     def estimate(
         self,
         trajectories: Sequence[Trajectory],
@@ -694,66 +752,9 @@ class MCValueEstimator:
                 def value(t: int, u: int) -> float:
                     return state_values[u]
             else:
-                pool = _SamplePool(trajectories, plan)
-                for traj in [*trajectories, *extra]:
-                    pool.add_path(traj, traj.completion_ids, float(traj.reward))
-                # A response always passes through its own states: the others are its free samples.
-                free = [max(0, n - 1) for n in pool.count]
-                target = self.num_rollouts if self.allocation == "uniform" else self.min_rollouts
-                first = [max(0, target - f) if ok else 0 for f, ok in zip(free, sampled, strict=True)]
-                own_rollouts = list(first)
-                pool.add_wave(
-                    trajectories,
-                    self._sample_and_grade(
-                        trajectories,
-                        plan,
-                        first,
-                        budgets,
-                        kwargs,
-                        stats,
-                        grade_unsampled=True,
-                        progress=progress,
-                    ),
+                value, state_counts = self._pooled_values(
+                    trajectories, extra, plan, budgets, sampled, kwargs, stats, progress
                 )
-                if self.allocation == "variance":
-                    spent = stats["generated_tokens"]
-                    costs = [pool.mean_remaining(u) for u in range(len(plan.unique))]
-                    token_budget = self.num_rollouts * math.fsum(
-                        c for c, ok in zip(costs, sampled, strict=True) if ok
-                    )
-                    stats["budget_tokens"] = token_budget
-                    second = allocate_rollouts(
-                        weights=[
-                            w if ok else 0.0 for w, ok in zip(_advantage_weights(plan), sampled, strict=True)
-                        ],
-                        variances=pool.variances(plan.parent, VARIANCE_PRIOR_STRENGTH),
-                        counts=[max(0, n - 1) for n in pool.count],
-                        costs=costs,
-                        budget=max(0.0, token_budget - spent),
-                    )
-                    own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
-                    pool.add_wave(
-                        trajectories,
-                        self._sample_and_grade(
-                            trajectories,
-                            plan,
-                            second,
-                            budgets,
-                            kwargs,
-                            stats,
-                            grade_unsampled=False,
-                            progress=progress,
-                        ),
-                    )
-                stats["free_samples"] = float(
-                    sum(max(0, n - 1 - own) for n, own in zip(pool.count, own_rollouts, strict=True))
-                )
-                stats["rollouts_saved"] = self.num_rollouts * sum(sampled) - stats["rollouts"]
-
-                state_counts = [n - 1 for n in pool.count]
-
-                def value(t: int, u: int) -> float:
-                    return leave_one_out_mean(pool.total[u], pool.count[u], float(trajectories[t].reward))
         finally:
             if progress is not None:
                 progress.close()
@@ -865,6 +866,12 @@ class _SamplePool:
                     self._add(u, reward, 0, rollout=True)
                 else:  # a rollout is a sample of its own state and of every deeper state it passes through
                     self.add_path(trajectories[t], ids, reward, start=prefix_len, rollout=True)
+
+    @property
+    def others(self) -> list[int]:
+        """Per state, its samples besides one response's own outcome (every state lies on at least one of the
+        batch's responses): what a leave-one-out value averages."""
+        return [max(0, n - 1) for n in self.count]
 
     def mean_remaining(self, u: int) -> float:
         """Expected tokens of one rollout from state ``u``: the mean length its samples had beyond it."""

@@ -362,6 +362,29 @@ def run_sft_arm(
     return model, records
 
 
+def _sample_graded(
+    config: DemoConfig, policy: Any, tokenizer: Any, rows: list[dict[str, str]], verifier: Any
+) -> tuple[list[Any], float]:
+    """The RL-free arms' data: ``config.num_generations`` responses per row at the RL temperature, graded, and
+    the tokens sampled (what the arms' records count)."""
+    from mcadvantage import TransformersSampler
+    from mcadvantage.self_training import sample_and_grade
+
+    sampler = TransformersSampler(policy, tokenizer, temperature=config.temperature, max_batch_sequences=1024)
+    graded = sample_and_grade(
+        sampler,
+        tokenizer,
+        rows,
+        verifier,
+        num_samples=config.num_generations,
+        max_new_tokens=config.max_completion_length,
+    )
+    tokens = sum(
+        len(tokenizer(c, add_special_tokens=False)["input_ids"]) for g in graded for c in g.completions
+    )
+    return graded, float(tokens)
+
+
 def run_restem_arm(
     config: DemoConfig,
     policy_dir: str | Path,
@@ -385,8 +408,8 @@ def run_restem_arm(
     lines up with the RL arms' by data consumed. The paper picks each iteration's checkpoint on a
     validation split; here every iteration is kept (no validation split is held out), which is stated with
     the results."""
-    from mcadvantage import GSM8KVerifier, TransformersSampler
-    from mcadvantage.self_training import restem_examples, sample_and_grade
+    from mcadvantage import GSM8KVerifier
+    from mcadvantage.self_training import restem_examples
 
     from .warmup import supervised_warmup
 
@@ -411,20 +434,8 @@ def run_restem_arm(
             {"prompt": p.prompt, "answer": p.answer}
             for p in data.rl_set[it * prompts_per_iteration : (it + 1) * prompts_per_iteration]
         ]
-        sampler = TransformersSampler(
-            policy, tokenizer, temperature=config.temperature, max_batch_sequences=1024
-        )
-        graded = sample_and_grade(
-            sampler,
-            tokenizer,
-            rows,
-            verifier,
-            num_samples=config.num_generations,
-            max_new_tokens=config.max_completion_length,
-        )
-        tokens += sum(
-            len(tokenizer(c, add_special_tokens=False)["input_ids"]) for g in graded for c in g.completions
-        )
+        graded, sampled = _sample_graded(config, policy, tokenizer, rows, verifier)
+        tokens += sampled
         examples = [(r["prompt"], r["completion"]) for r in restem_examples(graded)]
         policy, _ = load_policy(policy_dir)  # RestEM fine-tunes the starting policy every iteration
         if examples:
@@ -478,8 +489,8 @@ def run_dpo_plus_arm(
     from transformers.trainer_callback import PrinterCallback
     from trl import DPOConfig, DPOTrainer
 
-    from mcadvantage import GSM8KVerifier, TransformersSampler
-    from mcadvantage.self_training import preference_pairs, sample_and_grade
+    from mcadvantage import GSM8KVerifier
+    from mcadvantage.self_training import preference_pairs
 
     if min(prompts, pairs_per_prompt, epochs) < 1 or prompts > len(data.rl_set):
         raise ValueError(
@@ -489,18 +500,7 @@ def run_dpo_plus_arm(
     t0 = time.perf_counter()
     policy, tokenizer = load_policy(policy_dir)
     rows = [{"prompt": p.prompt, "answer": p.answer} for p in data.rl_set[:prompts]]
-    sampler = TransformersSampler(policy, tokenizer, temperature=config.temperature, max_batch_sequences=1024)
-    graded = sample_and_grade(
-        sampler,
-        tokenizer,
-        rows,
-        GSM8KVerifier(),
-        num_samples=config.num_generations,
-        max_new_tokens=config.max_completion_length,
-    )
-    tokens = float(
-        sum(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for g in graded for c in g.completions)
-    )
+    graded, tokens = _sample_graded(config, policy, tokenizer, rows, GSM8KVerifier())
     pairs = preference_pairs(graded, pairs_per_prompt=pairs_per_prompt, seed=config.seed)
     if pairs:
         args = DPOConfig(

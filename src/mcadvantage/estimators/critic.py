@@ -178,10 +178,9 @@ class CriticEstimator:
         """Build the critic on first use (from ``critic_model`` or the context's policy) and its optimizer."""
         if self.value_model is not None:
             return self.value_model
+        # The same new head on every process, without disturbing the caller's RNG.
         torch_state = torch.random.get_rng_state()
-        torch.manual_seed(
-            self.seed
-        )  # the same new head on every process, without disturbing the caller's RNG
+        torch.manual_seed(self.seed)
         try:
             if self.critic_model is not None:
                 from transformers import AutoModelForTokenClassification
@@ -255,11 +254,18 @@ class CriticEstimator:
                 "CriticEstimator.predict_values: the critic is built on the first batch; none seen."
             )
         self.value_model.eval()
-        out = []
+        pad = self.value_model.config.pad_token_id or 0
+        out: list[float] = []
         with torch.no_grad():
-            for p, c in zip(prompt_ids, prefixes, strict=True):
-                ids, attention = self._inputs([p], [c], self.value_model.config.pad_token_id or 0)
-                out.append(float(self.value_model(input_ids=ids, attention_mask=attention).logits[0, -1, 0]))
+            for start in range(0, len(prompt_ids), self.minibatch_size):  # batched, right-padded
+                ps, cs = (
+                    prompt_ids[start : start + self.minibatch_size],
+                    prefixes[start : start + self.minibatch_size],
+                )
+                ids, attention = self._inputs(ps, cs, pad)
+                scores = self.value_model(input_ids=ids, attention_mask=attention).logits[..., 0]
+                last = attention.sum(dim=1) - 1  # each state's last token
+                out += scores[torch.arange(len(ps), device=scores.device), last].tolist()
         return out
 
     # -- the seam ---------------------------------------------------------------------------------------------

@@ -177,9 +177,7 @@ class VinePPOEstimator:
                 # select the pool by outcome); unscorable counts 0, as an unscorable rollout does.
                 if ids and self.reuse_samples:
                     extras.append(
-                        self._trajectory(
-                            batch, i, segmenter, context, reward if math.isfinite(reward) else 0.0
-                        )
+                        self._trajectory(batch, i, None, context, reward if math.isfinite(reward) else 0.0)
                     )
                 continue
             if context.context_length is not None:  # iterable datasets are not checked before training
@@ -224,12 +222,16 @@ class VinePPOEstimator:
     def _trajectory(
         batch: AdvantageBatch, i: int, segmenter: Any, context: EstimatorContext, reward: float
     ) -> Trajectory:
+        """Row ``i`` as a :class:`Trajectory`; ``segmenter=None`` for a response that only lends its outcome to the
+        pool (its steps are never estimated, so it is not segmented: one step)."""
         ids = list(batch.completion_ids[i])
         row = batch.rows[i] if batch.rows else {}
         return Trajectory(
             prompt_ids=list(batch.prompt_ids[i]),
             completion_ids=ids,
-            step_boundaries=segment_completion(segmenter, context.tokenizer, ids),
+            step_boundaries=[0, len(ids)]
+            if segmenter is None
+            else segment_completion(segmenter, context.tokenizer, ids),
             reward=reward,
             prompt=batch.prompts[i] if batch.prompts else None,
             fields={k: v for k, v in row.items() if k not in _NON_REWARD_COLUMNS},

@@ -42,6 +42,7 @@ from .mc_budget import (
     shrunk_variance,
     spread_boundaries,
 )
+from .reward_errors import call_reward_func
 from .samplers.base import Continuation, RolloutRequest, Sampler
 from .settings import validate_mc_settings
 from .text import decode_batch, is_conversational
@@ -512,20 +513,26 @@ class MCValueEstimator:
 
         per_func: list[list[float]] = []
         for f in self.reward_funcs:
-            out = f(
-                prompts=prompts,
-                completions=completions,
-                completion_ids=completion_ids,
-                **columns,
-                **reward_kwargs,
+            # Raising, or returning inf, is a RewardFunctionError naming the function and the rollout: one infinite
+            # rollout would make its state's value infinite and every whitened advantage NaN.
+            out = call_reward_func(
+                f,
+                getattr(f, "__name__", None) or type(f).__name__,
+                dict(
+                    prompts=prompts,
+                    completions=completions,
+                    completion_ids=completion_ids,
+                    **columns,
+                    **reward_kwargs,
+                ),
+                where="Monte Carlo rollouts",
             )
-            out = list(out)
             if len(out) != len(items):
                 raise RuntimeError(
                     f"reward function {getattr(f, '__name__', f)!r} returned {len(out)} rewards for "
                     f"{len(items)} completions; it must return one per completion."
                 )
-            per_func.append([math.nan if r is None else float(r) for r in out])
+            per_func.append(out)
             if progress is not None:
                 progress.update(1)
 

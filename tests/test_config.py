@@ -1,4 +1,4 @@
-"""VinePPOConfig: the paper's defaults, validation errors naming the field and the fix, CLI parsing."""
+"""VinePPOConfig: GRPO's defaults (the paper's through from_paper), validation errors naming the field and the fix, CLI parsing."""
 
 from __future__ import annotations
 
@@ -24,33 +24,70 @@ def split_lines(text: str) -> list[str]:
     return text.splitlines(keepends=True) or [text]
 
 
-def test_paper_defaults_override_grpo():
+#: The only GRPOConfig fields whose VinePPOConfig default differs, each documented in VinePPOConfig's docstring.
+DOCUMENTED_DIFFERENCES = {"scale_rewards", "bf16", "output_dir"}
+
+
+def test_every_grpo_field_keeps_grpos_default_so_the_swap_changes_only_the_advantage():
+    """Issue 18 finding 4: VinePPOConfig used to change five GRPO defaults silently (temperature 0.6, top_p 0.9,
+    beta 1e-4, num_iterations 2, max_completion_length 1024), so the "grpo" estimator under VinePPOConfig was not
+    TRL's GRPO out of the box. Every shared field is compared, so a new silent override fails here."""
+    import dataclasses
+
     import torch
     from trl import GRPOConfig
 
-    cfg = make()
+    cfg = make(advantage_estimator="grpo")
     grpo = GRPOConfig(output_dir="unused-output-dir", report_to="none", bf16=False)
-    # The paper's Table 1 / official-code values where GRPO differs.
-    assert (cfg.temperature, grpo.temperature) == (0.6, 1.0)
-    assert (cfg.top_p, grpo.top_p) == (0.9, 1.0)
-    assert (cfg.beta, grpo.beta) == (1e-4, 0.0)
-    assert (cfg.num_iterations, grpo.num_iterations) == (2, 1)
-    assert (cfg.max_completion_length, grpo.max_completion_length) == (1024, 512)
-    assert (cfg.scale_rewards, grpo.scale_rewards) == ("none", "group")
-    # Values GRPO already shares with the paper.
-    assert cfg.epsilon == 0.2 and cfg.learning_rate == 1e-6 and cfg.num_generations == 8
-    assert cfg.loss_type == "dapo"
+    differing = {
+        f.name
+        for f in dataclasses.fields(GRPOConfig)
+        if f.init and getattr(cfg, f.name) != getattr(grpo, f.name) and f.name not in DOCUMENTED_DIFFERENCES
+    }
+    assert differing == set(), {name: (getattr(cfg, name), getattr(grpo, name)) for name in differing}
+    assert (cfg.temperature, cfg.top_p, cfg.beta, cfg.num_iterations, cfg.max_completion_length) == (
+        1.0,
+        1.0,
+        0.0,
+        1,
+        512,
+    )
+    # scale_rewards follows the estimator: GRPO's "group" under "grpo", "none" under Monte Carlo.
+    assert cfg.scale_rewards == grpo.scale_rewards == "group"
+    vine = make()
+    assert vine.scale_rewards == "none" and vine.whiten_advantages is True
+    assert vine.epsilon == 0.2 and vine.learning_rate == 1e-6 and vine.num_generations == 8
+    assert vine.loss_type == "dapo"
     # Monte Carlo settings.
-    assert cfg.num_mc_rollouts == 9
-    assert cfg.step_segmenter == "math"
-    assert cfg.mc_rollout_budget == "remaining" and cfg.mc_fixed_rollout_budget is None
-    assert cfg.mc_max_estimated_steps is None and cfg.mc_truncated_reward is None
-    assert cfg.whiten_advantages is True and cfg.mc_estimate_on_eval is False
+    assert vine.num_mc_rollouts == 9
+    assert vine.step_segmenter == "math"
+    assert vine.mc_rollout_budget == "remaining" and vine.mc_fixed_rollout_budget is None
+    assert vine.mc_max_estimated_steps is None and vine.mc_truncated_reward is None
+    assert vine.mc_estimate_on_eval is False
     # bf16 "auto": on only with a bf16-capable CUDA device (GRPOConfig would turn it on everywhere).
-    assert cfg.bf16 == bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    assert vine.bf16 == bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     # An explicit value wins (bf16 on CPU needs use_cpu=True in TrainingArguments).
     assert make(bf16=True, use_cpu=True).bf16 is True
     assert make(use_cpu=True).bf16 is False
+
+
+def test_the_papers_ppo_settings_come_from_from_paper():
+    cfg = VinePPOConfig.from_paper("math", output_dir="unused-output-dir", report_to="none", bf16=False)
+    assert (cfg.temperature, cfg.top_p, cfg.beta, cfg.num_iterations, cfg.max_completion_length) == (
+        0.6,
+        0.9,
+        1e-4,
+        2,
+        1024,
+    )
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0])
+def test_vineppo_refuses_temperature_zero_with_its_own_message(temperature):
+    """Issue 18 finding 3: temperature 0 used to end in a transformers error mid-training."""
+    with pytest.raises(ValueError, match=r"temperature=.*advantage_estimator='vineppo'.*greedy"):
+        make(temperature=temperature, num_mc_rollouts=4)
+    make(temperature=0.0, advantage_estimator="grpo")  # GRPO's own behaviour is TRL's business
 
 
 @pytest.mark.parametrize("k", [0, -3])
@@ -192,8 +229,8 @@ def test_cli_parsing_with_hf_argument_parser():
     assert cfg.mc_rollout_budget == "fixed" and cfg.mc_fixed_rollout_budget == 64
     assert cfg.mc_max_estimated_steps == 25 and cfg.mc_truncated_reward == 0.0
     assert cfg.whiten_advantages is False
-    # Paper defaults also apply through the CLI.
-    assert cfg.temperature == 0.6 and cfg.beta == 1e-4
+    # GRPO's defaults also apply through the CLI.
+    assert cfg.temperature == 1.0 and cfg.beta == 0.0
 
 
 def test_trl_version_window():

@@ -1,5 +1,6 @@
 """Configuration of :class:`~mcadvantage.trainer.VinePPOTrainer`: TRL's ``GRPOConfig`` plus the Monte Carlo
-settings of VinePPO, with the paper's PPO settings as defaults.
+settings of VinePPO. GRPO's fields keep GRPOConfig's defaults (a drop-in); ``VinePPOConfig.from_paper(task)`` sets the
+paper's.
 
 Importing this module imports TRL (``GRPOConfig``), but not vLLM.
 """
@@ -112,15 +113,13 @@ class VinePPOConfig(GRPOConfig):
             eval loss is only the KL term and the reward metrics are the useful evaluation signal. Defaults to
             `False`.
 
-    Defaults that differ from :class:`trl.GRPOConfig` (the paper's Table 1 and the official code):
+    **A drop-in for** :class:`trl.GRPOConfig`: every GRPO field keeps GRPOConfig's default, so swapping
+    ``GRPOConfig(...)`` for ``VinePPOConfig(...)`` changes the advantage and nothing else. The paper's PPO settings
+    (Table 1 and the official code: `temperature=0.6`, `top_p=0.9`, `beta=1e-4`, `num_iterations=2`,
+    `max_completion_length=1024`, K = 9 with fresh 1,024-token rollouts, ...) come in one call from
+    :meth:`VinePPOConfig.from_paper`, or field by field. (Until the unreleased changes the class itself defaulted to
+    those five values; pass them explicitly to keep the old behaviour.) The only defaults that differ from GRPOConfig:
 
-    - `temperature=0.6` (GRPO: 1.0) and `top_p=0.9` (GRPO: 1.0; official code): used for the training
-      responses and, identically, for every Monte Carlo continuation.
-    - `beta=1e-4` (GRPO: 0.0): KL penalty to the reference model in the loss (k3 estimator). A reference
-      model is loaded from `model.config.name_or_path`, so pass a model id or a saved directory; set
-      `beta=0.0` to train without one.
-    - `num_iterations=2` (GRPO: 1): two PPO epochs over every generation batch.
-    - `max_completion_length=1024` (GRPO: 512).
     - `scale_rewards=None` resolves to `"none"` (GRPO: `"group"`) except under `advantage_estimator="grpo"`,
       where it resolves to GRPO's `"group"`: reward scaling shapes only GRPO's advantages, which VinePPO and
       RLOO replace (`whiten_advantages` is VinePPO's normalisation); `"group"` or `"batch"` with them is
@@ -128,7 +127,7 @@ class VinePPOConfig(GRPOConfig):
     - `bf16=None` resolves to True only on a CUDA GPU with bfloat16 support and to False elsewhere (GRPO
       turns bf16 on whenever fp16 is off, which slows CPU runs). Set it explicitly on other accelerators.
 
-    Kept from GRPO because they already match VinePPO: `learning_rate=1e-6`, `epsilon=0.2` (clip),
+    GRPO defaults that already match VinePPO: `learning_rate=1e-6`, `epsilon=0.2` (clip),
     `num_generations=8` responses per prompt, and `loss_type="dapo"`: the clipped surrogate is summed over
     tokens and divided by the number of completion tokens in the whole (accumulated, all-rank) batch, i.e. a
     token-weighted mean like the paper's PPO loss, independent of how the batch is split into micro-batches.
@@ -140,36 +139,7 @@ class VinePPOConfig(GRPOConfig):
     for tiny models on CPU.
     """
 
-    # ---- GRPO defaults overridden with the paper's values -------------------------------------------------
-    temperature: float = field(
-        default=0.6,
-        metadata={
-            "help": "Sampling temperature of the training responses and of every Monte Carlo continuation "
-            "(VinePPO paper: 0.6)."
-        },
-    )
-    top_p: float = field(
-        default=0.9,
-        metadata={
-            "help": "Nucleus sampling threshold for responses and Monte Carlo continuations (official VinePPO code: "
-            "0.9). Must be in (0, 1]."
-        },
-    )
-    beta: float = field(
-        default=1e-4,
-        metadata={
-            "help": "KL coefficient (k3 estimator, in the loss); VinePPO paper: 1e-4. A reference model is loaded "
-            "from the policy's name_or_path when > 0."
-        },
-    )
-    num_iterations: int = field(
-        default=2,
-        metadata={"help": "PPO epochs over each generation batch (VinePPO paper: 2)."},
-    )
-    max_completion_length: int | None = field(
-        default=1024,
-        metadata={"help": "Maximum length of a generated response, in tokens (VinePPO paper: 1024)."},
-    )
+    # ---- GRPO's settings keep GRPOConfig's defaults (the paper's come from VinePPOConfig.from_paper) ----------
     scale_rewards: str | None = field(
         default=None,
         metadata={

@@ -46,8 +46,8 @@ class RewardFunctionError(ValueError):
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    text = repr(value)  # repr: newlines and quotes stay visible on one line
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
 def describe_row(prompts: Sequence[Any] | None, completions: Sequence[Any] | None, row: int) -> str:

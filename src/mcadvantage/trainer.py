@@ -130,7 +130,8 @@ class VinePPOTrainer(GRPOTrainerHooks):
             kind = "a GRPOConfig" if isinstance(args, GRPOConfig) else type(args).__name__
             raise TypeError(
                 f"args is {kind}, but VinePPOTrainer needs a mcadvantage.VinePPOConfig (it adds the Monte Carlo "
-                "settings and the paper's defaults). Build one with VinePPOConfig(**your_kwargs)."
+                "settings; every GRPO field keeps GRPOConfig's default). Build one with VinePPOConfig(**your_kwargs), or "
+                "VinePPOConfig.from_paper(task, **overrides) for the paper's settings."
             )
         funcs = check_reward_funcs(reward_funcs)
         # Missing columns fail here, before the model (and a vLLM engine) is loaded.
@@ -284,12 +285,26 @@ class VinePPOTrainer(GRPOTrainerHooks):
         valid = (
             mask.bool() if result.token_mask is None else result.token_mask.to(mask.device)
         ) & mask.bool()
+        check_finite_advantages(raw, valid, type(self.advantage_estimator).__name__)
         if not self.args.whiten_advantages:
             return raw * valid
         # masked_whiten needs two tokens over all processes; a batch with (almost) nothing to credit keeps zeros.
         if self.accelerator.gather(valid.sum().reshape(1)).sum().item() < 2:
             return torch.zeros_like(raw)
         return masked_whiten(raw, valid)
+
+
+def check_finite_advantages(advantages: torch.Tensor, valid: torch.Tensor, estimator: str) -> None:
+    """Refuse non-finite advantages before they reach the loss (one would turn every weight NaN at the next
+    optimizer step): ``FloatingPointError`` naming the estimator and the local rows."""
+    bad = ~torch.isfinite(advantages) & valid
+    if bool(bad.any()):
+        rows = sorted({int(r) for r in bad.nonzero()[:, 0]})
+        raise FloatingPointError(
+            f"{estimator} returned non-finite advantages for local batch rows {rows[:10]}; they would turn the weights "
+            "to NaN, so training stops before the loss (weights untouched). An estimator must return finite "
+            "advantages (0 for responses it cannot credit) on every token of its token_mask."
+        )
 
 
 def _broadcast_from_main(obj: Any) -> Any:

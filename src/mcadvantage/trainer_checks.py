@@ -30,13 +30,16 @@ def check_reward_funcs(reward_funcs: Any) -> list[Any]:
     :func:`~mcadvantage.reward_models.as_rollout_reward_func`)."""
     if reward_funcs is None:
         raise ValueError(
-            "reward_funcs is None: VinePPO grades every response and Monte Carlo continuation with reward functions "
+            "No reward source provided (reward_funcs is None; GRPOTrainer's message): VinePPO grades every response and Monte Carlo continuation with reward functions "
             "or reward models. Pass e.g. mcadvantage.GSM8KVerifier(), a function f(prompts, completions, **kw), or "
             "a reward model id."
         )
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
-        raise ValueError("reward_funcs is empty: pass at least one reward function or reward model.")
+        raise ValueError(
+            "No reward source provided (reward_funcs is empty; GRPOTrainer's message): pass at least one reward "
+            "function or reward model."
+        )
     for func in funcs:
         if not (isinstance(func, (str, nn.Module)) or callable(func)):
             raise TypeError(
@@ -74,6 +77,11 @@ def check_dataset_columns(dataset: Any, reward_funcs: Sequence[Any], dataset_nam
         dataset is None or columns is None
     ):  # e.g. an IterableDataset without features: the verifier checks rows
         return
+    if hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise ValueError(
+            f"{dataset_name} has 0 rows, so there is nothing to train or evaluate on (a filter or split may have removed "
+            "every row). Pass a dataset with at least one prompt."
+        )
     columns = set(columns)
     if "prompt" not in columns:
         raise ValueError(

@@ -93,6 +93,32 @@ class GRPOTrainerHooks(GRPOTrainer):
     def load_estimator_state(self, checkpoint_dir: str) -> None:
         """Restore the advantage estimator's own state from a checkpoint directory."""
 
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        """GRPO's training step, refusing to let a non-finite loss or gradient reach the optimizer.
+
+        ``Trainer`` steps the optimizer after the micro-batches' backward passes whatever their values; one NaN
+        gradient turns every weight NaN and the run goes on (logging a loss of 0 or NaN). Here a non-finite loss or
+        gradient stops training with ``FloatingPointError`` before that step: the weights stay those of the last
+        optimizer step, and the last checkpoint is intact."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        problem = None
+        if not bool(torch.isfinite(loss.detach()).all()):
+            problem = f"the loss is {float(loss.detach().float().mean())}"
+        else:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)).all()):
+                problem = "a gradient is not finite"
+        if problem is not None:
+            model.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"Training diverged at global step {self.state.global_step}: {problem}, so the optimizer step was not "
+                "taken (the weights are those of the last step; the last checkpoint is intact). Common causes: a "
+                f"learning rate too high for this model (learning_rate={self.args.learning_rate}), several PPO epochs "
+                f"on one batch (num_iterations={self.args.num_iterations}), or non-finite inputs. Lower the learning "
+                "rate or resume from the last checkpoint with other settings."
+            )
+        return loss
+
     def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
         # Called on every resume path (plain, DeepSpeed, FSDP), unlike _load_from_checkpoint.
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -107,7 +133,11 @@ class GRPOTrainerHooks(GRPOTrainer):
         self.save_estimator_state(f"{run_dir}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        try:
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        except Exception as err:
+            raise self._locate_reward_error(inputs, prompts, completions, completion_ids_list) or err from err
+        self._check_finite_response_rewards(rewards_per_func, prompts, completions)
         value = getattr(self.args, "truncated_completion_reward", None)
         if value is not None:
             # A response cut at max_completion_length scores `value` on every reward function, whatever it
@@ -128,6 +158,57 @@ class GRPOTrainerHooks(GRPOTrainer):
             "rewards_per_func": rewards_per_func,
         }
         return rewards_per_func
+
+    def _reward_call_kwargs(self, inputs, prompts, completions, completion_ids_list) -> dict[str, Any]:
+        """The keyword arguments GRPO calls reward functions with (its logging hooks replaced by no-ops)."""
+        keys = [key for key in inputs[0] if key not in ("prompt", "completion", "completion_ids")]
+        kwargs = {key: [example[key] for example in inputs] for key in keys}
+        kwargs.update(self.rollout_reward_kwargs())
+        return dict(prompts=prompts, completions=completions, completion_ids=completion_ids_list, **kwargs)
+
+    def _locate_reward_error(self, inputs, prompts, completions, completion_ids_list) -> Exception | None:
+        """After GRPO's reward call raised: the :class:`~mcadvantage.reward_errors.RewardFunctionError` naming the
+        synchronous reward function that raises on this batch and its first failing row (None if none does)."""
+        from torch import nn
+        from trl.trainer.utils import is_async_callable
+
+        from .reward_errors import reward_error
+
+        kwargs = self._reward_call_kwargs(inputs, prompts, completions, completion_ids_list)
+        for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
+            if isinstance(func, nn.Module) or is_async_callable(func):
+                continue
+            try:
+                func(**kwargs)
+            except Exception as err:  # noqa: BLE001 - the user's function failing is what we look for
+                return reward_error(func, name, err, kwargs, where="training responses")
+        return None
+
+    def _check_finite_response_rewards(self, rewards_per_func: torch.Tensor, prompts, completions) -> None:
+        """Raise :class:`~mcadvantage.reward_errors.RewardFunctionError` at the first ``inf`` / ``-inf`` reward of
+        the (all-process) batch: reward functions and reward models alike. NaN stays TRL's "unscorable"."""
+        from .reward_errors import RewardFunctionError, describe_row
+
+        infinite = torch.isinf(rewards_per_func)
+        if not bool(infinite.any()):
+            return
+        row, column = (int(i) for i in infinite.nonzero()[0])
+        name = self.reward_func_names[column]
+        local = len(prompts)
+        process, local_row = divmod(row, local) if local else (0, row)
+        where = (
+            describe_row(prompts, completions, local_row)
+            if process == self.accelerator.process_index
+            else f"on process {process}"
+        )
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {float(rewards_per_func[row, column])} for row {row} of the training "
+            f"batch ({where}). An infinite reward cannot be averaged into values or advantages and would turn the "
+            "weights to NaN. Return a finite reward, or None (NaN) for a response that cannot be scored (it then gets "
+            "advantage 0, as in TRL).",
+            func_name=name,
+            row=row,
+        )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._mcadvantage_captured = None

@@ -142,6 +142,14 @@ class VinePPOEstimator:
             min_step_tokens=config.mc_min_step_tokens,
             names="config",
         )
+        if not config.temperature > 0:
+            raise ValueError(
+                f"temperature={config.temperature} is invalid for advantage_estimator='vineppo': Monte Carlo values "
+                "average continuations sampled from the policy, and at temperature 0 every one of the "
+                f"num_mc_rollouts={config.num_mc_rollouts} continuations from a state is the same greedy text (an "
+                "estimate of nothing; transformers refuses temperature 0 when sampling). Use a temperature > 0 (the "
+                "paper: 0.6)."
+            )
         if config.scale_rewards != "none":
             raise ValueError(
                 f"scale_rewards={config.scale_rewards!r} contradicts VinePPO: it scales GRPO's group advantages, "

@@ -27,6 +27,7 @@ _LAZY: dict[str, str] = {
     "GSM8KVerifier": "verifiers",
     "MathVerifier": "verifiers",
     "get_verifier": "verifiers",
+    "RewardFunctionError": "reward_errors",
     # advantage math
     "step_advantages": "advantages",
     "token_advantages": "advantages",

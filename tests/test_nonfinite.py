@@ -95,7 +95,9 @@ def _config(tmp_path, **overrides) -> VinePPOConfig:
 
 
 def _dataset() -> Dataset:
-    return Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(4)], "answer": [str(2 * a) for a in range(4)]})
+    return Dataset.from_dict(
+        {"prompt": [f"{a}+{a}=" for a in range(4)], "answer": [str(2 * a) for a in range(4)]}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -150,12 +152,16 @@ def _cases():
                 continue
             for value in BAD_VALUES:
                 for source in ("function", "model"):
-                    yield pytest.param(estimator, phase, value, source, id=f"{estimator}-{phase}-{value}-{source}")
+                    yield pytest.param(
+                        estimator, phase, value, source, id=f"{estimator}-{phase}-{value}-{source}"
+                    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator,phase,value,source", list(_cases()))
-def test_bad_reward_never_reaches_the_weights(tmp_path, tiny_model_dir, reward_model_dir, estimator, phase, value, source):
+def test_bad_reward_never_reaches_the_weights(
+    tmp_path, tiny_model_dir, reward_model_dir, estimator, phase, value, source
+):
     bad = BAD_VALUES[value]
     if source == "function":
         reward, reward_tok, name = PhasedReward(bad, phase), None, "phased_reward"
@@ -164,7 +170,9 @@ def test_bad_reward_never_reaches_the_weights(tmp_path, tiny_model_dir, reward_m
         reward_tok, name = AutoTokenizer.from_pretrained(reward_model_dir), reward_model_dir.name
     trainer, before = _run(tmp_path, tiny_model_dir, reward, estimator, reward_tok)
     if math.isinf(bad):
-        with pytest.raises(RewardFunctionError, match=rf"reward function '{name}' returned {bad} for row 0") as info:
+        with pytest.raises(
+            RewardFunctionError, match=rf"reward function '{name}' returned {bad} for row 0"
+        ) as info:
             trainer.train()
         assert info.value.func_name == name and info.value.row == 0
         where = "training batch" if phase == "responses" else "Monte Carlo rollouts"
@@ -223,7 +231,9 @@ def test_non_finite_advantages_stop_training_before_the_loss(tmp_path, tiny_mode
         processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
         advantage_estimator=NaNAdvantages(),
     )
-    with pytest.raises(FloatingPointError, match=r"NaNAdvantages returned non-finite advantages for local batch rows"):
+    with pytest.raises(
+        FloatingPointError, match=r"NaNAdvantages returned non-finite advantages for local batch rows"
+    ):
         trainer.train()
     assert all(torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters())
 
@@ -251,7 +261,10 @@ def test_a_non_finite_loss_or_gradient_is_never_stepped(tmp_path, tiny_model_dir
         return loss + torch.sqrt(next(model.parameters()).sum() * 0.0)
 
     monkeypatch.setattr(type(trainer), "compute_loss", poisoned)
-    with pytest.raises(FloatingPointError, match=r"Training diverged at global step 0: (the loss is nan|a gradient is not finite)"):
+    with pytest.raises(
+        FloatingPointError,
+        match=r"Training diverged at global step 0: (the loss is nan|a gradient is not finite)",
+    ):
         trainer.train()
     assert all(torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters())
 
@@ -266,16 +279,25 @@ def test_a_reward_function_that_raises_on_one_row_is_named_with_the_row():
         return [1.0 / (len(c) - 3) for c in completions]  # ZeroDivisionError on a 3-character completion
 
     kwargs = dict(prompts=["p0", "p1", "p2"], completions=["abcd", "xyz", "abcdef"], answer=["1", "2", "3"])
-    with pytest.raises(RewardFunctionError, match=r"'picky' raised ZeroDivisionError: .* on row 1 of the rollouts") as info:
+    with pytest.raises(
+        RewardFunctionError, match=r"'picky' raised ZeroDivisionError: .* on row 1 of the rollouts"
+    ) as info:
         call_reward_func(picky, "picky", kwargs, where="rollouts")
     assert (info.value.func_name, info.value.row) == ("picky", 1)
     assert "'xyz'" in str(info.value)  # the row's completion is quoted
 
 
 def test_none_and_nan_are_unscorable_and_inf_is_refused():
-    assert [math.isnan(r) for r in call_reward_func(lambda **kw: [None, math.nan, 1.0], "f", dict(completions=["a", "b", "c"]), where="x")] == [True, True, False]
+    assert [
+        math.isnan(r)
+        for r in call_reward_func(
+            lambda **kw: [None, math.nan, 1.0], "f", dict(completions=["a", "b", "c"]), where="x"
+        )
+    ] == [True, True, False]
     with pytest.raises(RewardFunctionError, match=r"'f' returned -inf for row 2 of the x it graded"):
-        call_reward_func(lambda **kw: [0.0, 1.0, -math.inf], "f", dict(completions=["a", "b", "c"]), where="x")
+        call_reward_func(
+            lambda **kw: [0.0, 1.0, -math.inf], "f", dict(completions=["a", "b", "c"]), where="x"
+        )
 
 
 def test_an_empty_training_dataset_is_refused_at_init(tmp_path, tiny_model_dir):

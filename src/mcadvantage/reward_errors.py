@@ -89,7 +89,9 @@ def check_finite_rewards(
             )
 
 
-def _failing_row(func: Callable[..., Any], kwargs: dict[str, Any], size: int) -> tuple[int, BaseException] | None:
+def _failing_row(
+    func: Callable[..., Any], kwargs: dict[str, Any], size: int
+) -> tuple[int, BaseException] | None:
     """The first row a reward function raises on when called with that row alone, and its exception."""
     for row in range(size):
         single = {
@@ -121,7 +123,9 @@ def reward_error(
     if row is None:
         place = f"a batch of {size} {where} (no single row fails alone)"
     else:
-        place = f"row {row} of the {where} it graded ({describe_row(kwargs.get('prompts'), completions, row)})"
+        place = (
+            f"row {row} of the {where} it graded ({describe_row(kwargs.get('prompts'), completions, row)})"
+        )
     return RewardFunctionError(
         f"reward function {func_name!r} raised {type(cause).__name__}: {cause} on {place}. Fix the function, or make "
         "it return None for rows it cannot score (they then get advantage 0, as in TRL).",
@@ -130,7 +134,9 @@ def reward_error(
     )
 
 
-def call_reward_func(func: Callable[..., Any], func_name: str, kwargs: dict[str, Any], *, where: str) -> list[float]:
+def call_reward_func(
+    func: Callable[..., Any], func_name: str, kwargs: dict[str, Any], *, where: str
+) -> list[float]:
     """Call a TRL-style reward function and return its rewards as floats (None -> NaN), raising
     :class:`RewardFunctionError` when it raises (naming the row) or returns ``inf`` / ``-inf``."""
     try:

@@ -309,3 +309,132 @@ class StepTreeSampler:
                 conts.append(Continuation(token_ids=tuple(tokens[: req.max_tokens]), truncated=cut))
             out.append(conts)
         return out
+
+
+class TabularStepPolicy:
+    """A differentiable toy policy whose policy gradient is known in closed form: the exact toy of the gradient
+    instrument (:mod:`mcadvantage.gradient_quality`).
+
+    A response is ``depth`` step tokens, the one at position ``d`` drawn from ``softmax(logits[d])`` over
+    ``step_token_ids``; then the environment (not the policy) appends a success token with probability
+    ``success_prob(step indexes)`` or a failure token, then EOS. The parameters are the ``(depth, V)`` logits, so
+    ``J = E[success]`` is a finite sum over ``V ** depth`` step sequences and :meth:`exact_gradient` is its exact
+    gradient (autograd through the enumeration). It is a :class:`~mcadvantage.samplers.Sampler` (continuations from
+    any prefix with the current logits, as Monte Carlo rollouts need) and a policy-gradient oracle
+    (:meth:`token_logprobs`, :meth:`parameters`), so every estimator runs on it unchanged.
+
+    The completion part of a prefix is read as its trailing step tokens, so prompts must not end with one.
+    """
+
+    def __init__(
+        self,
+        *,
+        step_token_ids: Sequence[int],
+        depth: int,
+        success_prob: Callable[[tuple[int, ...]], float],
+        success_token_id: int,
+        failure_token_id: int,
+        eos_token_id: int,
+        logits: Any = None,
+        seed: int = 0,
+    ) -> None:
+        import torch
+
+        if depth < 1 or len(step_token_ids) < 2:
+            raise ValueError(f"depth={depth!r} must be >= 1 and step_token_ids must hold >= 2 tokens.")
+        self.step_token_ids = list(step_token_ids)
+        self.depth = depth
+        self._success = success_prob
+        self.success_token_id = success_token_id
+        self.failure_token_id = failure_token_id
+        self.eos_token_id = eos_token_id
+        shape = (depth, len(self.step_token_ids))
+        init = torch.zeros(shape) if logits is None else torch.as_tensor(logits, dtype=torch.float64)
+        if tuple(init.shape) != shape:
+            raise ValueError(f"logits must have shape {shape} (depth, step tokens), got {tuple(init.shape)}.")
+        self.logits = init.to(torch.float64).clone().requires_grad_(True)
+        self.rng = random.Random(seed)
+        self._index = {tok: i for i, tok in enumerate(self.step_token_ids)}
+
+    def parameters(self) -> list[Any]:
+        return [self.logits]
+
+    def _probs(self) -> list[list[float]]:
+        import torch
+
+        with torch.no_grad():
+            return torch.softmax(self.logits, dim=-1).tolist()
+
+    def _taken(self, prefix_ids: Sequence[int]) -> tuple[int, ...]:
+        taken: list[int] = []
+        for tok in reversed(list(prefix_ids)):
+            if tok not in self._index or len(taken) == self.depth:
+                break
+            taken.append(self._index[tok])
+        return tuple(reversed(taken))
+
+    def exact_objective(self) -> Any:
+        """``J(logits) = E[success]``, differentiable."""
+        import torch
+
+        log_probs = torch.log_softmax(self.logits, dim=-1)
+        total = torch.zeros((), dtype=torch.float64)
+        for steps in itertools.product(range(len(self.step_token_ids)), repeat=self.depth):
+            log_p = sum(log_probs[d, i] for d, i in enumerate(steps))
+            total = total + torch.exp(log_p) * float(self._success(steps))
+        return total
+
+    def exact_gradient(self) -> Any:
+        """``dJ / d logits``, flattened: the true policy gradient."""
+        import torch
+
+        (grad,) = torch.autograd.grad(self.exact_objective(), [self.logits])
+        return grad.reshape(-1).to(torch.float32)
+
+    def value(self, prefix_ids: Sequence[int]) -> float:
+        """The exact probability of success from a prefix (a prompt plus some step tokens)."""
+        probs = self._probs()
+        taken = self._taken(prefix_ids)
+        total = 0.0
+        for future in itertools.product(range(len(self.step_token_ids)), repeat=self.depth - len(taken)):
+            weight = math.prod(probs[len(taken) + d][i] for d, i in enumerate(future))
+            total += weight * float(self._success(taken + future))
+        return total
+
+    def sample(self, requests: Sequence[RolloutRequest]) -> list[list[Continuation]]:
+        """``n`` continuations per request from the current logits, each cut at the request's ``max_tokens``."""
+        probs = self._probs()
+        indices = range(len(self.step_token_ids))
+        out: list[list[Continuation]] = []
+        for req in requests:
+            taken = self._taken(req.prefix_ids)
+            conts = []
+            for _ in range(req.n):
+                future = tuple(
+                    self.rng.choices(indices, weights=probs[d])[0] for d in range(len(taken), self.depth)
+                )
+                success = self.rng.random() < float(self._success(taken + future))
+                tokens = [self.step_token_ids[i] for i in future]
+                tokens += [self.success_token_id if success else self.failure_token_id, self.eos_token_id]
+                cut = len(tokens) > req.max_tokens
+                conts.append(Continuation(token_ids=tuple(tokens[: req.max_tokens]), truncated=cut))
+            out.append(conts)
+        return out
+
+    def token_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> Any:
+        """``(B, T)`` log-probabilities of the completion tokens under the current logits (differentiable). The
+        outcome and EOS tokens are the environment's: they carry log-probability 0 and no gradient."""
+        import torch
+
+        log_probs = torch.log_softmax(self.logits, dim=-1)
+        width = max((len(c) for c in completion_ids), default=0)
+        rows = []
+        for ids in completion_ids:
+            row = [torch.zeros((), dtype=torch.float64)] * width
+            for d, tok in enumerate(list(ids)[: self.depth]):
+                if tok in self._index:
+                    row[d] = log_probs[d, self._index[tok]]
+            rows.append(torch.stack(row) if row else torch.zeros(0, dtype=torch.float64))
+        return torch.stack(rows) if rows else torch.zeros((0, width), dtype=torch.float64)

@@ -1,0 +1,265 @@
+"""Gradient quality per unit of cost: each estimator's batch gradient against the reference policy gradient.
+
+    python benchmarks/gradient_quality.py                     # every task below (toys: a minute; demo: ~40 min)
+    python benchmarks/gradient_quality.py --tasks toy toy_low # the exact toys only
+    python benchmarks/gradient_quality.py --report            # rewrite the table and plot from the stored JSON
+
+Tasks:
+
+* ``toy``: :class:`~mcadvantage.testing.TabularStepPolicy`, 3 one-token steps (a/b/c), success probability set by
+  the first two steps only (the third is harmless variation), pass rate ~0.45. The reference is the exact gradient.
+* ``toy_low``: the same with a low pass rate (~0.1): most GRPO groups of 8 are all-fail, so GRPO's advantage is
+  zero there while per-step values are not (hypothesis H1 of the mechanism issue).
+* ``demo``: the shipped demo warm-up policy (1M parameters) on 64 held-out demo prompts, temperature 0.6, the
+  GSM8K verifier and segmenter. Reference: 64 prompts x 8 responses x 8 rounds (4,096 responses) with a
+  leave-one-out baseline; its split-half cosine and relative standard error are recorded.
+
+Every estimator is measured with the same prompts per repeat (common random numbers). Costs are per batch: sampled
+tokens, and ``generated + r x trained`` with ``r`` measured on this machine for the demo policy (transformers
+``generate``; recorded) and the same ``r`` for the toys. Results go to ``benchmarks/results/gradient_quality.json``
+(written after every estimator, so an interrupted run resumes where it stopped) and
+``benchmarks/results/gradient_quality.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+OUT = RESULTS / "gradient_quality.json"
+
+TOY_SPECS = [
+    "grpo:prompts=4",
+    "grpo:prompts=8",
+    "grpo:prompts=16",
+    "grpo:prompts=32",
+    "rloo:prompts=4",
+    "vineppo:k=1,prompts=4",
+    "vineppo:k=2,prompts=4",
+    "vineppo:k=4,prompts=4",
+    "vineppo:k=1,reuse,prompts=4",
+    "vineppo:k=2,variance,prompts=4",
+]
+DEMO_SPECS = [
+    "grpo:prompts=4",
+    "grpo:prompts=8",
+    "grpo:prompts=16",
+    "grpo:prompts=32",
+    "rloo:prompts=4",
+    "vineppo:k=1,prompts=4",
+    "vineppo:k=4,prompts=4",
+    "vineppo:k=1,reuse,prompts=4",
+    "vineppo:k=2,variance,prompts=4",
+]
+
+
+def characters(text: str) -> list[str]:
+    """One step per character (the toys' steps are one token each)."""
+    return list(text) or [text]
+
+
+def toy_task(pass_rates: list[float], seed: int) -> Any:
+    from mcadvantage.gradient_quality import GradientTask
+    from mcadvantage.testing import OutcomeReward, TabularStepPolicy, build_char_tokenizer
+
+    tok = build_char_tokenizer()
+
+    def tid(ch: str) -> int:
+        return tok(ch, add_special_tokens=False)["input_ids"][0]
+
+    policy = TabularStepPolicy(
+        step_token_ids=[tid(c) for c in "abc"],
+        depth=3,
+        success_prob=lambda steps: pass_rates[(2 * steps[0] + steps[1]) % 4],
+        success_token_id=tid("Y"),
+        failure_token_id=tid("N"),
+        eos_token_id=tok.eos_token_id,
+        logits=[[0.4, -0.2, 0.1], [-0.3, 0.5, 0.0], [0.2, 0.2, -0.6]],
+        seed=seed,
+    )
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    texts = [f"{a}{b}:" for a in letters for b in letters][:64]
+    task = GradientTask(
+        oracle=policy,
+        sampler=policy,
+        prompt_ids=[tok(t, add_special_tokens=False)["input_ids"] for t in texts],
+        prompts=texts,
+        rows=[{} for _ in texts],
+        reward_funcs=[OutcomeReward("Y")],
+        tokenizer=tok,
+        segmenter=characters,
+        max_completion_length=8,
+    )
+    return task, policy.exact_gradient(), {"pass_rate": policy.exact_objective().item(), "reference": "exact"}
+
+
+def demo_task(prompts: int, seed: int, threads: int) -> Any:
+    import torch
+
+    from mcadvantage import GSM8KVerifier, TransformersSampler
+    from mcadvantage.demo.arms import load_policy
+    from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.gradient_quality import CausalLMOracle, GradientTask
+    from mcadvantage.segmenters import get_segmenter
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    config = DemoConfig()
+    model, tok = load_policy(str(shipped_warmup_dir()))
+    problems = build_data(config).eval_set[:prompts]
+    task = GradientTask(
+        oracle=CausalLMOracle(model),
+        sampler=TransformersSampler(model, tok, temperature=config.temperature, max_batch_sequences=1024),
+        prompt_ids=[tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems],
+        prompts=[p.prompt for p in problems],
+        rows=[{"answer": p.answer} for p in problems],
+        reward_funcs=[GSM8KVerifier()],
+        tokenizer=tok,
+        segmenter=get_segmenter("gsm8k"),
+        max_completion_length=config.max_completion_length,
+    )
+    return task, model, {"policy": "shipped demo warm-up (seed 0)", "temperature": config.temperature}
+
+
+def _load() -> dict[str, Any]:
+    return json.loads(OUT.read_text(encoding="utf-8")) if OUT.exists() else {"tasks": {}}
+
+
+def _save(data: dict[str, Any]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
+    import torch
+
+    from mcadvantage.gradient_quality import (
+        ReferenceGradient,
+        measure_estimators,
+        parse_estimator_spec,
+        reference_gradient,
+    )
+
+    stored = data["tasks"].setdefault(name, {"records": []})
+    if name.startswith("toy"):
+        rates = [0.05, 0.3, 0.6, 0.9] if name == "toy" else [0.0, 0.05, 0.15, 0.4]
+        task, reference, info = toy_task(rates, args.seed)
+        specs, repeats = TOY_SPECS, args.toy_repeats
+    else:
+        task, _, info = demo_task(args.demo_prompts, args.seed, args.threads)
+        specs, repeats = DEMO_SPECS, args.demo_repeats
+        if "reference" not in stored:
+            ref = reference_gradient(task, responses_per_round=8, rounds=args.reference_rounds, progress=True)
+            torch.save(
+                {"gradient": ref.gradient, "standard_error": ref.standard_error},
+                RESULTS / "gradient_quality_demo_reference.pt",
+            )
+            stored["reference"] = {
+                "responses": ref.responses,
+                "rounds": ref.rounds,
+                "split_half_cosine": ref.split_half_cosine,
+                "relative_standard_error": ref.relative_standard_error,
+            }
+            _save(data)
+        saved = torch.load(RESULTS / "gradient_quality_demo_reference.pt", weights_only=True)
+        reference = ReferenceGradient(
+            gradient=saved["gradient"],
+            standard_error=saved["standard_error"],
+            split_half_cosine=stored["reference"]["split_half_cosine"],
+            responses=stored["reference"]["responses"],
+            rounds=stored["reference"]["rounds"],
+        )
+    ratio = args.cost_ratio if args.cost_ratio is not None else data["cost_ratio"]["cost_ratio"]
+    stored.update(info=info, repeats=repeats, seed=args.seed)
+    done = {r["estimator"] for r in stored["records"]}
+    todo = [
+        s
+        for s in (parse_estimator_spec(x, segmenter=task.segmenter, group=8) for x in specs)
+        if s.name not in done
+    ]
+
+    def keep(record: dict[str, Any]) -> None:
+        stored["records"].append(record)
+        _save(data)
+        print(
+            f"{name}: {record['estimator']}: cosine {record['cosine']:.3f} {record['cosine_ci']}", flush=True
+        )
+
+    measure_estimators(
+        task, todo, reference, repeats=repeats, cost_ratio=ratio, seed=args.seed, on_record=keep
+    )
+
+
+def ensure_cost_ratio(data: dict[str, Any], args: argparse.Namespace) -> None:
+    """Measure r once, for the demo policy on this machine (the toys use the same r)."""
+    if "cost_ratio" in data:
+        return
+    import torch
+
+    from mcadvantage.gradient_quality import measure_cost_ratio
+
+    _, model, _ = demo_task(args.demo_prompts, args.seed, args.threads)
+    data["cost_ratio"] = measure_cost_ratio(model)
+    data["machine"] = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    _save(data)
+
+
+def report(data: dict[str, Any]) -> str:
+    from mcadvantage.gradient_quality import at_equal_cost, markdown_table, plot_records
+
+    parts = []
+    for name, stored in data["tasks"].items():
+        if not stored["records"]:
+            continue
+        parts.append(f"### {name}\n\n{markdown_table(stored['records'])}\n")
+        equal = at_equal_cost(stored["records"])
+        lines = [
+            f"- {e['estimator']}: cosine {e['cosine']:.3f} vs GRPO at the same cost {e['baseline_cosine_at_cost']:.3f}"
+            for e in equal
+            if e["baseline_cosine_at_cost"] is not None and not e["estimator"].startswith("grpo_p")
+        ]
+        if lines:
+            parts.append(
+                "At equal cost (GRPO's budgets interpolated in log cost):\n\n" + "\n".join(lines) + "\n"
+            )
+        plot_records(
+            stored["records"],
+            str(RESULTS / f"gradient_quality_{name}.png"),
+            title=f"{name}: gradient quality per unit of cost",
+        )
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--tasks", nargs="+", default=["toy", "toy_low", "demo"], choices=["toy", "toy_low", "demo"]
+    )
+    parser.add_argument("--toy_repeats", type=int, default=200)
+    parser.add_argument("--demo_repeats", type=int, default=30)
+    parser.add_argument("--demo_prompts", type=int, default=64)
+    parser.add_argument("--reference_rounds", type=int, default=8)
+    parser.add_argument("--cost_ratio", type=float, default=None, help="override the measured r")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--report", action="store_true", help="only rewrite the tables and plots")
+    args = parser.parse_args(argv)
+    data = _load()
+    if not args.report:
+        ensure_cost_ratio(data, args)
+        for name in args.tasks:
+            run_task(name, args, data)
+    print(report(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

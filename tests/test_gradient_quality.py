@@ -183,3 +183,61 @@ def test_cost_model():
     assert cost_model_tokens(100, 40, 0.5, epochs=2) == 140.0
     with pytest.raises(ValueError, match="cost_ratio=-1"):
         cost_model_tokens(1, 1, -1)
+
+
+@pytest.mark.slow
+def test_the_cli_runs_on_a_users_policy_and_data(tmp_path):
+    """What a user runs on their own checkpoint and data: here the shipped demo policy and 4 demo prompts."""
+    import json
+
+    from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.gradient_quality import main
+
+    problems = build_data(DemoConfig(warmup_problems=50, rl_problems=10, eval_problems=4)).eval_set
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n" for p in problems))
+    out = tmp_path / "out"
+    code = main(
+        [
+            "--model",
+            str(shipped_warmup_dir()),
+            "--dataset",
+            str(data),
+            "--verifier",
+            "gsm8k",
+            "--prompts",
+            "4",
+            "--max_completion_length",
+            "48",
+            "--estimators",
+            "grpo:prompts=2",
+            "grpo:prompts=4",
+            "vineppo:k=1,prompts=2",
+            "--group",
+            "2",
+            "--repeats",
+            "2",
+            "--reference_rounds",
+            "2",
+            "--reference_group",
+            "2",
+            "--cost_ratio",
+            "0.5",
+            "--output_dir",
+            str(out),
+        ]
+    )
+    assert code == 0
+    result = json.loads((out / "gradient_quality.json").read_text())
+    assert result["cost_ratio"] == 0.5 and result["reference"]["responses"] == 2 * 2 * 4
+    names = [r["estimator"] for r in result["records"]]
+    assert names == ["grpo_p2", "grpo_p4", "vineppo_k1_p2"]
+    for r in result["records"]:
+        for key in ("cosine", "cosine_ci", "rel_sq_error", "sampled_tokens", "cost_model", "repeats"):
+            assert key in r
+        assert r["repeats"] == 2 and r["cost_model"] == r["sampled_tokens"] + 0.5 * r["trained_tokens"]
+    vine = result["records"][2]
+    assert vine["sampled_tokens"] > result["records"][0]["sampled_tokens"]  # rollouts are paid for
+    assert (out / "gradient_quality.png").stat().st_size > 0 and "| estimator |" in (
+        out / "gradient_quality.md"
+    ).read_text()

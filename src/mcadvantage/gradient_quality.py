@@ -761,7 +761,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         required=True,
         help="a .jsonl/.json file with a 'prompt' column and the verifier's column",
     )
-    parser.add_argument("--verifier", default="gsm8k", help="gsm8k or math (mcadvantage.get_verifier)")
+    parser.add_argument(
+        "--verifier",
+        default="gsm8k",
+        help="gsm8k or math (mcadvantage.get_verifier), or module:attribute of your own TRL-style reward function",
+    )
     parser.add_argument("--segmenter", default=None, help="step segmenter (default: the verifier's task)")
     parser.add_argument("--prompts", type=int, default=32, help="size of the fixed prompt set (first N rows)")
     parser.add_argument("--max_completion_length", type=int, default=256)
@@ -818,7 +822,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(
             f"--dataset {path}: needs rows with a 'prompt' column (got {list(rows[0]) if rows else 'no rows'})."
         )
-    verifier = get_verifier(args.verifier)
+    if ":" in args.verifier:
+        import importlib
+
+        module, _, attribute = args.verifier.partition(":")
+        verifier = getattr(importlib.import_module(module), attribute)
+        if args.segmenter is None:
+            raise SystemExit("--verifier module:attribute needs --segmenter (gsm8k, math or newline).")
+    else:
+        verifier = get_verifier(args.verifier)
     segmenter = get_segmenter(args.segmenter or args.verifier)
     sampler = TransformersSampler(model, tokenizer, temperature=args.temperature, top_p=args.top_p)
     oracle = CausalLMOracle(

@@ -307,3 +307,31 @@ def test_an_empty_training_dataset_is_refused_at_init(tmp_path, tiny_model_dir):
         VinePPOTrainer(
             model=str(tiny_model_dir), reward_funcs=vowels, args=_config(tmp_path), train_dataset=empty
         )
+
+
+def test_a_reward_function_that_raises_on_one_training_row_is_named_with_the_row(tmp_path, tiny_model_dir):
+    """TRL calls reward functions on the whole batch; the error names the function and the first row it fails on
+    (found by calling it row by row)."""
+    seen: dict[str, str] = {}
+
+    def reward(prompts, completions, **kwargs):
+        if len(completions) > 1 and "poison" not in seen:
+            seen["poison"] = completions[2]  # the batch's third completion cannot be scored
+        if seen.get("poison") in completions:
+            raise ZeroDivisionError("cannot score this one")
+        return [0.0] * len(completions)
+
+    trainer = VinePPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=reward,
+        args=_config(tmp_path, advantage_estimator="grpo"),
+        train_dataset=_dataset(),
+    )
+    with pytest.raises(
+        RewardFunctionError, match=r"'reward' raised ZeroDivisionError: cannot score this one"
+    ) as info:
+        trainer.train()
+    assert info.value.func_name == "reward"
+    assert info.value.row is not None and info.value.row <= 2  # row 2, or an earlier row with the same text
+    assert f"on row {info.value.row} of the training responses" in str(info.value)
+    assert repr(seen["poison"])[:20] in str(info.value)

@@ -136,7 +136,10 @@ class GRPOTrainerHooks(GRPOTrainer):
         try:
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         except Exception as err:
-            raise self._locate_reward_error(inputs, prompts, completions, completion_ids_list) or err from err
+            located = self._locate_reward_error(inputs, prompts, completions, completion_ids_list)
+            if located is None:  # not a synchronous reward function's own error: GRPO's error as it was
+                raise
+            raise located from err
         self._check_finite_response_rewards(rewards_per_func, prompts, completions)
         value = getattr(self.args, "truncated_completion_reward", None)
         if value is not None:

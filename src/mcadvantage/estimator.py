@@ -37,10 +37,12 @@ import torch
 from .advantages import check_boundaries, step_advantages, token_advantages
 from .mc_budget import (
     allocate_rollouts,
+    first_wave_share,
     leave_one_out_mean,
     merge_short_steps,
     shrunk_variance,
     spread_boundaries,
+    two_wave_mean,
 )
 from .reward_errors import call_reward_func
 from .samplers.base import Continuation, RolloutRequest, Sampler
@@ -339,8 +341,10 @@ class MCValueEstimator:
         allocation: ``"uniform"`` (default): every state gets ``num_rollouts`` samples. ``"variance"``: a first
             wave tops every state up to ``min_rollouts`` samples, then the rollout tokens that ``num_rollouts``
             per state would cost are spent where they reduce advantage error most
-            (:func:`~mcadvantage.mc_budget.allocate_rollouts`); see :mod:`mcadvantage.mc_budget` for its
-            measured bias.
+            (:func:`~mcadvantage.mc_budget.allocate_rollouts`), at least one more rollout at every state with
+            fewer than ``num_rollouts`` first-wave samples and none at the others. A state's value is a fixed
+            mix of its first-wave and second-wave means, which keeps it exactly unbiased (see
+            :mod:`mcadvantage.mc_budget`).
         min_rollouts: the first wave of ``allocation="variance"`` (free samples count toward it).
         min_step_tokens: merge steps shorter than this many tokens before estimating (None: keep every step).
         show_progress: show a tqdm progress bar over the call's phases (sampling, grading).
@@ -625,18 +629,24 @@ class MCValueEstimator:
         stats: dict[str, float],
         progress: Any,
     ) -> tuple[Callable[[int, int], float], list[int]]:
-        """Free samples and/or variance allocation: pool every response and rollout through each state, top the
-        states up (first wave), allocate the rest of the token budget (``"variance"``, second wave). Returns the
-        leave-one-out value ``(trajectory, unique state) -> V`` and the samples behind each state's values."""
+        """Free samples and/or variance allocation: pool every response and rollout through each state and top the
+        states up (first wave); with ``"variance"``, allocate the rest of the token budget (second wave). Returns the
+        leave-one-out value ``(trajectory, unique state) -> V`` and the samples behind each state's values.
+
+        The second wave is kept apart: a state's value mixes its first-wave mean and its second-wave mean with the
+        fixed share :func:`~mcadvantage.mc_budget.first_wave_share`, so how many rollouts the allocation gave it
+        (which depends on outcomes) never reweights the outcomes it looked at (see :mod:`mcadvantage.mc_budget`).
+        """
         pool = _SamplePool(trajectories, plan)
         for traj in [*trajectories, *extra]:
+            # Masked responses count too: which responses are masked may depend on their outcomes.
             pool.add_path(traj, traj.completion_ids, float(traj.reward))
         target = self.num_rollouts if self.allocation == "uniform" else self.min_rollouts
         first = [max(0, target - f) if ok else 0 for f, ok in zip(pool.others, sampled, strict=True)]
         own_rollouts = list(first)
 
-        def wave(counts: Sequence[int], grade_unsampled: bool) -> None:
-            pool.add_wave(
+        def wave(into: _SamplePool, counts: Sequence[int], grade_unsampled: bool) -> None:
+            into.add_wave(
                 trajectories,
                 self._sample_and_grade(
                     trajectories,
@@ -650,32 +660,55 @@ class MCValueEstimator:
                 ),
             )
 
-        wave(first, grade_unsampled=True)
+        wave(pool, first, grade_unsampled=True)
+        # First-wave samples besides the response's own: counted by prefixes, never by outcomes.
+        others = pool.others
+        share = [
+            first_wave_share(n, self.num_rollouts) if ok else 1.0
+            for n, ok in zip(others, sampled, strict=True)
+        ]
+        second_pool: _SamplePool | None = None
         if self.allocation == "variance":
+            second_pool = pool.empty_like()
+            # A state whose value has a second-wave part needs a second-wave sample.
+            need = [1 if a < 1.0 else 0 for a in share]
             costs = [pool.mean_remaining(u) for u in range(len(plan.unique))]
             token_budget = self.num_rollouts * math.fsum(
                 c for c, ok in zip(costs, sampled, strict=True) if ok
             )
             stats["budget_tokens"] = token_budget
-            second = allocate_rollouts(
-                weights=[w if ok else 0.0 for w, ok in zip(_advantage_weights(plan), sampled, strict=True)],
+            # The value's variance is a^2 var / n_1 + (1 - a)^2 var / n_2: a second-wave rollout is worth
+            # (1 - a)^2 of an advantage token's error, and nothing at a state with a = 1.
+            extra_second = allocate_rollouts(
+                weights=[w * (1.0 - a) ** 2 for w, a in zip(_advantage_weights(plan), share, strict=True)],
                 variances=pool.variances(plan.parent, VARIANCE_PRIOR_STRENGTH),
-                counts=pool.others,
+                counts=need,
                 costs=costs,
-                budget=max(0.0, token_budget - stats["generated_tokens"]),
+                budget=max(
+                    0.0,
+                    token_budget
+                    - stats["generated_tokens"]
+                    - math.fsum(c for c, n in zip(costs, need, strict=True) if n),
+                ),
             )
+            second = [a + b for a, b in zip(need, extra_second, strict=True)]
             own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
-            wave(second, grade_unsampled=False)
-        others = pool.others
-        stats["free_samples"] = float(
-            sum(max(0, n - own) for n, own in zip(others, own_rollouts, strict=True))
-        )
+            wave(second_pool, second, grade_unsampled=False)
+        used = [
+            n + (second_pool.count[u] if second_pool is not None and share[u] < 1.0 else 0)
+            for u, n in enumerate(others)
+        ]
+        stats["free_samples"] = float(sum(max(0, n - own) for n, own in zip(used, own_rollouts, strict=True)))
         stats["rollouts_saved"] = self.num_rollouts * sum(sampled) - stats["rollouts"]
 
         def value(t: int, u: int) -> float:
-            return leave_one_out_mean(pool.total[u], pool.count[u], float(trajectories[t].reward))
+            first_mean = leave_one_out_mean(pool.total[u], pool.count[u], float(trajectories[t].reward))
+            if second_pool is None:
+                return first_mean
+            second_mean = second_pool.total[u] / second_pool.count[u] if second_pool.count[u] else None
+            return two_wave_mean(first_mean, second_mean, share[u])
 
-        return value, others
+        return value, used
 
     def estimate(
         self,
@@ -691,9 +724,10 @@ class MCValueEstimator:
                 states are shared and the engine gets one large batch).
             reward_kwargs: extra keyword arguments passed to every reward function call (e.g.
                 TRL's ``trainer_state``).
-            extra_responses: with ``reuse_samples``, more responses of the same batch whose outcomes are free
-                samples for the states they pass through but which get no values themselves (e.g. responses
-                the trainer masks out: leaving them out of the pool would select the pool by outcome).
+            extra_responses: with ``reuse_samples`` or ``allocation="variance"``, more responses of the same batch
+                whose outcomes are free samples for the states they pass through but which get no values
+                themselves (e.g. responses the trainer masks out: leaving them out of the pool would select the
+                pool by outcome).
 
         Returns:
             An :class:`MCEstimate`.
@@ -833,16 +867,24 @@ class _SamplePool:
         self.total = [0.0] * size
         self.count = [0] * size
         self.remaining = [0.0] * size
-        # Rollout outcomes only: allocation decisions never look at the responses' own outcomes, which would
-        # tie how many samples a response's states get to its own reward.
-        self.rollout_rewards: list[list[float]] = [[] for _ in range(size)]
+        # Every sample's outcome, for the allocation's variance estimates. The allocation may look at the responses'
+        # outcomes too: it only sets the size of the second wave, which is averaged apart (see _pooled_values).
+        self.rewards: list[list[float]] = [[] for _ in range(size)]
 
-    def _add(self, u: int, reward: float, remaining: int, rollout: bool) -> None:
+    def empty_like(self) -> _SamplePool:
+        """A pool over the same states with no sample in it (the second wave's)."""
+        other = object.__new__(_SamplePool)
+        other.tries, other.plan = self.tries, self.plan
+        size = len(self.plan.unique)
+        other.total, other.count, other.remaining = [0.0] * size, [0] * size, [0.0] * size
+        other.rewards = [[] for _ in range(size)]
+        return other
+
+    def _add(self, u: int, reward: float, remaining: int) -> None:
         self.total[u] += reward
         self.count[u] += 1
         self.remaining[u] += remaining
-        if rollout:
-            self.rollout_rewards[u].append(reward)
+        self.rewards[u].append(reward)
 
     def add_path(
         self,
@@ -850,7 +892,6 @@ class _SamplePool:
         completion_ids: Sequence[int],
         reward: float,
         start: int = 0,
-        rollout: bool = False,
     ) -> None:
         """Count a path for every state it passes through at or after ``start``, the token where its sampling
         began (0 for a response). A rollout from a deeper state is not a draw of a shallower state's value: it
@@ -861,7 +902,7 @@ class _SamplePool:
         while node is not None and depth < len(ids):  # a state counts only paths that go beyond it
             u = node.get(None)
             if u is not None and depth >= start:
-                self._add(u, reward, len(ids) - depth, rollout=start > 0 or rollout)
+                self._add(u, reward, len(ids) - depth)
             node = node.get(ids[depth])
             depth += 1
 
@@ -870,9 +911,9 @@ class _SamplePool:
             t, prefix_len = self.plan.unique[u]
             for ids, reward in samples:
                 if len(ids) <= prefix_len:  # an unsampled state's own prefix, graded directly
-                    self._add(u, reward, 0, rollout=True)
+                    self._add(u, reward, 0)
                 else:  # a rollout is a sample of its own state and of every deeper state it passes through
-                    self.add_path(trajectories[t], ids, reward, start=prefix_len, rollout=True)
+                    self.add_path(trajectories[t], ids, reward, start=prefix_len)
 
     @property
     def others(self) -> list[int]:
@@ -885,12 +926,12 @@ class _SamplePool:
         return max(1.0, self.remaining[u] / self.count[u]) if self.count[u] else 1.0
 
     def variances(self, parent: Sequence[int | None], strength: float) -> list[float]:
-        """Each state's reward variance from its rollouts, shrunk toward its parent's (the root toward the
-        variance of every rollout of the batch)."""
-        everything = [r for rs in self.rollout_rewards for r in rs]
+        """Each state's reward variance from its samples, shrunk toward its parent's (the root toward the
+        variance of every sample of the pool)."""
+        everything = [r for rs in self.rewards for r in rs]
         root = shrunk_variance(everything, 0.0, 0.0) if everything else 0.25
         out: list[float] = []
-        for u, rewards in enumerate(self.rollout_rewards):  # a parent is always listed before its children
+        for u, rewards in enumerate(self.rewards):  # a parent is always listed before its children
             prior = root if parent[u] is None else out[parent[u]]  # type: ignore[index]
             out.append(shrunk_variance(rewards, prior, strength))
         return out

@@ -182,8 +182,9 @@ class VinePPOEstimator:
             if not ids or not math.isfinite(reward) or int(mask[i].sum()) == 0:
                 # Nothing to credit: advantage 0, excluded from the whitening statistics. Its outcome is still a
                 # free sample for the states it passes through (leaving masked or unscorable responses out would
-                # select the pool by outcome); unscorable counts 0, as an unscorable rollout does.
-                if ids and self.reuse_samples:
+                # select the pool by outcome); unscorable counts 0, as an unscorable rollout does. Variance allocation
+                # pools the responses too, so it needs them as well.
+                if ids and (self.reuse_samples or self.allocation == "variance"):
                     extras.append(
                         self._trajectory(batch, i, None, context, reward if math.isfinite(reward) else 0.0)
                     )

@@ -91,9 +91,10 @@ class VinePPOConfig(GRPOConfig):
         mc_allocation (str): `"uniform"` (default): every state gets `num_mc_rollouts` samples. `"variance"`: a
             first wave tops every state up to `mc_min_rollouts` samples, then the rollout tokens `num_mc_rollouts`
             per state would cost are spent where they cut advantage error most (by estimated variance, shrunk
-            toward the parent state's, and by how many advantage tokens the state's value enters). Its decisions
-            look only at rollouts, never at the responses' own outcomes; its bias is measured in
-            `docs/benchmarks.md`. Defaults to `"uniform"`.
+            toward the parent state's, and by how many advantage tokens the state's value enters). A state's value
+            mixes its first-wave and second-wave means with a share fixed before any outcome is seen, so it is
+            exactly unbiased whatever the allocation decides and whatever is masked (see `mcadvantage.mc_budget`;
+            its cost in tokens is measured in `docs/benchmarks.md`). Defaults to `"uniform"`.
         mc_min_rollouts (int): The first wave of `mc_allocation="variance"`: samples (free ones included) every
             state has before the rest of the budget is allocated. Defaults to `1`.
         truncated_completion_reward (float | None): Reward of a training response that hit

@@ -56,6 +56,7 @@ DEMO_SPECS = [
     "vineppo:k=4,prompts=4",
     "vineppo:k=1,reuse,prompts=4",
     "vineppo:k=2,variance,prompts=4",
+    "gae:warmup=40,prompts=4",
 ]
 
 
@@ -123,6 +124,7 @@ def demo_task(prompts: int, seed: int, threads: int) -> Any:
         tokenizer=tok,
         segmenter=get_segmenter("gsm8k"),
         max_completion_length=config.max_completion_length,
+        policy_model=model,
     )
     return task, model, {"policy": "shipped demo warm-up (seed 0)", "temperature": config.temperature}
 

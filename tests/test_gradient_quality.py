@@ -241,3 +241,56 @@ def test_the_cli_runs_on_a_users_policy_and_data(tmp_path):
     assert (out / "gradient_quality.png").stat().st_size > 0 and "| estimator |" in (
         out / "gradient_quality.md"
     ).read_text()
+
+
+def vowel_share(completions, **kwargs):
+    return [sum(ch in "aeiou" for ch in c) / max(len(c), 1) for c in completions]
+
+
+def test_causal_lm_oracle_pads_without_changing_log_probabilities(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from mcadvantage.gradient_quality import CausalLMOracle
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    oracle = CausalLMOracle(model)
+    prompts, completions = [[5, 6, 7], [8]], [[9, 10], [11, 12, 13, 14]]
+    batched = oracle.token_logprobs(prompts, completions)
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        ids = torch.tensor([p + c])
+        logits = model(input_ids=ids).logits.float()
+        want = (
+            torch.log_softmax(logits[0, len(p) - 1 : -1], -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
+        )
+        assert torch.allclose(batched[i, : len(c)], want, atol=1e-5)
+        assert torch.equal(batched[i, len(c) :], torch.zeros(batched.shape[1] - len(c)))
+
+
+@pytest.mark.slow
+def test_the_learned_critic_is_measured_after_its_warm_up(tiny_model_dir, char_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from mcadvantage import TransformersSampler
+    from mcadvantage.gradient_quality import CausalLMOracle, measure_estimators, parse_estimator_spec
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    prompts = ["ab", "cd", "ef", "gh"]
+    task = GradientTask(
+        oracle=CausalLMOracle(model),
+        sampler=TransformersSampler(model, char_tokenizer, temperature=1.0),
+        prompt_ids=[char_tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts],
+        prompts=prompts,
+        rows=[{} for _ in prompts],
+        reward_funcs=[vowel_share],
+        tokenizer=char_tokenizer,
+        segmenter="newline",
+        max_completion_length=8,
+        policy_model=model,
+    )
+    reference = reference_gradient(task, responses_per_round=2, rounds=2)
+    spec = parse_estimator_spec("gae:warmup=2,lr=1e-3,prompts=2", segmenter="newline", group=2)
+    assert spec.name == "gae_w2_p2" and spec.warmup_batches == 2
+    (record,) = measure_estimators(task, [spec], reference, repeats=2, cost_ratio=1.0, progress=False)
+    assert spec.estimator.updates >= 2  # the critic trained on the warm-up batches (and then on the repeats)
+    assert math.isfinite(record["cosine"]) and record["sampled_tokens"] == record["trained_tokens"]

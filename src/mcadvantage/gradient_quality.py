@@ -176,6 +176,8 @@ class GradientTask:
         segmenter: the step segmenter Monte Carlo estimators use.
         max_completion_length: the responses' token budget.
         reward_weights: one weight per reward function (default 1 each).
+        policy_model: the policy module, for estimators that build on its weights (the ``"gae"`` critic starts as a
+            copy of it); None when there is none (a toy).
     """
 
     oracle: PolicyGradientOracle
@@ -188,6 +190,7 @@ class GradientTask:
     segmenter: Any
     max_completion_length: int
     reward_weights: list[float] = field(default_factory=list)
+    policy_model: Any = None
 
     def __post_init__(self) -> None:
         if not (len(self.prompt_ids) == len(self.prompts) == len(self.rows)) or not self.prompt_ids:
@@ -262,6 +265,7 @@ class GradientTask:
             segmenter=self.segmenter,
             max_completion_length=self.max_completion_length,
             reward_weights=list(self.reward_weights),
+            policy_model=self.policy_model,
         )
 
 
@@ -548,27 +552,32 @@ class EstimatorSpec:
         estimator: an advantage estimator (``estimate(batch, context)``).
         prompts_per_batch: prompts per batch gradient.
         group_size: responses per prompt.
+        warmup_batches: batches the estimator sees before it is measured (a learned critic trains on them, as in
+            the first steps of a PPO run); 0 for estimators without state.
     """
 
     name: str
     estimator: Any
     prompts_per_batch: int
     group_size: int
+    warmup_batches: int = 0
 
 
 def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: int = 8) -> EstimatorSpec:
     """``"name[:key=value,...]"`` -> :class:`EstimatorSpec`. Names: ``grpo``, ``rloo``, ``vineppo``. Keys: ``k``
     (``num_mc_rollouts``), ``reuse`` (free samples), ``variance`` (variance allocation), ``min`` (its first wave),
-    ``prompts`` (per batch), ``group`` (responses per prompt), ``label``. E.g. ``"vineppo:k=1,reuse"``,
-    ``"grpo:prompts=16"``."""
-    from .estimators import GRPOEstimator, RLOOEstimator, VinePPOEstimator
+    ``prompts`` (per batch), ``group`` (responses per prompt), ``label``; for ``gae`` (PPO's learned critic, a copy
+    of the policy with a scalar head, trained as the ``ppo`` learning-efficiency arm trains it) also ``lr`` (the
+    critic's learning rate, default 1e-4) and ``warmup`` (batches it trains on before it is measured, default 40).
+    E.g. ``"vineppo:k=1,reuse"``, ``"grpo:prompts=16"``, ``"gae:warmup=40"``."""
+    from .estimators import CriticEstimator, GRPOEstimator, RLOOEstimator, VinePPOEstimator
 
     name, _, rest = spec.partition(":")
     options: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, _, value = part.partition("=")
         options[key.strip()] = value.strip() or "1"
-    known = {"k", "reuse", "variance", "min", "prompts", "group", "label"}
+    known = {"k", "reuse", "variance", "min", "prompts", "group", "label", "lr", "warmup"}
     if set(options) - known:
         raise ValueError(
             f"estimator spec {spec!r}: unknown option(s) {sorted(set(options) - known)}; use {sorted(known)}."
@@ -596,8 +605,22 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
             + ("_variance" if allocation == "variance" else "")
         )
         label += f"_p{p}"
+    elif key == "gae":
+        warmup = int(options.get("warmup", 40))
+        estimator = CriticEstimator(
+            learning_rate=float(options.get("lr", 1e-4)), minibatch_size=p * g, step_segmenter=segmenter
+        )
+        return EstimatorSpec(
+            name=options.get("label", f"gae_w{warmup}_p{p}"),
+            estimator=estimator,
+            prompts_per_batch=p,
+            group_size=g,
+            warmup_batches=warmup,
+        )
     else:
-        raise ValueError(f"estimator spec {spec!r}: unknown estimator {name!r}; use grpo, rloo or vineppo.")
+        raise ValueError(
+            f"estimator spec {spec!r}: unknown estimator {name!r}; use grpo, rloo, vineppo or gae."
+        )
     return EstimatorSpec(
         name=options.get("label", label), estimator=estimator, prompts_per_batch=p, group_size=g
     )
@@ -629,6 +652,11 @@ def measure_estimators(
     ``cost_ratio``). ``on_record`` is called after each spec (e.g. to save results incrementally)."""
     records = []
     for spec in specs:
+        for w in range(spec.warmup_batches):  # prompts drawn apart from the measured repeats' (another seed)
+            batch = task.sample_group(
+                batch_prompts(len(task.prompt_ids), spec.prompts_per_batch, w, seed + 7_777), spec.group_size
+            )
+            spec.estimator.estimate(batch, task.context())
         iterator: Any = range(repeats)
         if progress:
             from tqdm.auto import tqdm

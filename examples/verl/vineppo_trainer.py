@@ -1,0 +1,122 @@
+"""VinePPO in verl: a ``RayPPOTrainer`` recipe (not run in CI: it needs Ray and GPUs; see docs/howto/verl.md).
+
+``VinePPORayTrainer`` leaves ``RayPPOTrainer.fit`` as it is and overrides one hook, ``_update_actor``, which
+``fit`` calls after reward computation and ``compute_advantage``: it wakes the rollout replicas (``fit`` puts
+them to sleep after generation), samples Monte Carlo continuations from every step boundary through
+``mcadvantage.integrations.verl.VerlRolloutSampler`` on ``self.async_rollout_manager``, overwrites
+``batch.batch["advantages"]`` / ``["returns"]``, puts the replicas back to sleep and updates the actor.
+``algorithm.adv_estimator=vineppo`` selects a registered placeholder (zeros) so ``compute_advantage`` does no
+wasted group statistics; the real advantages are written just before the update.
+
+Run: python examples/verl/vineppo_trainer.py --config-path examples/verl/config --config-name vineppo_trainer ...
+(see run_vineppo_gsm8k.sh).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import torch
+from verl import DataProto
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from mcadvantage import VinePPOEstimator
+from mcadvantage.integrations.verl import VerlRolloutSampler, compute_vineppo_advantage, verl_reward_function
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # prefix_agent_loop for the rollout workers
+
+PREFIX_AGENT_LOOP = "mcadvantage_prefix"
+
+
+def register_vineppo_estimator() -> None:
+    """``algorithm.adv_estimator=vineppo``: zeros from ``compute_advantage``; the trainer writes the real ones."""
+    try:
+        core_algos.get_adv_estimator_fn("vineppo")
+        return
+    except ValueError:
+        pass
+
+    @core_algos.register_adv_est("vineppo")
+    def vineppo_placeholder(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **_):
+        zeros = torch.zeros_like(token_level_rewards, dtype=torch.float32)
+        return zeros, zeros
+
+
+class VinePPORayTrainer(RayPPOTrainer):
+    """``RayPPOTrainer`` with VinePPO's Monte Carlo advantages; configured by the ``vineppo`` config section."""
+
+    def _vineppo(self):
+        cfg = self.config.get("vineppo", {})
+        return cfg
+
+    def _update_actor(self, batch: DataProto) -> DataProto:
+        cfg = self._vineppo()
+        if self.use_critic:
+            raise ValueError("VinePPO replaces the critic: set critic.enable=False.")
+        rollout_cfg = self.config.actor_rollout_ref.rollout
+        sampler = VerlRolloutSampler(
+            self.async_rollout_manager,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.tokenizer.eos_token_id,
+            temperature=rollout_cfg.temperature,
+            max_batch_size=cfg.get("max_batch_size", None),
+            agent_name=PREFIX_AGENT_LOOP,
+        )
+        estimator = VinePPOEstimator(
+            num_rollouts=int(cfg.get("num_mc_rollouts", 9)),
+            max_estimated_steps=cfg.get("max_estimated_steps", None),
+            step_segmenter=cfg.get("step_segmenter", "gsm8k"),
+        )
+        self.checkpoint_manager.wake_up_replicas()  # fit sleeps them after generation; weights are unchanged
+        try:
+            metrics = compute_vineppo_advantage(
+                batch,
+                sampler=sampler,
+                reward_funcs=verl_reward_function(),
+                tokenizer=self.tokenizer,
+                estimator=estimator,
+                max_completion_length=int(self.config.data.max_response_length),
+                whiten=bool(cfg.get("whiten_advantages", True)),
+            )
+        finally:
+            self.checkpoint_manager.sleep_replicas()
+        actor_output = super()._update_actor(batch)
+        actor_output.meta_info.setdefault("metrics", {}).update(metrics)
+        return actor_output
+
+
+def _task_runner_module():
+    """verl 0.9 keeps the RayPPOTrainer task runner in main_ppo_v0, 0.8 in main_ppo."""
+    try:
+        return importlib.import_module("verl.trainer.main_ppo_v0")
+    except ImportError:
+        return importlib.import_module("verl.trainer.main_ppo")
+
+
+def main() -> None:
+    import hydra
+    from verl.trainer.main_ppo import run_ppo
+
+    module = _task_runner_module()
+
+    class VinePPOTaskRunner(module.TaskRunner):
+        def run(self, config):
+            register_vineppo_estimator()
+            module.RayPPOTrainer = (
+                VinePPORayTrainer  # the task runner builds this class; nothing else changes
+            )
+            return super().run(config)
+
+    @hydra.main(config_path="config", config_name="vineppo_trainer", version_base=None)
+    def entry(config):
+        register_vineppo_estimator()
+        run_ppo(config, task_runner_class=VinePPOTaskRunner)
+
+    entry()
+
+
+if __name__ == "__main__":
+    main()

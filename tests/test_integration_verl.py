@@ -1,0 +1,295 @@
+"""mcadvantage.integrations.verl on verl's real DataProto and padding code, on CPU (no Ray cluster, no GPU).
+
+The Ray training loop itself (examples/verl/) needs GPUs and is not run here; see docs/howto/verl.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="verl is installed by scripts/_setup_venv.sh (install_verl_cpu)")
+
+from _verl_standins import HFRolloutWorkerGroup, ScriptedEngine, verl_training_batch  # noqa: E402
+from verl import DataProto  # noqa: E402
+
+from mcadvantage import MCValueEstimator, Trajectory, VinePPOEstimator, masked_whiten, segment_completion  # noqa: E402
+from mcadvantage.integrations import verl as mcverl  # noqa: E402
+from mcadvantage.samplers.base import RolloutRequest, Sampler  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["Start at 2. Add 3, then multiply by 1.\n", "Start at 4. Add 1.\n", "Start at 2. Add 3.\n"]
+RESPONSES = ["2+3=5\n5*1=5\n#### 5", "4+1=6\n#### 6", "2+3=5\n#### 5"]
+GOLDS = ["5", "5", "5"]
+SCORES = [1.0, 0.0, 1.0]
+
+
+# -- the interfaces we rely on ------------------------------------------------------------------------------------
+
+
+def test_supported_range_matches_pyproject_and_installed_verl():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["verl"]
+    assert extra == [f"verl{mcverl.SUPPORTED_VERL}"]
+    mcverl.check_verl_version()  # the installed one
+    for bad in ("0.7.1", "0.10.0"):
+        with pytest.raises(ImportError, match="supports verl"):
+            mcverl.check_verl_version(bad)
+    mcverl.check_verl_version("0.8.0")
+
+
+def test_verl_interfaces_we_rely_on():
+    """Fails when verl renames or reshapes what the adapter and the recipe use."""
+    from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+    from verl.trainer.ppo import core_algos, ray_trainer
+
+    assert set(inspect.signature(DataProto.from_dict).parameters) >= {"tensors", "non_tensors", "meta_info"}
+    assert list(inspect.signature(pad_dataproto_to_divisor).parameters) == ["data", "size_divisor"]
+    assert list(inspect.signature(unpad_dataproto).parameters) == ["data", "pad_size"]
+    assert callable(core_algos.register_adv_est) and callable(core_algos.get_adv_estimator_fn)
+    # compute_advantage writes these two keys; the recipe overwrites them before the actor update.
+    src = inspect.getsource(ray_trainer.compute_advantage)
+    assert 'data.batch["advantages"]' in src and 'data.batch["returns"]' in src
+    trainer = ray_trainer.RayPPOTrainer
+    assert list(inspect.signature(trainer._update_actor).parameters) == ["self", "batch"]
+    fit = inspect.getsource(trainer.fit)
+    assert fit.index("compute_advantage(") < fit.index("self._update_actor(batch)")
+    assert "self.async_rollout_manager.generate_sequences(" in fit and "sleep_replicas()" in fit
+    from verl.checkpoint_engine.base import CheckpointEngineManager
+
+    assert callable(CheckpointEngineManager.wake_up_replicas) and callable(
+        CheckpointEngineManager.sleep_replicas
+    )
+    from verl.utils.reward_score import default_compute_score
+
+    assert default_compute_score("openai/gsm8k", "#### 5", "5") == 1.0
+
+
+def test_import_mcadvantage_does_not_import_the_integration():
+    code = (
+        "import sys, mcadvantage; mcadvantage.MCValueEstimator; print('verl' in sys.modules, "
+        "'mcadvantage.integrations.verl' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_recipe_subclasses_ray_ppo_trainer():
+    spec = importlib.util.spec_from_file_location("vineppo_recipe", ROOT / "examples/verl/vineppo_trainer.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    assert issubclass(recipe.VinePPORayTrainer, RayPPOTrainer)
+    assert "_update_actor" in vars(recipe.VinePPORayTrainer) and "fit" not in vars(recipe.VinePPORayTrainer)
+    from verl.trainer.ppo import core_algos
+
+    recipe.register_vineppo_estimator()
+    assert core_algos.get_adv_estimator_fn("vineppo") is not None
+
+
+# -- the sampler ----------------------------------------------------------------------------------------------------
+
+
+def test_sampler_packs_verl_layout_and_unpacks(char_tokenizer):
+    tok = char_tokenizer
+    engine = ScriptedEngine(lambda prefix, rng: tok.encode("#### " + rng.choice("57")) + [tok.eos_token_id])
+    sampler = mcverl.VerlRolloutSampler(
+        engine, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, temperature=0.6, size_divisor=4
+    )
+    assert isinstance(sampler, Sampler)
+    requests = [
+        RolloutRequest(tuple(tok.encode("Q: 1+4?\n")), n=3, max_tokens=16),
+        RolloutRequest(tuple(tok.encode("Q:\n")), n=2, max_tokens=4),  # cut: "####" without the answer
+    ]
+    data = sampler.pack([r.prefix_ids for r in requests], [16, 4])
+    assert (
+        data.batch["input_ids"].shape == (2, 8) and data.batch["input_ids"][1, :5].eq(tok.pad_token_id).all()
+    )
+    assert data.batch["position_ids"][1].tolist() == [0, 0, 0, 0, 0, 0, 1, 2]
+    assert data.meta_info["response_length"] == 16 and data.meta_info["temperature"] == 0.6
+    assert data.non_tensor_batch["raw_prompt_ids"][0] == list(requests[0].prefix_ids)
+
+    out = sampler.sample(requests)
+    assert engine.calls == 1 and [len(c) for c in out] == [3, 2]
+    for c in out[0]:
+        assert tok.decode(c.token_ids[:-1]) in ("#### 5", "#### 7") and c.token_ids[-1] == tok.eos_token_id
+        assert not c.truncated
+    for c in out[1]:
+        assert tok.decode(c.token_ids) == "####" and c.truncated
+
+
+def test_sampler_with_transformers_worker_group(tiny_model_dir):
+    """The stand-in worker group generates with transformers, verl's padding code builds its output."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    group = HFRolloutWorkerGroup(model)
+    sampler = mcverl.VerlRolloutSampler(
+        group,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        temperature=1.0,
+        max_batch_size=4,
+        size_divisor=2,
+    )
+    requests = [
+        RolloutRequest(tuple(tok.encode("Q: 12+3?\nA: ")), n=3, max_tokens=12),
+        RolloutRequest(tuple(tok.encode("Q: 7?\n")), n=2, max_tokens=5),
+    ]
+    out = sampler.sample(requests)
+    assert len(group.batches) == 2 == sampler.calls  # 5 sequences in chunks of 4
+    assert [len(group.batches[0]), len(group.batches[1])] == [4, 2]  # 1 row padded to the divisor 2
+    assert [len(c) for c in out] == [3, 2]
+    for request, conts in zip(requests, out, strict=True):
+        for c in conts:
+            assert 1 <= len(c.token_ids) <= request.max_tokens
+            assert tok.pad_token_id not in c.token_ids[:-1]
+            ends = c.token_ids[-1] == tok.eos_token_id
+            assert c.truncated == (not ends and len(c.token_ids) == request.max_tokens)
+            assert tok.eos_token_id not in c.token_ids[:-1]
+    # Left-padded rows with verl's position ids reach generate; a row's samples are sampled independently.
+    first = group.batches[0]
+    assert first.batch["attention_mask"][2, : first.batch["input_ids"].shape[1] - 11].eq(1).all()
+    assert len({c.token_ids for c in out[0]}) > 1
+
+
+# -- the advantages -------------------------------------------------------------------------------------------------
+
+
+def _engine(tok):
+    """Answers right with probability 0.9 after a correct first line "2+3=5\n", else 0.2."""
+
+    def answer(prefix, rng):
+        p = 0.9 if tok.decode(list(prefix)).endswith("2+3=5\n") else 0.2
+        return tok.encode("#### 5" if rng.random() < p else "#### 7") + [tok.eos_token_id]
+
+    return ScriptedEngine(answer)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_advantages_equal_mc_value_estimator_token_for_token(char_tokenizer, whiten):
+    tok = char_tokenizer
+    width = 24
+    data = verl_training_batch(tok, PROMPTS, RESPONSES, SCORES, golds=GOLDS, response_length=width)
+    score = mcverl.verl_reward_function()  # verl's default_compute_score (openai/gsm8k)
+
+    engine = _engine(tok)
+    sampler = mcverl.VerlRolloutSampler(engine, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    metrics = mcverl.compute_vineppo_advantage(
+        data,
+        sampler=sampler,
+        reward_funcs=score,
+        tokenizer=tok,
+        estimator=VinePPOEstimator(num_rollouts=6),
+        segmenter="gsm8k",
+        whiten=whiten,
+    )
+    assert engine.calls == 1  # every state of the batch in one generate_sequences call
+    assert metrics["mc/rollouts"] > 0 and metrics["mc/rollouts"] % 6 == 0
+    assert set(metrics) >= {"mc/mean_value", "mc/states", "mc/dedup_ratio", "mc/seconds"}
+
+    # The reference: MCValueEstimator on trajectories built by hand, through a plain Sampler on the same engine.
+    reference_engine = _engine(tok)
+    estimator = MCValueEstimator(reference_engine, score, tok, num_rollouts=6, max_completion_length=width)
+    trajectories = []
+    for prompt, response, reward, gold in zip(PROMPTS, RESPONSES, SCORES, GOLDS, strict=True):
+        ids = tok.encode(response) + [tok.eos_token_id]
+        trajectories.append(
+            Trajectory(
+                prompt_ids=tok.encode(prompt),
+                completion_ids=ids,
+                step_boundaries=segment_completion("gsm8k", tok, ids),
+                reward=reward,
+                prompt=prompt,
+                fields={"data_source": "openai/gsm8k", "reward_model": {"ground_truth": gold}},
+            )
+        )
+    estimate = estimator.estimate(trajectories)
+    mask = data.batch["response_mask"].bool()
+    expected = torch.zeros(mask.shape)
+    for i, token_advs in enumerate(estimate.token_advantages):
+        expected[i, : len(token_advs)] = token_advs
+    if whiten:
+        expected = masked_whiten(expected, mask)
+    assert torch.equal(data.batch["advantages"], expected)  # token for token
+    assert torch.equal(data.batch["returns"], expected)
+    assert data.batch["advantages"].dtype == torch.float32 and data.batch["advantages"][~mask].eq(0).all()
+    v0, v1, reward = estimate.values[0]
+    assert v1 > v0 and reward == 1.0  # the correct first line raised the value
+
+
+def test_verl_path_equals_vineppo_trainer_path(char_tokenizer):
+    """The TRL trainer's path (VinePPOEstimator on an AdvantageBatch, then masked_whiten over its token mask, as
+    VinePPOTrainer.compute_advantages does) on the same responses gives the same advantages."""
+    from mcadvantage import AdvantageBatch, EstimatorContext
+
+    tok = char_tokenizer
+    width = 24
+    data = verl_training_batch(tok, PROMPTS, RESPONSES, SCORES, golds=GOLDS, response_length=width)
+    score = mcverl.verl_reward_function()
+    sampler = mcverl.VerlRolloutSampler(
+        _engine(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    )
+    mcverl.compute_vineppo_advantage(
+        data, sampler=sampler, reward_funcs=[score], tokenizer=tok, estimator=VinePPOEstimator(num_rollouts=5)
+    )
+
+    completions = [tok.encode(r) + [tok.eos_token_id] for r in RESPONSES]
+    mask = torch.zeros((len(RESPONSES), width), dtype=torch.long)
+    for i, ids in enumerate(completions):
+        mask[i, : len(ids)] = 1
+    batch = AdvantageBatch(
+        prompt_ids=[tok.encode(p) for p in PROMPTS],
+        completion_ids=completions,
+        completion_mask=mask,
+        rewards_per_func=torch.tensor(SCORES).unsqueeze(1),
+        reward_weights=torch.ones(1),
+        local_slice=slice(0, 3),
+        group_size=1,
+        prompts=PROMPTS,
+        rows=[{"data_source": "openai/gsm8k", "reward_model": {"ground_truth": g}} for g in GOLDS],
+    )
+    context = EstimatorContext.single_process(
+        _engine(tok), [score], tok, segmenter="gsm8k", max_completion_length=width
+    )
+    result = VinePPOEstimator(num_rollouts=5).estimate(batch, context)
+    trl_path = masked_whiten(result.advantages, result.token_mask & mask.bool())
+    assert torch.equal(data.batch["advantages"], trl_path)
+
+
+def test_multi_turn_batches_are_refused(char_tokenizer):
+    tok = char_tokenizer
+    data = verl_training_batch(
+        tok, PROMPTS[:1], RESPONSES[:1], SCORES[:1], golds=GOLDS[:1], response_length=24
+    )
+    data.batch["response_mask"][0, 2] = 0  # a tool-output token inside the response
+    with pytest.raises(NotImplementedError, match="multi-turn"):
+        mcverl.advantage_batch_from_verl(data, tok)
+
+
+def test_reward_function_adapter_reads_verl_columns():
+    calls = []
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        calls.append((data_source, solution_str, ground_truth, extra_info))
+        return {"score": float(solution_str.endswith(ground_truth)), "acc": 1}
+
+    reward = mcverl.verl_reward_function(compute_score)
+    out = reward(
+        prompts=["p", "p"],
+        completions=["#### 5", "#### 7"],
+        data_source=["d", "d"],
+        reward_model=[{"ground_truth": "5"}, {"ground_truth": "5"}],
+        extra_info=[{"i": 0}, {"i": 1}],
+        uid=["a", "b"],
+    )
+    assert out == [1.0, 0.0] and calls[1] == ("d", "#### 7", "5", {"i": 1})

@@ -252,14 +252,24 @@ class VinePPOTrainer(GRPOTrainerHooks):
         state = state_dict() if state_dict is not None and self.accelerator.is_main_process else None
         if state:
             os.makedirs(checkpoint_dir, exist_ok=True)
-            torch.save(state, os.path.join(checkpoint_dir, self.ESTIMATOR_STATE_FILE))
+            # Written whole or not at all: a run killed mid-save leaves no truncated file behind.
+            file = os.path.join(checkpoint_dir, self.ESTIMATOR_STATE_FILE)
+            torch.save(state, f"{file}.tmp")
+            os.replace(f"{file}.tmp", file)
 
     def load_estimator_state(self, checkpoint_dir: str) -> None:
         """Restore the estimator's state saved in ``checkpoint_dir`` (called when training resumes from it)."""
         load = getattr(self.advantage_estimator, "load_state_dict", None)
         file = os.path.join(str(checkpoint_dir), self.ESTIMATOR_STATE_FILE)
         if load is not None and os.path.exists(file):
-            load(torch.load(file, map_location="cpu", weights_only=True))
+            try:
+                state = torch.load(file, map_location="cpu", weights_only=True)
+            except Exception as err:  # noqa: BLE001 - any unreadable file gets the same clear message
+                raise RuntimeError(
+                    f"Cannot resume the {type(self.advantage_estimator).__name__}'s state: {file} cannot be read "
+                    f"({type(err).__name__}: {err}); it is probably truncated. Resume from an earlier checkpoint."
+                ) from err
+            load(state)
         elif load is not None:
             warnings.warn(
                 f"{checkpoint_dir} has no {self.ESTIMATOR_STATE_FILE}: the {type(self.advantage_estimator).__name__}'s "

@@ -119,6 +119,24 @@ class GRPOTrainerHooks(GRPOTrainer):
             )
         return loss
 
+    def train(self, resume_from_checkpoint: Any = None, trial: Any = None, **kwargs: Any) -> Any:
+        """``Trainer.train``, checking the checkpoint's files first when resuming: an empty, truncated or corrupted
+        file (a run killed while saving) raises :class:`~mcadvantage.checkpoints.CheckpointError` naming it and an
+        earlier complete checkpoint, before anything is loaded or written."""
+        if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            from .checkpoints import verify_checkpoint
+
+            if resume_from_checkpoint is True:
+                resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+                if resume_from_checkpoint is None:
+                    raise ValueError(f"No checkpoint to resume from in output_dir={self.args.output_dir!r}.")
+            verify_checkpoint(resume_from_checkpoint)
+        elif resume_from_checkpoint is False:
+            resume_from_checkpoint = None
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+
     def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
         # Called on every resume path (plain, DeepSpeed, FSDP), unlike _load_from_checkpoint.
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -126,11 +144,13 @@ class GRPOTrainerHooks(GRPOTrainer):
             self.load_estimator_state(checkpoint)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        super()._save_checkpoint(model, trial)
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+        # Before Trainer's files: it writes trainer_state.json last, so a checkpoint that has one (what
+        # verify_checkpoint requires) has its estimator state too, even when the run was killed while saving.
         run_dir = self._get_output_dir(trial=trial)
         self.save_estimator_state(f"{run_dir}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        super()._save_checkpoint(model, trial)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         try:

@@ -57,6 +57,8 @@ DEMO_SPECS = [
     "vineppo:k=1,reuse,prompts=4",
     "vineppo:k=2,variance,prompts=4",
     "gae:warmup=40,prompts=4",
+    "vineppo:k=4,nowhiten,prompts=4",
+    "vineppo:k=16,prompts=4",
 ]
 
 

@@ -554,6 +554,7 @@ class EstimatorSpec:
         group_size: responses per prompt.
         warmup_batches: batches the estimator sees before it is measured (a learned critic trains on them, as in
             the first steps of a PPO run); 0 for estimators without state.
+        whiten: whiten the advantages (None: the estimator's default, as the trainer's ``whiten_advantages=None``).
     """
 
     name: str
@@ -561,12 +562,14 @@ class EstimatorSpec:
     prompts_per_batch: int
     group_size: int
     warmup_batches: int = 0
+    whiten: bool | None = None
 
 
 def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: int = 8) -> EstimatorSpec:
     """``"name[:key=value,...]"`` -> :class:`EstimatorSpec`. Names: ``grpo``, ``rloo``, ``vineppo``. Keys: ``k``
     (``num_mc_rollouts``), ``reuse`` (free samples), ``variance`` (variance allocation), ``min`` (its first wave),
-    ``prompts`` (per batch), ``group`` (responses per prompt), ``label``; for ``gae`` (PPO's learned critic, a copy
+    ``prompts`` (per batch), ``group`` (responses per prompt), ``nowhiten`` (skip the whitening the trainer would
+    apply), ``label``; for ``gae`` (PPO's learned critic, a copy
     of the policy with a scalar head, trained as the ``ppo`` learning-efficiency arm trains it) also ``lr`` (the
     critic's learning rate, default 1e-4) and ``warmup`` (batches it trains on before it is measured, default 40).
     E.g. ``"vineppo:k=1,reuse"``, ``"grpo:prompts=16"``, ``"gae:warmup=40"``."""
@@ -577,7 +580,7 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, _, value = part.partition("=")
         options[key.strip()] = value.strip() or "1"
-    known = {"k", "reuse", "variance", "min", "prompts", "group", "label", "lr", "warmup"}
+    known = {"k", "reuse", "variance", "min", "prompts", "group", "label", "lr", "warmup", "nowhiten"}
     if set(options) - known:
         raise ValueError(
             f"estimator spec {spec!r}: unknown option(s) {sorted(set(options) - known)}; use {sorted(known)}."
@@ -604,7 +607,7 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
             + ("_reuse" if "reuse" in options else "")
             + ("_variance" if allocation == "variance" else "")
         )
-        label += f"_p{p}"
+        label += ("_nowhiten" if "nowhiten" in options else "") + f"_p{p}"
     elif key == "gae":
         warmup = int(options.get("warmup", 40))
         estimator = CriticEstimator(
@@ -622,7 +625,11 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
             f"estimator spec {spec!r}: unknown estimator {name!r}; use grpo, rloo, vineppo or gae."
         )
     return EstimatorSpec(
-        name=options.get("label", label), estimator=estimator, prompts_per_batch=p, group_size=g
+        name=options.get("label", label),
+        estimator=estimator,
+        prompts_per_batch=p,
+        group_size=g,
+        whiten=False if "nowhiten" in options else None,
     )
 
 
@@ -668,6 +675,7 @@ def measure_estimators(
                 spec.estimator,
                 batch_prompts(len(task.prompt_ids), spec.prompts_per_batch, r, seed),
                 spec.group_size,
+                whiten=spec.whiten,
             )
             for r in iterator
         ]

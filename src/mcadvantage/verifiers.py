@@ -755,6 +755,11 @@ class _StderrTail:
         self._thread.join(wait)
 
 
+#: Seconds a grading call waits beyond its answers' own budgets before it gives the grading process up for hung
+#: (stopped, or stuck outside its children), kills it and retries the call once in a fresh one.
+_BACKSTOP_SLACK_SECONDS = 30.0
+
+
 class _GradingService:
     """Parent-side client of the supervisor process; thread-safe, started lazily, restarted on failure."""
 
@@ -921,7 +926,7 @@ class _GradingService:
         if not items:
             return []
         with self._lock:
-            backstop = 30.0 + len(items) * (self.timeout_seconds + 1.0) / self.num_workers
+            backstop = _BACKSTOP_SLACK_SECONDS + len(items) * (self.timeout_seconds + 1.0) / self.num_workers
             results = self._request(("grade", items), backstop)
         return list(results) if results is not None else [False] * len(items)
 

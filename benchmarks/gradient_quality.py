@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "gradient_quality.json"
 
+#: r for vLLM on GPUs as the paper's throughput suggests (docs/howto/measure-gradient-quality.md): an estimate.
+GPU_COST_RATIO = 0.4
+
 TOY_SPECS = [
     "grpo:prompts=4",
     "grpo:prompts=8",
@@ -158,7 +161,8 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
     else:
         task, _, info = demo_task(args.demo_prompts, args.seed, args.threads)
         specs, repeats = DEMO_SPECS, args.demo_repeats
-        if "reference" not in stored:
+        # The reference (8 MB) is not committed: a fresh clone recomputes it, seeded, when the file is missing.
+        if "reference" not in stored or not (RESULTS / "gradient_quality_demo_reference.pt").exists():
             ref = reference_gradient(task, responses_per_round=8, rounds=args.reference_rounds, progress=True)
             torch.save(
                 {"gradient": ref.gradient, "standard_error": ref.standard_error},
@@ -221,17 +225,34 @@ def report(data: dict[str, Any]) -> str:
     for name, stored in data["tasks"].items():
         if not stored["records"]:
             continue
-        parts.append(f"### {name}\n\n{markdown_table(stored['records'])}\n")
-        equal = at_equal_cost(stored["records"])
-        lines = [
-            f"- {e['estimator']}: cosine {e['cosine']:.3f} vs GRPO at the same cost {e['baseline_cosine_at_cost']:.3f}"
-            for e in equal
-            if e["baseline_cosine_at_cost"] is not None and not e["estimator"].startswith("grpo_p")
-        ]
-        if lines:
-            parts.append(
-                "At equal cost (GRPO's budgets interpolated in log cost):\n\n" + "\n".join(lines) + "\n"
-            )
+        ref = stored.get("reference")
+        about = (
+            f"Reference: {ref['responses']:,} responses in {ref['rounds']} rounds, split-half cosine "
+            f"{ref['split_half_cosine']:.2f}, relative standard error {ref['relative_standard_error']:.2f}."
+            if ref
+            else "Reference: the exact gradient."
+        )
+        parts.append(
+            f"### {name}\n\n{about} r = {data['cost_ratio']['cost_ratio']:.2f}.\n\n{markdown_table(stored['records'])}\n"
+        )
+        for ratio in (data["cost_ratio"]["cost_ratio"], GPU_COST_RATIO):
+            records = [
+                {**rec, "cost_model": rec["sampled_tokens"] + ratio * rec["trained_tokens"]}
+                for rec in stored["records"]
+            ]
+            lines = [
+                f"| {e['estimator']} | {e['cosine']:.3f} | {e['baseline_cosine_at_cost']:.3f} | "
+                f"{e['cosine'] - e['baseline_cosine_at_cost']:+.3f} |"
+                for e in at_equal_cost(records)
+                if e["baseline_cosine_at_cost"] is not None and not e["estimator"].startswith("grpo_p")
+            ]
+            if lines:
+                parts.append(
+                    f"At equal cost, r = {ratio:.2f} (GRPO's budgets interpolated in log cost):\n\n"
+                    "| estimator | cosine | GRPO at the same cost | difference |\n|---|---:|---:|---:|\n"
+                    + "\n".join(lines)
+                    + "\n"
+                )
         plot_records(
             stored["records"],
             str(RESULTS / f"gradient_quality_{name}.png"),
@@ -255,13 +276,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only rewrite the tables and plots")
+    parser.add_argument(
+        "--doc", default=None, help="also write the tables between the markers of this Markdown file"
+    )
     args = parser.parse_args(argv)
     data = _load()
     if not args.report:
         ensure_cost_ratio(data, args)
         for name in args.tasks:
             run_task(name, args, data)
-    print(report(data))
+    markdown = report(data)
+    print(markdown)
+    if args.doc:
+        from mcadvantage.report import replace_between_markers
+
+        if not replace_between_markers(args.doc, "gradient_quality", markdown):
+            raise SystemExit(f"--doc {args.doc}: no '<!-- gradient_quality results: start/end -->' markers")
     return 0
 
 

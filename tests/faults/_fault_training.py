@@ -69,7 +69,16 @@ def make_args(out: str | os.PathLike[str], *, estimator: str = "gae", max_steps:
     return VinePPOConfig(**kwargs)
 
 
-def make_trainer(model: str | os.PathLike[str], out, *, record=None, kill_at_step=None, reward=None, **kw):
+def make_trainer(
+    model: str | os.PathLike[str],
+    out,
+    *,
+    record=None,
+    kill_at_step=None,
+    reward=None,
+    trainer_kwargs=None,
+    **kw,
+):
     from datasets import Dataset
     from transformers import AutoTokenizer
 
@@ -81,6 +90,7 @@ def make_trainer(model: str | os.PathLike[str], out, *, record=None, kill_at_ste
         args=make_args(out, **kw),
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
         processing_class=AutoTokenizer.from_pretrained(str(model)),
+        **(trainer_kwargs or {}),
     )
 
 

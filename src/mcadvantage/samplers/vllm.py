@@ -333,8 +333,22 @@ class VLLMServerSampler:
                 )
             time.sleep(1.0)
 
+    def _unreachable(self, method: str, url: str, exc: Exception) -> ConnectionError:
+        """The error for a server that went away (or stopped answering) after the sampler connected."""
+        return ConnectionError(
+            f"VLLMServerSampler: {method} {url} failed: the vLLM server at {self.base_url} is down or stopped "
+            f"answering ({type(exc).__name__}: {exc}). A trainer stops here, before the optimizer step, so the last "
+            "checkpoint is intact: restart the server and resume with trainer.train(resume_from_checkpoint=True)."
+        )
+
     def _get(self, path: str) -> Any:
-        response = self.session.get(f"{self.base_url}{path}", timeout=self.request_timeout)
+        import requests as http
+
+        url = f"{self.base_url}{path}"
+        try:
+            response = self.session.get(url, timeout=self.request_timeout)
+        except http.RequestException as exc:
+            raise self._unreachable("GET", url, exc) from exc
         if response.status_code != 200:
             raise RuntimeError(
                 f"VLLMServerSampler: GET {self.base_url}{path} failed ({response.status_code}): {response.text}"
@@ -357,8 +371,13 @@ class VLLMServerSampler:
         }
         if seed is not None:
             body["seed"] = seed
+        import requests as http
+
         url = f"{self.base_url}/v1/completions"
-        response = self.session.post(url, json=body, timeout=self.request_timeout)
+        try:
+            response = self.session.post(url, json=body, timeout=self.request_timeout)
+        except http.RequestException as exc:
+            raise self._unreachable("POST", url, exc) from exc
         if response.status_code != 200:
             raise RuntimeError(
                 f"VLLMServerSampler: POST {url} failed ({response.status_code}): {response.text}"

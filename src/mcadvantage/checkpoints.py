@@ -17,7 +17,8 @@ What is checked, cheaply (no tensor is materialised):
 - every ``*.pt`` / ``*.pth`` / ``*.bin`` file saved by ``torch.save`` (a zip archive) opens and its members' CRCs
   match (truncation, corruption); an empty one is broken whatever its format;
 - a sharded model's ``*.index.json`` names shards that exist;
-- the model's weights are there (``model.safetensors``, an index, ``pytorch_model.bin`` or a PEFT adapter).
+- the model's weights are there (``model.safetensors``, an index, ``pytorch_model.bin``, a PEFT adapter, or a
+  DeepSpeed / FSDP state subdirectory, whose files are left to those engines).
 """
 
 from __future__ import annotations
@@ -167,7 +168,10 @@ def verify_checkpoint(checkpoint: str | os.PathLike[str], *, suggest: bool = Tru
     state = root / TRAINER_STATE
     if not state.is_file():
         fail(state, "is missing (the trainer writes it last, so the save did not finish)")
-    if not any((root / name).is_file() for name in WEIGHT_FILES):
+    # DeepSpeed (global_step*/) and FSDP (pytorch_model_fsdp_*/) may keep the weights only in a subdirectory.
+    if not any((root / name).is_file() for name in WEIGHT_FILES) and not any(
+        p.is_dir() for p in root.iterdir()
+    ):
         fail(root / WEIGHT_FILES[0], f"is missing (and so are {', '.join(WEIGHT_FILES[1:])})")
     for path in sorted(root.iterdir()):
         if path.is_file():

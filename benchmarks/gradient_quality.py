@@ -134,11 +134,11 @@ def demo_task(prompts: int, seed: int, threads: int) -> Any:
     return task, model, {"policy": "shipped demo warm-up (seed 0)", "temperature": config.temperature}
 
 
-def _load() -> dict[str, Any]:
+def load_results() -> dict[str, Any]:
     return json.loads(OUT.read_text(encoding="utf-8")) if OUT.exists() else {"tasks": {}}
 
 
-def _save(data: dict[str, Any]) -> None:
+def save_results(data: dict[str, Any]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
@@ -174,7 +174,7 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
                 "split_half_cosine": ref.split_half_cosine,
                 "relative_standard_error": ref.relative_standard_error,
             }
-            _save(data)
+            save_results(data)
         saved = torch.load(RESULTS / "gradient_quality_demo_reference.pt", weights_only=True)
         reference = ReferenceGradient(
             gradient=saved["gradient"],
@@ -194,7 +194,7 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
 
     def keep(record: dict[str, Any]) -> None:
         stored["records"].append(record)
-        _save(data)
+        save_results(data)
         print(
             f"{name}: {record['estimator']}: cosine {record['cosine']:.3f} {record['cosine_ci']}", flush=True
         )
@@ -215,7 +215,7 @@ def ensure_cost_ratio(data: dict[str, Any], args: argparse.Namespace) -> None:
     _, model, _ = demo_task(args.demo_prompts, args.seed, args.threads)
     data["cost_ratio"] = measure_cost_ratio(model)
     data["machine"] = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    _save(data)
+    save_results(data)
 
 
 def report(data: dict[str, Any]) -> str:
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "--doc", default=None, help="also write the tables between the markers of this Markdown file"
     )
     args = parser.parse_args(argv)
-    data = _load()
+    data = load_results()
     if not args.report:
         ensure_cost_ratio(data, args)
         for name in args.tasks:

@@ -28,6 +28,9 @@ _LAZY: dict[str, str] = {
     "MathVerifier": "verifiers",
     "get_verifier": "verifiers",
     "RewardFunctionError": "reward_errors",
+    # checkpoints: checked before a resume
+    "CheckpointError": "checkpoints",
+    "verify_checkpoint": "checkpoints",
     # advantage math
     "step_advantages": "advantages",
     "token_advantages": "advantages",

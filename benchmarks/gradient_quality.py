@@ -48,6 +48,8 @@ TOY_SPECS = [
     "vineppo:k=4,prompts=4",
     "vineppo:k=1,reuse,prompts=4",
     "vineppo:k=2,variance,prompts=4",
+    "hybrid:budget=0.1,k=2,prompts=4",
+    "hybrid:budget=0.5,k=2,prompts=4",
 ]
 DEMO_SPECS = [
     "grpo:prompts=4",
@@ -62,6 +64,8 @@ DEMO_SPECS = [
     "gae:warmup=40,prompts=4",
     "vineppo:k=4,nowhiten,prompts=4",
     "vineppo:k=16,prompts=4",
+    "hybrid:budget=0.1,k=4,prompts=4",
+    "hybrid:budget=0.5,k=4,prompts=4",
 ]
 
 

@@ -54,6 +54,7 @@ _LAZY: dict[str, str] = {
     "GRPOEstimator": "estimators",
     "RLOOEstimator": "estimators",
     "CriticEstimator": "estimators",
+    "HybridEstimator": "estimators",
     # sampling from a trainer's current policy (imports TRL)
     "policy_sampler": "policy",
     # Pass@1 evaluation (the trainer's engine through policy_sampler, or a saved checkpoint)

@@ -54,6 +54,9 @@ class VinePPOConfig(GRPOConfig):
         critic_model (str | None): With `"gae"`: a model id or directory for a separate value model (loaded with
             a one-output token-classification head). `None` (default) copies the policy's weights and swaps the
             language-model head for a scalar head, as the paper did.
+        hybrid_budget (float): With `advantage_estimator="hybrid"` (GRPO's advantage, plus Monte Carlo step credit for
+            the responses of groups whose rewards are all equal): the extra sampled tokens allowed per batch, as a
+            fraction of its response tokens. `0` gives GRPO exactly. Defaults to `0.1`.
         num_mc_rollouts (int): K, the number of continuations sampled from every state to estimate its value
             (paper: 9; larger is better, K=1 already beats PPO). Defaults to `9`.
         step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
@@ -173,6 +176,14 @@ class VinePPOConfig(GRPOConfig):
         metadata={
             "help": "'gae' only: a model id or directory for a separate value model. None: a copy of the policy "
             "with a scalar head (the paper's initialisation)."
+        },
+    )
+
+    hybrid_budget: float = field(
+        default=0.1,
+        metadata={
+            "help": "'hybrid' only: extra sampled tokens for Monte Carlo step credit in degenerate groups, as a "
+            "fraction of the batch's response tokens (0: GRPO exactly)."
         },
     )
 

@@ -572,15 +572,28 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
     apply), ``label``; for ``gae`` (PPO's learned critic, a copy
     of the policy with a scalar head, trained as the ``ppo`` learning-efficiency arm trains it) also ``lr`` (the
     critic's learning rate, default 1e-4) and ``warmup`` (batches it trains on before it is measured, default 40).
-    E.g. ``"vineppo:k=1,reuse"``, ``"grpo:prompts=16"``, ``"gae:warmup=40"``."""
-    from .estimators import CriticEstimator, GRPOEstimator, RLOOEstimator, VinePPOEstimator
+    ``hybrid`` takes ``budget`` (extra sampled tokens as a fraction of the responses', default 0.1) and ``k``.
+    E.g. ``"vineppo:k=1,reuse"``, ``"grpo:prompts=16"``, ``"gae:warmup=40"``, ``"hybrid:budget=0.25"``."""
+    from .estimators import CriticEstimator, GRPOEstimator, HybridEstimator, RLOOEstimator, VinePPOEstimator
 
     name, _, rest = spec.partition(":")
     options: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, _, value = part.partition("=")
         options[key.strip()] = value.strip() or "1"
-    known = {"k", "reuse", "variance", "min", "prompts", "group", "label", "lr", "warmup", "nowhiten"}
+    known = {
+        "k",
+        "reuse",
+        "variance",
+        "min",
+        "prompts",
+        "group",
+        "label",
+        "lr",
+        "warmup",
+        "nowhiten",
+        "budget",
+    }
     if set(options) - known:
         raise ValueError(
             f"estimator spec {spec!r}: unknown option(s) {sorted(set(options) - known)}; use {sorted(known)}."
@@ -608,6 +621,12 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
             + ("_variance" if allocation == "variance" else "")
         )
         label += ("_nowhiten" if "nowhiten" in options else "") + f"_p{p}"
+    elif key == "hybrid":
+        budget = float(options.get("budget", 0.1))
+        estimator = HybridEstimator(
+            budget=budget, num_rollouts=int(options.get("k", 4)), step_segmenter=segmenter
+        )
+        label = f"hybrid_b{budget:g}_k{estimator.monte_carlo.num_rollouts}_p{p}"
     elif key == "gae":
         warmup = int(options.get("warmup", 40))
         estimator = CriticEstimator(

@@ -2,7 +2,8 @@
 
 Built in: ``"vineppo"`` (Monte Carlo step values, :class:`VinePPOEstimator`), ``"grpo"``
 (:class:`GRPOEstimator`), ``"rloo"`` (:class:`RLOOEstimator`) and ``"gae"`` (PPO's learned critic,
-:class:`CriticEstimator`). Register your own with
+:class:`CriticEstimator`) and ``"hybrid"`` (GRPO plus Monte Carlo step credit for degenerate groups within a token
+budget, :class:`HybridEstimator`). Register your own with
 :func:`register_advantage_estimator`.
 """
 
@@ -32,6 +33,7 @@ _LAZY = {
     "rloo_advantages": ".baselines",
     "VinePPOEstimator": ".vineppo",
     "CriticEstimator": ".critic",
+    "HybridEstimator": ".hybrid",
 }
 
 __all__ = [

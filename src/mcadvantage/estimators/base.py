@@ -258,7 +258,13 @@ class AdvantageEstimator(Protocol):
 
 _REGISTRY: dict[str, type] = {}
 # Built-in estimators register themselves when their module is imported; listed here so lookups import them.
-_BUILTIN_MODULES = {"vineppo": ".vineppo", "grpo": ".baselines", "rloo": ".baselines", "gae": ".critic"}
+_BUILTIN_MODULES = {
+    "vineppo": ".vineppo",
+    "grpo": ".baselines",
+    "rloo": ".baselines",
+    "gae": ".critic",
+    "hybrid": ".hybrid",
+}
 
 
 def register_advantage_estimator(name: str) -> Callable[[type], type]:

@@ -1,0 +1,229 @@
+"""Hybrid credit: GRPO's advantage where the group has signal, Monte Carlo step credit where it has none.
+
+GRPO's blind spot is the degenerate group: when every response to a prompt fails (or every one passes), its
+group-relative advantage is zero and those responses train nothing, although their per-step values still differ
+(a step that turns a likely solve into a likely failure is worth knowing about in an all-fail group). This
+estimator gives every response GRPO's advantage, exactly as :class:`~mcadvantage.estimators.GRPOEstimator`
+computes it, and spends a per-batch budget of extra sampled tokens on Monte Carlo step credit (VinePPO's
+``V(S_i) - V(S_{i-1})``, :class:`~mcadvantage.estimators.VinePPOEstimator`) for responses of degenerate groups,
+one response at a time in a seeded random order, as long as the predicted rollout tokens fit the budget.
+
+- **Budget**: ``budget`` is a fraction of the batch's response tokens (``hybrid_budget``: 0.1 = at most about 10%
+  more sampled tokens than GRPO). The prediction is ``K x (response length - state position)`` summed over a
+  response's states; the measured rollout tokens are logged (``hybrid/generated_tokens``). At budget 0 nothing is
+  sampled and the advantages are GRPO's, exactly.
+- **Scale**: Monte Carlo credit is in reward units; GRPO's is divided by the group's reward standard deviation.
+  With ``scale_rewards="group"`` or ``"batch"`` the Monte Carlo credit is divided by the standard deviation of the
+  batch's rewards (1 when they do not vary), so both are in the same units; with ``"none"`` neither is scaled.
+- **Bias** (stated, and measured by ``benchmarks/gradient_quality.py``): which groups get Monte Carlo credit is
+  decided from their outcomes (all equal), so the expected gradient is GRPO's plus ``P(degenerate) x E[Monte Carlo
+  gradient | degenerate]``, which is not zero. In an all-fail group each response's step credits sum to
+  ``-V(S_0)``: the estimator pushes down the steps that lost value, a signal GRPO's expectation does not contain.
+  It is a different estimator of the policy gradient, not an unbiased one.
+- **Processes**: each process selects among the degenerate groups of its own rows, with its own budget.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from ..segmenters import get_segmenter, segment_completion
+from .base import AdvantageBatch, AdvantageResult, EstimatorContext, register_advantage_estimator
+from .baselines import GRPOEstimator, nanstd
+from .vineppo import VinePPOEstimator
+
+__all__ = ["HybridEstimator", "degenerate_groups", "predicted_rollout_tokens"]
+
+
+def degenerate_groups(rewards: torch.Tensor, group_size: int) -> list[int]:
+    """Indices of the groups whose scorable rewards are all equal (GRPO's advantage is zero for all of them)."""
+    out = []
+    for g, group in enumerate(rewards.view(-1, group_size)):
+        scorable = group[~torch.isnan(group)]
+        if len(scorable) >= 1 and bool((scorable == scorable[0]).all()):
+            out.append(g)
+    return out
+
+
+def predicted_rollout_tokens(boundaries: list[int], num_rollouts: int) -> int:
+    """Rollout tokens Monte Carlo credit is expected to cost for one response cut at ``boundaries``: ``K`` rollouts
+    from every state, each as long as what is left of the response."""
+    length = boundaries[-1]
+    return num_rollouts * sum(length - b for b in boundaries[:-1])
+
+
+@register_advantage_estimator("hybrid")
+class HybridEstimator:
+    """GRPO's advantage, plus Monte Carlo step credit for degenerate groups within a token budget.
+
+    Args:
+        budget: extra sampled tokens allowed, as a fraction of the batch's response tokens (``hybrid_budget``).
+        scale_rewards: GRPO's ``"group"``, ``"batch"`` or ``"none"`` (also scales the Monte Carlo credit, see the
+            module docstring).
+        num_rollouts: K for the Monte Carlo credit (``num_mc_rollouts``).
+        step_segmenter: how responses are cut into steps (``step_segmenter``); the context's when None.
+        seed: the order in which degenerate groups are offered the budget is a seeded shuffle.
+        monte_carlo: further :class:`~mcadvantage.estimators.VinePPOEstimator` options (``reuse_samples``, ...).
+    """
+
+    whiten_by_default = False
+    metric_prefix = "hybrid"
+    uses_rollouts = True
+    default_scale_rewards = "group"
+
+    def __init__(
+        self,
+        *,
+        budget: float = 0.1,
+        scale_rewards: str = "group",
+        num_rollouts: int = 4,
+        step_segmenter: Any = None,
+        seed: int = 0,
+        **monte_carlo: Any,
+    ) -> None:
+        if not budget >= 0:
+            raise ValueError(
+                f"HybridEstimator: budget={budget} must be >= 0 (a fraction of the response tokens)."
+            )
+        self.budget = float(budget)
+        self.grpo = GRPOEstimator(scale_rewards=scale_rewards)
+        self.monte_carlo = VinePPOEstimator(
+            num_rollouts=num_rollouts, step_segmenter=step_segmenter, **monte_carlo
+        )
+        self.rng = random.Random(seed)
+        #: local rows that got Monte Carlo credit in the latest batch (in ``monte_carlo.last_estimate``'s order)
+        self.last_rows: list[int] = []
+
+    @classmethod
+    def from_config(cls, config: Any) -> HybridEstimator:
+        """Build the estimator from a ``VinePPOConfig`` (or any object with the same fields)."""
+        return cls(
+            budget=config.hybrid_budget,
+            scale_rewards=config.scale_rewards,
+            num_rollouts=config.num_mc_rollouts,
+            step_segmenter=config.step_segmenter,
+            seed=config.seed,
+            rollout_budget=config.mc_rollout_budget,
+            fixed_rollout_budget=config.mc_fixed_rollout_budget,
+            truncated_reward=config.mc_truncated_reward,
+            reuse_samples=config.mc_reuse_samples,
+            min_step_tokens=config.mc_min_step_tokens,
+        )
+
+    @staticmethod
+    def validate_config(config: Any) -> None:
+        """Refuse a negative budget and GRPO settings the hybrid cannot honour."""
+        if not config.hybrid_budget >= 0:
+            raise ValueError(
+                f"hybrid_budget={config.hybrid_budget} is invalid: it is the extra sampled tokens allowed as a fraction "
+                "of the batch's response tokens, so >= 0 (0 is GRPO exactly; 0.1 allows about 10% more)."
+            )
+        if config.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"multi_objective_aggregation={config.multi_objective_aggregation!r} is not supported by "
+                "advantage_estimator='hybrid' (its Monte Carlo values are means of the weighted reward sum). Set "
+                "multi_objective_aggregation='sum_then_normalize'."
+            )
+        VinePPOEstimator.validate_config(_WithoutScaling(config))
+
+    def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
+        """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
+        result = self.grpo.estimate(batch, context)
+        self.last_rows = []
+        mask = batch.completion_mask
+        response_tokens = int(mask.sum())
+        allowed = self.budget * response_tokens
+        metrics = dict(result.metrics)
+        metrics.update(budget_tokens=allowed, generated_tokens=0.0, groups_estimated=0.0)
+        reductions = {"budget_tokens": "sum", "generated_tokens": "sum", "groups_estimated": "sum"}
+        all_rewards = batch.all_rewards.cpu()
+        degenerate = degenerate_groups(all_rewards, batch.group_size)
+        metrics["degenerate_groups"] = float(len(degenerate))
+        start = batch.local_slice.indices(all_rewards.shape[0])[0]
+        local = range(start, start + len(batch.completion_ids))
+        candidates = [
+            g
+            for g in degenerate
+            if any(g * batch.group_size <= i < (g + 1) * batch.group_size for i in local)
+        ]
+        if allowed <= 0 or not candidates:
+            return AdvantageResult(
+                advantages=result.advantages, metrics=metrics, metric_reductions=reductions
+            )
+        segmenter = self.monte_carlo.segmenter or get_segmenter(context.segmenter)
+        # Responses of degenerate groups, in a seeded random order, each taken while its predicted cost fits:
+        # a whole group of long responses rarely fits a budget near GRPO's price, one response often does.
+        rows = [
+            i - start
+            for g in candidates
+            for i in range(g * batch.group_size, (g + 1) * batch.group_size)
+            if i in local and batch.completion_ids[i - start] and int(mask[i - start].sum()) > 0
+        ]
+        self.rng.shuffle(rows)
+        chosen_rows: list[int] = []
+        spent = 0
+        for r in rows:
+            cost = predicted_rollout_tokens(
+                segment_completion(segmenter, context.tokenizer, list(batch.completion_ids[r])),
+                self.monte_carlo.num_rollouts,
+            )
+            if spent + cost <= allowed:
+                chosen_rows.append(r)
+                spent += cost
+        if not chosen_rows:
+            return AdvantageResult(
+                advantages=result.advantages, metrics=metrics, metric_reductions=reductions
+            )
+        self.last_rows = sorted(chosen_rows)
+        sub = _sub_batch(batch, self.last_rows)
+        mc = self.monte_carlo.estimate(sub, context)
+        scale = 1.0
+        if self.grpo.scale_rewards != "none":
+            std = float(nanstd(all_rewards)) if all_rewards.numel() > 1 else 0.0
+            scale = 1.0 / std if std > 0 else 1.0
+        advantages = result.advantages.clone()
+        for j, r in enumerate(sorted(chosen_rows)):
+            width = mc.advantages.shape[1]
+            advantages[r] = 0.0
+            advantages[r, :width] = mc.advantages[j].to(advantages.device) * scale
+        advantages = advantages * mask
+        metrics.update(
+            generated_tokens=float(mc.metrics.get("generated_tokens", 0.0)),
+            groups_estimated=float(len({(start + r) // batch.group_size for r in chosen_rows})),
+            responses_estimated=float(len(chosen_rows)),
+            predicted_tokens=float(spent),
+        )
+        reductions.update(predicted_tokens="sum", responses_estimated="sum")
+        return AdvantageResult(advantages=advantages, metrics=metrics, metric_reductions=reductions)
+
+
+class _WithoutScaling:
+    """A config view with ``scale_rewards="none"``, to reuse VinePPO's checks of the Monte Carlo settings (the
+    hybrid applies GRPO's scaling itself)."""
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+
+    def __getattr__(self, name: str) -> Any:
+        return "none" if name == "scale_rewards" else getattr(self._config, name)
+
+
+def _sub_batch(batch: AdvantageBatch, rows: list[int]) -> AdvantageBatch:
+    """The local rows ``rows`` of ``batch`` as a batch of their own (one group: Monte Carlo credit needs no groups)."""
+    index = torch.tensor(rows, dtype=torch.long)
+    rewards = batch.rewards_per_func[batch.local_slice][index]
+    return AdvantageBatch(
+        prompt_ids=[batch.prompt_ids[r] for r in rows],
+        completion_ids=[batch.completion_ids[r] for r in rows],
+        completion_mask=batch.completion_mask[index.to(batch.completion_mask.device)],
+        rewards_per_func=rewards,
+        reward_weights=batch.reward_weights,
+        local_slice=slice(0, len(rows)),
+        group_size=len(rows),
+        prompts=[batch.prompts[r] for r in rows] if batch.prompts else [],
+        rows=[batch.rows[r] for r in rows] if batch.rows else [],
+        mode=batch.mode,
+    )

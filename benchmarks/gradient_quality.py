@@ -69,43 +69,10 @@ DEMO_SPECS = [
 ]
 
 
-def characters(text: str) -> list[str]:
-    """One step per character (the toys' steps are one token each)."""
-    return list(text) or [text]
-
-
 def toy_task(pass_rates: list[float], seed: int) -> Any:
-    from mcadvantage.gradient_quality import GradientTask
-    from mcadvantage.testing import OutcomeReward, TabularStepPolicy, build_char_tokenizer
+    from mcadvantage.testing import toy_gradient_task
 
-    tok = build_char_tokenizer()
-
-    def tid(ch: str) -> int:
-        return tok(ch, add_special_tokens=False)["input_ids"][0]
-
-    policy = TabularStepPolicy(
-        step_token_ids=[tid(c) for c in "abc"],
-        depth=3,
-        success_prob=lambda steps: pass_rates[(2 * steps[0] + steps[1]) % 4],
-        success_token_id=tid("Y"),
-        failure_token_id=tid("N"),
-        eos_token_id=tok.eos_token_id,
-        logits=[[0.4, -0.2, 0.1], [-0.3, 0.5, 0.0], [0.2, 0.2, -0.6]],
-        seed=seed,
-    )
-    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    texts = [f"{a}{b}:" for a in letters for b in letters][:64]
-    task = GradientTask(
-        oracle=policy,
-        sampler=policy,
-        prompt_ids=[tok(t, add_special_tokens=False)["input_ids"] for t in texts],
-        prompts=texts,
-        rows=[{} for _ in texts],
-        reward_funcs=[OutcomeReward("Y")],
-        tokenizer=tok,
-        segmenter=characters,
-        max_completion_length=8,
-    )
+    task, policy = toy_gradient_task(pass_rates, seed=seed)
     return task, policy.exact_gradient(), {"pass_rate": policy.exact_objective().item(), "reference": "exact"}
 
 

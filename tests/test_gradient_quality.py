@@ -25,20 +25,10 @@ from mcadvantage.gradient_quality import (  # noqa: E402
     reference_gradient,
     weighted_logprob_gradient,
 )
-from mcadvantage.testing import OutcomeReward, TabularStepPolicy, build_char_tokenizer  # noqa: E402
+from mcadvantage.testing import TOY_LOGITS, build_char_tokenizer, characters, toy_gradient_task  # noqa: E402
 
 P = [0.05, 0.3, 0.6, 0.9]
-LOGITS = [[0.4, -0.2, 0.1], [-0.3, 0.5, 0.0], [0.2, 0.2, -0.6]]
-
-
-def characters(text: str) -> list[str]:
-    """One step per character (module level, so picklable)."""
-    return list(text) or [text]
-
-
-def success(steps: tuple[int, ...]) -> float:
-    # Only the first two steps matter; the third is harmless variation.
-    return P[(2 * steps[0] + steps[1]) % 4]
+LOGITS = TOY_LOGITS
 
 
 @pytest.fixture(scope="module")
@@ -47,32 +37,8 @@ def tok():
 
 
 def toy_task(tok, seed: int = 0, prompts: int = 16) -> GradientTask:
-    def tid(ch: str) -> int:
-        return tok(ch, add_special_tokens=False)["input_ids"][0]
-
-    policy = TabularStepPolicy(
-        step_token_ids=[tid(c) for c in "abc"],
-        depth=3,
-        success_prob=success,
-        success_token_id=tid("Y"),
-        failure_token_id=tid("N"),
-        eos_token_id=tok.eos_token_id,
-        logits=LOGITS,
-        seed=seed,
-    )
-    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    texts = [f"{a}{b}:" for a in letters for b in letters][:prompts]
-    return GradientTask(
-        oracle=policy,
-        sampler=policy,
-        prompt_ids=[tok(t, add_special_tokens=False)["input_ids"] for t in texts],
-        prompts=texts,
-        rows=[{} for _ in texts],
-        reward_funcs=[OutcomeReward("Y")],
-        tokenizer=tok,
-        segmenter=characters,
-        max_completion_length=8,
-    )
+    """The exact toy: only the first two of 3 steps matter (pass rates ``P``)."""
+    return toy_gradient_task(P, seed=seed, prompts=prompts)[0]
 
 
 class PrefersA:

@@ -14,46 +14,14 @@ torch = pytest.importorskip("torch")
 from mcadvantage.estimators import GRPOEstimator, HybridEstimator  # noqa: E402
 from mcadvantage.estimators.hybrid import degenerate_groups, predicted_rollout_tokens  # noqa: E402
 from mcadvantage.gradient_quality import GradientTask, estimator_gradient, gradient_metrics  # noqa: E402
-from mcadvantage.testing import OutcomeReward, TabularStepPolicy, build_char_tokenizer  # noqa: E402
+from mcadvantage.testing import characters, toy_gradient_task  # noqa: E402
 
 LOW = [0.0, 0.05, 0.15, 0.4]
 
 
-def characters(text: str) -> list[str]:
-    return list(text) or [text]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
-def low_pass_task(tok, seed: int = 0) -> GradientTask:
-    def tid(ch: str) -> int:
-        return tok(ch, add_special_tokens=False)["input_ids"][0]
-
-    policy = TabularStepPolicy(
-        step_token_ids=[tid(c) for c in "abc"],
-        depth=3,
-        success_prob=lambda steps: LOW[(2 * steps[0] + steps[1]) % 4],
-        success_token_id=tid("Y"),
-        failure_token_id=tid("N"),
-        eos_token_id=tok.eos_token_id,
-        logits=[[0.4, -0.2, 0.1], [-0.3, 0.5, 0.0], [0.2, 0.2, -0.6]],
-        seed=seed,
-    )
-    texts = [f"{a}{b}:" for a in "ABCDEFGH" for b in "ABCDEFGH"]
-    return GradientTask(
-        oracle=policy,
-        sampler=policy,
-        prompt_ids=[tok(t, add_special_tokens=False)["input_ids"] for t in texts],
-        prompts=texts,
-        rows=[{} for _ in texts],
-        reward_funcs=[OutcomeReward("Y")],
-        tokenizer=tok,
-        segmenter=characters,
-        max_completion_length=8,
-    )
+def low_pass_task(seed: int = 0) -> GradientTask:
+    """The exact toy with a low pass rate (about 0.1): most groups of 8 are all-fail."""
+    return toy_gradient_task(LOW, seed=seed)[0]
 
 
 def test_degenerate_groups_and_predicted_cost():
@@ -62,8 +30,8 @@ def test_degenerate_groups_and_predicted_cost():
     assert predicted_rollout_tokens([0, 2, 5], 3) == 3 * (5 + 3)
 
 
-def test_budget_zero_is_grpo_exactly(tok):
-    task = low_pass_task(tok)
+def test_budget_zero_is_grpo_exactly():
+    task = low_pass_task()
     batch = task.sample_group(list(range(8)), 8)
     grpo = GRPOEstimator().estimate(batch, task.context())
     hybrid = HybridEstimator(budget=0.0, num_rollouts=2, step_segmenter=characters).estimate(
@@ -73,8 +41,8 @@ def test_budget_zero_is_grpo_exactly(tok):
     assert hybrid.metrics["generated_tokens"] == 0.0 and hybrid.metrics["degenerate_groups"] > 0
 
 
-def test_only_degenerate_groups_get_monte_carlo_credit_within_the_budget(tok):
-    task = low_pass_task(tok, seed=1)
+def test_only_degenerate_groups_get_monte_carlo_credit_within_the_budget():
+    task = low_pass_task(seed=1)
     batch = task.sample_group(list(range(16)), 8)
     grpo = GRPOEstimator().estimate(batch, task.context())
     estimator = HybridEstimator(budget=0.5, num_rollouts=2, step_segmenter=characters)
@@ -103,12 +71,12 @@ def test_only_degenerate_groups_get_monte_carlo_credit_within_the_budget(tok):
 
 
 @pytest.mark.slow
-def test_the_hybrids_bias_is_measured_on_the_exact_toy(tok):
+def test_the_hybrids_bias_is_measured_on_the_exact_toy():
     """The docstring states the hybrid is biased (groups are picked by their outcomes). Measured here (seed 2,
     150 repeats, 4 prompts x 8 responses, budget 0.5, K = 2): the numbers are recorded in docs/gradient-quality.md;
     this test pins that GRPO is unbiased on the toy and that the hybrid's mean gradient stays close to the truth
     (its bias is small next to its signal), so a change that made it point elsewhere fails."""
-    task = low_pass_task(tok, seed=2)
+    task = low_pass_task(seed=2)
     exact = task.oracle.exact_gradient()
 
     def runs(estimator):

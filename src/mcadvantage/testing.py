@@ -281,26 +281,32 @@ class StepTreeSampler:
             taken.append(self._index[tok])
         return tuple(reversed(taken))
 
+    def position_probs(self) -> list[list[float]]:
+        """Per step position, the probabilities of the step tokens (the same at every position here)."""
+        return [list(self.step_probs)] * self.depth
+
     def value(self, prefix_ids: Sequence[int]) -> float:
         """The exact probability of success from ``prefix_ids`` (a prompt plus some step tokens)."""
+        probs = self.position_probs()
         taken = self.steps_of(prefix_ids)
         total = 0.0
         for future in itertools.product(range(len(self.step_token_ids)), repeat=self.depth - len(taken)):
-            weight = math.prod(self.step_probs[i] for i in future)
+            weight = math.prod(probs[len(taken) + d][i] for d, i in enumerate(future))
             total += weight * float(self._success(taken + future))
         return total
 
     def sample(self, requests: Sequence[RolloutRequest]) -> list[list[Continuation]]:
         """``n`` independent continuations per request, each cut at the request's ``max_tokens``."""
         self.calls.append(list(requests))
+        probs = self.position_probs()
         out: list[list[Continuation]] = []
         for req in requests:
             taken = self.steps_of(req.prefix_ids)
             conts = []
             for _ in range(req.n):
                 future = tuple(
-                    self.rng.choices(range(len(self.step_token_ids)), weights=self.step_probs)[0]
-                    for _ in range(self.depth - len(taken))
+                    self.rng.choices(range(len(self.step_token_ids)), weights=probs[d])[0]
+                    for d in range(len(taken), self.depth)
                 )
                 success = self.rng.random() < float(self._success(taken + future))
                 tokens = [self.step_token_ids[i] for i in future]
@@ -311,19 +317,16 @@ class StepTreeSampler:
         return out
 
 
-class TabularStepPolicy:
+class TabularStepPolicy(StepTreeSampler):
     """A differentiable toy policy whose policy gradient is known in closed form: the exact toy of the gradient
     instrument (:mod:`mcadvantage.gradient_quality`).
 
-    A response is ``depth`` step tokens, the one at position ``d`` drawn from ``softmax(logits[d])`` over
-    ``step_token_ids``; then the environment (not the policy) appends a success token with probability
-    ``success_prob(step indexes)`` or a failure token, then EOS. The parameters are the ``(depth, V)`` logits, so
-    ``J = E[success]`` is a finite sum over ``V ** depth`` step sequences and :meth:`exact_gradient` is its exact
-    gradient (autograd through the enumeration). It is a :class:`~mcadvantage.samplers.Sampler` (continuations from
-    any prefix with the current logits, as Monte Carlo rollouts need) and a policy-gradient oracle
+    A :class:`StepTreeSampler` whose step token at position ``d`` is drawn from ``softmax(logits[d])``: the
+    parameters are the ``(depth, V)`` logits, so ``J = E[success]`` is a finite sum over ``V ** depth`` step
+    sequences and :meth:`exact_gradient` is its exact gradient (autograd through the enumeration). The outcome and
+    EOS tokens are the environment's. It samples from any prefix with the current logits (a
+    :class:`~mcadvantage.samplers.Sampler`, as Monte Carlo rollouts need) and is a policy-gradient oracle
     (:meth:`token_logprobs`, :meth:`parameters`), so every estimator runs on it unchanged.
-
-    The completion part of a prefix is read as its trailing step tokens, so prompts must not end with one.
     """
 
     def __init__(
@@ -340,38 +343,32 @@ class TabularStepPolicy:
     ) -> None:
         import torch
 
-        if depth < 1 or len(step_token_ids) < 2:
-            raise ValueError(f"depth={depth!r} must be >= 1 and step_token_ids must hold >= 2 tokens.")
-        self.step_token_ids = list(step_token_ids)
-        self.depth = depth
-        self._success = success_prob
-        self.success_token_id = success_token_id
-        self.failure_token_id = failure_token_id
-        self.eos_token_id = eos_token_id
+        if len(step_token_ids) < 2:
+            raise ValueError("TabularStepPolicy: step_token_ids must hold >= 2 tokens.")
+        super().__init__(
+            step_token_ids=step_token_ids,
+            step_probs=[1.0 / len(step_token_ids)] * len(step_token_ids),
+            depth=depth,
+            success_prob=success_prob,
+            success_token_id=success_token_id,
+            failure_token_id=failure_token_id,
+            eos_token_id=eos_token_id,
+            seed=seed,
+        )
         shape = (depth, len(self.step_token_ids))
         init = torch.zeros(shape) if logits is None else torch.as_tensor(logits, dtype=torch.float64)
         if tuple(init.shape) != shape:
             raise ValueError(f"logits must have shape {shape} (depth, step tokens), got {tuple(init.shape)}.")
         self.logits = init.to(torch.float64).clone().requires_grad_(True)
-        self.rng = random.Random(seed)
-        self._index = {tok: i for i, tok in enumerate(self.step_token_ids)}
 
     def parameters(self) -> list[Any]:
         return [self.logits]
 
-    def _probs(self) -> list[list[float]]:
+    def position_probs(self) -> list[list[float]]:
         import torch
 
         with torch.no_grad():
             return torch.softmax(self.logits, dim=-1).tolist()
-
-    def _taken(self, prefix_ids: Sequence[int]) -> tuple[int, ...]:
-        taken: list[int] = []
-        for tok in reversed(list(prefix_ids)):
-            if tok not in self._index or len(taken) == self.depth:
-                break
-            taken.append(self._index[tok])
-        return tuple(reversed(taken))
 
     def exact_objective(self) -> Any:
         """``J(logits) = E[success]``, differentiable."""
@@ -391,36 +388,6 @@ class TabularStepPolicy:
         (grad,) = torch.autograd.grad(self.exact_objective(), [self.logits])
         return grad.reshape(-1).to(torch.float32)
 
-    def value(self, prefix_ids: Sequence[int]) -> float:
-        """The exact probability of success from a prefix (a prompt plus some step tokens)."""
-        probs = self._probs()
-        taken = self._taken(prefix_ids)
-        total = 0.0
-        for future in itertools.product(range(len(self.step_token_ids)), repeat=self.depth - len(taken)):
-            weight = math.prod(probs[len(taken) + d][i] for d, i in enumerate(future))
-            total += weight * float(self._success(taken + future))
-        return total
-
-    def sample(self, requests: Sequence[RolloutRequest]) -> list[list[Continuation]]:
-        """``n`` continuations per request from the current logits, each cut at the request's ``max_tokens``."""
-        probs = self._probs()
-        indices = range(len(self.step_token_ids))
-        out: list[list[Continuation]] = []
-        for req in requests:
-            taken = self._taken(req.prefix_ids)
-            conts = []
-            for _ in range(req.n):
-                future = tuple(
-                    self.rng.choices(indices, weights=probs[d])[0] for d in range(len(taken), self.depth)
-                )
-                success = self.rng.random() < float(self._success(taken + future))
-                tokens = [self.step_token_ids[i] for i in future]
-                tokens += [self.success_token_id if success else self.failure_token_id, self.eos_token_id]
-                cut = len(tokens) > req.max_tokens
-                conts.append(Continuation(token_ids=tuple(tokens[: req.max_tokens]), truncated=cut))
-            out.append(conts)
-        return out
-
     def token_logprobs(
         self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
     ) -> Any:
@@ -438,3 +405,50 @@ class TabularStepPolicy:
                     row[d] = log_probs[d, self._index[tok]]
             rows.append(torch.stack(row) if row else torch.zeros(0, dtype=torch.float64))
         return torch.stack(rows) if rows else torch.zeros((0, width), dtype=torch.float64)
+
+
+def characters(text: str) -> list[str]:
+    """One step per character: the segmenter of the toys, whose steps are one token each."""
+    return list(text) or [text]
+
+
+#: The toys' logits (3 positions x 3 step tokens): no step is uniform, so the exact gradient has no zero coordinate.
+TOY_LOGITS = [[0.4, -0.2, 0.1], [-0.3, 0.5, 0.0], [0.2, 0.2, -0.6]]
+
+
+def toy_gradient_task(pass_rates: Sequence[float], *, seed: int = 0, prompts: int = 64) -> tuple[Any, Any]:
+    """An exact-toy :class:`~mcadvantage.gradient_quality.GradientTask` and its policy: ``TabularStepPolicy`` with 3
+    one-token steps (``a``/``b``/``c``), success with probability ``pass_rates[(2 * step_0 + step_1) % 4]`` (the
+    third step is harmless variation), ``prompts`` distinct prompts, the character tokenizer, ``OutcomeReward("Y")``."""
+    from .gradient_quality import GradientTask
+
+    tok = build_char_tokenizer()
+
+    def tid(ch: str) -> int:
+        return tok(ch, add_special_tokens=False)["input_ids"][0]
+
+    rates = list(pass_rates)
+    policy = TabularStepPolicy(
+        step_token_ids=[tid(c) for c in "abc"],
+        depth=3,
+        success_prob=lambda steps: rates[(2 * steps[0] + steps[1]) % 4],
+        success_token_id=tid("Y"),
+        failure_token_id=tid("N"),
+        eos_token_id=tok.eos_token_id,
+        logits=TOY_LOGITS,
+        seed=seed,
+    )
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    texts = [f"{a}{b}:" for a in letters for b in letters][:prompts]
+    task = GradientTask(
+        oracle=policy,
+        sampler=policy,
+        prompt_ids=[tok(t, add_special_tokens=False)["input_ids"] for t in texts],
+        prompts=texts,
+        rows=[{} for _ in texts],
+        reward_funcs=[OutcomeReward("Y")],
+        tokenizer=tok,
+        segmenter=characters,
+        max_completion_length=8,
+    )
+    return task, policy

@@ -189,8 +189,30 @@ def ensure_cost_ratio(data: dict[str, Any], args: argparse.Namespace) -> None:
     save_results(data)
 
 
+def equal_cost_markdown(records: list[dict[str, Any]], ratio: float, label: str) -> str:
+    """Each non-GRPO record's cosine next to GRPO's at the same cost (its budgets interpolated in log cost), with
+    the cost model recomputed at ``ratio``."""
+    from mcadvantage.gradient_quality import at_equal_cost
+
+    rows = [{**r, "cost_model": r["sampled_tokens"] + ratio * r["trained_tokens"]} for r in records]
+    lines = [
+        f"| {e['estimator']} | {e['cosine']:.3f} | {e['baseline_cosine_at_cost']:.3f} | "
+        f"{e['cosine'] - e['baseline_cosine_at_cost']:+.3f} |"
+        if e["baseline_cosine_at_cost"] is not None
+        else f"| {e['estimator']} | {e['cosine']:.3f} | outside GRPO's budgets | |"
+        for e in at_equal_cost(rows)
+        if not e["estimator"].startswith("grpo_p")
+    ]
+    return (
+        f"At equal cost, r = {ratio:.2f} (GRPO's budgets interpolated in log cost):\n\n"
+        f"| {label} | cosine | GRPO at the same cost | difference |\n|---|---:|---:|---:|\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
 def report(data: dict[str, Any]) -> str:
-    from mcadvantage.gradient_quality import at_equal_cost, markdown_table, plot_records
+    from mcadvantage.gradient_quality import markdown_table, plot_records
 
     parts = []
     for name, stored in data["tasks"].items():
@@ -207,23 +229,7 @@ def report(data: dict[str, Any]) -> str:
             f"### {name}\n\n{about} r = {data['cost_ratio']['cost_ratio']:.2f}.\n\n{markdown_table(stored['records'])}\n"
         )
         for ratio in (data["cost_ratio"]["cost_ratio"], GPU_COST_RATIO):
-            records = [
-                {**rec, "cost_model": rec["sampled_tokens"] + ratio * rec["trained_tokens"]}
-                for rec in stored["records"]
-            ]
-            lines = [
-                f"| {e['estimator']} | {e['cosine']:.3f} | {e['baseline_cosine_at_cost']:.3f} | "
-                f"{e['cosine'] - e['baseline_cosine_at_cost']:+.3f} |"
-                for e in at_equal_cost(records)
-                if e["baseline_cosine_at_cost"] is not None and not e["estimator"].startswith("grpo_p")
-            ]
-            if lines:
-                parts.append(
-                    f"At equal cost, r = {ratio:.2f} (GRPO's budgets interpolated in log cost):\n\n"
-                    "| estimator | cosine | GRPO at the same cost | difference |\n|---|---:|---:|---:|\n"
-                    + "\n".join(lines)
-                    + "\n"
-                )
+            parts.append(equal_cost_markdown(stored["records"], ratio, "estimator"))
         plot_records(
             stored["records"],
             str(RESULTS / f"gradient_quality_{name}.png"),

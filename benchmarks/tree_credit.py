@@ -204,7 +204,10 @@ def run(task_name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
 
 
 def report(data: dict[str, Any]) -> str:
-    from mcadvantage.gradient_quality import at_equal_cost, markdown_table
+    from mcadvantage.gradient_quality import markdown_table
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gradient_quality as gq
 
     stored = json.loads(GQ.read_text(encoding="utf-8"))
     parts = []
@@ -217,21 +220,8 @@ def report(data: dict[str, Any]) -> str:
         if not records or not grpo:
             continue
         parts.append(f"### {task_name}: trees\n\n{markdown_table(records)}\n")
-        for ratio in (stored["cost_ratio"]["cost_ratio"], 0.4):
-            rows = [
-                {**r, "cost_model": r["sampled_tokens"] + ratio * r["trained_tokens"]} for r in records + grpo
-            ]
-            lines = [
-                f"| {e['estimator']} | {e['cosine']:.3f} | {e['baseline_cosine_at_cost']:.3f} | {e['cosine'] - e['baseline_cosine_at_cost']:+.3f} |"
-                if e["baseline_cosine_at_cost"] is not None
-                else f"| {e['estimator']} | {e['cosine']:.3f} | below GRPO's cheapest budget | |"
-                for e in at_equal_cost(rows)
-                if not e["estimator"].startswith("grpo_p")
-            ]
-            parts.append(
-                f"Trees against GRPO at equal cost, r = {ratio:.2f}:\n\n| tree | cosine | GRPO at the same cost | difference |\n"
-                "|---|---:|---:|---:|\n" + "\n".join(lines) + "\n"
-            )
+        for ratio in (stored["cost_ratio"]["cost_ratio"], gq.GPU_COST_RATIO):
+            parts.append(gq.equal_cost_markdown(records + grpo, ratio, "tree"))
     return "\n".join(parts)
 
 

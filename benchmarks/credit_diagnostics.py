@@ -11,7 +11,7 @@ are to ground truth, and the paper's ranking test.
 policy and score the critic's values (``diagnose_credit(value_functions=...)``) next to Monte Carlo's.
 
 Held-out demo problems (disjoint from every training prompt), responses sampled at the RL temperature (0.6) with
-the transformers sampler, ``mcadvantage.diagnostics.diagnose_credit``: ground-truth state values from
+the transformers sampler, ``mcadvantage.evaluation.diagnostics.diagnose_credit``: ground-truth state values from
 ``--ground_truth_k`` rollouts, VinePPO at K = 1, 3, 9 from fresh rollouts, GRPO's and RLOO's implied credit, the
 ranking test on sampled alternative next steps. Prints the table, writes
 ``benchmarks/results/credit_diagnostics.json`` and the plots and HTML report under
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
     from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
-    from mcadvantage.diagnostics import diagnose_credit
+    from mcadvantage.evaluation.diagnostics import diagnose_credit
 
     torch.set_num_threads(args.threads)
     config = DemoConfig()

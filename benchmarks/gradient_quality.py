@@ -82,8 +82,8 @@ def demo_task(prompts: int, seed: int, threads: int) -> Any:
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
     from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
-    from mcadvantage.gradient_quality import CausalLMOracle, GradientTask
-    from mcadvantage.segmenters import get_segmenter
+    from mcadvantage.evaluation.gradient_quality import CausalLMOracle, GradientTask
+    from mcadvantage.tasks.segmenters import get_segmenter
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -117,7 +117,7 @@ def save_results(data: dict[str, Any]) -> None:
 def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
     import torch
 
-    from mcadvantage.gradient_quality import (
+    from mcadvantage.evaluation.gradient_quality import (
         ReferenceGradient,
         measure_estimators,
         parse_estimator_spec,
@@ -181,7 +181,7 @@ def ensure_cost_ratio(data: dict[str, Any], args: argparse.Namespace) -> None:
         return
     import torch
 
-    from mcadvantage.gradient_quality import measure_cost_ratio
+    from mcadvantage.evaluation.gradient_quality import measure_cost_ratio
 
     _, model, _ = demo_task(args.demo_prompts, args.seed, args.threads)
     data["cost_ratio"] = measure_cost_ratio(model)
@@ -192,7 +192,7 @@ def ensure_cost_ratio(data: dict[str, Any], args: argparse.Namespace) -> None:
 def equal_cost_markdown(records: list[dict[str, Any]], ratio: float, label: str) -> str:
     """Each non-GRPO record's cosine next to GRPO's at the same cost (its budgets interpolated in log cost), with
     the cost model recomputed at ``ratio``."""
-    from mcadvantage.gradient_quality import at_equal_cost
+    from mcadvantage.evaluation.gradient_quality import at_equal_cost
 
     rows = [{**r, "cost_model": r["sampled_tokens"] + ratio * r["trained_tokens"]} for r in records]
     lines = [
@@ -212,7 +212,7 @@ def equal_cost_markdown(records: list[dict[str, Any]], ratio: float, label: str)
 
 
 def report(data: dict[str, Any]) -> str:
-    from mcadvantage.gradient_quality import markdown_table, plot_records
+    from mcadvantage.evaluation.gradient_quality import markdown_table, plot_records
 
     parts = []
     for name, stored in data["tasks"].items():
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = report(data)
     print(markdown)
     if args.doc:
-        from mcadvantage.report import replace_between_markers
+        from mcadvantage.evaluation.report import replace_between_markers
 
         if not replace_between_markers(args.doc, "gradient_quality", markdown):
             raise SystemExit(f"--doc {args.doc}: no '<!-- gradient_quality results: start/end -->' markers")

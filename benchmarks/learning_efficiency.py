@@ -463,7 +463,7 @@ def markdown_tables(records: list[dict], summary: dict) -> str:
 
 def update_doc(doc: Path, markdown: str) -> bool:
     """Replace the text between the results markers of ``doc`` with ``markdown`` (False: no markers)."""
-    from mcadvantage.report import replace_between_markers
+    from mcadvantage.evaluation.report import replace_between_markers
 
     return replace_between_markers(doc, "learning_efficiency", markdown)
 

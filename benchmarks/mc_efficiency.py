@@ -112,7 +112,7 @@ def score(
 
 
 def toy_task(groups: int, seed: int) -> dict[str, Any]:
-    from mcadvantage.estimator import Trajectory
+    from mcadvantage.mc.estimator import Trajectory
     from mcadvantage.samplers.base import RolloutRequest
     from mcadvantage.testing import OutcomeReward, StepTreeSampler, build_char_tokenizer
 
@@ -174,13 +174,13 @@ def demo_task(
     import torch
 
     from mcadvantage import GSM8KVerifier, MCValueEstimator, TransformersSampler
+    from mcadvantage.core.text import decode_batch
     from mcadvantage.demo.arms import load_policy
     from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
-    from mcadvantage.estimator import Trajectory
+    from mcadvantage.mc.estimator import Trajectory
     from mcadvantage.samplers.base import RolloutRequest
-    from mcadvantage.segmenters import get_segmenter, segment_completion
-    from mcadvantage.self_training import grade_completions
-    from mcadvantage.text import decode_batch
+    from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
+    from mcadvantage.trainer.self_training import grade_completions
 
     torch.set_num_threads(threads)
     config = DemoConfig()
@@ -273,7 +273,7 @@ def _demo_trajectories(responses, tok, segmenter, trajectory_cls, segment_comple
 
 
 def run_point(task: dict[str, Any], family: str, k: int, repeat: int) -> dict[str, Any]:
-    from mcadvantage.estimator import MCValueEstimator, plan_states
+    from mcadvantage.mc.estimator import MCValueEstimator, plan_states
 
     options = dict(FAMILIES[family][0])
     if "min_step_tokens" in options:
@@ -411,7 +411,7 @@ def doc_tables(
 
 def update_doc(doc: Path, markdown: str) -> bool:
     """Replace the text between the results markers of ``doc`` with ``markdown`` (False: no markers)."""
-    from mcadvantage.report import replace_between_markers
+    from mcadvantage.evaluation.report import replace_between_markers
 
     return replace_between_markers(doc, "mc_efficiency", markdown)
 

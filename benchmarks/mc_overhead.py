@@ -76,7 +76,7 @@ def make_batch(tokenizer: Any, args: argparse.Namespace, seed: int) -> list:
     """``prompts x responses`` trajectories of random characters. Responses to one prompt share only
     the prompt state (as independent samples do); their lengths vary, steps have ``step_tokens``
     tokens and every response ends with EOS."""
-    from mcadvantage.estimator import Trajectory
+    from mcadvantage.mc.estimator import Trajectory
 
     rng = random.Random(seed)
     first_char = 4  # mcadvantage.testing: ids 0-3 are <pad>, <s>, </s>, <unk>
@@ -329,7 +329,7 @@ def replay_overhead(tokenizer: Any, args: argparse.Namespace, repeats: int) -> d
     """The estimator's own cost per generated token on a training-sized batch (``--replay-*``), with
     a sampler that costs nothing: random continuations filling every budget (the worst case: the
     longest texts to decode and grade). This is what the estimator adds to any engine, however fast."""
-    from mcadvantage.estimator import MCValueEstimator, build_requests, plan_states
+    from mcadvantage.mc.estimator import MCValueEstimator, build_requests, plan_states
     from mcadvantage.samplers import Continuation
 
     replay_args = argparse.Namespace(**vars(args))
@@ -440,7 +440,7 @@ def main() -> None:
 
     import torch
 
-    from mcadvantage.estimator import MCValueEstimator, build_requests, plan_states
+    from mcadvantage.mc.estimator import MCValueEstimator, build_requests, plan_states
     from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
 
     torch.set_num_threads(args.threads)

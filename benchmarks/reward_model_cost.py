@@ -8,7 +8,7 @@ Prints a table and writes ``benchmarks/results/reward_model_cost.json``.
 
 Rollout texts are GSM8K-style: a prompt from GSM8K-like problems plus a ~300-character solution (real GSM8K data
 when ``../shared/data`` is present, a synthetic stand-in otherwise). Each is graded by
-:class:`mcadvantage.reward_models.RewardModelScorer` around randomly initialised sequence-classification Llamas
+:class:`mcadvantage.rewards.models.RewardModelScorer` around randomly initialised sequence-classification Llamas
 of two sizes (built offline; scoring cost depends on size, not on the weights) at two batch sizes, and by
 :class:`mcadvantage.GSM8KVerifier` for reference. Reported: milliseconds per rollout (median of ``--repeats``),
 and the ratio to the verifier, measured in one run on this machine (shared and noisy: compare ratios).
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from mcadvantage import GSM8KVerifier
-from mcadvantage.reward_models import RewardModelScorer
+from mcadvantage.rewards.models import RewardModelScorer
 from mcadvantage.testing import build_char_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

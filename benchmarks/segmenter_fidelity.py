@@ -12,7 +12,7 @@ directory and run from there. ``PATH`` may also be a directory that holds the tw
 of the official code is stored in this repository. Without ``--vineppo`` the script reports our
 own statistics only.
 
-``--baseline-rev`` also measures ``src/mcadvantage/segmenters.py`` as it was at a git revision of
+``--baseline-rev`` also measures ``src/mcadvantage/tasks/segmenters.py`` as it was at a git revision of
 this repository (read with ``git show``), so a change can be reported before/after in one run.
 
 Prints tables and writes ``benchmarks/results/segmenter_fidelity.json``:
@@ -49,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.segmenters import GSM8KSegmenter, MathSegmenter, find_math_spans
+from mcadvantage.tasks.segmenters import GSM8KSegmenter, MathSegmenter, find_math_spans
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFICIAL_MATH_FILE = "src/treetune/tasks/math_extract_steps_inplace.py"
@@ -153,9 +153,9 @@ def load_official_gsm8k(source: Path, commit: str) -> Splitter:
 
 
 def load_baseline_math(rev: str, workdir: Path) -> Splitter:
-    """``MathSegmenter()`` from ``src/mcadvantage/segmenters.py`` at git revision ``rev`` of this repo."""
+    """``MathSegmenter()`` from ``src/mcadvantage/tasks/segmenters.py`` at git revision ``rev`` of this repo."""
     proc = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:src/mcadvantage/segmenters.py"],
+        ["git", "-C", str(ROOT), "show", f"{rev}:src/mcadvantage/tasks/segmenters.py"],
         capture_output=True,
         text=True,
     )

@@ -12,7 +12,7 @@ points gets step credit ``V(next branch point) - V(this one)`` with no extra rol
 branch depths: a branch point with another leaf below needs no rollout (K = 1 counts that leaf); one without gets
 a rollout, and its tokens are counted.
 
-Every tree variant is scored with the gradient instrument (:mod:`mcadvantage.gradient_quality`) against the same
+Every tree variant is scored with the gradient instrument (:mod:`mcadvantage.evaluation.gradient_quality`) against the same
 reference as ``benchmarks/gradient_quality.py`` (exact on the toys; the stored demo reference), and compared with
 that benchmark's GRPO budgets at equal cost. Writes ``benchmarks/results/tree_credit.json`` after every variant.
 Experiment code: the trainer does not draw trees yet (its responses come from TRL's generation).
@@ -92,9 +92,9 @@ def tree_gradient(task: Any, prompts: list[int], branching: list[int], depths: l
     free samples, dapo loss at ratio 1)."""
     import torch
 
-    from mcadvantage.advantages import masked_whiten
+    from mcadvantage.core.advantages import masked_whiten
     from mcadvantage.estimators import AdvantageBatch, VinePPOEstimator
-    from mcadvantage.gradient_quality import GradientEstimate, weighted_logprob_gradient
+    from mcadvantage.evaluation.gradient_quality import GradientEstimate, weighted_logprob_gradient
 
     start = time.perf_counter()
     prompt_ids, completion_ids, texts, rows, generated = [], [], [], [], 0
@@ -145,7 +145,7 @@ def tree_gradient(task: Any, prompts: list[int], branching: list[int], depths: l
 def run(task_name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
     import torch
 
-    from mcadvantage.gradient_quality import (
+    from mcadvantage.evaluation.gradient_quality import (
         ReferenceGradient,
         batch_prompts,
         cost_model_tokens,
@@ -204,7 +204,7 @@ def run(task_name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
 
 
 def report(data: dict[str, Any]) -> str:
-    from mcadvantage.gradient_quality import markdown_table
+    from mcadvantage.evaluation.gradient_quality import markdown_table
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gradient_quality as gq
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = report(data)
     print(markdown)
     if args.doc:
-        from mcadvantage.report import replace_between_markers
+        from mcadvantage.evaluation.report import replace_between_markers
 
         if not replace_between_markers(args.doc, "tree_credit", markdown):
             raise SystemExit(f"--doc {args.doc}: no '<!-- tree_credit results: start/end -->' markers")

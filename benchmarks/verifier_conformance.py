@@ -30,7 +30,7 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
-from mcadvantage.verifiers import GSM8KVerifier, MathVerifier, _normalized, extract_gsm8k_answer
+from mcadvantage.tasks.verifiers import GSM8KVerifier, MathVerifier, _normalized, extract_gsm8k_answer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,7 +120,7 @@ def math500(shared: Path, verifier: MathVerifier) -> dict:
 
 
 def _last_box(solution: str) -> str | None:
-    from mcadvantage.verifiers import extract_boxed
+    from mcadvantage.tasks.verifiers import extract_boxed
 
     return extract_boxed(solution)
 

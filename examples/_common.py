@@ -2,7 +2,7 @@
 (:data:`TASKS`: checkpoint, data, verifier), the command line (TRL's ``TrlParser`` over :class:`ExampleArguments`,
 :class:`mcadvantage.VinePPOConfig` and ``trl.ModelConfig``, with ``VinePPOConfig.from_paper(task)`` as defaults),
 and the problems' loading and prompt formatting. Training, prompt-length filtering and Pass@1 are the library's
-(:class:`mcadvantage.VinePPOTrainer`, :mod:`mcadvantage.data`, :mod:`mcadvantage.evaluation`).
+(:class:`mcadvantage.VinePPOTrainer`, :mod:`mcadvantage.core.prompts`, :mod:`mcadvantage.evaluation.pass_at_1`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from unittest import mock
 from trl import ModelConfig, TrlParser
 
 from mcadvantage import GSM8KVerifier, MathVerifier, PassAt1Settings, VinePPOConfig
-from mcadvantage.policy import ENGINES
+from mcadvantage.trainer.policy import ENGINES
 
 __all__ = [
     "PAPER_PROMPT_TEMPLATE",
@@ -522,11 +522,11 @@ def prompt_token_limit(
 ) -> int | None:
     """Longest training prompt to keep: ``--max_prompt_length``, else what the model's context leaves next to a
     full response (and a full fixed-budget Monte Carlo rollout), measured as the trainer's init check measures it
-    (:func:`mcadvantage.data.context_length`); None when the context is unknown."""
+    (:func:`mcadvantage.core.prompts.context_length`); None when the context is unknown."""
     from transformers import AutoConfig
 
-    from mcadvantage.data import context_length
-    from mcadvantage.settings import needed_completion_room
+    from mcadvantage.core.prompts import context_length
+    from mcadvantage.core.settings import needed_completion_room
 
     if script_args.max_prompt_length is not None:
         return script_args.max_prompt_length

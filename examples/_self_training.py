@@ -1,6 +1,6 @@
 """What the RestEM and DPO+ examples (``restem.py``, ``dpo_plus.py``) share besides the library: their arguments
 (the task's data as in ``vineppo.py``, plus sampling), and sampling graded responses from a checkpoint with the
-library's samplers and the task's verifier (:func:`mcadvantage.self_training.sample_and_grade`)."""
+library's samplers and the task's verifier (:func:`mcadvantage.trainer.self_training.sample_and_grade`)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def sample_graded(
     """``args.samples_per_prompt`` responses per row from the checkpoint at ``model_path``, graded by ``verifier``."""
     import importlib.util
 
-    from mcadvantage.self_training import sample_and_grade
+    from mcadvantage.trainer.self_training import sample_and_grade
 
     use_vllm = args.engine == "vllm" or (
         args.engine == "auto" and importlib.util.find_spec("vllm") is not None

@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from datasets import Dataset
     from trl import DPOTrainer
 
-    from mcadvantage.self_training import preference_pairs
+    from mcadvantage.trainer.self_training import preference_pairs
 
     script_args, dpo_plus_args, dpo_args = parse_args(argv)
     task_spec = TASKS[script_args.task]

@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from mcadvantage.self_training import restem_examples
+    from mcadvantage.trainer.self_training import restem_examples
 
     script_args, restem_args, sft_args = parse_args(argv)
     task = TASKS[script_args.task]

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from trl import get_peft_config, get_quantization_config
 
     from mcadvantage import VinePPOTrainer, evaluate_checkpoint, evaluate_pass_at_1
-    from mcadvantage.data import filter_long_prompts
+    from mcadvantage.core.prompts import filter_long_prompts
 
     # Arguments: the paper's settings for --task as defaults; --config recipe.yaml and flags override them.
     script_args, training_args, model_args = parse_args(argv)

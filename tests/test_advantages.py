@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch
 
-from mcadvantage.advantages import masked_whiten, step_advantages, token_advantages
+from mcadvantage.core.advantages import masked_whiten, step_advantages, token_advantages
 
 # ----------------------------------------------------------------------------- step_advantages
 
@@ -171,7 +171,7 @@ def test_masked_whiten_across_two_gloo_ranks_equals_whitening_the_concatenation(
 
 
 def test_gae_with_gamma_lambda_one_is_reward_minus_value():
-    from mcadvantage.advantages import gae_advantages
+    from mcadvantage.core.advantages import gae_advantages
 
     values = torch.tensor([[0.2, 0.5, 0.9], [0.4, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
@@ -181,7 +181,7 @@ def test_gae_with_gamma_lambda_one_is_reward_minus_value():
 
 
 def test_gae_hand_computed_with_lambda_half():
-    from mcadvantage.advantages import gae_advantages
+    from mcadvantage.core.advantages import gae_advantages
 
     # delta = (0.5 - 0.2, 0.9 - 0.5, 1 - 0.9) = (0.3, 0.4, 0.1); A_2 = 0.1, A_1 = 0.4 + 0.5 * 0.1 = 0.45,
     # A_0 = 0.3 + 0.5 * 0.45 = 0.525; returns = A + V = (0.725, 0.95, 1.0).
@@ -195,7 +195,7 @@ def test_gae_hand_computed_with_lambda_half():
 
 
 def test_gae_rejects_bad_shapes_and_parameters():
-    from mcadvantage.advantages import gae_advantages
+    from mcadvantage.core.advantages import gae_advantages
 
     with pytest.raises(ValueError, match="must be"):
         gae_advantages(torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
@@ -204,7 +204,7 @@ def test_gae_rejects_bad_shapes_and_parameters():
 
 
 def test_clipped_value_loss_hand_computed():
-    from mcadvantage.advantages import clipped_value_loss
+    from mcadvantage.core.advantages import clipped_value_loss
 
     new = torch.tensor([[0.9, 0.3]])
     old = torch.tensor([[0.5, 0.3]])

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-from mcadvantage.config import VinePPOConfig  # noqa: E402
-from mcadvantage.segmenters import GSM8KSegmenter  # noqa: E402
+from mcadvantage.tasks.segmenters import GSM8KSegmenter  # noqa: E402
+from mcadvantage.trainer.config import VinePPOConfig  # noqa: E402
 
 
 def make(**kwargs):
@@ -234,7 +234,7 @@ def test_cli_parsing_with_hf_argument_parser():
 
 
 def test_trl_version_window():
-    from mcadvantage.trl_compat import check_trl_version
+    from mcadvantage.trainer.trl_compat import check_trl_version
 
     with pytest.raises(ImportError, match=r"supports TRL >=1.16,<1.17 but TRL 1.15.2 is installed"):
         check_trl_version("1.15.2")

@@ -25,8 +25,8 @@ from mcadvantage.demo.task import (
     slip_solution,
     to_rows,
 )
-from mcadvantage.segmenters import GSM8KSegmenter
-from mcadvantage.verifiers import GSM8KVerifier
+from mcadvantage.tasks.segmenters import GSM8KSegmenter
+from mcadvantage.tasks.verifiers import GSM8KVerifier
 
 REPO = Path(__file__).resolve().parents[1]
 EQUATION = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mcadvantage.diagnostics import ranking_accuracy, sign_accuracy, value_errors
+from mcadvantage.evaluation.diagnostics import ranking_accuracy, sign_accuracy, value_errors
 
 
 def test_value_errors_by_hand():
@@ -73,7 +73,7 @@ def _toy(p):
 def test_diagnose_credit_is_exact_on_a_deterministic_policy():
     """Prompts ending in "1" always succeed, in "0" never: every value is exact (1 or 0), so every Monte Carlo
     estimate and GRPO's implied V(S_0) (the group mean) have zero error, and no advantage is decided."""
-    from mcadvantage.diagnostics import diagnose_credit
+    from mcadvantage.evaluation.diagnostics import diagnose_credit
 
     tok, _, reward = _toy(0.0)
     one = tok.convert_tokens_to_ids("1")
@@ -106,7 +106,7 @@ def test_diagnose_credit_value_errors_match_the_binomial_on_a_coin_flip_policy()
     x 0.5). Over 96 states the observed MAE has a standard error below 0.03 (K = 1: |x - 0.5| is exactly 0.5
     whatever the draw, up to the ground truth's own error); the tolerance is 0.08, about 3 standard errors
     including the ground truth's (K = 256: SE 0.031 per state, averaged)."""
-    from mcadvantage.diagnostics import diagnose_credit
+    from mcadvantage.evaluation.diagnostics import diagnose_credit
 
     tok, sampler, reward = _toy(0.5)
     rows = [{"prompt": f"q{i}"} for i in range(24)]
@@ -134,7 +134,7 @@ def test_diagnose_credit_value_errors_match_the_binomial_on_a_coin_flip_policy()
 
 
 def test_diagnose_credit_rejects_bad_settings():
-    from mcadvantage.diagnostics import diagnose_credit
+    from mcadvantage.evaluation.diagnostics import diagnose_credit
 
     tok, sampler, reward = _toy(0.5)
     with pytest.raises(ValueError, match="responses_per_prompt must be >= 2"):
@@ -169,7 +169,7 @@ def test_command_line_on_a_saved_model(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "mcadvantage.diagnostics",
+        "mcadvantage.evaluation.diagnostics",
         "--model",
         str(tmp_path / "model"),
         "--data",
@@ -214,7 +214,7 @@ def test_learned_value_functions_are_scored_like_the_estimators():
     truth: its value MAE is the ground truth's own noise (SD <= 0.5 / 16 = 0.031 per state, so the MAE is below
     0.05), and it ranks every pair of alternative next steps right. A constant function ranks them at chance (0.5
     pairwise, by the tie rule), except where the alternatives end the response (their values are the rewards)."""
-    from mcadvantage.diagnostics import diagnose_credit
+    from mcadvantage.evaluation.diagnostics import diagnose_credit
     from mcadvantage.testing import OutcomeReward, StepTreeSampler, build_char_tokenizer
 
     tok = build_char_tokenizer()

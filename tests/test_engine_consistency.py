@@ -158,8 +158,8 @@ def has_vowel(prompts=None, completions=None, completion_ids=None, **kwargs):
 
 
 def _trajectories(tokenizer):
-    from mcadvantage.estimator import Trajectory
-    from mcadvantage.segmenters import get_segmenter, segment_completion
+    from mcadvantage.mc.estimator import Trajectory
+    from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
 
     segmenter = get_segmenter("newline")
     data = {
@@ -189,7 +189,7 @@ def test_mc_values_agree_across_engines(llm, hf_model, tokenizer):
     top_p 0.95, remaining budgets of 32 - prefix tokens). Per unique state, the two values must pass
     a two-proportion z-test at |z| < 4 (~10 states: false failure ~6e-4); the mean difference
     over states must pass |z| < 4 too (detects an engine bias of ~0.06 or more)."""
-    from mcadvantage.estimator import MCValueEstimator
+    from mcadvantage.mc.estimator import MCValueEstimator
 
     torch.manual_seed(0)
     k = 256

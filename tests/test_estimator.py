@@ -13,7 +13,7 @@ import statistics
 import pytest
 import torch
 
-from mcadvantage.estimator import MCValueEstimator, Trajectory, plan_states
+from mcadvantage.mc.estimator import MCValueEstimator, Trajectory, plan_states
 from mcadvantage.samplers.base import Continuation, RolloutRequest
 from mcadvantage.testing import FakeSampler, OutcomeReward
 
@@ -433,8 +433,8 @@ def test_fast_decoding_equals_batch_decode_and_falls_back_when_transformers_post
     input check) only where that gives exactly ``batch_decode(..., skip_special_tokens=True)``."""
     from transformers import PreTrainedTokenizerFast
 
-    from mcadvantage.text import decode_batch as _decode_batch
-    from mcadvantage.text import plain_fast_backend as _plain_fast_backend
+    from mcadvantage.core.text import decode_batch as _decode_batch
+    from mcadvantage.core.text import plain_fast_backend as _plain_fast_backend
 
     seqs = [ids(tok, "a b, c.") + [tok.eos_token_id], [tok.bos_token_id, *ids(tok, " x ?\n")], []]
     assert _plain_fast_backend(tok) is tok.backend_tokenizer  # fast path taken

@@ -1,4 +1,4 @@
-"""mcadvantage.evaluation: Pass@1 arithmetic on hand-made scores, grading TRL-style, the result files, and
+"""mcadvantage.evaluation.pass_at_1: Pass@1 arithmetic on hand-made scores, grading TRL-style, the result files, and
 evaluate_pass_at_1 / evaluate_checkpoint on a tiny offline model on CPU (transformers engine), checked against
 scoring the same seeded samples by hand, in one process and (slow) over two gloo processes."""
 
@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from mcadvantage.evaluation import PassAt1Result, PassAt1Settings, ScoredSamples, score_samples
+from mcadvantage.evaluation.pass_at_1 import PassAt1Result, PassAt1Settings, ScoredSamples, score_samples
 from mcadvantage.samplers import Continuation
 
 # --------------------------------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ TWO_PROCESS_SCRIPT = textwrap.dedent(
     from transformers import AutoTokenizer
 
     from mcadvantage import VinePPOConfig, VinePPOTrainer, evaluate_pass_at_1
-    from mcadvantage.evaluation import PassAt1Settings, score_samples
+    from mcadvantage.evaluation.pass_at_1 import PassAt1Settings, score_samples
     from mcadvantage.samplers import TransformersSampler
 
 

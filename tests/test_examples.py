@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mcadvantage.data import filter_long_prompts
+from mcadvantage.core.prompts import filter_long_prompts
 
 pytest.importorskip("trl")
 yaml = pytest.importorskip("yaml")

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from mcadvantage.estimators import GRPOEstimator, RLOOEstimator, VinePPOEstimator  # noqa: E402
 from mcadvantage.estimators.base import AdvantageResult, sequence_to_token_advantages  # noqa: E402
 from mcadvantage.estimators.baselines import rloo_advantages  # noqa: E402
-from mcadvantage.gradient_quality import (  # noqa: E402
+from mcadvantage.evaluation.gradient_quality import (  # noqa: E402
     GradientTask,
     cost_model_tokens,
     estimator_gradient,
@@ -157,7 +157,7 @@ def test_the_cli_runs_on_a_users_policy_and_data(tmp_path):
     import json
 
     from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
-    from mcadvantage.gradient_quality import main
+    from mcadvantage.evaluation.gradient_quality import main
 
     problems = build_data(DemoConfig(warmup_problems=50, rl_problems=10, eval_problems=4)).eval_set
     data = tmp_path / "prompts.jsonl"
@@ -216,7 +216,7 @@ def vowel_share(completions, **kwargs):
 def test_causal_lm_oracle_pads_without_changing_log_probabilities(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from mcadvantage.gradient_quality import CausalLMOracle
+    from mcadvantage.evaluation.gradient_quality import CausalLMOracle
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     oracle = CausalLMOracle(model)
@@ -237,7 +237,11 @@ def test_the_learned_critic_is_measured_after_its_warm_up(tiny_model_dir, char_t
     from transformers import AutoModelForCausalLM
 
     from mcadvantage import TransformersSampler
-    from mcadvantage.gradient_quality import CausalLMOracle, measure_estimators, parse_estimator_spec
+    from mcadvantage.evaluation.gradient_quality import (
+        CausalLMOracle,
+        measure_estimators,
+        parse_estimator_spec,
+    )
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

@@ -15,14 +15,14 @@ import statistics
 import pytest
 
 from mcadvantage import VinePPOConfig
-from mcadvantage.estimator import MCValueEstimator, Trajectory, estimated_boundaries, plan_states
-from mcadvantage.mc_budget import (
+from mcadvantage.mc.budget import (
     allocate_rollouts,
     leave_one_out_mean,
     merge_short_steps,
     shrunk_variance,
     spread_boundaries,
 )
+from mcadvantage.mc.estimator import MCValueEstimator, Trajectory, estimated_boundaries, plan_states
 from mcadvantage.samplers.base import RolloutRequest
 from mcadvantage.testing import OutcomeReward, StepTreeSampler
 

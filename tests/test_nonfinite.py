@@ -1,7 +1,7 @@
 """Issue 18 finding 1: no input may destroy the model.
 
 A reward function that returned ``inf`` for some completions used to turn all weights of the policy NaN in one
-``"vineppo"`` step, silently (the logged loss was 0.0). The rule now (``mcadvantage.reward_errors``):
+``"vineppo"`` step, silently (the logged loss was 0.0). The rule now (``mcadvantage.rewards.errors``):
 
 - ``inf`` / ``-inf`` from a reward function or a reward model, for a training response or a Monte Carlo rollout:
   :class:`~mcadvantage.RewardFunctionError` naming the function and the row, raised before any optimizer step
@@ -32,7 +32,7 @@ from transformers import (  # noqa: E402
 )
 
 from mcadvantage import RewardFunctionError, VinePPOConfig, VinePPOTrainer  # noqa: E402
-from mcadvantage.reward_errors import call_reward_func  # noqa: E402
+from mcadvantage.rewards.errors import call_reward_func  # noqa: E402
 
 ESTIMATORS = {
     "vineppo": dict(advantage_estimator="vineppo"),

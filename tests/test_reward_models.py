@@ -14,7 +14,7 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: E402
 
 from mcadvantage import VinePPOConfig, VinePPOTrainer  # noqa: E402
-from mcadvantage.reward_models import RewardModelScorer, as_rollout_reward_func  # noqa: E402
+from mcadvantage.rewards.models import RewardModelScorer, as_rollout_reward_func  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mcadvantage.estimator import MCValueEstimator, Trajectory
+from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
 from mcadvantage.samplers.base import RolloutRequest
 from mcadvantage.samplers.hf import TransformersSampler
 
@@ -172,7 +172,7 @@ def test_seeded_sampling_is_reproducible(tok, model):
 
 
 def test_temperature_zero_is_greedy(tok, model):
-    # One rule for every sampler (mcadvantage.settings): temperature 0 means greedy decoding.
+    # One rule for every sampler (mcadvantage.core.settings): temperature 0 means greedy decoding.
     prefix = ids(tok, "Q: 12+30=")
     [conts] = TransformersSampler(model, tok, temperature=0).sample(
         [RolloutRequest(prefix, n=2, max_tokens=7)]

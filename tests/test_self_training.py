@@ -1,12 +1,17 @@
-"""RestEM and DPO+ data (mcadvantage.self_training): hand-computed filtering and pairing, sampling and grading
+"""RestEM and DPO+ data (mcadvantage.trainer.self_training): hand-computed filtering and pairing, sampling and grading
 through the Sampler protocol, and one training round of each through TRL's own trainers on a tiny offline model."""
 
 from __future__ import annotations
 
 import pytest
 
-from mcadvantage.self_training import GradedPrompt, preference_pairs, restem_examples, sample_and_grade
 from mcadvantage.testing import FakeSampler, OutcomeReward, build_char_tokenizer
+from mcadvantage.trainer.self_training import (
+    GradedPrompt,
+    preference_pairs,
+    restem_examples,
+    sample_and_grade,
+)
 
 
 def _graded():

@@ -1,4 +1,4 @@
-"""TRL internals are touched in one module only (mcadvantage.trl_compat), and the supported TRL range is stated
+"""TRL internals are touched in one module only (mcadvantage.trainer.trl_compat), and the supported TRL range is stated
 once (trl_compat.SUPPORTED_TRL, which pyproject's dependency must equal)."""
 
 from __future__ import annotations
@@ -68,11 +68,11 @@ def test_no_other_module_touches_trl_internals():
         names = touched_names(path, banned)
         if names:
             offenders[str(path.relative_to(REPO))] = sorted(names)
-    assert not offenders, f"TRL internals used outside mcadvantage/trl_compat.py: {offenders}"
+    assert not offenders, f"TRL internals used outside mcadvantage/trainer/trl_compat.py: {offenders}"
 
 
 def test_supported_range_is_stated_once():
-    from mcadvantage.trl_compat import SUPPORTED_TRL
+    from mcadvantage.trainer.trl_compat import SUPPORTED_TRL
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     [trl_dep] = [d for d in deps if re.match(r"trl\b", d)]

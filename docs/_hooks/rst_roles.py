@@ -1,8 +1,8 @@
 """MkDocs hook: render the Sphinx roles used in mcadvantage's docstrings as API links.
 
 The docstrings are written for both plain ``help()`` reading and this site, and cite other objects
-Sphinx-style (``:class:`~mcadvantage.estimator.MCEstimate```). mkdocstrings renders Markdown, where
-such a role shows up as ``:class:<code>~mcadvantage.estimator.MCEstimate</code>``. This hook turns
+Sphinx-style (``:class:`~mcadvantage.mc.estimator.MCEstimate```). mkdocstrings renders Markdown, where
+such a role shows up as ``:class:<code>~mcadvantage.mc.estimator.MCEstimate</code>``. This hook turns
 every such role into an mkdocs-autorefs cross-reference to the object's entry on the API page
 (``~`` keeps only the last name, as in Sphinx) and drops the role prefix from anything the API page
 does not document (e.g. ``trl.GRPOConfig``), which then stays plain code.
@@ -39,7 +39,7 @@ def _resolve(ident: str) -> str | None:
     # "mcadvantage.samplers.Sampler" (re-export) or a bare "MCEstimate": match on the object's name.
     if parts[0] in ("mcadvantage", parts[-1]) and parts[-1] in _targets:
         return _targets[parts[-1]]
-    # A member: "MCValueEstimator.estimate" or "mcadvantage.estimator.MCValueEstimator.estimate".
+    # A member: "MCValueEstimator.estimate" or "mcadvantage.mc.estimator.MCValueEstimator.estimate".
     if len(parts) >= 2 and parts[-2] in _targets:
         return f"{_targets[parts[-2]]}.{parts[-1]}"
     return None

@@ -10,31 +10,34 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
+from mcadvantage import _moved
+from mcadvantage._version import __version__
+
+_moved.install()  # the 0.1 layout's module paths (mcadvantage.estimator, ...) stay importable
 
 # public name -> submodule that defines it
 _LAZY: dict[str, str] = {
     # segmentation
-    "StepSegmenter": "segmenters",
-    "GSM8KSegmenter": "segmenters",
-    "MathSegmenter": "segmenters",
-    "NewlineSegmenter": "segmenters",
-    "get_segmenter": "segmenters",
-    "segment_completion": "segmenters",
-    "step_token_boundaries": "segmenters",
+    "StepSegmenter": "tasks.segmenters",
+    "GSM8KSegmenter": "tasks.segmenters",
+    "MathSegmenter": "tasks.segmenters",
+    "NewlineSegmenter": "tasks.segmenters",
+    "get_segmenter": "tasks.segmenters",
+    "segment_completion": "tasks.segmenters",
+    "step_token_boundaries": "tasks.segmenters",
     # grading
-    "Verifier": "verifiers",
-    "GSM8KVerifier": "verifiers",
-    "MathVerifier": "verifiers",
-    "get_verifier": "verifiers",
-    "RewardFunctionError": "reward_errors",
+    "Verifier": "tasks.verifiers",
+    "GSM8KVerifier": "tasks.verifiers",
+    "MathVerifier": "tasks.verifiers",
+    "get_verifier": "tasks.verifiers",
+    "RewardFunctionError": "rewards.errors",
     # checkpoints: checked before a resume
-    "CheckpointError": "checkpoints",
-    "verify_checkpoint": "checkpoints",
+    "CheckpointError": "trainer.checkpoints",
+    "verify_checkpoint": "trainer.checkpoints",
     # advantage math
-    "step_advantages": "advantages",
-    "token_advantages": "advantages",
-    "masked_whiten": "advantages",
+    "step_advantages": "core.advantages",
+    "token_advantages": "core.advantages",
+    "masked_whiten": "core.advantages",
     # sampling
     "Sampler": "samplers",
     "RolloutRequest": "samplers",
@@ -56,20 +59,20 @@ _LAZY: dict[str, str] = {
     "CriticEstimator": "estimators",
     "HybridEstimator": "estimators",
     # sampling from a trainer's current policy (imports TRL)
-    "policy_sampler": "policy",
+    "policy_sampler": "trainer.policy",
     # Pass@1 evaluation (the trainer's engine through policy_sampler, or a saved checkpoint)
-    "PassAt1Settings": "evaluation",
-    "PassAt1Result": "evaluation",
-    "score_samples": "evaluation",
-    "evaluate_pass_at_1": "evaluation",
-    "evaluate_checkpoint": "evaluation",
+    "PassAt1Settings": "evaluation.pass_at_1",
+    "PassAt1Result": "evaluation.pass_at_1",
+    "score_samples": "evaluation.pass_at_1",
+    "evaluate_pass_at_1": "evaluation.pass_at_1",
+    "evaluate_checkpoint": "evaluation.pass_at_1",
     # estimation
-    "MCValueEstimator": "estimator",
-    "Trajectory": "estimator",
-    "MCEstimate": "estimator",
+    "MCValueEstimator": "mc.estimator",
+    "Trajectory": "mc.estimator",
+    "MCEstimate": "mc.estimator",
     # TRL trainer (imports TRL)
-    "VinePPOConfig": "config",
-    "VinePPOTrainer": "trainer",
+    "VinePPOConfig": "trainer.config",
+    "VinePPOTrainer": "trainer.vineppo_trainer",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -89,10 +92,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see the real names
-    from .advantages import masked_whiten, step_advantages, token_advantages
-    from .config import VinePPOConfig
-    from .estimator import MCEstimate, MCValueEstimator, Trajectory
-    from .estimators import (
+    from mcadvantage.core.advantages import masked_whiten, step_advantages, token_advantages
+    from mcadvantage.estimators import (
         AdvantageBatch,
         AdvantageEstimator,
         AdvantageResult,
@@ -105,15 +106,15 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         get_advantage_estimator,
         register_advantage_estimator,
     )
-    from .evaluation import (
+    from mcadvantage.evaluation.pass_at_1 import (
         PassAt1Result,
         PassAt1Settings,
         evaluate_checkpoint,
         evaluate_pass_at_1,
         score_samples,
     )
-    from .policy import policy_sampler
-    from .samplers import (
+    from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
+    from mcadvantage.samplers import (
         Continuation,
         RolloutRequest,
         Sampler,
@@ -121,7 +122,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         VLLMSampler,
         VLLMServerSampler,
     )
-    from .segmenters import (
+    from mcadvantage.tasks.segmenters import (
         GSM8KSegmenter,
         MathSegmenter,
         NewlineSegmenter,
@@ -130,5 +131,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         segment_completion,
         step_token_boundaries,
     )
-    from .trainer import VinePPOTrainer
-    from .verifiers import GSM8KVerifier, MathVerifier, Verifier, get_verifier
+    from mcadvantage.tasks.verifiers import GSM8KVerifier, MathVerifier, Verifier, get_verifier
+    from mcadvantage.trainer.config import VinePPOConfig
+    from mcadvantage.trainer.policy import policy_sampler
+    from mcadvantage.trainer.vineppo_trainer import VinePPOTrainer

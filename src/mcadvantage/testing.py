@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .samplers.base import Continuation, RolloutRequest
+from mcadvantage.samplers.base import Continuation, RolloutRequest
 
 # Printable ASCII (letters, digits, punctuation, space) plus newline and tab: enough for GSM8K-style
 # arithmetic, LaTeX answers and the demo's prompts.
@@ -319,7 +319,7 @@ class StepTreeSampler:
 
 class TabularStepPolicy(StepTreeSampler):
     """A differentiable toy policy whose policy gradient is known in closed form: the exact toy of the gradient
-    instrument (:mod:`mcadvantage.gradient_quality`).
+    instrument (:mod:`mcadvantage.evaluation.gradient_quality`).
 
     A :class:`StepTreeSampler` whose step token at position ``d`` is drawn from ``softmax(logits[d])``: the
     parameters are the ``(depth, V)`` logits, so ``J = E[success]`` is a finite sum over ``V ** depth`` step
@@ -417,10 +417,10 @@ TOY_LOGITS = [[0.4, -0.2, 0.1], [-0.3, 0.5, 0.0], [0.2, 0.2, -0.6]]
 
 
 def toy_gradient_task(pass_rates: Sequence[float], *, seed: int = 0, prompts: int = 64) -> tuple[Any, Any]:
-    """An exact-toy :class:`~mcadvantage.gradient_quality.GradientTask` and its policy: ``TabularStepPolicy`` with 3
+    """An exact-toy :class:`~mcadvantage.evaluation.gradient_quality.GradientTask` and its policy: ``TabularStepPolicy`` with 3
     one-token steps (``a``/``b``/``c``), success with probability ``pass_rates[(2 * step_0 + step_1) % 4]`` (the
     third step is harmless variation), ``prompts`` distinct prompts, the character tokenizer, ``OutcomeReward("Y")``."""
-    from .gradient_quality import GradientTask
+    from mcadvantage.evaluation.gradient_quality import GradientTask
 
     tok = build_char_tokenizer()
 

@@ -171,7 +171,7 @@ def idle_trainer(killed_run, tiny_model_dir):
 def test_broken_checkpoint_file_is_named_and_nothing_is_overwritten(
     killed_run, idle_trainer, name, how, tmp_path
 ):
-    from mcadvantage.checkpoints import CheckpointError
+    from mcadvantage.trainer.checkpoints import CheckpointError
 
     out = tmp_path / "out"
     for step in (1, 2):
@@ -200,7 +200,7 @@ def test_broken_checkpoint_file_is_named_and_nothing_is_overwritten(
 
 
 def test_complete_checkpoints_pass_and_are_listed(killed_run):
-    from mcadvantage.checkpoints import complete_checkpoints, verify_checkpoint
+    from mcadvantage.trainer.checkpoints import complete_checkpoints, verify_checkpoint
 
     for checkpoint in (killed_run["root"] / "killed").glob("checkpoint-*"):
         verify_checkpoint(checkpoint)

@@ -106,7 +106,7 @@ def test_worker_hung_mid_call_is_killed_at_its_deadline(record_property):
 
 
 def test_grading_process_hung_mid_call_is_replaced_and_the_call_retried(monkeypatch, record_property):
-    import mcadvantage.verifiers as verifiers
+    import mcadvantage.tasks.verifiers as verifiers
 
     # The caller's backstop is 30 s + the answers' budgets; 2 s here so the test is quick.
     monkeypatch.setattr(verifiers, "_BACKSTOP_SLACK_SECONDS", 2.0)

@@ -44,7 +44,7 @@ def test_reward_function_raising_on_one_row_is_named(
     estimator, fail_on_call, where, tiny_model_dir, tmp_path, record_property
 ):
     from mcadvantage import RewardFunctionError
-    from mcadvantage.checkpoints import verify_checkpoint
+    from mcadvantage.trainer.checkpoints import verify_checkpoint
 
     # gae grades only the responses (call 2 = step 2's responses); vineppo grades step 1's responses (call 1),
     # then that step's rollouts (call 2).

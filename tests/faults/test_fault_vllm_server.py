@@ -114,8 +114,8 @@ def test_server_killed_mid_run_stops_training_with_a_clear_error(
 ):
     from transformers import TrainerCallback
 
-    from mcadvantage.checkpoints import verify_checkpoint
     from mcadvantage.samplers import VLLMServerSampler
+    from mcadvantage.trainer.checkpoints import verify_checkpoint
 
     url, proc = vllm_server
     killed_at: list[float] = []

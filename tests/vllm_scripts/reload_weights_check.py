@@ -30,7 +30,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
-    from mcadvantage.vllm_weights import _engine_is_in_process, reload_vllm_weights
+    from mcadvantage.samplers.vllm_weights import _engine_is_in_process, reload_vllm_weights
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)

@@ -121,7 +121,7 @@ def main() -> None:
         "sampler_calls": [],
     }
 
-    # The trainer builds its rollout sampler per step (mcadvantage.policy.policy_sampler); observe every
+    # The trainer builds its rollout sampler per step (mcadvantage.trainer.policy.policy_sampler); observe every
     # VLLMSampler call. A transformers sampler would leave sampler_type None and fail the test.
     from mcadvantage.samplers.vllm import VLLMSampler
 

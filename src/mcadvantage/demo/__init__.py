@@ -5,6 +5,6 @@ responses coloured by their Monte Carlo step advantages.
 Importing this package imports only the task generator (no torch, TRL or vLLM).
 """
 
-from .task import ArithmeticProblem, Operation, generate_problems, make_problem, to_rows
+from mcadvantage.demo.task import ArithmeticProblem, Operation, generate_problems, make_problem, to_rows
 
 __all__ = ["ArithmeticProblem", "Operation", "generate_problems", "make_problem", "to_rows"]

@@ -2,7 +2,7 @@
 
 import sys
 
-from .run import main
+from mcadvantage.demo.run import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .run import DemoConfig, DemoData
+from mcadvantage.demo.run import DemoConfig, DemoData
 
 __all__ = [
     "ArmSpec",
@@ -131,9 +131,8 @@ def train_warmup_policy(
     ``eval_every`` steps and the last step (empty without ``evaluate``)."""
     import torch
 
+    from mcadvantage.demo.warmup import supervised_warmup
     from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
-
-    from .warmup import supervised_warmup
 
     torch.manual_seed(config.seed)
     tokenizer = build_char_tokenizer()
@@ -321,7 +320,7 @@ def run_sft_arm(
     steps of ``config.warmup_batch_size`` examples, evaluating every ``eval_every`` steps. The arm a
     comparison needs to show that RL beats simply training longer. No response is sampled, so its
     records have ``sampled_tokens = 0``."""
-    from .warmup import supervised_warmup
+    from mcadvantage.demo.warmup import supervised_warmup
 
     if eval_every < 1 or steps < 1:
         raise ValueError(f"run_sft_arm: steps and eval_every must be >= 1, got {steps} and {eval_every}.")
@@ -368,7 +367,7 @@ def _sample_graded(
     """The RL-free arms' data: ``config.num_generations`` responses per row at the RL temperature, graded, and
     the tokens sampled (what the arms' records count)."""
     from mcadvantage import TransformersSampler
-    from mcadvantage.self_training import sample_and_grade
+    from mcadvantage.trainer.self_training import sample_and_grade
 
     sampler = TransformersSampler(policy, tokenizer, temperature=config.temperature, max_batch_sequences=1024)
     graded = sample_and_grade(
@@ -401,7 +400,7 @@ def run_restem_arm(
     """RestEM (Singh et al., 2024) on the demo task, as the paper ran it: each iteration samples
     ``config.num_generations`` responses (temperature ``config.temperature``) to ``prompts_per_iteration``
     new RL prompts from the previous iteration's policy, keeps the verified-correct ones
-    (:func:`mcadvantage.self_training.restem_examples`), and fine-tunes the *starting* policy on them for
+    (:func:`mcadvantage.trainer.self_training.restem_examples`), and fine-tunes the *starting* policy on them for
     ``epochs`` epochs (the paper resets to the base model every iteration). Evaluated after every
     iteration; a record's ``step`` is the RL step that has consumed as many prompts
     (``steps_per_iteration``, default ``prompts_per_iteration / config.prompts_per_step``), so its curve
@@ -409,9 +408,8 @@ def run_restem_arm(
     validation split; here every iteration is kept (no validation split is held out), which is stated with
     the results."""
     from mcadvantage import GSM8KVerifier
-    from mcadvantage.self_training import restem_examples
-
-    from .warmup import supervised_warmup
+    from mcadvantage.demo.warmup import supervised_warmup
+    from mcadvantage.trainer.self_training import restem_examples
 
     if min(iterations, prompts_per_iteration, epochs) < 1:
         raise ValueError(
@@ -480,7 +478,7 @@ def run_dpo_plus_arm(
     """DPO+ (Pal et al., 2024) on the demo task, as the paper ran it: ``config.num_generations`` responses
     (temperature ``config.temperature``) to each of the first ``prompts`` RL prompts, sampled once from the
     starting policy; up to ``pairs_per_prompt`` (correct, incorrect) pairs per prompt
-    (:func:`mcadvantage.self_training.preference_pairs`); ``trl.DPOTrainer`` for ``epochs`` epochs with ``beta`` and
+    (:func:`mcadvantage.trainer.self_training.preference_pairs`); ``trl.DPOTrainer`` for ``epochs`` epochs with ``beta`` and
     ``loss_type=["sigmoid", "sft"]`` (DPO plus the chosen response's NLL: TRL 1.16 has no DPO-Positive loss, see
     ``docs/howto/restem-dpo-plus.md``). Evaluated once trained; the record's ``step`` is ``step`` (default the RL
     step that has consumed as many prompts)."""
@@ -490,7 +488,7 @@ def run_dpo_plus_arm(
     from trl import DPOConfig, DPOTrainer
 
     from mcadvantage import GSM8KVerifier
-    from mcadvantage.self_training import preference_pairs
+    from mcadvantage.trainer.self_training import preference_pairs
 
     if min(prompts, pairs_per_prompt, epochs) < 1 or prompts > len(data.rl_set):
         raise ValueError(

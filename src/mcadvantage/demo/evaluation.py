@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .task import ArithmeticProblem
+from mcadvantage.demo.task import ArithmeticProblem
 
 __all__ = ["generate_responses", "evaluate_accuracy"]
 

@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .run import WARMUP_FIELDS, DemoConfig, _quiet_libraries, build_data
+from mcadvantage.demo.run import WARMUP_FIELDS, DemoConfig, _quiet_libraries, build_data
 
 __all__ = ["make_warmup", "main"]
 
@@ -40,10 +40,9 @@ def make_warmup(config: DemoConfig, output_dir: str | Path, *, progress: bool = 
     from tqdm.auto import tqdm
 
     from mcadvantage import GSM8KVerifier
+    from mcadvantage.demo.arms import train_warmup_policy
+    from mcadvantage.demo.evaluation import evaluate_accuracy
     from mcadvantage.testing import build_char_tokenizer
-
-    from .arms import train_warmup_policy
-    from .evaluation import evaluate_accuracy
 
     _quiet_libraries()
     torch.set_num_threads(max(1, config.threads))

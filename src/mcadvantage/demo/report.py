@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-# The page renderer lives in the library (mcadvantage.report) so users get it for their own runs; re-exported here.
-from mcadvantage.report import ScoredResponse, advantage_colour, render_responses_html
+# The page renderer lives in the library (mcadvantage.evaluation.report) so users get it for their own runs; re-exported here.
+from mcadvantage.evaluation.report import ScoredResponse, advantage_colour, render_responses_html
 
 __all__ = ["ScoredResponse", "advantage_colour", "render_responses_html", "plot_learning_curve"]
 

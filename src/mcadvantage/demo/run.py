@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .task import ArithmeticProblem, generate_problems, random_slip, skip_last_solution
+from mcadvantage.demo.task import ArithmeticProblem, generate_problems, random_slip, skip_last_solution
 
 __all__ = [
     "DemoConfig",
@@ -197,7 +197,7 @@ def validate_config(config: DemoConfig) -> None:
             f"--html_responses ({config.html_responses}) must be <= --eval_problems ({config.eval_problems}): "
             "the page shows responses to held-out problems."
         )
-    from .arms import parse_arm
+    from mcadvantage.demo.arms import parse_arm
 
     for name in _arm_names(config):
         try:
@@ -352,10 +352,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from mcadvantage import GSM8KVerifier
-
-    from .arms import load_policy, parse_arm, run_rl_arm, train_warmup_policy
-    from .evaluation import evaluate_accuracy
-    from .report import plot_learning_curve, render_responses_html
+    from mcadvantage.demo.arms import load_policy, parse_arm, run_rl_arm, train_warmup_policy
+    from mcadvantage.demo.evaluation import evaluate_accuracy
+    from mcadvantage.demo.report import plot_learning_curve, render_responses_html
 
     t_start = time.perf_counter()
     torch.set_num_threads(max(1, min(config.threads, os.cpu_count() or 1)))
@@ -573,10 +572,9 @@ def _score_responses(
     import torch
 
     from mcadvantage import MCValueEstimator, Trajectory, TransformersSampler, get_segmenter
-    from mcadvantage.segmenters import segment_completion
-
-    from .evaluation import generate_responses
-    from .report import ScoredResponse
+    from mcadvantage.demo.evaluation import generate_responses
+    from mcadvantage.demo.report import ScoredResponse
+    from mcadvantage.tasks.segmenters import segment_completion
 
     if not problems:
         return []

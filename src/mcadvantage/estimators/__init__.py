@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .base import (
+from mcadvantage.estimators.base import (
     AdvantageBatch,
     AdvantageEstimator,
     AdvantageResult,

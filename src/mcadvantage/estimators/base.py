@@ -31,7 +31,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-from ..samplers.base import Sampler
+from mcadvantage.samplers.base import Sampler
 
 __all__ = [
     "AdvantageBatch",
@@ -243,7 +243,7 @@ class AdvantageEstimator(Protocol):
 
     @classmethod
     def from_config(cls, config: Any) -> AdvantageEstimator:
-        """Build the estimator from a :class:`~mcadvantage.config.VinePPOConfig` (or any object with the same
+        """Build the estimator from a :class:`~mcadvantage.trainer.config.VinePPOConfig` (or any object with the same
         fields)."""
         ...
 

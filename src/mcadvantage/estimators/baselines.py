@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .base import (
+from mcadvantage.estimators.base import (
     AdvantageBatch,
     AdvantageResult,
     EstimatorContext,

@@ -23,10 +23,15 @@ from typing import Any
 
 import torch
 
-from ..advantages import clipped_value_loss, gae_advantages
-from ..segmenters import get_segmenter, segment_completion
-from .base import AdvantageBatch, AdvantageResult, EstimatorContext, register_advantage_estimator
-from .vineppo import check_token_level_loss
+from mcadvantage.core.advantages import clipped_value_loss, gae_advantages
+from mcadvantage.estimators.base import (
+    AdvantageBatch,
+    AdvantageResult,
+    EstimatorContext,
+    register_advantage_estimator,
+)
+from mcadvantage.estimators.vineppo import check_token_level_loss
+from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
 
 __all__ = ["CriticEstimator", "value_model_from_policy"]
 

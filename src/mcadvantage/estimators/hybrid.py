@@ -30,10 +30,15 @@ from typing import Any
 
 import torch
 
-from ..segmenters import get_segmenter, segment_completion
-from .base import AdvantageBatch, AdvantageResult, EstimatorContext, register_advantage_estimator
-from .baselines import GRPOEstimator, nanstd
-from .vineppo import VinePPOEstimator
+from mcadvantage.estimators.base import (
+    AdvantageBatch,
+    AdvantageResult,
+    EstimatorContext,
+    register_advantage_estimator,
+)
+from mcadvantage.estimators.baselines import GRPOEstimator, nanstd
+from mcadvantage.estimators.vineppo import VinePPOEstimator
+from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
 
 __all__ = ["HybridEstimator", "degenerate_groups", "predicted_rollout_tokens"]
 

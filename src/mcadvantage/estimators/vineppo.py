@@ -1,6 +1,6 @@
 """VinePPO's Monte Carlo advantages on the estimator seam (arXiv 2410.01679, section 3).
 
-Every local response is cut into reasoning steps aligned to its tokens; :class:`~mcadvantage.estimator.
+Every local response is cut into reasoning steps aligned to its tokens; :class:`~mcadvantage.mc.estimator.
 MCValueEstimator` samples ``num_mc_rollouts`` continuations from the state before each step with the current
 policy (the context's sampler) and grades them with the reward functions; every token of step ``i`` gets
 ``V(S_i) - V(S_{i-1})`` (``V(S_n) = R``). With a vLLM server only the main process can sample: it gathers
@@ -15,11 +15,16 @@ from typing import Any
 
 import torch
 
-from ..data import check_prompt_fits
-from ..estimator import MCEstimate, MCValueEstimator, Trajectory
-from ..segmenters import get_segmenter, segment_completion
-from ..settings import needed_completion_room, validate_mc_settings
-from .base import AdvantageBatch, AdvantageResult, EstimatorContext, register_advantage_estimator
+from mcadvantage.core.prompts import check_prompt_fits
+from mcadvantage.core.settings import needed_completion_room, validate_mc_settings
+from mcadvantage.estimators.base import (
+    AdvantageBatch,
+    AdvantageResult,
+    EstimatorContext,
+    register_advantage_estimator,
+)
+from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
+from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
 
 __all__ = ["VinePPOEstimator"]
 
@@ -54,7 +59,7 @@ class VinePPOEstimator:
     Args:
         num_rollouts: K, continuations per state (``VinePPOConfig.num_mc_rollouts``).
         rollout_budget: ``"remaining"`` or ``"fixed"`` (``mc_rollout_budget``), as for
-            :class:`~mcadvantage.estimator.MCValueEstimator`.
+            :class:`~mcadvantage.mc.estimator.MCValueEstimator`.
         fixed_rollout_budget: tokens per continuation with ``"fixed"`` (``mc_fixed_rollout_budget``).
         max_estimated_steps: estimate at most this many states per response (``mc_max_estimated_steps``).
         truncated_reward: reward of a truncated continuation, None to grade it (``mc_truncated_reward``).
@@ -68,7 +73,7 @@ class VinePPOEstimator:
             used when None.
 
     Attributes:
-        last_estimate: the local :class:`~mcadvantage.estimator.MCEstimate` of the latest batch (estimated
+        last_estimate: the local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (estimated
             responses only, in batch order; see ``last_rows``).
         last_rows: local batch indices of the responses in ``last_estimate``. Responses left out (empty,
             unscorable by every reward function, or masked out) get advantage 0 and are left out of whitening.
@@ -249,7 +254,7 @@ class VinePPOEstimator:
     # -- I/O around the pure estimator ------------------------------------------------------------------------
 
     def make_estimator(self, sampler: Any, context: EstimatorContext) -> MCValueEstimator:
-        """The :class:`~mcadvantage.estimator.MCValueEstimator` for one batch, around ``sampler``."""
+        """The :class:`~mcadvantage.mc.estimator.MCValueEstimator` for one batch, around ``sampler``."""
         return MCValueEstimator(
             sampler,
             list(context.reward_funcs),

@@ -39,10 +39,10 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "packages, `pip install --no-deps verl` plus tensordict and ray; see docs/howto/verl.md)."
     ) from err
 
-from ..advantages import masked_whiten
-from ..estimators.base import AdvantageBatch, EstimatorContext
-from ..estimators.vineppo import VinePPOEstimator
-from ..samplers.base import Continuation, RolloutRequest
+from mcadvantage.core.advantages import masked_whiten
+from mcadvantage.estimators.base import AdvantageBatch, EstimatorContext
+from mcadvantage.estimators.vineppo import VinePPOEstimator
+from mcadvantage.samplers.base import Continuation, RolloutRequest
 
 __all__ = [
     "SUPPORTED_VERL",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .base import Continuation, RolloutRequest, Sampler
+from mcadvantage.samplers.base import Continuation, RolloutRequest, Sampler
 
 _LAZY = {
     "TransformersSampler": ".hf",

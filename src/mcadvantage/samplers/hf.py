@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ..settings import validate_sampling_settings
-from .base import Continuation, RolloutRequest
+from mcadvantage.core.settings import validate_sampling_settings
+from mcadvantage.samplers.base import Continuation, RolloutRequest
 
 __all__ = ["TransformersSampler"]
 

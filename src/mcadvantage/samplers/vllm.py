@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..settings import validate_sampling_settings
-from .base import Continuation, RolloutRequest
+from mcadvantage.core.settings import validate_sampling_settings
+from mcadvantage.samplers.base import Continuation, RolloutRequest
 
 __all__ = ["VLLMSampler", "VLLMServerSampler"]
 

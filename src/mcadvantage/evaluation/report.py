@@ -1,7 +1,7 @@
 """An HTML page of sampled responses with every reasoning step coloured by its advantage: red for a negative
 advantage, green for a positive one, with the values before and after the step in a tooltip.
 
-Used by the demo (responses before and after each arm), by :mod:`mcadvantage.diagnostics` (ground-truth
+Used by the demo (responses before and after each arm), by :mod:`mcadvantage.evaluation.diagnostics` (ground-truth
 advantages) and by your own runs: build :class:`ScoredResponse` objects from any estimate (e.g.
 ``MCValueEstimator.estimate`` values and step advantages) and call :func:`render_responses_html`.
 """

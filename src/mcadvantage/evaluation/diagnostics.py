@@ -213,11 +213,11 @@ def diagnose_credit(
     import torch
     from tqdm.auto import tqdm
 
-    from .estimator import MCValueEstimator, Trajectory
-    from .samplers.base import RolloutRequest
-    from .segmenters import segment_completion
-    from .self_training import grade_completions
-    from .text import decode_batch
+    from mcadvantage.core.text import decode_batch
+    from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
+    from mcadvantage.samplers.base import RolloutRequest
+    from mcadvantage.tasks.segmenters import segment_completion
+    from mcadvantage.trainer.self_training import grade_completions
 
     for name, value in (
         ("responses_per_prompt", responses_per_prompt),
@@ -464,7 +464,7 @@ def _plot(result: CreditDiagnostics, out: Path) -> dict[str, Path]:
 
 
 def _render_report(result: CreditDiagnostics) -> str:
-    from .report import ScoredResponse, render_responses_html
+    from mcadvantage.evaluation.report import ScoredResponse, render_responses_html
 
     summary = {"settings": ", ".join(f"{k}={v}" for k, v in result.settings.items())}
     for name, m in result.estimators.items():
@@ -487,7 +487,7 @@ def _render_report(result: CreditDiagnostics) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mcadvantage.diagnostics --model DIR --data FILE.jsonl --output_dir DIR``: credit diagnostics of a
+    """``python -m mcadvantage.evaluation.diagnostics --model DIR --data FILE.jsonl --output_dir DIR``: credit diagnostics of a
     saved model on prompts with answers (JSONL rows with ``prompt`` and ``answer``). Loads the model with
     transformers, samples with :class:`~mcadvantage.TransformersSampler`; nothing is downloaded."""
     import argparse
@@ -495,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = argparse.ArgumentParser(
-        prog="python -m mcadvantage.diagnostics", description=main.__doc__.split("\n\n")[0]
+        prog="python -m mcadvantage.evaluation.diagnostics", description=main.__doc__.split("\n\n")[0]
     )
     parser.add_argument("--model", required=True, help="a saved model directory (or a cached model id)")
     parser.add_argument("--data", required=True, help="JSONL, one {'prompt': ..., 'answer': ...} per line")
@@ -516,8 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .samplers.hf import TransformersSampler
-    from .verifiers import GSM8KVerifier, MathVerifier
+    from mcadvantage.samplers.hf import TransformersSampler
+    from mcadvantage.tasks.verifiers import GSM8KVerifier, MathVerifier
 
     path = Path(args.data)
     if not path.is_file():

@@ -141,8 +141,8 @@ def sample_and_grade(
     """Sample ``num_samples`` responses per row (``row["prompt"]`` is the text prompt; the other columns are
     passed to ``reward_func`` as keyword lists, as TRL passes dataset columns) with a
     :class:`~mcadvantage.Sampler`, and grade them. Returns one :class:`GradedPrompt` per row, in order."""
-    from .samplers.base import RolloutRequest
-    from .text import decode_batch
+    from mcadvantage.core.text import decode_batch
+    from mcadvantage.samplers.base import RolloutRequest
 
     if num_samples < 1:
         raise ValueError(f"sample_and_grade: num_samples must be >= 1, got {num_samples}.")

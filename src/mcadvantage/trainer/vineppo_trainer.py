@@ -5,7 +5,7 @@ epochs, k3 KL to a reference model in the loss) and accepts per-token advantages
 wiring: GRPO generates and grades the responses; the configured estimator (``args.advantage_estimator``:
 ``"vineppo"``, ``"grpo"``, ``"rloo"`` or a registered one) turns them into per-token advantages, handed a sampler
 holding the current policy; the advantages are whitened across processes when asked and go to GRPO's loss. Every
-use of TRL internals lives in :mod:`mcadvantage.trl_compat`.
+use of TRL internals lives in :mod:`mcadvantage.trainer.trl_compat`.
 """
 
 from __future__ import annotations
@@ -20,24 +20,29 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from trl import GRPOConfig
 
-from .advantages import masked_whiten
-from .config import VinePPOConfig
-from .data import check_prompt_lengths, context_length
-from .estimators import (
+from mcadvantage.core.advantages import masked_whiten
+from mcadvantage.core.prompts import check_prompt_lengths, context_length
+from mcadvantage.core.settings import needed_completion_room
+from mcadvantage.estimators import (
     AdvantageBatch,
     AdvantageResult,
     EstimatorContext,
     build_advantage_estimator,
     reduce_metrics,
 )
-from .estimators.base import AdvantageEstimator
-from .policy import policy_sampler
-from .reward_models import as_rollout_reward_func
-from .samplers.base import Sampler
-from .segmenters import get_segmenter
-from .settings import needed_completion_room
-from .trainer_checks import check_dataset_columns, check_reward_funcs, check_unsupported_kwargs
-from .trl_compat import SUPPORTED_TRL, GRPOTrainerHooks, check_trl_version, install_layerwise_weight_sync
+from mcadvantage.estimators.base import AdvantageEstimator
+from mcadvantage.rewards.models import as_rollout_reward_func
+from mcadvantage.samplers.base import Sampler
+from mcadvantage.tasks.segmenters import get_segmenter
+from mcadvantage.trainer.checks import check_dataset_columns, check_reward_funcs, check_unsupported_kwargs
+from mcadvantage.trainer.config import VinePPOConfig
+from mcadvantage.trainer.policy import policy_sampler
+from mcadvantage.trainer.trl_compat import (
+    SUPPORTED_TRL,
+    GRPOTrainerHooks,
+    check_trl_version,
+    install_layerwise_weight_sync,
+)
 
 __all__ = ["VinePPOTrainer", "check_trl_version", "SUPPORTED_TRL"]
 
@@ -46,14 +51,14 @@ class VinePPOTrainer(GRPOTrainerHooks):
     """VinePPO (arXiv 2410.01679) as a drop-in TRL trainer: ``GRPOTrainer`` with Monte Carlo step advantages, or
     any other registered advantage estimator (``args.advantage_estimator``) on the same trainer.
 
-    Use it like ``trl.GRPOTrainer`` with a :class:`~mcadvantage.config.VinePPOConfig`:
+    Use it like ``trl.GRPOTrainer`` with a :class:`~mcadvantage.trainer.config.VinePPOConfig`:
 
         trainer = VinePPOTrainer(model="path/to/sft-model", reward_funcs=GSM8KVerifier(), args=VinePPOConfig(...),
                                  train_dataset=dataset)   # columns: "prompt", "answer"
         trainer.train()
 
     Monte Carlo rollouts run on the engine that generated the responses, with the same sampling settings
-    (:func:`~mcadvantage.policy.policy_sampler`): TRL's colocated vLLM engine (woken up for the rollouts in sleep
+    (:func:`~mcadvantage.trainer.policy.policy_sampler`): TRL's colocated vLLM engine (woken up for the rollouts in sleep
     mode), the vLLM server (the main process estimates every process' responses and sends each its part), or the
     policy itself with transformers ``generate``. With several processes each process estimates its own
     responses and the whitening statistics are global, so the advantages equal a single process' on the same batch.
@@ -61,11 +66,11 @@ class VinePPOTrainer(GRPOTrainerHooks):
     Args:
         model: the policy, as for ``trl.GRPOTrainer``: a model id, a local directory or a loaded causal LM.
         reward_funcs: as for ``trl.GRPOTrainer``: reward function(s) called TRL-style (e.g.
-            :class:`~mcadvantage.verifiers.GSM8KVerifier`), async reward functions, reward models (``nn.Module``
+            :class:`~mcadvantage.tasks.verifiers.GSM8KVerifier`), async reward functions, reward models (``nn.Module``
             or model ids), or a list of them. They grade both the responses and every Monte Carlo continuation (on
             the full response text); reward models score rollouts in batches with their own tokenizer
-            (:class:`~mcadvantage.reward_models.RewardModelScorer`).
-        args: a :class:`~mcadvantage.config.VinePPOConfig` (a plain ``GRPOConfig`` raises ``TypeError``); default
+            (:class:`~mcadvantage.rewards.models.RewardModelScorer`).
+        args: a :class:`~mcadvantage.trainer.config.VinePPOConfig` (a plain ``GRPOConfig`` raises ``TypeError``); default
             ``VinePPOConfig("<model name>-VinePPO")``.
         train_dataset: as for ``trl.GRPOTrainer``: a ``prompt`` column plus the columns the reward functions read
             (e.g. ``answer``); checked at init.
@@ -87,7 +92,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
     Attributes:
         advantage_estimator: the estimator in use (e.g. a :class:`~mcadvantage.estimators.VinePPOEstimator`, whose
             ``last_estimate`` / ``last_rows`` hold the local Monte Carlo estimate of the latest batch).
-        last_mc_estimate: with ``"vineppo"``, the local :class:`~mcadvantage.estimator.MCEstimate` of the latest
+        last_mc_estimate: with ``"vineppo"``, the local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest
             batch (estimated responses only, in batch order; see ``last_mc_rows``).
         last_mc_rows: local batch indices of the responses in ``last_mc_estimate``. Responses left out (empty,
             unscorable by every reward function, or masked by ``mask_truncated_completions``) get advantage 0 and
@@ -204,7 +209,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
 
     @property
     def last_mc_estimate(self) -> Any:
-        """The local :class:`~mcadvantage.estimator.MCEstimate` of the latest batch (``"vineppo"``; else None)."""
+        """The local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (``"vineppo"``; else None)."""
         return getattr(self.advantage_estimator, "last_estimate", None)
 
     @property

@@ -2,7 +2,7 @@
 
 VinePPO's fixed scheme samples ``K`` continuations at every step boundary. Three things make that cheaper
 without giving up what makes it work; each is a small pure function here, wired into
-:class:`~mcadvantage.estimator.MCValueEstimator` by its options:
+:class:`~mcadvantage.mc.estimator.MCValueEstimator` by its options:
 
 1. **A step budget** (``min_step_tokens``, ``steps_after_cap="spread"``): cost grows with a budget, not with
    the number of newlines. :func:`merge_short_steps` merges steps shorter than ``m`` tokens;

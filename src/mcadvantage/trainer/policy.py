@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from .samplers.base import Sampler
+from mcadvantage.samplers.base import Sampler
 
 __all__ = ["ENGINES", "policy_sampler", "sampling_settings"]
 
@@ -55,7 +55,7 @@ def policy_sampler(
         **overrides: sampling settings replacing the trainer's (``temperature``, ``top_p``, ``top_k``,
             ``min_p``, ``repetition_penalty``), e.g. an evaluation temperature.
     """
-    from .trl_compat import sync_weights_if_stale, vllm_awake
+    from mcadvantage.trainer.trl_compat import sync_weights_if_stale, vllm_awake
 
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is invalid. Use one of {list(ENGINES)}.")
@@ -71,7 +71,7 @@ def policy_sampler(
     extra = dict(trainer.args.generation_kwargs or {})
 
     if trainer.use_vllm and engine != "transformers":
-        from .samplers.vllm import VLLMSampler, VLLMServerSampler
+        from mcadvantage.samplers.vllm import VLLMSampler, VLLMServerSampler
 
         if trainer.vllm_mode == "colocate":
             with vllm_awake(trainer):  # sleep mode: re-push the weights and wake the KV cache
@@ -87,7 +87,7 @@ def policy_sampler(
         )
         return
 
-    from .samplers.hf import TransformersSampler
+    from mcadvantage.samplers.hf import TransformersSampler
 
     if trainer.args.cache_implementation is not None:
         extra.setdefault("cache_implementation", trainer.args.cache_implementation)

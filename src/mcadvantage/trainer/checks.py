@@ -27,7 +27,7 @@ def check_unsupported_kwargs(kwargs: dict[str, Any]) -> None:
 
 def check_reward_funcs(reward_funcs: Any) -> list[Any]:
     """The reward functions as a list (reward models and async functions included: they grade rollouts through
-    :func:`~mcadvantage.reward_models.as_rollout_reward_func`)."""
+    :func:`~mcadvantage.rewards.models.as_rollout_reward_func`)."""
     if reward_funcs is None:
         raise ValueError(
             "No reward source provided (reward_funcs is None; GRPOTrainer's message): VinePPO grades every response and Monte Carlo continuation with reward functions "

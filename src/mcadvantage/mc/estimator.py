@@ -15,8 +15,8 @@ How a call to :meth:`MCValueEstimator.estimate` runs (each stage a small pure he
    ``sampler.sample(requests)`` call, so the engine can batch everything.
 3. All rollouts are graded by the reward functions in one call per function (TRL signature), on the
    full response text ``decode(prefix ids + continuation ids)``.
-4. :func:`average_values` gives each state its value; :func:`~mcadvantage.advantages.step_advantages`
-   and :func:`~mcadvantage.advantages.token_advantages` give the advantages.
+4. :func:`average_values` gives each state its value; :func:`~mcadvantage.core.advantages.step_advantages`
+   and :func:`~mcadvantage.core.advantages.token_advantages` give the advantages.
 
 Reproducibility: this module adds no randomness; the estimate is a deterministic function of the
 sampler's output (requests are issued in first-occurrence order). Seed the engine (e.g.
@@ -34,8 +34,10 @@ from typing import Any, Literal
 
 import torch
 
-from .advantages import check_boundaries, step_advantages, token_advantages
-from .mc_budget import (
+from mcadvantage.core.advantages import check_boundaries, step_advantages, token_advantages
+from mcadvantage.core.settings import validate_mc_settings
+from mcadvantage.core.text import decode_batch, is_conversational
+from mcadvantage.mc.budget import (
     allocate_rollouts,
     first_wave_share,
     leave_one_out_mean,
@@ -44,10 +46,8 @@ from .mc_budget import (
     spread_boundaries,
     two_wave_mean,
 )
-from .reward_errors import call_reward_func
-from .samplers.base import Continuation, RolloutRequest, Sampler
-from .settings import validate_mc_settings
-from .text import decode_batch, is_conversational
+from mcadvantage.rewards.errors import call_reward_func
+from mcadvantage.samplers.base import Continuation, RolloutRequest, Sampler
 
 __all__ = [
     "Trajectory",
@@ -147,9 +147,9 @@ def estimated_boundaries(
 ) -> list[int]:
     """Boundaries of the states that are estimated, after the step budget.
 
-    First steps shorter than ``min_step_tokens`` are merged (:func:`~mcadvantage.mc_budget.merge_short_steps`).
+    First steps shorter than ``min_step_tokens`` are merged (:func:`~mcadvantage.mc.budget.merge_short_steps`).
     Then, with ``m = max_estimated_steps`` and ``n > m`` steps left: ``steps_after_cap="spread"`` keeps ``m``
-    states spread evenly by token position (:func:`~mcadvantage.mc_budget.spread_boundaries`); otherwise states
+    states spread evenly by token position (:func:`~mcadvantage.mc.budget.spread_boundaries`); otherwise states
     ``S_0 .. S_{m-1}`` are kept and steps ``m .. n`` form one final step (boundaries ``b_0 .. b_{m-1}, b_n``),
     whose advantage is ``R - V(S_{m-1})``, so the telescoping sum ``R - V(S_0)`` is kept. (The official VinePPO
     code instead gave the steps past its cap 0 advantage: ``"zero"``, applied by the estimator.)
@@ -341,10 +341,10 @@ class MCValueEstimator:
         allocation: ``"uniform"`` (default): every state gets ``num_rollouts`` samples. ``"variance"``: a first
             wave tops every state up to ``min_rollouts`` samples, then the rollout tokens that ``num_rollouts``
             per state would cost are spent where they reduce advantage error most
-            (:func:`~mcadvantage.mc_budget.allocate_rollouts`), at least one more rollout at every state with
+            (:func:`~mcadvantage.mc.budget.allocate_rollouts`), at least one more rollout at every state with
             fewer than ``num_rollouts`` first-wave samples and none at the others. A state's value is a fixed
             mix of its first-wave and second-wave means, which keeps it exactly unbiased (see
-            :mod:`mcadvantage.mc_budget`).
+            :mod:`mcadvantage.mc.budget`).
         min_rollouts: the first wave of ``allocation="variance"`` (free samples count toward it).
         min_step_tokens: merge steps shorter than this many tokens before estimating (None: keep every step).
         show_progress: show a tqdm progress bar over the call's phases (sampling, grading).
@@ -634,8 +634,8 @@ class MCValueEstimator:
         leave-one-out value ``(trajectory, unique state) -> V`` and the samples behind each state's values.
 
         The second wave is kept apart: a state's value mixes its first-wave mean and its second-wave mean with the
-        fixed share :func:`~mcadvantage.mc_budget.first_wave_share`, so how many rollouts the allocation gave it
-        (which depends on outcomes) never reweights the outcomes it looked at (see :mod:`mcadvantage.mc_budget`).
+        fixed share :func:`~mcadvantage.mc.budget.first_wave_share`, so how many rollouts the allocation gave it
+        (which depends on outcomes) never reweights the outcomes it looked at (see :mod:`mcadvantage.mc.budget`).
         """
         pool = _SamplePool(trajectories, plan)
         for traj in [*trajectories, *extra]:

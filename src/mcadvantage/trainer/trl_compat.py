@@ -34,7 +34,7 @@ import trl
 from packaging.version import Version
 from trl import GRPOTrainer
 
-from .estimators.base import AdvantageBatch
+from mcadvantage.estimators.base import AdvantageBatch
 
 __all__ = [
     "SUPPORTED_TRL",
@@ -121,12 +121,12 @@ class GRPOTrainerHooks(GRPOTrainer):
 
     def train(self, resume_from_checkpoint: Any = None, trial: Any = None, **kwargs: Any) -> Any:
         """``Trainer.train``, checking the checkpoint's files first when resuming: an empty, truncated or corrupted
-        file (a run killed while saving) raises :class:`~mcadvantage.checkpoints.CheckpointError` naming it and an
+        file (a run killed while saving) raises :class:`~mcadvantage.trainer.checkpoints.CheckpointError` naming it and an
         earlier complete checkpoint, before anything is loaded or written."""
         if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
             from transformers.trainer_utils import get_last_checkpoint
 
-            from .checkpoints import verify_checkpoint
+            from mcadvantage.trainer.checkpoints import verify_checkpoint
 
             if resume_from_checkpoint is True:
                 resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
@@ -190,12 +190,12 @@ class GRPOTrainerHooks(GRPOTrainer):
         return dict(prompts=prompts, completions=completions, completion_ids=completion_ids_list, **kwargs)
 
     def _locate_reward_error(self, inputs, prompts, completions, completion_ids_list) -> Exception | None:
-        """After GRPO's reward call raised: the :class:`~mcadvantage.reward_errors.RewardFunctionError` naming the
+        """After GRPO's reward call raised: the :class:`~mcadvantage.rewards.errors.RewardFunctionError` naming the
         synchronous reward function that raises on this batch and its first failing row (None if none does)."""
         from torch import nn
         from trl.trainer.utils import is_async_callable
 
-        from .reward_errors import reward_error
+        from mcadvantage.rewards.errors import reward_error
 
         kwargs = self._reward_call_kwargs(inputs, prompts, completions, completion_ids_list)
         for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
@@ -208,9 +208,9 @@ class GRPOTrainerHooks(GRPOTrainer):
         return None
 
     def _check_finite_response_rewards(self, rewards_per_func: torch.Tensor, prompts, completions) -> None:
-        """Raise :class:`~mcadvantage.reward_errors.RewardFunctionError` at the first ``inf`` / ``-inf`` reward of
+        """Raise :class:`~mcadvantage.rewards.errors.RewardFunctionError` at the first ``inf`` / ``-inf`` reward of
         the (all-process) batch: reward functions and reward models alike. NaN stays TRL's "unscorable"."""
-        from .reward_errors import RewardFunctionError, describe_row
+        from mcadvantage.rewards.errors import RewardFunctionError, describe_row
 
         infinite = torch.isinf(rewards_per_func)
         if not bool(infinite.any()):
@@ -347,13 +347,13 @@ def install_layerwise_weight_sync(trainer: Any) -> bool:
     loaders after repacking. When ``trainer`` uses colocated vLLM on the CPU platform, this replaces
     ``trainer.vllm_generation.sync_weights`` with one that keeps TRL's semantics (wake the weights in sleep
     mode; walk the parameters with TRL's own ``_iter_named_params``, which merges PEFT adapters, fixes names and
-    gathers ZeRO-3 / FSDP shards) but loads through :func:`mcadvantage.vllm_weights.reload_vllm_weights`. TRL
+    gathers ZeRO-3 / FSDP shards) but loads through :func:`mcadvantage.samplers.vllm_weights.reload_vllm_weights`. TRL
     keeps deciding when to sync.
 
     Returns True when the sync was installed (or already was), False when nothing needed changing: no vLLM,
     server mode, or a GPU platform (where TRL's own sync works and is kept).
     """
-    from .vllm_weights import is_cpu_vllm_platform, reload_vllm_weights
+    from mcadvantage.samplers.vllm_weights import is_cpu_vllm_platform, reload_vllm_weights
 
     if not getattr(trainer, "use_vllm", False):
         return False

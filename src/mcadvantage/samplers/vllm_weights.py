@@ -7,7 +7,7 @@ linear weights into kernel format and drops the per-parameter loaders ``load_wei
 ships a reload path that survives this, the *layerwise reload* (worker method ``reload_weights``):
 it restores the checkpoint-format parameters, loads new checkpoint-format tensors and re-runs the
 backend's post-processing (repacking) layer by layer. This module drives that path;
-:func:`mcadvantage.trl_compat.install_layerwise_weight_sync` plugs it into a TRL trainer in place of
+:func:`mcadvantage.trainer.trl_compat.install_layerwise_weight_sync` plugs it into a TRL trainer in place of
 TRL's sync, keeping TRL's own parameter walk (PEFT merge/unmerge, name fix-ups, DeepSpeed ZeRO-3
 gathering, FSDP) untouched.
 

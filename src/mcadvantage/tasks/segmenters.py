@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Protocol, runtime_checkable
 
-from .text import decode_batch
+from mcadvantage.core.text import decode_batch
 
 __all__ = [
     "StepSegmenter",

@@ -2,7 +2,7 @@
 problem (paper: 16 samples at temperature 0.35; official code: top-p 0.9, 1024 tokens, seed 42).
 
 - :func:`evaluate_pass_at_1` evaluates a trainer's current policy on the engine it trains with (through
-  :func:`~mcadvantage.policy.policy_sampler`: its colocated vLLM engine, its vLLM server, or transformers
+  :func:`~mcadvantage.trainer.policy.policy_sampler`: its colocated vLLM engine, its vLLM server, or transformers
   ``generate``), in the middle of a distributed run;
 - :func:`evaluate_checkpoint` evaluates a saved checkpoint in one process (a fresh ``vllm.LLM`` or transformers);
 - :func:`score_samples` is the common core: sample with any :class:`~mcadvantage.samplers.Sampler`, grade with a
@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .policy import ENGINES
-from .settings import validate_sampling_settings
+from mcadvantage.core.settings import validate_sampling_settings
+from mcadvantage.trainer.policy import ENGINES
 
 __all__ = [
     "PassAt1Result",
@@ -212,7 +212,7 @@ class ScoredSamples(NamedTuple):
 def _plain_tokenize(tokenizer: Any) -> Callable[[list[Any]], Sequence[Sequence[int]]]:
     """Prompts -> token ids as TRL's ``GRPOTrainer`` tokenises them without custom chat-template settings: plain
     text with ``tokenizer(text=...)``, conversations with the chat template and a generation prompt."""
-    from .text import is_conversational
+    from mcadvantage.core.text import is_conversational
 
     def tokenize(prompts: list[Any]) -> Sequence[Sequence[int]]:
         if prompts and is_conversational(prompts[0]):
@@ -244,7 +244,7 @@ def score_samples(
     columns being every row key but ``prompt``; a reward of None (unscorable) counts as wrong.
 
     Args:
-        sampler: any :class:`~mcadvantage.samplers.Sampler` (e.g. from :func:`~mcadvantage.policy.policy_sampler`).
+        sampler: any :class:`~mcadvantage.samplers.Sampler` (e.g. from :func:`~mcadvantage.trainer.policy.policy_sampler`).
         tokenizer: the policy's tokenizer (decodes the responses; tokenises the prompts without ``tokenize``).
         rows: problems, each with a ``prompt`` (text or chat messages) and the columns ``verifier`` grades against.
         verifier: a TRL-style reward function returning one reward per completion.
@@ -255,8 +255,8 @@ def score_samples(
         reward_kwargs: extra keyword arguments for ``verifier`` (e.g. ``trainer.rollout_reward_kwargs()``).
         show_progress: show a progress bar over the sampler calls.
     """
-    from .samplers import RolloutRequest
-    from .text import decode_batch, is_conversational
+    from mcadvantage.core.text import decode_batch, is_conversational
+    from mcadvantage.samplers import RolloutRequest
 
     n = settings.num_samples
     measure = tokenize or _plain_tokenize(tokenizer)
@@ -335,7 +335,7 @@ def _forked_rng(seed: int) -> Iterator[None]:
 def _vllm_seed(seed: int) -> int | None:
     # Per-request seeds crash vLLM's CPU backend (VLLMSampler would ignore them with a warning); there the
     # engine's global seed drives sampling.
-    from .vllm_weights import is_cpu_vllm_platform
+    from mcadvantage.samplers.vllm_weights import is_cpu_vllm_platform
 
     return None if is_cpu_vllm_platform() else seed
 
@@ -354,7 +354,7 @@ def evaluate_pass_at_1(
     engine: str = "auto",
 ) -> PassAt1Result:
     """Pass@1 of ``trainer``'s current policy on ``dataset`` (a ``prompt`` column + the columns ``verifier``
-    grades against), sampled through :func:`~mcadvantage.policy.policy_sampler`.
+    grades against), sampled through :func:`~mcadvantage.trainer.policy.policy_sampler`.
 
     Collective: every process must call it, and every process gets the same result. The engine is the trainer's
     own (``engine="auto"``): its colocated vLLM engines (after pushing the current weights; the problems are split
@@ -381,8 +381,8 @@ def evaluate_pass_at_1(
     """
     from accelerate.utils import gather_object
 
-    from .data import context_length
-    from .policy import policy_sampler
+    from mcadvantage.core.prompts import context_length
+    from mcadvantage.trainer.policy import policy_sampler
 
     settings = settings or PassAt1Settings()
     _check_engine(engine)
@@ -519,7 +519,7 @@ def evaluate_checkpoint(
 
     from transformers import AutoTokenizer
 
-    from .samplers import TransformersSampler, VLLMSampler
+    from mcadvantage.samplers import TransformersSampler, VLLMSampler
 
     settings = settings or PassAt1Settings()
     _check_engine(engine)
@@ -557,7 +557,7 @@ def evaluate_checkpoint(
         import torch
         from transformers import AutoModelForCausalLM
 
-        from .data import context_length
+        from mcadvantage.core.prompts import context_length
 
         model = AutoModelForCausalLM.from_pretrained(
             model_name_or_path, revision=revision, trust_remote_code=trust_remote_code, dtype=dtype or "auto"

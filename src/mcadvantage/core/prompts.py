@@ -46,7 +46,7 @@ def check_prompt_fits(
     raise ValueError(
         f"The prompt of {where} has {prompt_length} tokens; with {budget}={room} a response needs "
         f"{prompt_length + room} positions but the model's context is {context} (max_position_embeddings, or "
-        "vllm_max_model_length with vLLM). Shorten or drop long prompts (mcadvantage.data.filter_long_prompts), "
+        "vllm_max_model_length with vLLM). Shorten or drop long prompts (mcadvantage.core.prompts.filter_long_prompts), "
         f"or lower {budget} to at most {context - prompt_length}."
     )
 

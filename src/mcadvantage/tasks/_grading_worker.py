@@ -10,7 +10,7 @@ start failed with an ``EOFError``; ``fork`` is unsafe in a multi-threaded traine
 imports only this module has neither problem, whatever the caller's entry point (script, ``python -c``,
 notebook, pytest, ``accelerate launch``).
 
-Why ``-c`` and an explicit package root instead of ``-m mcadvantage._grading_worker``: ``-m`` puts the
+Why ``-c`` and an explicit package root instead of ``-m mcadvantage.tasks._grading_worker``: ``-m`` puts the
 working directory first on ``sys.path``, where another ``mcadvantage`` folder could shadow the one the
 caller imported; the bootstrap puts the caller's package root first instead. ``__main__`` then has no
 file or module spec, so even the supervisor's ``spawn`` fallback (platforms without ``fork``) has no main
@@ -19,7 +19,7 @@ module to re-run.
 Protocol on the socket (a :class:`multiprocessing.connection.Connection`): the parent first sends a
 settings dict (its ``sys.path`` and the grading limits); the process answers ``("ready", pid)`` once
 math-verify is imported and the eval guard is on, or ``("error", "<one line>")`` if that failed, and
-then serves requests in :func:`mcadvantage.verifiers._supervisor_main`.
+then serves requests in :func:`mcadvantage.tasks.verifiers._supervisor_main`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 # Run by ``python -c``; argv[1] is the directory that holds the caller's ``mcadvantage`` package.
 BOOTSTRAP = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from mcadvantage._grading_worker import main; sys.exit(main(int(sys.argv[2])))"
+    "from mcadvantage.tasks._grading_worker import main; sys.exit(main(int(sys.argv[2])))"
 )
 
 

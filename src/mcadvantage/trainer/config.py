@@ -1,4 +1,4 @@
-"""Configuration of :class:`~mcadvantage.trainer.VinePPOTrainer`: TRL's ``GRPOConfig`` plus the Monte Carlo
+"""Configuration of :class:`~mcadvantage.trainer.vineppo_trainer.VinePPOTrainer`: TRL's ``GRPOConfig`` plus the Monte Carlo
 settings of VinePPO. GRPO's fields keep GRPOConfig's defaults (a drop-in); ``VinePPOConfig.from_paper(task)`` sets the
 paper's.
 
@@ -30,7 +30,7 @@ def _bf16_available() -> bool:
 
 @dataclass
 class VinePPOConfig(GRPOConfig):
-    r"""Configuration for :class:`~mcadvantage.trainer.VinePPOTrainer` (VinePPO, arXiv 2410.01679).
+    r"""Configuration for :class:`~mcadvantage.trainer.vineppo_trainer.VinePPOTrainer` (VinePPO, arXiv 2410.01679).
 
     A :class:`trl.GRPOConfig` (every GRPO / ``TrainingArguments`` field works, and ``HfArgumentParser`` turns it
     into command-line flags) plus the Monte Carlo value-estimation settings below.
@@ -62,7 +62,7 @@ class VinePPOConfig(GRPOConfig):
         step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
             (paper Appendix B MATH rules: newlines and sentence ends, never inside a math expression, long parts
             split again), `"gsm8k"` (one step per line, the final `#### N` line joins the last step), `"newline"`
-            (one step per line), a :class:`~mcadvantage.segmenters.StepSegmenter` instance or any picklable
+            (one step per line), a :class:`~mcadvantage.tasks.segmenters.StepSegmenter` instance or any picklable
             callable `text -> list[str]` whose parts concatenate back to `text`. `"math"` is the default because
             it also cuts long responses without newlines into several steps; use `"gsm8k"` for GSM8K-style data.
             Defaults to `"math"`.
@@ -96,7 +96,7 @@ class VinePPOConfig(GRPOConfig):
             per state would cost are spent where they cut advantage error most (by estimated variance, shrunk
             toward the parent state's, and by how many advantage tokens the state's value enters). A state's value
             mixes its first-wave and second-wave means with a share fixed before any outcome is seen, so it is
-            exactly unbiased whatever the allocation decides and whatever is masked (see `mcadvantage.mc_budget`;
+            exactly unbiased whatever the allocation decides and whatever is masked (see `mcadvantage.mc.budget`;
             its cost in tokens is measured in `docs/benchmarks.md`). Defaults to `"uniform"`.
         mc_min_rollouts (int): The first wave of `mc_allocation="variance"`: samples (free ones included) every
             state has before the rest of the budget is allocated. Defaults to `1`.
@@ -285,7 +285,7 @@ class VinePPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        from .estimators import get_advantage_estimator
+        from mcadvantage.estimators import get_advantage_estimator
 
         # Resolve bf16 before GRPOConfig does: it would turn bf16 on unconditionally (slow on CPU).
         if self.bf16 is None:
@@ -310,7 +310,7 @@ class VinePPOConfig(GRPOConfig):
             )
 
         # Resolving the segmenter here makes an unknown name fail when the config is built, not mid-training.
-        from .segmenters import get_segmenter
+        from mcadvantage.tasks.segmenters import get_segmenter
 
         if self.step_segmenter is None:
             raise ValueError(

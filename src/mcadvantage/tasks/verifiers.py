@@ -23,7 +23,7 @@ therefore run in a small supervisor process that forks one grading child and kil
 when an answer exceeds its time budget. The per-answer bound then holds in any thread of the caller,
 and restarting costs a fork, not a fresh import of sympy. Cheap cases (identical strings, plain
 numbers) are decided in-process first. The supervisor is a fresh interpreter started with
-:mod:`subprocess` that runs only :mod:`mcadvantage._grading_worker` (see there why): multiprocessing's
+:mod:`subprocess` that runs only :mod:`mcadvantage.tasks._grading_worker` (see there why): multiprocessing's
 ``spawn`` would re-run the caller's ``__main__`` (a script without a main guard crashed) and ``fork``
 is unsafe in a multi-threaded trainer.
 
@@ -789,7 +789,7 @@ class _GradingService:
     def _start(self) -> None:
         from multiprocessing.connection import Connection
 
-        from ._grading_worker import BOOTSTRAP
+        from mcadvantage.tasks._grading_worker import BOOTSTRAP
 
         if os.name != "posix":
             raise RuntimeError(

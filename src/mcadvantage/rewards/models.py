@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .text import is_conversational
+from mcadvantage.core.text import is_conversational
 
 __all__ = ["RewardModelScorer", "as_rollout_reward_func"]
 

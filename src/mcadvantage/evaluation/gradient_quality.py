@@ -9,7 +9,7 @@ prompt set this module measures, per estimator and budget:
   REINFORCE with a leave-one-out baseline per prompt, ``sum_i (R_i - mean_{j != i} R_j) grad log pi(y_i)``. The
   baseline never contains the response's own reward, so the estimate is unbiased; it is drawn in independent
   rounds (every prompt in every round), which give its per-coordinate standard error and a split-half cosine;
-- **batch-gradient estimates** exactly as :class:`~mcadvantage.trainer.VinePPOTrainer` computes them for one
+- **batch-gradient estimates** exactly as :class:`~mcadvantage.trainer.vineppo_trainer.VinePPOTrainer` computes them for one
   update: responses sampled from the policy, graded, the estimator's per-token advantages (whitened when the trainer
   would whiten them), and the gradient of GRPO's on-policy loss at ratio 1 with ``loss_type="dapo"``: ``sum_{i,t}
   A_{i,t} grad log pi(y_{i,t}) / (number of completion tokens)``;
@@ -39,10 +39,10 @@ from typing import Any, Protocol
 
 import torch
 
-from .advantages import masked_whiten
-from .estimators.base import AdvantageBatch, EstimatorContext
-from .reward_errors import call_reward_func
-from .samplers.base import RolloutRequest, Sampler
+from mcadvantage.core.advantages import masked_whiten
+from mcadvantage.estimators.base import AdvantageBatch, EstimatorContext
+from mcadvantage.rewards.errors import call_reward_func
+from mcadvantage.samplers.base import RolloutRequest, Sampler
 
 __all__ = [
     "CausalLMOracle",
@@ -574,7 +574,13 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
     critic's learning rate, default 1e-4) and ``warmup`` (batches it trains on before it is measured, default 40).
     ``hybrid`` takes ``budget`` (extra sampled tokens as a fraction of the responses', default 0.1) and ``k``.
     E.g. ``"vineppo:k=1,reuse"``, ``"grpo:prompts=16"``, ``"gae:warmup=40"``, ``"hybrid:budget=0.25"``."""
-    from .estimators import CriticEstimator, GRPOEstimator, HybridEstimator, RLOOEstimator, VinePPOEstimator
+    from mcadvantage.estimators import (
+        CriticEstimator,
+        GRPOEstimator,
+        HybridEstimator,
+        RLOOEstimator,
+        VinePPOEstimator,
+    )
 
     name, _, rest = spec.partition(":")
     options: dict[str, str] = {}
@@ -800,14 +806,16 @@ def plot_records(records: Sequence[dict[str, Any]], path: str, *, title: str = "
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mcadvantage.gradient_quality --model PATH --dataset FILE.jsonl --verifier gsm8k``: gradient
+    """``python -m mcadvantage.evaluation.gradient_quality --model PATH --dataset FILE.jsonl --verifier gsm8k``: gradient
     quality per unit of cost of each estimator on *your* policy and data; writes a JSON, a markdown table and a plot
     under ``--output_dir``."""
     import argparse
     import json
     from pathlib import Path
 
-    parser = argparse.ArgumentParser(prog="python -m mcadvantage.gradient_quality", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m mcadvantage.evaluation.gradient_quality", description=main.__doc__
+    )
     parser.add_argument(
         "--model", required=True, help="a causal LM directory or id (loaded offline if cached)"
     )
@@ -858,9 +866,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .samplers import TransformersSampler
-    from .segmenters import get_segmenter
-    from .verifiers import get_verifier
+    from mcadvantage.samplers import TransformersSampler
+    from mcadvantage.tasks.segmenters import get_segmenter
+    from mcadvantage.tasks.verifiers import get_verifier
 
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_pretrained(args.model)

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
     from mcadvantage.evaluation.diagnostics import diagnose_credit
 
     torch.set_num_threads(args.threads)

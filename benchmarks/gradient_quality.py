@@ -81,7 +81,7 @@ def demo_task(prompts: int, seed: int, threads: int) -> Any:
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
     from mcadvantage.evaluation.gradient_quality import CausalLMOracle, GradientTask
     from mcadvantage.tasks.segmenters import get_segmenter
 

@@ -8,7 +8,7 @@ Protocol (docs/learning-efficiency.md, written before the runs): for each task a
 warm-up policy is trained with the demo's recipe (``mcadvantage.demo.arms.train_warmup_policy``) and saved;
 every arm starts from it, with the same RL prompts, the same trainer seed (so the same prompt order), the
 same batch layout, learning rate and temperature; only the advantage estimator differs
-(``mcadvantage.demo.arms``). Arms:
+(``mcadvantage.demo.arms``; the RL-free arms in ``benchmarks/rl_free_arms.py``). Arms:
 
 - ``grpo``, ``rloo``, ``vineppo_k4``, ``vineppo_k9``: ``VinePPOTrainer`` with that estimator;
 - ``grpo_matched``: GRPO with as many prompts per step as make its sampled tokens per step match
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
 RESULTS = ROOT / "benchmarks" / "results"
 
 # Task presets: DemoConfig overrides. Fixed before the runs (see the protocol document).
@@ -82,7 +83,7 @@ SFT_LR = 3e-4  # where the warm-up's schedule ends (warmup_lr decayed to a tenth
 
 
 def task_config(task: str, seed: int) -> Any:
-    from mcadvantage.demo.run import DemoConfig
+    from mcadvantage.demo.config import DemoConfig
 
     if task not in TASKS:
         raise SystemExit(f"--task must be one of {sorted(TASKS)}, got {task!r}.")
@@ -122,7 +123,7 @@ def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
     if meta_path.exists():
         return json.loads(meta_path.read_text())
     from mcadvantage.demo.arms import train_warmup_policy
-    from mcadvantage.demo.run import build_data
+    from mcadvantage.demo.config import build_data
     from mcadvantage.testing import build_char_tokenizer
 
     config = task_config(task, seed)
@@ -171,15 +172,13 @@ def run_arm_process(
     """Run one arm (``--worker``): records appended to ``<arm>.jsonl``, ``<arm>.done.json`` at the end."""
     import torch
 
-    from mcadvantage.demo.arms import (
-        ArmRecord,
-        parse_arm,
-        run_dpo_plus_arm,
-        run_restem_arm,
-        run_rl_arm,
-        run_sft_arm,
-    )
-    from mcadvantage.demo.run import _quiet_libraries, build_data
+    from mcadvantage.demo.arms import ArmRecord, run_rl_arm
+    from mcadvantage.demo.config import build_data, parse_arm
+    from mcadvantage.demo.run import _quiet_libraries
+
+    if str(BENCHMARKS) not in sys.path:  # the RL-free arms are benchmark code, beside this file
+        sys.path.insert(0, str(BENCHMARKS))
+    from rl_free_arms import run_dpo_plus_arm, run_restem_arm, run_sft_arm
 
     _quiet_libraries()
     torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
@@ -606,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             args.threads,
         )
         return 0
-    from mcadvantage.demo.arms import parse_arm
+    from mcadvantage.demo.config import parse_arm
 
     for arm in args.arms:
         if arm != "grpo_matched":

@@ -176,7 +176,7 @@ def demo_task(
     from mcadvantage import GSM8KVerifier, MCValueEstimator, TransformersSampler
     from mcadvantage.core.text import decode_batch
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
     from mcadvantage.mc.estimator import Trajectory
     from mcadvantage.samplers.base import RolloutRequest
     from mcadvantage.tasks.segmenters import get_segmenter, segment_completion

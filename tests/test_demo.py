@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from mcadvantage.demo.report import ScoredResponse, advantage_colour, render_responses_html
-from mcadvantage.demo.run import DemoConfig, _html_problems, accuracy_by_num_steps, build_data, parse_args
+from mcadvantage.demo.config import DemoConfig, build_data, parse_args
+from mcadvantage.demo.run import _html_problems, accuracy_by_num_steps
 from mcadvantage.demo.task import (
     Operation,
     generate_problems,

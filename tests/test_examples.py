@@ -576,7 +576,7 @@ def test_restem_and_dpo_plus_defaults_are_the_papers(baselines, tmp_path):
 def test_restem_and_dpo_plus_examples_run_one_round(tmp_path, name):
     """One round on the shipped demo warm-up policy (a tiny offline model that solves about 40% of the demo's
     problems, so some responses are correct and some are not), with the GSM8K verifier."""
-    from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
 
     problems = build_data(DemoConfig()).rl_set[:6]
     data = _write_jsonl(

@@ -156,7 +156,7 @@ def test_the_cli_runs_on_a_users_policy_and_data(tmp_path):
     """What a user runs on their own checkpoint and data: here the shipped demo policy and 4 demo prompts."""
     import json
 
-    from mcadvantage.demo.run import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
     from mcadvantage.evaluation.gradient_quality import main
 
     problems = build_data(DemoConfig(warmup_problems=50, rl_problems=10, eval_problems=4)).eval_set

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mcadvantage.demo.arms import ArmSpec, parse_arm
-from mcadvantage.demo.run import DemoConfig, shipped_warmup_dir, usable_shipped_warmup
+from mcadvantage.demo.config import ArmSpec, parse_arm
+from mcadvantage.demo.config import DemoConfig, shipped_warmup_dir, usable_shipped_warmup
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -253,7 +253,7 @@ def test_shipped_warmup_reproduces_its_recorded_accuracy():
     from mcadvantage import GSM8KVerifier
     from mcadvantage.demo.arms import load_policy
     from mcadvantage.demo.evaluation import evaluate_accuracy
-    from mcadvantage.demo.run import build_data
+    from mcadvantage.demo.config import build_data
 
     config = DemoConfig()
     meta = usable_shipped_warmup(config)

@@ -28,7 +28,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.run import WARMUP_FIELDS, DemoConfig, _quiet_libraries, build_data
+from mcadvantage.demo.config import WARMUP_FIELDS, DemoConfig, build_data
+from mcadvantage.demo.run import _quiet_libraries
 
 __all__ = ["make_warmup", "main"]
 

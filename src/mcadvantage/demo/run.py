@@ -31,7 +31,6 @@ measures the comparison over seeds (docs/learning-efficiency.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -41,220 +40,23 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.task import ArithmeticProblem, generate_problems, random_slip, skip_last_solution
+from mcadvantage.demo.config import (
+    DemoConfig,
+    arm_names,
+    build_data,
+    parse_args,
+    parse_arm,
+    shipped_warmup_dir,
+    usable_shipped_warmup,
+    validate_config,
+)
+from mcadvantage.demo.task import ArithmeticProblem
 
-__all__ = [
-    "DemoConfig",
-    "DemoData",
-    "accuracy_by_num_steps",
-    "build_data",
-    "main",
-    "parse_args",
-    "run_demo",
-]
-
-
-@dataclass
-class DemoConfig:
-    """Every knob of the demo (each is a ``--flag`` of ``python -m mcadvantage.demo``)."""
-
-    output_dir: str = "demo_output"
-    seed: int = 0
-    # torch intra-op threads (capped at the machine's CPU count); the demo is sized for 2 cores.
-    threads: int = 2
-    # model (SPEC: hidden 128, 4 layers, 4 heads of 32 -> 1.06M parameters with the char vocabulary)
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    head_dim: int = 32
-    intermediate_size: int = 512
-    # data: every set has 2-5 operations; held-out, warm-up and RL prompts are disjoint
-    warmup_problems: int = 30000
-    flawed_demo_rate: float = 0.6
-    flawed_demo_min_steps: int = 4
-    # What a flawed demonstration gets wrong: "skip_last" forgets the last operation; "slip" makes one
-    # arithmetic slip at a random operation and carries the wrong value on (a mistake mid-solution).
-    flaw: str = "skip_last"
-    rl_problems: int = 5000
-    eval_problems: int = 600
-    curve_problems: int = 200
-    min_steps: int = 2
-    max_steps: int = 5
-    # supervised warm-up
-    warmup_steps: int = 800
-    warmup_batch_size: int = 32
-    warmup_lr: float = 3e-3
-    warmup_evals: int = 8
-    # RL arms, comma-separated, run one after another from the same starting policy: grpo, rloo, vineppo
-    # (K = num_mc_rollouts), vineppo_k<K>, <arm>_p<P> (P prompts per step); see mcadvantage.demo.arms
-    arms: str = "grpo,vineppo"
-    # Train the warm-up here instead of loading the shipped checkpoint (which only fits the default
-    # settings and seed 0; other settings train it anyway, about 5 minutes).
-    train_warmup: bool = False
-    rl_steps: int = 40
-    num_mc_rollouts: int = 4
-    num_generations: int = 8
-    prompts_per_step: int = 4
-    rl_lr: float = 1e-4
-    # The paper's sampling temperature (Table 1). Measured here on a weak warm-up policy (seed 1):
-    # 0.6 gained +0.04 held-out accuracy where 1.0 gained nothing (too few correct samples to learn from).
-    temperature: float = 0.6
-    num_iterations: int = 1
-    beta: float = 0.0
-    max_completion_length: int = 64
-    rl_evals: int = 8
-    # report
-    html_responses: int = 8
-    quick: bool = False
-
-    def apply_quick(self) -> None:
-        """``--quick``: tiny sizes for tests and smoke runs (about a minute on 2 cores). Every stage
-        and output runs, but the numbers are not meaningful: the model is too small and too briefly
-        trained to solve the task."""
-        self.hidden_size, self.num_layers, self.num_heads, self.head_dim = 64, 2, 2, 32
-        self.intermediate_size = 128
-        self.warmup_problems, self.rl_problems = 2000, 64
-        self.eval_problems, self.curve_problems = 48, 16
-        self.warmup_steps, self.warmup_batch_size, self.warmup_evals = 60, 16, 2
-        self.rl_steps, self.num_mc_rollouts, self.num_generations, self.prompts_per_step = 3, 2, 4, 2
-        self.rl_evals, self.html_responses, self.max_completion_length = 1, 3, 48
-
-
-def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
-    """Parse command-line flags into a :class:`DemoConfig`. ``--quick`` first sets the quick sizes;
-    flags given explicitly override them."""
-    defaults = DemoConfig()
-    parser = argparse.ArgumentParser(
-        prog="python -m mcadvantage.demo",
-        description="Offline CPU demo: supervised warm-up, then VinePPO, on a synthetic GSM8K-format task.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    for f in fields(DemoConfig):
-        value = getattr(defaults, f.name)
-        if isinstance(value, bool):
-            parser.add_argument(f"--{f.name}", action="store_true", help=f"{f.name} (flag)")
-        else:
-            parser.add_argument(f"--{f.name}", type=type(value), default=None, help=f"default: {value}")
-    ns = parser.parse_args(argv)
-    config = DemoConfig()
-    if ns.quick:
-        config.apply_quick()
-        config.quick = True
-    for f in fields(DemoConfig):
-        value = getattr(ns, f.name)
-        if value is not None and not isinstance(getattr(defaults, f.name), bool):
-            setattr(config, f.name, value)
-    validate_config(config)
-    return config
-
-
-def validate_config(config: DemoConfig) -> None:
-    """Reject inconsistent settings with a message naming the flag, its value and the fix."""
-    positive = ["warmup_steps", "warmup_batch_size", "rl_steps", "num_mc_rollouts", "prompts_per_step"]
-    positive += [
-        "eval_problems",
-        "curve_problems",
-        "threads",
-        "max_completion_length",
-        "warmup_evals",
-        "rl_evals",
-    ]
-    positive += ["warmup_problems", "rl_problems", "num_iterations"]
-    for name in positive:
-        if getattr(config, name) < 1:
-            raise SystemExit(f"--{name} must be >= 1, got {getattr(config, name)}.")
-    if config.html_responses < 0:
-        raise SystemExit(f"--html_responses must be >= 0, got {config.html_responses}.")
-    if config.num_generations < 2:
-        raise SystemExit(
-            f"--num_generations must be >= 2 (TRL's GRPOTrainer, which VinePPOTrainer extends, requires "
-            f"it), got {config.num_generations}."
-        )
-    if not 1 <= config.min_steps <= config.max_steps:
-        raise SystemExit(
-            f"need 1 <= --min_steps <= --max_steps, got {config.min_steps} and {config.max_steps}."
-        )
-    if not 0.0 <= config.flawed_demo_rate <= 1.0:
-        raise SystemExit(f"--flawed_demo_rate must be in [0, 1], got {config.flawed_demo_rate}.")
-    if config.flaw not in ("skip_last", "slip"):
-        raise SystemExit(f"--flaw must be 'skip_last' or 'slip', got {config.flaw!r}.")
-    if config.flawed_demo_min_steps < 2:
-        raise SystemExit(
-            f"--flawed_demo_min_steps must be >= 2 (a flawed demonstration drops the last operation, so it "
-            f"needs another one), got {config.flawed_demo_min_steps}."
-        )
-    if config.curve_problems > config.eval_problems:
-        raise SystemExit(
-            f"--curve_problems ({config.curve_problems}) must be <= --eval_problems ({config.eval_problems}): "
-            "the learning curve is measured on the first curve_problems held-out problems."
-        )
-    if config.html_responses > config.eval_problems:
-        raise SystemExit(
-            f"--html_responses ({config.html_responses}) must be <= --eval_problems ({config.eval_problems}): "
-            "the page shows responses to held-out problems."
-        )
-    from mcadvantage.demo.arms import parse_arm
-
-    for name in _arm_names(config):
-        try:
-            spec = parse_arm(name)
-        except ValueError as err:
-            raise SystemExit(f"--arms: {err}") from None
-        if spec.kind != "rl":
-            raise SystemExit(f"--arms takes RL arms (grpo, rloo, vineppo, vineppo_k<K>), got {name!r}.")
-    if not _arm_names(config):
-        raise SystemExit("--arms is empty; pass e.g. --arms grpo,vineppo.")
-    if not config.temperature > 0:
-        raise SystemExit(
-            f"--temperature must be > 0 (VinePPO samples from the policy), got {config.temperature}."
-        )
-
-
-@dataclass
-class DemoData:
-    """The demo's problem sets. ``warmup`` holds ``(prompt, demonstration)`` pairs (some flawed, see
-    ``flawed``); the other sets are problems whose prompts appear in no other set."""
-
-    eval_set: list[ArithmeticProblem]
-    warmup: list[tuple[str, str]]
-    flawed: int
-    rl_set: list[ArithmeticProblem]
-
-
-def build_data(config: DemoConfig) -> DemoData:
-    """Generate the held-out, warm-up and RL sets (each from its own seed derived from
-    ``config.seed``; disjoint prompts) and the warm-up demonstrations, flawed at
-    ``config.flawed_demo_rate`` for problems with ``>= config.flawed_demo_min_steps`` operations."""
-    kwargs = {"min_steps": config.min_steps, "max_steps": config.max_steps}
-    eval_set = generate_problems(config.eval_problems, seed=1_000_003 * (config.seed + 1), **kwargs)
-    taken = {p.prompt for p in eval_set}
-    warmup_set = generate_problems(
-        config.warmup_problems, seed=2_000_003 * (config.seed + 1), exclude=taken, **kwargs
-    )
-    taken |= {p.prompt for p in warmup_set}
-    rl_set = generate_problems(
-        config.rl_problems, seed=3_000_003 * (config.seed + 1), exclude=taken, **kwargs
-    )
-    rng = random.Random(4_000_003 * (config.seed + 1))
-    # The slips' own generator, so the default ("skip_last") data is unchanged by this option.
-    slip_rng = random.Random(5_000_003 * (config.seed + 1))
-    warmup: list[tuple[str, str]] = []
-    flawed = 0
-    for p in warmup_set:
-        # rng.random() is drawn for every problem so the flaw pattern does not depend on min_steps.
-        flaw = rng.random() < config.flawed_demo_rate and p.num_steps >= config.flawed_demo_min_steps
-        flawed += flaw
-        if not flaw:
-            warmup.append((p.prompt, p.solution))
-        elif config.flaw == "slip":
-            warmup.append((p.prompt, random_slip(p, slip_rng)))
-        else:
-            warmup.append((p.prompt, skip_last_solution(p)))
-    return DemoData(eval_set=eval_set, warmup=warmup, flawed=flawed, rl_set=rl_set)
+__all__ = ["accuracy_by_num_steps", "main", "run_demo"]
 
 
 def accuracy_by_num_steps(problems: Sequence[ArithmeticProblem], scores: Sequence[float]) -> dict[str, float]:
@@ -291,51 +93,6 @@ def _fmt_by_steps(by_steps: dict[str, float]) -> str:
     return ", ".join(f"{k} ops {v:.2f}" for k, v in by_steps.items())
 
 
-# Settings that decide the warm-up policy: the shipped checkpoint is used only when all of them equal the
-# ones it was trained with (recorded in its warmup.json).
-WARMUP_FIELDS = (
-    "seed",
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "head_dim",
-    "intermediate_size",
-    "warmup_problems",
-    "flawed_demo_rate",
-    "flawed_demo_min_steps",
-    "flaw",
-    "eval_problems",
-    "min_steps",
-    "max_steps",
-    "warmup_steps",
-    "warmup_batch_size",
-    "warmup_lr",
-)
-
-
-def shipped_warmup_dir() -> Path:
-    """Where the package keeps the demo's warm-up checkpoint (trained by ``python -m
-    mcadvantage.demo.make_warmup``, seed 0, default settings)."""
-    return Path(__file__).resolve().parent / "warmup_policy"
-
-
-def usable_shipped_warmup(config: DemoConfig) -> dict[str, Any] | None:
-    """The shipped checkpoint's ``warmup.json`` when it matches ``config``'s warm-up settings, else None."""
-    meta_path = shipped_warmup_dir() / "warmup.json"
-    if config.train_warmup or config.quick or not meta_path.exists():
-        return None
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if any(meta["config"].get(name) != getattr(config, name) for name in WARMUP_FIELDS):
-        return None
-    return meta
-
-
-def _arm_names(config: DemoConfig) -> list[str]:
-    """``--arms`` as arm names of :mod:`mcadvantage.demo.arms` (``vineppo`` means ``vineppo_k<K>``)."""
-    names = [a.strip() for a in config.arms.split(",") if a.strip()]
-    return [f"vineppo_k{config.num_mc_rollouts}" if a == "vineppo" else a for a in names]
-
-
 def _arm_label(name: str) -> str:
     if name.startswith("vineppo_k"):
         return f"VinePPO (K={name.removeprefix('vineppo_k')})"
@@ -352,7 +109,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from mcadvantage import GSM8KVerifier
-    from mcadvantage.demo.arms import load_policy, parse_arm, run_rl_arm, train_warmup_policy
+    from mcadvantage.demo.arms import load_policy, run_rl_arm, train_warmup_policy
     from mcadvantage.demo.evaluation import evaluate_accuracy
     from mcadvantage.demo.report import plot_learning_curve, render_responses_html
 
@@ -362,7 +119,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    arms = [parse_arm(name) for name in _arm_names(config)]
+    arms = [parse_arm(name) for name in arm_names(config)]
 
     data = build_data(config)
     eval_set = data.eval_set

@@ -1,0 +1,296 @@
+"""The package's layout is its architecture: these tests keep the two the same.
+
+- every module's imports (function-level ones included: a lazy import is still a dependency) form no circle;
+- folder to folder, the imports are exactly the arrows of the package map in ``docs/design.md`` (so the map can
+  neither go stale nor hide a dependency), and those arrows point one way only (layers);
+- no module is over 500 lines unless its docstring says why (``Why this module is long:``);
+- every public name is importable from the place this file lists, and every 0.1-layout module path still imports
+  as the same module object (``mcadvantage._moved``).
+
+Pure source analysis with :mod:`ast` (nothing heavy is imported but the public-name checks), so this runs in
+seconds.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+PACKAGE = SRC / "mcadvantage"
+DESIGN = ROOT / "docs" / "design.md"
+MAX_LINES = 500
+LONG_REASON = "Why this module is long:"
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _lazy_table() -> dict[str, str]:
+    """``mcadvantage.__init__._LAZY`` (public name -> submodule), read from the source."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "_LAZY":
+            return {k.value: f"mcadvantage.{v.value}" for k, v in zip(node.value.keys, node.value.values, strict=True)}
+    raise AssertionError("mcadvantage/__init__.py has no _LAZY table")
+
+
+def _owner(module: str, modules: dict[str, Path]) -> str:
+    """The module a dotted import target names (``mcadvantage.a.b.Name`` -> ``mcadvantage.a.b``)."""
+    while module not in modules and "." in module:
+        module = module.rsplit(".", 1)[0]
+    return module
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports (anywhere in the file). ``from mcadvantage import X`` counts as
+    importing the module that defines ``X``; the package facade itself (``mcadvantage/__init__.py``) is left out:
+    it only re-exports, lazily."""
+    modules, lazy = _modules(), _lazy_table()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        if name == "mcadvantage":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("mcadvantage"):
+                if node.module == "mcadvantage":
+                    targets = [lazy.get(alias.name, "mcadvantage") for alias in node.names]
+                else:
+                    targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("mcadvantage.")]
+            assert not (isinstance(node, ast.ImportFrom) and node.level), f"{path}: use absolute imports"
+            for target in targets:
+                owner = _owner(target, modules)
+                if owner not in (name, "mcadvantage"):
+                    graph[name].add(owner)
+    return graph
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else parts[-1]
+
+
+def folder_graph() -> dict[str, set[str]]:
+    """Folder (or top-level module) -> the folders it imports from, the facade and its helpers left out."""
+    edges: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        if module == "mcadvantage" or module.startswith("mcadvantage._"):
+            continue
+        for target in targets:
+            a, b = _folder(module), _folder(target)
+            if a != b and not target.startswith("mcadvantage._"):
+                edges.setdefault(a, set()).add(b)
+    return edges
+
+
+def documented_map() -> dict[str, set[str]]:
+    """The arrows between ``<!-- package-map -->`` markers in docs/design.md: ``folder -> a, b, c`` lines."""
+    text = DESIGN.read_text(encoding="utf-8")
+    block = re.search(r"<!-- package-map -->(.*?)<!-- /package-map -->", text, re.S)
+    assert block, "docs/design.md lost its <!-- package-map --> block"
+    arrows = {}
+    for line in block.group(1).splitlines():
+        m = re.match(r"^\s*([\w.]+)\s+->\s+(.*)$", line)
+        if m:
+            targets = {t.strip() for t in m.group(2).split(",") if t.strip() and t.strip() != "(nothing)"}
+            arrows[m.group(1)] = targets
+    return arrows
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan), i.e. the import circles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_cycle_finder_finds_a_planted_circle():
+    """The check below has power: a circle of three modules, and a self-contained pair, are found."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_no_import_circles_between_modules():
+    assert _cycles(import_graph()) == []
+
+
+def test_folders_import_exactly_as_the_design_map_says():
+    actual = folder_graph()
+    documented = documented_map()
+    missing = {f"{a} -> {b}" for a, bs in actual.items() for b in bs if b not in documented.get(a, set())}
+    stale = {f"{a} -> {b}" for a, bs in documented.items() for b in bs if b not in actual.get(a, set())}
+    assert not missing, f"imports the map in docs/design.md does not show: {sorted(missing)}"
+    assert not stale, f"arrows in docs/design.md that no import makes any more: {sorted(stale)}"
+    assert _cycles(documented) == [], "the package map must point one way (layers)"
+
+
+def test_no_module_over_500_lines_without_a_reason():
+    long = []
+    for name, path in _modules().items():
+        lines = path.read_text(encoding="utf-8").count("\n")
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        if lines > MAX_LINES and LONG_REASON not in docstring:
+            long.append(f"{name} ({lines} lines)")
+    assert not long, f"split these or say '{LONG_REASON}' in their docstring: {long}"
+
+
+# Every public name and the module that defines it (where `from mcadvantage import NAME` gets it from).
+PUBLIC_NAMES = {
+    "StepSegmenter": "mcadvantage.tasks.segmentation",
+    "GSM8KSegmenter": "mcadvantage.tasks.gsm8k",
+    "MathSegmenter": "mcadvantage.tasks.math",
+    "NewlineSegmenter": "mcadvantage.tasks.newline",
+    "get_segmenter": "mcadvantage.tasks.segmentation",
+    "segment_completion": "mcadvantage.tasks.segmentation",
+    "step_token_boundaries": "mcadvantage.tasks.segmentation",
+    "Verifier": "mcadvantage.tasks.verifier",
+    "GSM8KVerifier": "mcadvantage.tasks.gsm8k",
+    "MathVerifier": "mcadvantage.tasks.math",
+    "get_verifier": "mcadvantage.tasks.verifier",
+    "RewardFunctionError": "mcadvantage.rewards.errors",
+    "CheckpointError": "mcadvantage.trainer.checkpoints",
+    "verify_checkpoint": "mcadvantage.trainer.checkpoints",
+    "step_advantages": "mcadvantage.core.advantages",
+    "token_advantages": "mcadvantage.core.advantages",
+    "masked_whiten": "mcadvantage.core.advantages",
+    "Sampler": "mcadvantage.samplers.base",
+    "RolloutRequest": "mcadvantage.samplers.base",
+    "Continuation": "mcadvantage.samplers.base",
+    "TransformersSampler": "mcadvantage.samplers.hf",
+    "VLLMSampler": "mcadvantage.samplers.vllm",
+    "VLLMServerSampler": "mcadvantage.samplers.vllm",
+    "AdvantageEstimator": "mcadvantage.estimators.base",
+    "AdvantageBatch": "mcadvantage.estimators.base",
+    "AdvantageResult": "mcadvantage.estimators.base",
+    "EstimatorContext": "mcadvantage.estimators.base",
+    "register_advantage_estimator": "mcadvantage.estimators.base",
+    "get_advantage_estimator": "mcadvantage.estimators.base",
+    "available_advantage_estimators": "mcadvantage.estimators.base",
+    "VinePPOEstimator": "mcadvantage.estimators.vineppo",
+    "GRPOEstimator": "mcadvantage.estimators.baselines",
+    "RLOOEstimator": "mcadvantage.estimators.baselines",
+    "CriticEstimator": "mcadvantage.estimators.critic",
+    "HybridEstimator": "mcadvantage.estimators.hybrid",
+    "policy_sampler": "mcadvantage.trainer.policy",
+    "PassAt1Settings": "mcadvantage.evaluation.pass_at_1",
+    "PassAt1Result": "mcadvantage.evaluation.pass_at_1",
+    "score_samples": "mcadvantage.evaluation.pass_at_1",
+    "evaluate_pass_at_1": "mcadvantage.evaluation.pass_at_1",
+    "evaluate_checkpoint": "mcadvantage.evaluation.pass_at_1",
+    "MCValueEstimator": "mcadvantage.mc.estimator",
+    "Trajectory": "mcadvantage.mc.estimator",
+    "MCEstimate": "mcadvantage.mc.estimator",
+    "VinePPOConfig": "mcadvantage.trainer.config",
+    "VinePPOTrainer": "mcadvantage.trainer.vineppo_trainer",
+}
+# Names also importable from a documented package (its __init__ re-exports them).
+PACKAGE_EXPORTS = {
+    "mcadvantage.samplers": ["Sampler", "RolloutRequest", "Continuation", "TransformersSampler", "VLLMSampler"],
+    "mcadvantage.estimators": ["AdvantageEstimator", "VinePPOEstimator", "GRPOEstimator", "HybridEstimator"],
+    "mcadvantage.tasks": ["StepSegmenter", "GSM8KSegmenter", "MathVerifier", "get_verifier"],
+    "mcadvantage.trainer": ["VinePPOTrainer", "VinePPOConfig"],
+    "mcadvantage.evaluation": ["evaluate_pass_at_1", "evaluate_checkpoint", "PassAt1Settings"],
+}
+
+
+def test_every_public_name_is_listed_here():
+    import mcadvantage
+
+    assert sorted(set(mcadvantage.__all__) - {"__version__"}) == sorted(PUBLIC_NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_NAMES))
+def test_public_name_is_defined_where_listed(name):
+    import mcadvantage
+
+    value = getattr(mcadvantage, name)
+    defining = importlib.import_module(PUBLIC_NAMES[name])
+    assert getattr(defining, name) is value
+    assert getattr(value, "__module__", PUBLIC_NAMES[name]) == PUBLIC_NAMES[name]
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGE_EXPORTS))
+def test_packages_re_export_their_names(package):
+    import mcadvantage
+
+    module = importlib.import_module(package)
+    for name in PACKAGE_EXPORTS[package]:
+        assert getattr(module, name) is getattr(mcadvantage, name), f"{package}.{name}"
+
+
+def test_old_module_paths_import_as_the_same_module():
+    """Code written against the 0.1 layout (``from mcadvantage.estimator import MCValueEstimator``,
+    ``monkeypatch.setattr("mcadvantage.verifiers....")``) keeps working: the old path is the new module object."""
+    from mcadvantage._moved import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    from mcadvantage.estimator import MCValueEstimator  # the documented 0.1 spelling
+    from mcadvantage.segmenters import GSM8KSegmenter
+    from mcadvantage.verifiers import MathVerifier
+
+    import mcadvantage
+
+    assert (MCValueEstimator, GSM8KSegmenter, MathVerifier) == (
+        mcadvantage.MCValueEstimator,
+        mcadvantage.GSM8KSegmenter,
+        mcadvantage.MathVerifier,
+    )
+
+
+def test_old_cli_path_still_runs():
+    """``python -m mcadvantage.diagnostics`` (the 0.1 spelling) reaches the moved module's command line."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcadvantage.diagnostics", "--help"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage:" in proc.stdout

@@ -9,6 +9,10 @@ the estimate being scored). The I/O that produces those numbers (sampling, gradi
 - :func:`ranking_accuracy`: the paper's ranking test (VinePPO, section 7): given alternative next steps from one
   state, how often the estimator orders a pair as the truth does (pairwise), and how often it picks the truly best
   step (top-1).
+
+Why this module is long: :func:`diagnose_credit` is one measurement (ground truth, estimates at several K, the
+ranking test on sampled alternative steps) whose phases share their samples; with its plots, page and command line it
+stays one reading unit, and the pure metric functions at the top are independent of it.
 """
 
 from __future__ import annotations

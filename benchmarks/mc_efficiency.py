@@ -273,7 +273,8 @@ def _demo_trajectories(responses, tok, segmenter, trajectory_cls, segment_comple
 
 
 def run_point(task: dict[str, Any], family: str, k: int, repeat: int) -> dict[str, Any]:
-    from mcadvantage.mc.estimator import MCValueEstimator, plan_states
+    from mcadvantage.mc.estimator import MCValueEstimator
+    from mcadvantage.mc.planning import plan_states
 
     options = dict(FAMILIES[family][0])
     if "min_step_tokens" in options:

@@ -329,7 +329,9 @@ def replay_overhead(tokenizer: Any, args: argparse.Namespace, repeats: int) -> d
     """The estimator's own cost per generated token on a training-sized batch (``--replay-*``), with
     a sampler that costs nothing: random continuations filling every budget (the worst case: the
     longest texts to decode and grade). This is what the estimator adds to any engine, however fast."""
-    from mcadvantage.mc.estimator import MCValueEstimator, build_requests, plan_states
+    from mcadvantage.mc.estimator import MCValueEstimator
+    from mcadvantage.mc.planning import plan_states
+    from mcadvantage.mc.rollouts import build_requests
     from mcadvantage.samplers import Continuation
 
     replay_args = argparse.Namespace(**vars(args))
@@ -440,7 +442,9 @@ def main() -> None:
 
     import torch
 
-    from mcadvantage.mc.estimator import MCValueEstimator, build_requests, plan_states
+    from mcadvantage.mc.estimator import MCValueEstimator
+    from mcadvantage.mc.planning import plan_states
+    from mcadvantage.mc.rollouts import build_requests
     from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
 
     torch.set_num_threads(args.threads)

@@ -13,7 +13,8 @@ import statistics
 import pytest
 import torch
 
-from mcadvantage.mc.estimator import MCValueEstimator, Trajectory, plan_states
+from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
+from mcadvantage.mc.planning import plan_states
 from mcadvantage.samplers.base import Continuation, RolloutRequest
 from mcadvantage.testing import FakeSampler, OutcomeReward
 

@@ -22,7 +22,8 @@ from mcadvantage.mc.budget import (
     shrunk_variance,
     spread_boundaries,
 )
-from mcadvantage.mc.estimator import MCValueEstimator, Trajectory, estimated_boundaries, plan_states
+from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
+from mcadvantage.mc.planning import estimated_boundaries, plan_states
 from mcadvantage.samplers.base import RolloutRequest
 from mcadvantage.testing import OutcomeReward, StepTreeSampler
 

@@ -1,3 +1,8 @@
 """The Monte Carlo machinery: which states of a response to estimate, the rollout requests, the free-sample pool,
 where rollouts go under a budget, and :class:`~mcadvantage.mc.estimator.MCValueEstimator`, which turns K sampled
-continuations per state into values. Usable without TRL (any :class:`~mcadvantage.samplers.Sampler`)."""
+continuations per state into values. Usable without TRL (any :class:`~mcadvantage.samplers.Sampler`).
+
+Modules, each importing only from those listed before it: :mod:`~mcadvantage.mc.budget` (pure allocation
+functions), :mod:`~mcadvantage.mc.trajectory` (the input), :mod:`~mcadvantage.mc.planning` (which states),
+:mod:`~mcadvantage.mc.rollouts` (requests, sampling, grading), :mod:`~mcadvantage.mc.pool` (free samples,
+leave-one-out) and :mod:`~mcadvantage.mc.estimator` (the wiring)."""

@@ -7,16 +7,23 @@ terminal state is never sampled: ``V(S_n) = R``. Step ``i`` gets ``A_i = V(S_i) 
 
 How a call to :meth:`MCValueEstimator.estimate` runs (each stage a small pure helper):
 
-1. :func:`plan_states` lists the states of every trajectory and deduplicates them: states with the
-   same prompt tokens, completion-prefix tokens and grading context (prompt and row fields) are
-   estimated once, so the prompt state is sampled once per prompt, not once per response.
-2. :func:`build_requests` turns every unique state with budget left into one
+1. :func:`~mcadvantage.mc.planning.plan_states` lists the states of every trajectory and deduplicates
+   them: states with the same prompt tokens, completion-prefix tokens and grading context (prompt and row
+   fields) are estimated once, so the prompt state is sampled once per prompt, not once per response.
+2. :func:`~mcadvantage.mc.rollouts.build_requests` turns every unique state with budget left into one
    :class:`~mcadvantage.samplers.RolloutRequest` of ``K`` samples; all go to the sampler in ONE
    ``sampler.sample(requests)`` call, so the engine can batch everything.
-3. All rollouts are graded by the reward functions in one call per function (TRL signature), on the
-   full response text ``decode(prefix ids + continuation ids)``.
-4. :func:`average_values` gives each state its value; :func:`~mcadvantage.core.advantages.step_advantages`
-   and :func:`~mcadvantage.core.advantages.token_advantages` give the advantages.
+3. All rollouts are graded by the reward functions in one call per function (TRL signature,
+   :func:`~mcadvantage.mc.rollouts.sample_and_grade`), on the full response text
+   ``decode(prefix ids + continuation ids)``.
+4. :func:`~mcadvantage.mc.rollouts.average_values` (or, with free samples,
+   :func:`~mcadvantage.mc.pool.pooled_values`) gives each state its value;
+   :func:`~mcadvantage.core.advantages.step_advantages` and :func:`~mcadvantage.core.advantages.token_advantages`
+   give the advantages.
+
+The stages live in their own modules, below this one: :mod:`~mcadvantage.mc.trajectory` (the input),
+:mod:`~mcadvantage.mc.planning`, :mod:`~mcadvantage.mc.rollouts`, :mod:`~mcadvantage.mc.pool` and
+:mod:`~mcadvantage.mc.budget`; this module wires them into :class:`MCValueEstimator`.
 
 Reproducibility: this module adds no randomness; the estimate is a deterministic function of the
 sampler's output (requests are issued in first-occurrence order). Seed the engine (e.g.
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,55 +43,29 @@ import torch
 
 from mcadvantage.core.advantages import check_boundaries, step_advantages, token_advantages
 from mcadvantage.core.settings import validate_mc_settings
-from mcadvantage.core.text import decode_batch, is_conversational
-from mcadvantage.mc.budget import (
-    allocate_rollouts,
-    first_wave_share,
-    leave_one_out_mean,
-    merge_short_steps,
-    shrunk_variance,
-    spread_boundaries,
-    two_wave_mean,
+from mcadvantage.mc.planning import StatePlan, estimated_boundaries, plan_states
+from mcadvantage.mc.pool import pooled_values
+from mcadvantage.mc.rollouts import (
+    RewardFunc,
+    average_values,
+    build_requests,
+    grade_rollouts,
+    sample_and_grade,
 )
-from mcadvantage.rewards.errors import call_reward_func
-from mcadvantage.samplers.base import Continuation, RolloutRequest, Sampler
+from mcadvantage.mc.trajectory import Trajectory
+from mcadvantage.samplers.base import Sampler
 
 __all__ = [
     "Trajectory",
     "MCEstimate",
     "MCValueEstimator",
+    # re-exported from the stage modules (their 0.1 home was this module):
     "StatePlan",
     "plan_states",
     "estimated_boundaries",
     "build_requests",
     "average_values",
 ]
-
-
-@dataclass
-class Trajectory:
-    """One sampled response and what is needed to estimate its step values.
-
-    Attributes:
-        prompt_ids: prompt token ids (the model input before the completion).
-        completion_ids: completion token ids, including the trailing EOS token if there is one,
-            excluding padding.
-        step_boundaries: token indices ``0 = b_0 < b_1 < ... < b_n = len(completion_ids)``;
-            step ``i`` covers tokens ``b_{i-1} .. b_i - 1``. State ``S_i`` is
-            ``prompt_ids + completion_ids[:b_i]``.
-        reward: the response's own reward ``R`` (``V(S_n) = R``; never estimated).
-        prompt: the prompt as the reward functions expect it (a string, or a message list for
-            conversational data); passed through as ``prompts=`` when grading rollouts.
-        fields: the dataset row's other columns (e.g. ``answer``), passed to reward functions as
-            keyword arguments.
-    """
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    step_boundaries: list[int]
-    reward: float
-    prompt: Any = None
-    fields: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -128,173 +109,6 @@ class MCEstimate:
     token_advantages: list[torch.Tensor]
     stats: dict[str, float]
     sample_counts: list[list[int]] = field(default_factory=list)
-
-
-RewardFunc = Callable[..., Sequence[float | None]]
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure helpers: planning states, building requests, averaging values.
-# ---------------------------------------------------------------------------------------------
-
-
-def estimated_boundaries(
-    boundaries: Sequence[int],
-    max_estimated_steps: int | None,
-    *,
-    min_step_tokens: int | None = None,
-    steps_after_cap: str = "merge",
-) -> list[int]:
-    """Boundaries of the states that are estimated, after the step budget.
-
-    First steps shorter than ``min_step_tokens`` are merged (:func:`~mcadvantage.mc.budget.merge_short_steps`).
-    Then, with ``m = max_estimated_steps`` and ``n > m`` steps left: ``steps_after_cap="spread"`` keeps ``m``
-    states spread evenly by token position (:func:`~mcadvantage.mc.budget.spread_boundaries`); otherwise states
-    ``S_0 .. S_{m-1}`` are kept and steps ``m .. n`` form one final step (boundaries ``b_0 .. b_{m-1}, b_n``),
-    whose advantage is ``R - V(S_{m-1})``, so the telescoping sum ``R - V(S_0)`` is kept. (The official VinePPO
-    code instead gave the steps past its cap 0 advantage: ``"zero"``, applied by the estimator.)
-    """
-    b = merge_short_steps(boundaries, min_step_tokens)
-    n = len(b) - 1
-    if max_estimated_steps is None or n <= max_estimated_steps:
-        return b
-    if steps_after_cap == "spread":
-        return spread_boundaries(b, max_estimated_steps)
-    return b[:max_estimated_steps] + [b[-1]]
-
-
-@dataclass
-class StatePlan:
-    """Deduplicated states of a batch.
-
-    Attributes:
-        unique: per unique state, ``(trajectory index of its first occurrence, completion prefix
-            length)``.
-        state_index: per trajectory, the unique-state index of each of its states ``S_0..S_{m-1}``.
-        boundaries: per trajectory, the (possibly merged, see :func:`estimated_boundaries`)
-            boundaries used for the advantages.
-        capped: per trajectory, whether ``max_estimated_steps`` cut its steps (what ``steps_after_cap="zero"``
-            zeroes).
-        parent: per unique state, the unique state before it in the trajectory of its first occurrence (None
-            for a prompt state).
-    """
-
-    unique: list[tuple[int, int]]
-    state_index: list[list[int]]
-    boundaries: list[list[int]]
-    capped: list[bool] = field(default_factory=list)
-    parent: list[int | None] = field(default_factory=list)
-
-    @property
-    def num_states(self) -> int:
-        return sum(len(s) for s in self.state_index)
-
-
-def _grading_key(traj: Trajectory) -> str:
-    # Two responses share a state only if they would be graded alike: same prompt and same row
-    # fields (e.g. a duplicated question with another gold answer must not share a value). repr is
-    # used because prompts and fields may hold unhashable lists/dicts.
-    return repr((traj.prompt, sorted(traj.fields.items(), key=lambda kv: kv[0])))
-
-
-def plan_states(
-    trajectories: Sequence[Trajectory],
-    max_estimated_steps: int | None = None,
-    *,
-    min_step_tokens: int | None = None,
-    steps_after_cap: str = "merge",
-) -> StatePlan:
-    """List the non-terminal states of every trajectory and deduplicate them.
-
-    A state is identified by its prompt token ids, its completion-prefix token ids and its grading
-    context (prompt and fields); identical states anywhere in the batch map to one unique state. The step
-    budget (``max_estimated_steps``, ``min_step_tokens``, ``steps_after_cap``) decides which boundaries are
-    states (:func:`estimated_boundaries`).
-    """
-    key_to_index: dict[tuple[tuple[int, ...], tuple[int, ...], str], int] = {}
-    unique: list[tuple[int, int]] = []
-    parent: list[int | None] = []
-    state_index: list[list[int]] = []
-    all_boundaries: list[list[int]] = []
-    capped: list[bool] = []
-    for t, traj in enumerate(trajectories):
-        merged = merge_short_steps(traj.step_boundaries, min_step_tokens)
-        b = estimated_boundaries(merged, max_estimated_steps, steps_after_cap=steps_after_cap)
-        all_boundaries.append(b)
-        capped.append(max_estimated_steps is not None and len(merged) - 1 > max_estimated_steps)
-        prompt_key = tuple(traj.prompt_ids)
-        gkey = _grading_key(traj)
-        idx: list[int] = []
-        for prefix_len in b[:-1]:  # S_0 .. S_{n-1}: the terminal state is never sampled
-            key = (prompt_key, tuple(traj.completion_ids[:prefix_len]), gkey)
-            if key not in key_to_index:
-                key_to_index[key] = len(unique)
-                unique.append((t, prefix_len))
-                parent.append(idx[-1] if idx else None)
-            idx.append(key_to_index[key])
-        state_index.append(idx)
-    return StatePlan(
-        unique=unique, state_index=state_index, boundaries=all_boundaries, capped=capped, parent=parent
-    )
-
-
-def build_requests(
-    trajectories: Sequence[Trajectory],
-    plan: StatePlan,
-    num_rollouts: int | Sequence[int],
-    budget: Callable[[int, int], int],
-) -> tuple[list[RolloutRequest], list[int | None]]:
-    """One request of ``num_rollouts`` samples per unique state with budget left.
-
-    Args:
-        num_rollouts: samples per state, one number for all or one per unique state (0: no request).
-        budget: ``(completion-prefix length, prompt length)`` -> max new tokens for a continuation from that
-            state.
-
-    Returns:
-        ``(requests, request_of_state)``: ``request_of_state[u]`` is the index of unique state
-        ``u``'s request, or None when the state has no budget left (it is graded directly) or asks for no
-        sample.
-    """
-    requests: list[RolloutRequest] = []
-    request_of_state: list[int | None] = []
-    for u, (t, prefix_len) in enumerate(plan.unique):
-        traj = trajectories[t]
-        max_tokens = budget(prefix_len, len(traj.prompt_ids))
-        n = num_rollouts if isinstance(num_rollouts, int) else int(num_rollouts[u])
-        if max_tokens < 1 or n < 1:
-            request_of_state.append(None)
-            continue
-        request_of_state.append(len(requests))
-        prefix = tuple(traj.prompt_ids) + tuple(traj.completion_ids[:prefix_len])
-        requests.append(RolloutRequest(prefix_ids=prefix, n=n, max_tokens=max_tokens))
-    return requests, request_of_state
-
-
-def average_values(rewards_per_state: Sequence[Sequence[float]]) -> list[float]:
-    """Value of each state: the mean reward of its rollouts (``V(S) = 1/K sum_k R_k``)."""
-    values = []
-    for u, rewards in enumerate(rewards_per_state):
-        if len(rewards) == 0:
-            raise ValueError(f"average_values: state {u} has no rollout reward to average.")
-        values.append(math.fsum(rewards) / len(rewards))
-    return values
-
-
-def _nansum_weighted(per_func: Sequence[float], weights: Sequence[float]) -> tuple[float, bool]:
-    """Weighted sum skipping NaN (TRL's ``nansum``); also returns whether every entry was NaN."""
-    total = 0.0
-    all_nan = True
-    for r, w in zip(per_func, weights, strict=True):
-        if not math.isnan(r):
-            total += w * r
-            all_nan = False
-    return total, all_nan
-
-
-# ---------------------------------------------------------------------------------------------
-# The estimator: validation, then the I/O (one sampler call, one call per reward function).
-# ---------------------------------------------------------------------------------------------
 
 
 class MCValueEstimator:
@@ -466,28 +280,7 @@ class MCValueEstimator:
                     "must be a number (map unscorable responses to a reward before estimating)."
                 )
 
-    @staticmethod
-    def _validate_samples(requests: Sequence[RolloutRequest], samples: Any) -> list[list[Continuation]]:
-        if len(samples) != len(requests):
-            raise RuntimeError(
-                f"sampler returned {len(samples)} results for {len(requests)} requests; a Sampler must "
-                "return one list of continuations per request."
-            )
-        for i, (req, conts) in enumerate(zip(requests, samples, strict=True)):
-            if len(conts) != req.n:
-                raise RuntimeError(
-                    f"sampler returned {len(conts)} continuations for request {i} (n={req.n}); it must "
-                    "return exactly n."
-                )
-            for c in conts:
-                if len(c.token_ids) > req.max_tokens:
-                    raise RuntimeError(
-                        f"sampler returned a continuation of {len(c.token_ids)} tokens for request {i} "
-                        f"with max_tokens={req.max_tokens}; continuations must respect the budget."
-                    )
-        return [list(c) for c in samples]
-
-    # -- grading ---------------------------------------------------------------------------------
+    # -- rollouts ---------------------------------------------------------------------------------
 
     def _grade(
         self,
@@ -495,60 +288,16 @@ class MCValueEstimator:
         reward_kwargs: Mapping[str, Any],
         progress: Any,
     ) -> tuple[list[float], int]:
-        """Grade full responses ``(trajectory, completion ids)`` with every reward function, one call
-        per function for the whole batch. Returns the combined rewards and the unscorable count."""
-        if not items:
-            return [], 0
-        # Decode the concatenated ids (not prefix text + continuation text) so a character split
-        # across the prefix/continuation boundary (multi-token UTF-8) decodes correctly.
-        completion_ids = [ids for _, ids in items]
-        texts = decode_batch(self.tokenizer, completion_ids)
-        prompts = [traj.prompt for traj, _ in items]
-        completions: list[Any] = [
-            [{"role": "assistant", "content": text}] if is_conversational(traj.prompt) else text
-            for (traj, _), text in zip(items, texts, strict=True)
-        ]
-        keys: list[str] = []
-        for traj, _ in items:
-            for k in traj.fields:
-                if k not in keys:
-                    keys.append(k)
-        columns = {k: [traj.fields.get(k) for traj, _ in items] for k in keys}
-
-        per_func: list[list[float]] = []
-        for f in self.reward_funcs:
-            # Raising, or returning inf, is a RewardFunctionError naming the function and the rollout: one infinite
-            # rollout would make its state's value infinite and every whitened advantage NaN.
-            out = call_reward_func(
-                f,
-                getattr(f, "__name__", None) or type(f).__name__,
-                dict(
-                    prompts=prompts,
-                    completions=completions,
-                    completion_ids=completion_ids,
-                    **columns,
-                    **reward_kwargs,
-                ),
-                where="Monte Carlo rollouts",
-            )
-            if len(out) != len(items):
-                raise RuntimeError(
-                    f"reward function {getattr(f, '__name__', f)!r} returned {len(out)} rewards for "
-                    f"{len(items)} completions; it must return one per completion."
-                )
-            per_func.append(out)
-            if progress is not None:
-                progress.update(1)
-
-        rewards: list[float] = []
-        unscorable = 0
-        for j in range(len(items)):
-            total, all_nan = _nansum_weighted([pf[j] for pf in per_func], self.reward_weights)
-            unscorable += all_nan
-            rewards.append(total)
-        return rewards, unscorable
-
-    # -- the estimate ----------------------------------------------------------------------------
+        """Grade full responses with this estimator's reward functions
+        (:func:`~mcadvantage.mc.rollouts.grade_rollouts`)."""
+        return grade_rollouts(
+            items,
+            reward_kwargs,
+            progress,
+            tokenizer=self.tokenizer,
+            reward_funcs=self.reward_funcs,
+            reward_weights=self.reward_weights,
+        )
 
     def _sample_and_grade(
         self,
@@ -562,153 +311,24 @@ class MCValueEstimator:
         grade_unsampled: bool,
         progress: Any = None,
     ) -> list[list[tuple[list[int], float]]]:
-        """One wave: ``counts[u]`` continuations from every unique state ``u`` with budget left, in ONE sampler
-        call, graded in one call per reward function. With ``grade_unsampled``, states without budget are graded
-        as their own (truncated) prefix. Adds to ``stats``; returns per state its samples as ``(completion ids,
-        reward)`` (the full response: the state's prefix plus the continuation)."""
-        requests, request_of_state = build_requests(trajectories, plan, counts, self.budget)
+        """One wave with this estimator's sampler, budget and graders
+        (:func:`~mcadvantage.mc.rollouts.sample_and_grade`)."""
+        return sample_and_grade(
+            trajectories,
+            plan,
+            counts,
+            budgets,
+            reward_kwargs,
+            stats,
+            sampler=self.sampler,
+            budget=self.budget,
+            grade=self._grade,
+            truncated_reward=self.truncated_reward,
+            grade_unsampled=grade_unsampled,
+            progress=progress,
+        )
 
-        t0 = time.perf_counter()
-        samples: list[list[Continuation]] = []
-        if requests:
-            samples = self._validate_samples(requests, self.sampler.sample(requests))
-        stats["sampling_seconds"] += time.perf_counter() - t0
-        if progress is not None:
-            progress.update(1)
-
-        out: list[list[tuple[list[int], float]]] = [[] for _ in plan.unique]
-        to_grade: list[tuple[Trajectory, list[int]]] = []
-        slots: list[int] = []  # unique-state index of each graded item
-        for u, (t, prefix_len) in enumerate(plan.unique):
-            traj = trajectories[t]
-            prefix = list(traj.completion_ids[:prefix_len])
-            r = request_of_state[u]
-            if r is None:
-                if grade_unsampled and budgets[u] < 1:
-                    # No budget left: the prefix itself is the (truncated) response.
-                    stats["unsampled_states"] += 1
-                    if self.truncated_reward is not None:
-                        out[u].append((prefix, self.truncated_reward))
-                    else:
-                        to_grade.append((traj, prefix))
-                        slots.append(u)
-                continue
-            for cont in samples[r]:
-                stats["generated_tokens"] += len(cont.token_ids)
-                stats["truncated_rollouts"] += bool(cont.truncated)
-                stats["rollouts"] += 1
-                ids = prefix + list(cont.token_ids)
-                if cont.truncated and self.truncated_reward is not None:
-                    out[u].append((ids, self.truncated_reward))
-                    stats["rollout_reward_sum"] += self.truncated_reward
-                    stats["rollout_reward_count"] += 1
-                else:
-                    to_grade.append((traj, ids))
-                    slots.append(u)
-        stats["requests"] += len(requests)
-
-        t0 = time.perf_counter()
-        graded, unscorable = self._grade(to_grade, reward_kwargs, progress)
-        stats["grading_seconds"] += time.perf_counter() - t0
-        stats["unscorable_rollouts"] += unscorable
-        for u, (_, ids), reward in zip(slots, to_grade, graded, strict=True):
-            out[u].append((ids, reward))
-            if request_of_state[u] is not None:
-                stats["rollout_reward_sum"] += reward
-                stats["rollout_reward_count"] += 1
-        return out
-
-    def _pooled_values(
-        self,
-        trajectories: Sequence[Trajectory],
-        extra: Sequence[Trajectory],
-        plan: StatePlan,
-        budgets: Sequence[int],
-        sampled: Sequence[bool],
-        reward_kwargs: Mapping[str, Any],
-        stats: dict[str, float],
-        progress: Any,
-    ) -> tuple[Callable[[int, int], float], list[int]]:
-        """Free samples and/or variance allocation: pool every response and rollout through each state and top the
-        states up (first wave); with ``"variance"``, allocate the rest of the token budget (second wave). Returns the
-        leave-one-out value ``(trajectory, unique state) -> V`` and the samples behind each state's values.
-
-        The second wave is kept apart: a state's value mixes its first-wave mean and its second-wave mean with the
-        fixed share :func:`~mcadvantage.mc.budget.first_wave_share`, so how many rollouts the allocation gave it
-        (which depends on outcomes) never reweights the outcomes it looked at (see :mod:`mcadvantage.mc.budget`).
-        """
-        pool = _SamplePool(trajectories, plan)
-        for traj in [*trajectories, *extra]:
-            # Masked responses count too: which responses are masked may depend on their outcomes.
-            pool.add_path(traj, traj.completion_ids, float(traj.reward))
-        target = self.num_rollouts if self.allocation == "uniform" else self.min_rollouts
-        first = [max(0, target - f) if ok else 0 for f, ok in zip(pool.others, sampled, strict=True)]
-        own_rollouts = list(first)
-
-        def wave(into: _SamplePool, counts: Sequence[int], grade_unsampled: bool) -> None:
-            into.add_wave(
-                trajectories,
-                self._sample_and_grade(
-                    trajectories,
-                    plan,
-                    counts,
-                    budgets,
-                    reward_kwargs,
-                    stats,
-                    grade_unsampled=grade_unsampled,
-                    progress=progress,
-                ),
-            )
-
-        wave(pool, first, grade_unsampled=True)
-        # First-wave samples besides the response's own: counted by prefixes, never by outcomes.
-        others = pool.others
-        share = [
-            first_wave_share(n, self.num_rollouts) if ok else 1.0
-            for n, ok in zip(others, sampled, strict=True)
-        ]
-        second_pool: _SamplePool | None = None
-        if self.allocation == "variance":
-            second_pool = pool.empty_like()
-            # A state whose value has a second-wave part needs a second-wave sample.
-            need = [1 if a < 1.0 else 0 for a in share]
-            costs = [pool.mean_remaining(u) for u in range(len(plan.unique))]
-            token_budget = self.num_rollouts * math.fsum(
-                c for c, ok in zip(costs, sampled, strict=True) if ok
-            )
-            stats["budget_tokens"] = token_budget
-            # The value's variance is a^2 var / n_1 + (1 - a)^2 var / n_2: a second-wave rollout is worth
-            # (1 - a)^2 of an advantage token's error, and nothing at a state with a = 1.
-            extra_second = allocate_rollouts(
-                weights=[w * (1.0 - a) ** 2 for w, a in zip(_advantage_weights(plan), share, strict=True)],
-                variances=pool.variances(plan.parent, VARIANCE_PRIOR_STRENGTH),
-                counts=need,
-                costs=costs,
-                budget=max(
-                    0.0,
-                    token_budget
-                    - stats["generated_tokens"]
-                    - math.fsum(c for c, n in zip(costs, need, strict=True) if n),
-                ),
-            )
-            second = [a + b for a, b in zip(need, extra_second, strict=True)]
-            own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
-            wave(second_pool, second, grade_unsampled=False)
-        used = [
-            n + (second_pool.count[u] if second_pool is not None and share[u] < 1.0 else 0)
-            for u, n in enumerate(others)
-        ]
-        stats["free_samples"] = float(sum(max(0, n - own) for n, own in zip(used, own_rollouts, strict=True)))
-        stats["rollouts_saved"] = self.num_rollouts * sum(sampled) - stats["rollouts"]
-
-        def value(t: int, u: int) -> float:
-            first_mean = leave_one_out_mean(pool.total[u], pool.count[u], float(trajectories[t].reward))
-            if second_pool is None:
-                return first_mean
-            second_mean = second_pool.total[u] / second_pool.count[u] if second_pool.count[u] else None
-            return two_wave_mean(first_mean, second_mean, share[u])
-
-        return value, used
+    # -- the estimate ----------------------------------------------------------------------------
 
     def estimate(
         self,
@@ -793,8 +413,25 @@ class MCValueEstimator:
                 def value(t: int, u: int) -> float:
                     return state_values[u]
             else:
-                value, state_counts = self._pooled_values(
-                    trajectories, extra, plan, budgets, sampled, kwargs, stats, progress
+                value, state_counts = pooled_values(
+                    trajectories,
+                    extra,
+                    plan,
+                    sampled,
+                    stats,
+                    lambda counts, grade_unsampled: self._sample_and_grade(
+                        trajectories,
+                        plan,
+                        counts,
+                        budgets,
+                        kwargs,
+                        stats,
+                        grade_unsampled=grade_unsampled,
+                        progress=progress,
+                    ),
+                    num_rollouts=self.num_rollouts,
+                    allocation=self.allocation,
+                    min_rollouts=self.min_rollouts,
                 )
         finally:
             if progress is not None:
@@ -831,107 +468,3 @@ class MCValueEstimator:
             stats=stats,
             sample_counts=[[state_counts[u] for u in states] for states in plan.state_index],
         )
-
-
-#: Pseudo-samples of the parent state's variance in a state's variance estimate (``allocation="variance"``).
-VARIANCE_PRIOR_STRENGTH = 2.0
-
-
-def _advantage_weights(plan: StatePlan) -> list[float]:
-    """Per unique state, the advantage tokens its value enters: the steps before and after it, summed over the
-    trajectories that pass through it."""
-    weights = [0.0] * len(plan.unique)
-    for b, states in zip(plan.boundaries, plan.state_index, strict=True):
-        for i, u in enumerate(states):
-            weights[u] += (b[i] - b[i - 1] if i else 0) + (b[i + 1] - b[i])
-    return weights
-
-
-class _SamplePool:
-    """The samples of every unique state's value: each path (a response or a rollout, as completion ids with its
-    reward) counts for every state whose prefix it starts with and goes beyond."""
-
-    def __init__(self, trajectories: Sequence[Trajectory], plan: StatePlan) -> None:
-        # Per grading group (prompt ids, grading context), a token trie of the states' completion prefixes; the
-        # key None of a node holds the state ending there. A path walks it token by token and stops where it
-        # leaves every state prefix, so matching costs O(path length), not O(states x length).
-        self.tries: dict[tuple[tuple[int, ...], str], dict[Any, Any]] = {}
-        for u, (t, prefix_len) in enumerate(plan.unique):
-            traj = trajectories[t]
-            node = self.tries.setdefault((tuple(traj.prompt_ids), _grading_key(traj)), {})
-            for token in traj.completion_ids[:prefix_len]:
-                node = node.setdefault(token, {})
-            node[None] = u
-        self.plan = plan
-        size = len(plan.unique)
-        self.total = [0.0] * size
-        self.count = [0] * size
-        self.remaining = [0.0] * size
-        # Every sample's outcome, for the allocation's variance estimates. The allocation may look at the responses'
-        # outcomes too: it only sets the size of the second wave, which is averaged apart (see _pooled_values).
-        self.rewards: list[list[float]] = [[] for _ in range(size)]
-
-    def empty_like(self) -> _SamplePool:
-        """A pool over the same states with no sample in it (the second wave's)."""
-        other = object.__new__(_SamplePool)
-        other.tries, other.plan = self.tries, self.plan
-        size = len(self.plan.unique)
-        other.total, other.count, other.remaining = [0.0] * size, [0] * size, [0.0] * size
-        other.rewards = [[] for _ in range(size)]
-        return other
-
-    def _add(self, u: int, reward: float, remaining: int) -> None:
-        self.total[u] += reward
-        self.count[u] += 1
-        self.remaining[u] += remaining
-        self.rewards[u].append(reward)
-
-    def add_path(
-        self,
-        traj: Trajectory,
-        completion_ids: Sequence[int],
-        reward: float,
-        start: int = 0,
-    ) -> None:
-        """Count a path for every state it passes through at or after ``start``, the token where its sampling
-        began (0 for a response). A rollout from a deeper state is not a draw of a shallower state's value: it
-        was made to follow that deeper prefix."""
-        node = self.tries.get((tuple(traj.prompt_ids), _grading_key(traj)))
-        ids = list(completion_ids)
-        depth = 0
-        while node is not None and depth < len(ids):  # a state counts only paths that go beyond it
-            u = node.get(None)
-            if u is not None and depth >= start:
-                self._add(u, reward, len(ids) - depth)
-            node = node.get(ids[depth])
-            depth += 1
-
-    def add_wave(self, trajectories: Sequence[Trajectory], wave: list[list[tuple[list[int], float]]]) -> None:
-        for u, samples in enumerate(wave):
-            t, prefix_len = self.plan.unique[u]
-            for ids, reward in samples:
-                if len(ids) <= prefix_len:  # an unsampled state's own prefix, graded directly
-                    self._add(u, reward, 0)
-                else:  # a rollout is a sample of its own state and of every deeper state it passes through
-                    self.add_path(trajectories[t], ids, reward, start=prefix_len)
-
-    @property
-    def others(self) -> list[int]:
-        """Per state, its samples besides one response's own outcome (every state lies on at least one of the
-        batch's responses): what a leave-one-out value averages."""
-        return [max(0, n - 1) for n in self.count]
-
-    def mean_remaining(self, u: int) -> float:
-        """Expected tokens of one rollout from state ``u``: the mean length its samples had beyond it."""
-        return max(1.0, self.remaining[u] / self.count[u]) if self.count[u] else 1.0
-
-    def variances(self, parent: Sequence[int | None], strength: float) -> list[float]:
-        """Each state's reward variance from its samples, shrunk toward its parent's (the root toward the
-        variance of every sample of the pool)."""
-        everything = [r for rs in self.rewards for r in rs]
-        root = shrunk_variance(everything, 0.0, 0.0) if everything else 0.25
-        out: list[float] = []
-        for u, rewards in enumerate(self.rewards):  # a parent is always listed before its children
-            prior = root if parent[u] is None else out[parent[u]]  # type: ignore[index]
-            out.append(shrunk_variance(rewards, prior, strength))
-        return out

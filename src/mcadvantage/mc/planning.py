@@ -1,0 +1,119 @@
+"""Which states of a response the Monte Carlo estimator estimates (stage 1 of
+:meth:`~mcadvantage.mc.estimator.MCValueEstimator.estimate`).
+
+A state is a step-boundary prefix ``S_i = x + y[:b_i]`` of a response. :func:`estimated_boundaries` applies the
+step budget (merging short steps, capping or spreading the states, see :mod:`mcadvantage.mc.budget`);
+:func:`plan_states` lists the states of every trajectory of a batch and deduplicates them: states with the same
+prompt tokens, completion-prefix tokens and grading context (:func:`grading_key`) are estimated once. Plain
+functions and dataclasses, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mcadvantage.mc.budget import merge_short_steps, spread_boundaries
+from mcadvantage.mc.trajectory import Trajectory
+
+__all__ = ["StatePlan", "estimated_boundaries", "grading_key", "plan_states"]
+
+
+def estimated_boundaries(
+    boundaries: Sequence[int],
+    max_estimated_steps: int | None,
+    *,
+    min_step_tokens: int | None = None,
+    steps_after_cap: str = "merge",
+) -> list[int]:
+    """Boundaries of the states that are estimated, after the step budget.
+
+    First steps shorter than ``min_step_tokens`` are merged (:func:`~mcadvantage.mc.budget.merge_short_steps`).
+    Then, with ``m = max_estimated_steps`` and ``n > m`` steps left: ``steps_after_cap="spread"`` keeps ``m``
+    states spread evenly by token position (:func:`~mcadvantage.mc.budget.spread_boundaries`); otherwise states
+    ``S_0 .. S_{m-1}`` are kept and steps ``m .. n`` form one final step (boundaries ``b_0 .. b_{m-1}, b_n``),
+    whose advantage is ``R - V(S_{m-1})``, so the telescoping sum ``R - V(S_0)`` is kept. (The official VinePPO
+    code instead gave the steps past its cap 0 advantage: ``"zero"``, applied by the estimator.)
+    """
+    b = merge_short_steps(boundaries, min_step_tokens)
+    n = len(b) - 1
+    if max_estimated_steps is None or n <= max_estimated_steps:
+        return b
+    if steps_after_cap == "spread":
+        return spread_boundaries(b, max_estimated_steps)
+    return b[:max_estimated_steps] + [b[-1]]
+
+
+@dataclass
+class StatePlan:
+    """Deduplicated states of a batch.
+
+    Attributes:
+        unique: per unique state, ``(trajectory index of its first occurrence, completion prefix
+            length)``.
+        state_index: per trajectory, the unique-state index of each of its states ``S_0..S_{m-1}``.
+        boundaries: per trajectory, the (possibly merged, see :func:`estimated_boundaries`)
+            boundaries used for the advantages.
+        capped: per trajectory, whether ``max_estimated_steps`` cut its steps (what ``steps_after_cap="zero"``
+            zeroes).
+        parent: per unique state, the unique state before it in the trajectory of its first occurrence (None
+            for a prompt state).
+    """
+
+    unique: list[tuple[int, int]]
+    state_index: list[list[int]]
+    boundaries: list[list[int]]
+    capped: list[bool] = field(default_factory=list)
+    parent: list[int | None] = field(default_factory=list)
+
+    @property
+    def num_states(self) -> int:
+        return sum(len(s) for s in self.state_index)
+
+
+def grading_key(traj: Trajectory) -> str:
+    # Two responses share a state only if they would be graded alike: same prompt and same row
+    # fields (e.g. a duplicated question with another gold answer must not share a value). repr is
+    # used because prompts and fields may hold unhashable lists/dicts.
+    return repr((traj.prompt, sorted(traj.fields.items(), key=lambda kv: kv[0])))
+
+
+def plan_states(
+    trajectories: Sequence[Trajectory],
+    max_estimated_steps: int | None = None,
+    *,
+    min_step_tokens: int | None = None,
+    steps_after_cap: str = "merge",
+) -> StatePlan:
+    """List the non-terminal states of every trajectory and deduplicate them.
+
+    A state is identified by its prompt token ids, its completion-prefix token ids and its grading
+    context (prompt and fields); identical states anywhere in the batch map to one unique state. The step
+    budget (``max_estimated_steps``, ``min_step_tokens``, ``steps_after_cap``) decides which boundaries are
+    states (:func:`estimated_boundaries`).
+    """
+    key_to_index: dict[tuple[tuple[int, ...], tuple[int, ...], str], int] = {}
+    unique: list[tuple[int, int]] = []
+    parent: list[int | None] = []
+    state_index: list[list[int]] = []
+    all_boundaries: list[list[int]] = []
+    capped: list[bool] = []
+    for t, traj in enumerate(trajectories):
+        merged = merge_short_steps(traj.step_boundaries, min_step_tokens)
+        b = estimated_boundaries(merged, max_estimated_steps, steps_after_cap=steps_after_cap)
+        all_boundaries.append(b)
+        capped.append(max_estimated_steps is not None and len(merged) - 1 > max_estimated_steps)
+        prompt_key = tuple(traj.prompt_ids)
+        gkey = grading_key(traj)
+        idx: list[int] = []
+        for prefix_len in b[:-1]:  # S_0 .. S_{n-1}: the terminal state is never sampled
+            key = (prompt_key, tuple(traj.completion_ids[:prefix_len]), gkey)
+            if key not in key_to_index:
+                key_to_index[key] = len(unique)
+                unique.append((t, prefix_len))
+                parent.append(idx[-1] if idx else None)
+            idx.append(key_to_index[key])
+        state_index.append(idx)
+    return StatePlan(
+        unique=unique, state_index=state_index, boundaries=all_boundaries, capped=capped, parent=parent
+    )

@@ -1,0 +1,213 @@
+"""Free samples (``reuse_samples``, ``allocation="variance"``): every response and rollout through a state is a
+draw of its value, pooled leave-one-out.
+
+:class:`SamplePool` matches every path (a response or a rollout) to the states it passes through with a token trie
+per grading group, and keeps per state the samples' reward sum, count and lengths. :func:`pooled_values` runs the
+waves (top every state up, then, with ``allocation="variance"``, spend the rest of the token budget where
+:func:`~mcadvantage.mc.budget.allocate_rollouts` says) and returns each trajectory's leave-one-out values: a
+response's own outcome never enters the values of its own states. Why that, and the two-wave mix, are exactly
+unbiased: :mod:`mcadvantage.mc.budget`. Written by hand: no library pools Monte Carlo samples across states.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mcadvantage.mc.budget import (
+    allocate_rollouts,
+    first_wave_share,
+    leave_one_out_mean,
+    shrunk_variance,
+    two_wave_mean,
+)
+from mcadvantage.mc.planning import StatePlan, grading_key
+from mcadvantage.mc.trajectory import Trajectory
+
+__all__ = ["VARIANCE_PRIOR_STRENGTH", "SamplePool", "advantage_weights", "pooled_values"]
+
+
+#: Pseudo-samples of the parent state's variance in a state's variance estimate (``allocation="variance"``).
+VARIANCE_PRIOR_STRENGTH = 2.0
+
+
+def advantage_weights(plan: StatePlan) -> list[float]:
+    """Per unique state, the advantage tokens its value enters: the steps before and after it, summed over the
+    trajectories that pass through it."""
+    weights = [0.0] * len(plan.unique)
+    for b, states in zip(plan.boundaries, plan.state_index, strict=True):
+        for i, u in enumerate(states):
+            weights[u] += (b[i] - b[i - 1] if i else 0) + (b[i + 1] - b[i])
+    return weights
+
+
+class SamplePool:
+    """The samples of every unique state's value: each path (a response or a rollout, as completion ids with its
+    reward) counts for every state whose prefix it starts with and goes beyond."""
+
+    def __init__(self, trajectories: Sequence[Trajectory], plan: StatePlan) -> None:
+        # Per grading group (prompt ids, grading context), a token trie of the states' completion prefixes; the
+        # key None of a node holds the state ending there. A path walks it token by token and stops where it
+        # leaves every state prefix, so matching costs O(path length), not O(states x length).
+        self.tries: dict[tuple[tuple[int, ...], str], dict[Any, Any]] = {}
+        for u, (t, prefix_len) in enumerate(plan.unique):
+            traj = trajectories[t]
+            node = self.tries.setdefault((tuple(traj.prompt_ids), grading_key(traj)), {})
+            for token in traj.completion_ids[:prefix_len]:
+                node = node.setdefault(token, {})
+            node[None] = u
+        self.plan = plan
+        size = len(plan.unique)
+        self.total = [0.0] * size
+        self.count = [0] * size
+        self.remaining = [0.0] * size
+        # Every sample's outcome, for the allocation's variance estimates. The allocation may look at the responses'
+        # outcomes too: it only sets the size of the second wave, which is averaged apart (see pooled_values).
+        self.rewards: list[list[float]] = [[] for _ in range(size)]
+
+    def empty_like(self) -> SamplePool:
+        """A pool over the same states with no sample in it (the second wave's)."""
+        other = object.__new__(SamplePool)
+        other.tries, other.plan = self.tries, self.plan
+        size = len(self.plan.unique)
+        other.total, other.count, other.remaining = [0.0] * size, [0] * size, [0.0] * size
+        other.rewards = [[] for _ in range(size)]
+        return other
+
+    def _add(self, u: int, reward: float, remaining: int) -> None:
+        self.total[u] += reward
+        self.count[u] += 1
+        self.remaining[u] += remaining
+        self.rewards[u].append(reward)
+
+    def add_path(
+        self,
+        traj: Trajectory,
+        completion_ids: Sequence[int],
+        reward: float,
+        start: int = 0,
+    ) -> None:
+        """Count a path for every state it passes through at or after ``start``, the token where its sampling
+        began (0 for a response). A rollout from a deeper state is not a draw of a shallower state's value: it
+        was made to follow that deeper prefix."""
+        node = self.tries.get((tuple(traj.prompt_ids), grading_key(traj)))
+        ids = list(completion_ids)
+        depth = 0
+        while node is not None and depth < len(ids):  # a state counts only paths that go beyond it
+            u = node.get(None)
+            if u is not None and depth >= start:
+                self._add(u, reward, len(ids) - depth)
+            node = node.get(ids[depth])
+            depth += 1
+
+    def add_wave(self, trajectories: Sequence[Trajectory], wave: list[list[tuple[list[int], float]]]) -> None:
+        for u, samples in enumerate(wave):
+            t, prefix_len = self.plan.unique[u]
+            for ids, reward in samples:
+                if len(ids) <= prefix_len:  # an unsampled state's own prefix, graded directly
+                    self._add(u, reward, 0)
+                else:  # a rollout is a sample of its own state and of every deeper state it passes through
+                    self.add_path(trajectories[t], ids, reward, start=prefix_len)
+
+    @property
+    def others(self) -> list[int]:
+        """Per state, its samples besides one response's own outcome (every state lies on at least one of the
+        batch's responses): what a leave-one-out value averages."""
+        return [max(0, n - 1) for n in self.count]
+
+    def mean_remaining(self, u: int) -> float:
+        """Expected tokens of one rollout from state ``u``: the mean length its samples had beyond it."""
+        return max(1.0, self.remaining[u] / self.count[u]) if self.count[u] else 1.0
+
+    def variances(self, parent: Sequence[int | None], strength: float) -> list[float]:
+        """Each state's reward variance from its samples, shrunk toward its parent's (the root toward the
+        variance of every sample of the pool)."""
+        everything = [r for rs in self.rewards for r in rs]
+        root = shrunk_variance(everything, 0.0, 0.0) if everything else 0.25
+        out: list[float] = []
+        for u, rewards in enumerate(self.rewards):  # a parent is always listed before its children
+            prior = root if parent[u] is None else out[parent[u]]  # type: ignore[index]
+            out.append(shrunk_variance(rewards, prior, strength))
+        return out
+
+
+def pooled_values(
+    trajectories: Sequence[Trajectory],
+    extra: Sequence[Trajectory],
+    plan: StatePlan,
+    sampled: Sequence[bool],
+    stats: dict[str, float],
+    sample_wave: Callable[[Sequence[int], bool], list[list[tuple[list[int], float]]]],
+    *,
+    num_rollouts: int,
+    allocation: str,
+    min_rollouts: int,
+) -> tuple[Callable[[int, int], float], list[int]]:
+    """Free samples and/or variance allocation: pool every response and rollout through each state and top the
+    states up (first wave); with ``"variance"``, allocate the rest of the token budget (second wave). Returns the
+    leave-one-out value ``(trajectory, unique state) -> V`` and the samples behind each state's values.
+
+    The second wave is kept apart: a state's value mixes its first-wave mean and its second-wave mean with the
+    fixed share :func:`~mcadvantage.mc.budget.first_wave_share`, so how many rollouts the allocation gave it
+    (which depends on outcomes) never reweights the outcomes it looked at (see :mod:`mcadvantage.mc.budget`).
+
+    ``sample_wave(counts, grade_unsampled)`` draws and grades one wave (the estimator's
+    :func:`~mcadvantage.mc.rollouts.sample_and_grade`, which adds to ``stats``); ``num_rollouts``, ``allocation``
+    and ``min_rollouts`` are the estimator's options.
+    """
+    pool = SamplePool(trajectories, plan)
+    for traj in [*trajectories, *extra]:
+        # Masked responses count too: which responses are masked may depend on their outcomes.
+        pool.add_path(traj, traj.completion_ids, float(traj.reward))
+    target = num_rollouts if allocation == "uniform" else min_rollouts
+    first = [max(0, target - f) if ok else 0 for f, ok in zip(pool.others, sampled, strict=True)]
+    own_rollouts = list(first)
+
+    def wave(into: SamplePool, counts: Sequence[int], grade_unsampled: bool) -> None:
+        into.add_wave(trajectories, sample_wave(counts, grade_unsampled))
+
+    wave(pool, first, grade_unsampled=True)
+    # First-wave samples besides the response's own: counted by prefixes, never by outcomes.
+    others = pool.others
+    share = [first_wave_share(n, num_rollouts) if ok else 1.0 for n, ok in zip(others, sampled, strict=True)]
+    second_pool: SamplePool | None = None
+    if allocation == "variance":
+        second_pool = pool.empty_like()
+        # A state whose value has a second-wave part needs a second-wave sample.
+        need = [1 if a < 1.0 else 0 for a in share]
+        costs = [pool.mean_remaining(u) for u in range(len(plan.unique))]
+        token_budget = num_rollouts * math.fsum(c for c, ok in zip(costs, sampled, strict=True) if ok)
+        stats["budget_tokens"] = token_budget
+        # The value's variance is a^2 var / n_1 + (1 - a)^2 var / n_2: a second-wave rollout is worth
+        # (1 - a)^2 of an advantage token's error, and nothing at a state with a = 1.
+        extra_second = allocate_rollouts(
+            weights=[w * (1.0 - a) ** 2 for w, a in zip(advantage_weights(plan), share, strict=True)],
+            variances=pool.variances(plan.parent, VARIANCE_PRIOR_STRENGTH),
+            counts=need,
+            costs=costs,
+            budget=max(
+                0.0,
+                token_budget
+                - stats["generated_tokens"]
+                - math.fsum(c for c, n in zip(costs, need, strict=True) if n),
+            ),
+        )
+        second = [a + b for a, b in zip(need, extra_second, strict=True)]
+        own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
+        wave(second_pool, second, grade_unsampled=False)
+    used = [
+        n + (second_pool.count[u] if second_pool is not None and share[u] < 1.0 else 0)
+        for u, n in enumerate(others)
+    ]
+    stats["free_samples"] = float(sum(max(0, n - own) for n, own in zip(used, own_rollouts, strict=True)))
+    stats["rollouts_saved"] = num_rollouts * sum(sampled) - stats["rollouts"]
+
+    def value(t: int, u: int) -> float:
+        first_mean = leave_one_out_mean(pool.total[u], pool.count[u], float(trajectories[t].reward))
+        if second_pool is None:
+            return first_mean
+        second_mean = second_pool.total[u] / second_pool.count[u] if second_pool.count[u] else None
+        return two_wave_mean(first_mean, second_mean, share[u])
+
+    return value, used

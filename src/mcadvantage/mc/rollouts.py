@@ -1,0 +1,254 @@
+"""The Monte Carlo estimator's I/O (stages 2-4 of :meth:`~mcadvantage.mc.estimator.MCValueEstimator.estimate`):
+rollout requests, one sampler call per wave, one call per reward function, and the values they give.
+
+:func:`build_requests` turns every unique state with budget left into one
+:class:`~mcadvantage.samplers.RolloutRequest`; :func:`sample_and_grade` sends them all in ONE ``sampler.sample``
+call (:func:`validate_samples` checks the answer) and grades every rollout with :func:`grade_rollouts`, one call
+per reward function (TRL signature), on the full response text ``decode(prefix ids + continuation ids)``;
+:func:`average_values` gives each state its value (the paper's scheme, without free samples).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from mcadvantage.core.text import decode_batch, is_conversational
+from mcadvantage.mc.planning import StatePlan
+from mcadvantage.mc.trajectory import Trajectory
+from mcadvantage.rewards.errors import call_reward_func
+from mcadvantage.samplers.base import Continuation, RolloutRequest, Sampler
+
+__all__ = [
+    "Grader",
+    "RewardFunc",
+    "average_values",
+    "build_requests",
+    "grade_rollouts",
+    "sample_and_grade",
+    "validate_samples",
+]
+
+RewardFunc = Callable[..., Sequence[float | None]]
+
+#: ``(items, reward_kwargs, progress) -> (rewards, unscorable count)``: grades ``(trajectory, completion ids)``
+#: pairs.
+Grader = Callable[[list[tuple[Trajectory, list[int]]], Mapping[str, Any], Any], tuple[list[float], int]]
+
+
+def build_requests(
+    trajectories: Sequence[Trajectory],
+    plan: StatePlan,
+    num_rollouts: int | Sequence[int],
+    budget: Callable[[int, int], int],
+) -> tuple[list[RolloutRequest], list[int | None]]:
+    """One request of ``num_rollouts`` samples per unique state with budget left.
+
+    Args:
+        num_rollouts: samples per state, one number for all or one per unique state (0: no request).
+        budget: ``(completion-prefix length, prompt length)`` -> max new tokens for a continuation from that
+            state.
+
+    Returns:
+        ``(requests, request_of_state)``: ``request_of_state[u]`` is the index of unique state
+        ``u``'s request, or None when the state has no budget left (it is graded directly) or asks for no
+        sample.
+    """
+    requests: list[RolloutRequest] = []
+    request_of_state: list[int | None] = []
+    for u, (t, prefix_len) in enumerate(plan.unique):
+        traj = trajectories[t]
+        max_tokens = budget(prefix_len, len(traj.prompt_ids))
+        n = num_rollouts if isinstance(num_rollouts, int) else int(num_rollouts[u])
+        if max_tokens < 1 or n < 1:
+            request_of_state.append(None)
+            continue
+        request_of_state.append(len(requests))
+        prefix = tuple(traj.prompt_ids) + tuple(traj.completion_ids[:prefix_len])
+        requests.append(RolloutRequest(prefix_ids=prefix, n=n, max_tokens=max_tokens))
+    return requests, request_of_state
+
+
+def average_values(rewards_per_state: Sequence[Sequence[float]]) -> list[float]:
+    """Value of each state: the mean reward of its rollouts (``V(S) = 1/K sum_k R_k``)."""
+    values = []
+    for u, rewards in enumerate(rewards_per_state):
+        if len(rewards) == 0:
+            raise ValueError(f"average_values: state {u} has no rollout reward to average.")
+        values.append(math.fsum(rewards) / len(rewards))
+    return values
+
+
+def _nansum_weighted(per_func: Sequence[float], weights: Sequence[float]) -> tuple[float, bool]:
+    """Weighted sum skipping NaN (TRL's ``nansum``); also returns whether every entry was NaN."""
+    total = 0.0
+    all_nan = True
+    for r, w in zip(per_func, weights, strict=True):
+        if not math.isnan(r):
+            total += w * r
+            all_nan = False
+    return total, all_nan
+
+
+def validate_samples(requests: Sequence[RolloutRequest], samples: Any) -> list[list[Continuation]]:
+    """Check a sampler's answer to ``requests``: one list of exactly ``n`` continuations per request, each within
+    its ``max_tokens``; raise a RuntimeError naming the request otherwise."""
+    if len(samples) != len(requests):
+        raise RuntimeError(
+            f"sampler returned {len(samples)} results for {len(requests)} requests; a Sampler must "
+            "return one list of continuations per request."
+        )
+    for i, (req, conts) in enumerate(zip(requests, samples, strict=True)):
+        if len(conts) != req.n:
+            raise RuntimeError(
+                f"sampler returned {len(conts)} continuations for request {i} (n={req.n}); it must "
+                "return exactly n."
+            )
+        for c in conts:
+            if len(c.token_ids) > req.max_tokens:
+                raise RuntimeError(
+                    f"sampler returned a continuation of {len(c.token_ids)} tokens for request {i} "
+                    f"with max_tokens={req.max_tokens}; continuations must respect the budget."
+                )
+    return [list(c) for c in samples]
+
+
+def grade_rollouts(
+    items: list[tuple[Trajectory, list[int]]],
+    reward_kwargs: Mapping[str, Any],
+    progress: Any,
+    *,
+    tokenizer: Any,
+    reward_funcs: Sequence[RewardFunc],
+    reward_weights: Sequence[float],
+) -> tuple[list[float], int]:
+    """Grade full responses ``(trajectory, completion ids)`` with every reward function, one call
+    per function for the whole batch. Returns the combined rewards and the unscorable count."""
+    if not items:
+        return [], 0
+    # Decode the concatenated ids (not prefix text + continuation text) so a character split
+    # across the prefix/continuation boundary (multi-token UTF-8) decodes correctly.
+    completion_ids = [ids for _, ids in items]
+    texts = decode_batch(tokenizer, completion_ids)
+    prompts = [traj.prompt for traj, _ in items]
+    completions: list[Any] = [
+        [{"role": "assistant", "content": text}] if is_conversational(traj.prompt) else text
+        for (traj, _), text in zip(items, texts, strict=True)
+    ]
+    keys: list[str] = []
+    for traj, _ in items:
+        for k in traj.fields:
+            if k not in keys:
+                keys.append(k)
+    columns = {k: [traj.fields.get(k) for traj, _ in items] for k in keys}
+
+    per_func: list[list[float]] = []
+    for f in reward_funcs:
+        # Raising, or returning inf, is a RewardFunctionError naming the function and the rollout: one infinite
+        # rollout would make its state's value infinite and every whitened advantage NaN.
+        out = call_reward_func(
+            f,
+            getattr(f, "__name__", None) or type(f).__name__,
+            dict(
+                prompts=prompts,
+                completions=completions,
+                completion_ids=completion_ids,
+                **columns,
+                **reward_kwargs,
+            ),
+            where="Monte Carlo rollouts",
+        )
+        if len(out) != len(items):
+            raise RuntimeError(
+                f"reward function {getattr(f, '__name__', f)!r} returned {len(out)} rewards for "
+                f"{len(items)} completions; it must return one per completion."
+            )
+        per_func.append(out)
+        if progress is not None:
+            progress.update(1)
+
+    rewards: list[float] = []
+    unscorable = 0
+    for j in range(len(items)):
+        total, all_nan = _nansum_weighted([pf[j] for pf in per_func], reward_weights)
+        unscorable += all_nan
+        rewards.append(total)
+    return rewards, unscorable
+
+
+def sample_and_grade(
+    trajectories: Sequence[Trajectory],
+    plan: StatePlan,
+    counts: Sequence[int],
+    budgets: Sequence[int],
+    reward_kwargs: Mapping[str, Any],
+    stats: dict[str, float],
+    *,
+    sampler: Sampler,
+    budget: Callable[[int, int], int],
+    grade: Grader,
+    truncated_reward: float | None,
+    grade_unsampled: bool,
+    progress: Any = None,
+) -> list[list[tuple[list[int], float]]]:
+    """One wave: ``counts[u]`` continuations from every unique state ``u`` with budget left, in ONE sampler
+    call, graded in one call per reward function. With ``grade_unsampled``, states without budget are graded
+    as their own (truncated) prefix. Adds to ``stats``; returns per state its samples as ``(completion ids,
+    reward)`` (the full response: the state's prefix plus the continuation).
+
+    ``budget`` is :meth:`~mcadvantage.mc.estimator.MCValueEstimator.budget`; ``grade`` grades a list of
+    ``(trajectory, completion ids)`` (:func:`grade_rollouts` with the estimator's reward functions);
+    ``truncated_reward`` is the estimator's option."""
+    requests, request_of_state = build_requests(trajectories, plan, counts, budget)
+
+    t0 = time.perf_counter()
+    samples: list[list[Continuation]] = []
+    if requests:
+        samples = validate_samples(requests, sampler.sample(requests))
+    stats["sampling_seconds"] += time.perf_counter() - t0
+    if progress is not None:
+        progress.update(1)
+
+    out: list[list[tuple[list[int], float]]] = [[] for _ in plan.unique]
+    to_grade: list[tuple[Trajectory, list[int]]] = []
+    slots: list[int] = []  # unique-state index of each graded item
+    for u, (t, prefix_len) in enumerate(plan.unique):
+        traj = trajectories[t]
+        prefix = list(traj.completion_ids[:prefix_len])
+        r = request_of_state[u]
+        if r is None:
+            if grade_unsampled and budgets[u] < 1:
+                # No budget left: the prefix itself is the (truncated) response.
+                stats["unsampled_states"] += 1
+                if truncated_reward is not None:
+                    out[u].append((prefix, truncated_reward))
+                else:
+                    to_grade.append((traj, prefix))
+                    slots.append(u)
+            continue
+        for cont in samples[r]:
+            stats["generated_tokens"] += len(cont.token_ids)
+            stats["truncated_rollouts"] += bool(cont.truncated)
+            stats["rollouts"] += 1
+            ids = prefix + list(cont.token_ids)
+            if cont.truncated and truncated_reward is not None:
+                out[u].append((ids, truncated_reward))
+                stats["rollout_reward_sum"] += truncated_reward
+                stats["rollout_reward_count"] += 1
+            else:
+                to_grade.append((traj, ids))
+                slots.append(u)
+    stats["requests"] += len(requests)
+
+    t0 = time.perf_counter()
+    graded, unscorable = grade(to_grade, reward_kwargs, progress)
+    stats["grading_seconds"] += time.perf_counter() - t0
+    stats["unscorable_rollouts"] += unscorable
+    for u, (_, ids), reward in zip(slots, to_grade, graded, strict=True):
+        out[u].append((ids, reward))
+        if request_of_state[u] is not None:
+            stats["rollout_reward_sum"] += reward
+            stats["rollout_reward_count"] += 1
+    return out

@@ -82,7 +82,7 @@ def demo_task(prompts: int, seed: int, threads: int) -> Any:
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
     from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
-    from mcadvantage.evaluation.gradient_quality import CausalLMOracle, GradientTask
+    from mcadvantage.evaluation.gradient_instrument import CausalLMOracle, GradientTask
     from mcadvantage.tasks.segmenters import get_segmenter
 
     torch.set_num_threads(threads)
@@ -117,12 +117,8 @@ def save_results(data: dict[str, Any]) -> None:
 def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
     import torch
 
-    from mcadvantage.evaluation.gradient_quality import (
-        ReferenceGradient,
-        measure_estimators,
-        parse_estimator_spec,
-        reference_gradient,
-    )
+    from mcadvantage.evaluation.gradient_instrument import ReferenceGradient, reference_gradient
+    from mcadvantage.evaluation.gradient_quality import measure_estimators, parse_estimator_spec
 
     stored = data["tasks"].setdefault(name, {"records": []})
     if name.startswith("toy"):
@@ -181,7 +177,7 @@ def ensure_cost_ratio(data: dict[str, Any], args: argparse.Namespace) -> None:
         return
     import torch
 
-    from mcadvantage.evaluation.gradient_quality import measure_cost_ratio
+    from mcadvantage.evaluation.cost_model import measure_cost_ratio
 
     _, model, _ = demo_task(args.demo_prompts, args.seed, args.threads)
     data["cost_ratio"] = measure_cost_ratio(model)

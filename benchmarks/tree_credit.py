@@ -94,7 +94,7 @@ def tree_gradient(task: Any, prompts: list[int], branching: list[int], depths: l
 
     from mcadvantage.core.advantages import masked_whiten
     from mcadvantage.estimators import AdvantageBatch, VinePPOEstimator
-    from mcadvantage.evaluation.gradient_quality import GradientEstimate, weighted_logprob_gradient
+    from mcadvantage.evaluation.gradient_instrument import GradientEstimate, weighted_logprob_gradient
 
     start = time.perf_counter()
     prompt_ids, completion_ids, texts, rows, generated = [], [], [], [], 0
@@ -145,12 +145,9 @@ def tree_gradient(task: Any, prompts: list[int], branching: list[int], depths: l
 def run(task_name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
     import torch
 
-    from mcadvantage.evaluation.gradient_quality import (
-        ReferenceGradient,
-        batch_prompts,
-        cost_model_tokens,
-        gradient_metrics,
-    )
+    from mcadvantage.evaluation.cost_model import cost_model_tokens
+    from mcadvantage.evaluation.gradient_instrument import ReferenceGradient, gradient_metrics
+    from mcadvantage.evaluation.gradient_quality import batch_prompts
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gradient_quality as gq

@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 from mcadvantage.estimators import GRPOEstimator, RLOOEstimator, VinePPOEstimator  # noqa: E402
 from mcadvantage.estimators.base import AdvantageResult, sequence_to_token_advantages  # noqa: E402
 from mcadvantage.estimators.baselines import rloo_advantages  # noqa: E402
-from mcadvantage.evaluation.gradient_quality import (  # noqa: E402
+from mcadvantage.evaluation.cost_model import cost_model_tokens  # noqa: E402
+from mcadvantage.evaluation.gradient_instrument import (  # noqa: E402
     GradientTask,
-    cost_model_tokens,
     estimator_gradient,
     gradient_metrics,
     reference_gradient,
@@ -216,7 +216,7 @@ def vowel_share(completions, **kwargs):
 def test_causal_lm_oracle_pads_without_changing_log_probabilities(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from mcadvantage.evaluation.gradient_quality import CausalLMOracle
+    from mcadvantage.evaluation.gradient_instrument import CausalLMOracle
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     oracle = CausalLMOracle(model)
@@ -237,11 +237,8 @@ def test_the_learned_critic_is_measured_after_its_warm_up(tiny_model_dir, char_t
     from transformers import AutoModelForCausalLM
 
     from mcadvantage import TransformersSampler
-    from mcadvantage.evaluation.gradient_quality import (
-        CausalLMOracle,
-        measure_estimators,
-        parse_estimator_spec,
-    )
+    from mcadvantage.evaluation.gradient_instrument import CausalLMOracle
+    from mcadvantage.evaluation.gradient_quality import measure_estimators, parse_estimator_spec
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

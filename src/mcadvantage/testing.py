@@ -417,10 +417,10 @@ TOY_LOGITS = [[0.4, -0.2, 0.1], [-0.3, 0.5, 0.0], [0.2, 0.2, -0.6]]
 
 
 def toy_gradient_task(pass_rates: Sequence[float], *, seed: int = 0, prompts: int = 64) -> tuple[Any, Any]:
-    """An exact-toy :class:`~mcadvantage.evaluation.gradient_quality.GradientTask` and its policy: ``TabularStepPolicy`` with 3
+    """An exact-toy :class:`~mcadvantage.evaluation.gradient_instrument.GradientTask` and its policy: ``TabularStepPolicy`` with 3
     one-token steps (``a``/``b``/``c``), success with probability ``pass_rates[(2 * step_0 + step_1) % 4]`` (the
     third step is harmless variation), ``prompts`` distinct prompts, the character tokenizer, ``OutcomeReward("Y")``."""
-    from mcadvantage.evaluation.gradient_quality import GradientTask
+    from mcadvantage.evaluation.gradient_instrument import GradientTask
 
     tok = build_char_tokenizer()
 

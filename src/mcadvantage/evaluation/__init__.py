@@ -1,7 +1,8 @@
 """Measuring policies and estimators: Pass@1 (:mod:`~mcadvantage.evaluation.pass_at_1`), credit diagnostics against
 ground-truth values (:mod:`~mcadvantage.evaluation.diagnostics`), gradient quality per unit of cost
-(:mod:`~mcadvantage.evaluation.gradient_quality`) and HTML pages of step-coloured responses
-(:mod:`~mcadvantage.evaluation.report`).
+(:mod:`~mcadvantage.evaluation.gradient_quality`, on the gradient instrument
+:mod:`~mcadvantage.evaluation.gradient_instrument` and the cost model :mod:`~mcadvantage.evaluation.cost_model`)
+and HTML pages of step-coloured responses (:mod:`~mcadvantage.evaluation.report`).
 
 The 0.1 layout's ``mcadvantage.evaluation`` module was Pass@1; its public names stay importable from here.
 """

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mcadvantage.demo.report import ScoredResponse, advantage_colour, render_responses_html
 from mcadvantage.demo.config import DemoConfig, build_data, parse_args
+from mcadvantage.demo.report import ScoredResponse, advantage_colour, render_responses_html
 from mcadvantage.demo.run import _html_problems, accuracy_by_num_steps
 from mcadvantage.demo.task import (
     Operation,
@@ -26,8 +26,7 @@ from mcadvantage.demo.task import (
     slip_solution,
     to_rows,
 )
-from mcadvantage.tasks.segmenters import GSM8KSegmenter
-from mcadvantage.tasks.verifiers import GSM8KVerifier
+from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
 
 REPO = Path(__file__).resolve().parents[1]
 EQUATION = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")

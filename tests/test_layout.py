@@ -224,7 +224,7 @@ PUBLIC_NAMES = {
     "evaluate_pass_at_1": "mcadvantage.evaluation.pass_at_1",
     "evaluate_checkpoint": "mcadvantage.evaluation.pass_at_1",
     "MCValueEstimator": "mcadvantage.mc.estimator",
-    "Trajectory": "mcadvantage.mc.estimator",
+    "Trajectory": "mcadvantage.mc.trajectory",
     "MCEstimate": "mcadvantage.mc.estimator",
     "VinePPOConfig": "mcadvantage.trainer.config",
     "VinePPOTrainer": "mcadvantage.trainer.vineppo_trainer",

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mcadvantage.demo.config import ArmSpec, parse_arm
-from mcadvantage.demo.config import DemoConfig, shipped_warmup_dir, usable_shipped_warmup
+from mcadvantage.demo.config import ArmSpec, DemoConfig, parse_arm, shipped_warmup_dir, usable_shipped_warmup
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -252,8 +251,8 @@ def test_shipped_warmup_reproduces_its_recorded_accuracy():
     tolerance is 0.02 (12 of 600 problems), the binomial standard error of the accuracy."""
     from mcadvantage import GSM8KVerifier
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.evaluation import evaluate_accuracy
     from mcadvantage.demo.config import build_data
+    from mcadvantage.demo.evaluation import evaluate_accuracy
 
     config = DemoConfig()
     meta = usable_shipped_warmup(config)

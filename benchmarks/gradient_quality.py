@@ -83,7 +83,7 @@ def demo_task(prompts: int, seed: int, threads: int) -> Any:
     from mcadvantage.demo.arms import load_policy
     from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
     from mcadvantage.evaluation.gradient_instrument import CausalLMOracle, GradientTask
-    from mcadvantage.tasks.segmenters import get_segmenter
+    from mcadvantage.tasks.segmentation import get_segmenter
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)

@@ -179,7 +179,7 @@ def demo_task(
     from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
     from mcadvantage.mc.estimator import Trajectory
     from mcadvantage.samplers.base import RolloutRequest
-    from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
+    from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
     from mcadvantage.trainer.self_training import grade_completions
 
     torch.set_num_threads(threads)

@@ -12,8 +12,8 @@ directory and run from there. ``PATH`` may also be a directory that holds the tw
 of the official code is stored in this repository. Without ``--vineppo`` the script reports our
 own statistics only.
 
-``--baseline-rev`` also measures ``src/mcadvantage/tasks/segmenters.py`` as it was at a git revision of
-this repository (read with ``git show``), so a change can be reported before/after in one run.
+``--baseline-rev`` also measures ``MathSegmenter`` as it was at a git revision of this repository (its
+package read with ``git archive``), so a change can be reported before/after in one run.
 
 Prints tables and writes ``benchmarks/results/segmenter_fidelity.json``:
 
@@ -49,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.tasks.segmenters import GSM8KSegmenter, MathSegmenter, find_math_spans
+from mcadvantage.tasks import GSM8KSegmenter, MathSegmenter, find_math_spans
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFICIAL_MATH_FILE = "src/treetune/tasks/math_extract_steps_inplace.py"
@@ -153,23 +153,39 @@ def load_official_gsm8k(source: Path, commit: str) -> Splitter:
 
 
 def load_baseline_math(rev: str, workdir: Path) -> Splitter:
-    """``MathSegmenter()`` from ``src/mcadvantage/tasks/segmenters.py`` at git revision ``rev`` of this repo."""
+    """``MathSegmenter()`` of this repo at git revision ``rev``, run in a subprocess on that revision's package.
+
+    The revision's ``src/mcadvantage`` is extracted with ``git archive`` and imported from there in a worker
+    process (``from mcadvantage import MathSegmenter`` works in every layout), so the whole segmenter of that
+    revision is measured, its LaTeX scanning included, whichever modules it was spread over.
+    """
     proc = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:src/mcadvantage/tasks/segmenters.py"],
-        capture_output=True,
-        text=True,
+        ["git", "-C", str(ROOT), "archive", "--format=tar", rev, "src/mcadvantage"], capture_output=True
     )
     if proc.returncode != 0:
-        raise SystemExit(f"--baseline-rev {rev}: git show failed ({proc.stderr.strip()})")
-    path = workdir / "baseline_segmenters.py"
-    path.write_text(proc.stdout, encoding="utf-8")
-    name = "_baseline_mcadvantage_segmenters"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is created
-    spec.loader.exec_module(module)
-    return module.MathSegmenter()
+        raise SystemExit(f"--baseline-rev {rev}: git archive failed ({proc.stderr.decode().strip()})")
+    root = workdir / "baseline"
+    root.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(root)], input=proc.stdout, check=True)
+    code = (
+        "import json, sys\n"
+        "from mcadvantage import MathSegmenter\n"
+        "segmenter = MathSegmenter()\n"
+        "for line in sys.stdin:\n"
+        "    print(json.dumps(segmenter(json.loads(line))), flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    worker = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+
+    def split(text: str) -> list[str]:
+        assert worker.stdin is not None and worker.stdout is not None
+        worker.stdin.write(json.dumps(text) + "\n")
+        worker.stdin.flush()
+        return json.loads(worker.stdout.readline())
+
+    return split
 
 
 # --------------------------------------------------------------------------------------------------

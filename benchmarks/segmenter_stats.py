@@ -26,7 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
-from mcadvantage.tasks.segmenters import (
+from mcadvantage.tasks import (
     GSM8KSegmenter,
     MathSegmenter,
     get_segmenter,

@@ -30,7 +30,9 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
-from mcadvantage.tasks.verifiers import GSM8KVerifier, MathVerifier, _normalized, extract_gsm8k_answer
+from mcadvantage.tasks.gsm8k import GSM8KVerifier, extract_gsm8k_answer
+from mcadvantage.tasks.math import MathVerifier
+from mcadvantage.tasks.math_equivalence import _normalized
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,7 +122,7 @@ def math500(shared: Path, verifier: MathVerifier) -> dict:
 
 
 def _last_box(solution: str) -> str | None:
-    from mcadvantage.tasks.verifiers import extract_boxed
+    from mcadvantage.tasks.math import extract_boxed
 
     return extract_boxed(solution)
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from mcadvantage.tasks.segmenters import GSM8KSegmenter  # noqa: E402
+from mcadvantage.tasks.gsm8k import GSM8KSegmenter  # noqa: E402
 from mcadvantage.trainer.config import VinePPOConfig  # noqa: E402
 
 

@@ -159,7 +159,7 @@ def has_vowel(prompts=None, completions=None, completion_ids=None, **kwargs):
 
 def _trajectories(tokenizer):
     from mcadvantage.mc.estimator import Trajectory
-    from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
+    from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
     segmenter = get_segmenter("newline")
     data = {

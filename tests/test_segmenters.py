@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mcadvantage.tasks.segmenters import (
+from mcadvantage.tasks import (
     GSM8KSegmenter,
     MathSegmenter,
     NewlineSegmenter,
@@ -454,7 +454,7 @@ def test_get_segmenter_wraps_callables():
 
 def test_import_is_light():
     code = (
-        "import sys, mcadvantage.tasks.segmenters, mcadvantage;"
+        "import sys, mcadvantage.tasks.segmentation, mcadvantage;"
         "mcadvantage.MathSegmenter; mcadvantage.step_token_boundaries;"
         "bad = [m for m in ('trl', 'vllm', 'torch', 'transformers') if m in sys.modules];"
         "assert not bad, bad"

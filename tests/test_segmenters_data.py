@@ -7,7 +7,7 @@ import re
 import pytest
 from conftest import load_jsonl, shared_file
 
-from mcadvantage.tasks.segmenters import GSM8KSegmenter, MathSegmenter
+from mcadvantage.tasks import GSM8KSegmenter, MathSegmenter
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from mcadvantage import VinePPOConfig, VinePPOTrainer  # noqa: E402
-from mcadvantage.tasks.segmenters import segment_completion  # noqa: E402
-from mcadvantage.tasks.verifiers import GSM8KVerifier, MathVerifier  # noqa: E402
+from mcadvantage.tasks import GSM8KVerifier, MathVerifier  # noqa: E402
+from mcadvantage.tasks.segmentation import segment_completion  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------------------
 # Helpers
@@ -506,7 +506,7 @@ def test_peft_lora_adapter_trains(model, tok, tmp_path):
 
 @pytest.mark.slow
 def test_checkpoint_save_and_resume(tiny_model_dir, tok, tmp_path):
-    from mcadvantage.tasks.segmenters import GSM8KSegmenter
+    from mcadvantage.tasks.gsm8k import GSM8KSegmenter
 
     # A segmenter instance in the config must survive checkpointing (the config is pickled).
     args = config(

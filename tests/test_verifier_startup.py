@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from mcadvantage.tasks.verifiers import MathVerifier
+from mcadvantage.tasks.math import MathVerifier
 
 # The snippet from the issue; \frac{1}{2} vs 0.5 is not decided in-process, so it needs the grading process.
 SNIPPET = textwrap.dedent(
@@ -343,9 +343,9 @@ def test_interrupted_call_does_not_shift_later_answers(tmp_path: Path):
             """\
             import time
 
-            import mcadvantage.tasks.verifiers as _verifiers
+            import mcadvantage.tasks.math_equivalence as _equivalence
 
-            _math_equal = _verifiers._math_equal
+            _math_equal = _equivalence._math_equal
 
 
             def _slow_math_equal(pred, gold):
@@ -354,7 +354,7 @@ def test_interrupted_call_does_not_shift_later_answers(tmp_path: Path):
                 return _math_equal(pred, gold)
 
 
-            _verifiers._math_equal = _slow_math_equal
+            _equivalence._math_equal = _slow_math_equal
             """
         )
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mcadvantage.tasks.verifiers import (
+from mcadvantage.tasks import (
     GSM8KVerifier,
     MathVerifier,
     Verifier,
@@ -37,7 +37,7 @@ def math_verifier():
 
 def test_importing_verifiers_imports_neither_trl_vllm_nor_math_verify():
     code = (
-        "import sys, mcadvantage.tasks.verifiers\n"
+        "import sys, mcadvantage.tasks.verifier\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('trl', 'vllm', 'math_verify', 'sympy')]\n"
         "assert not bad, bad\n"
     )
@@ -383,7 +383,7 @@ def test_several_grading_workers_give_the_same_verdicts():
 def test_sympy_parser_would_run_python_and_the_guard_refuses(tmp_path: Path):
     from sympy.parsing.sympy_parser import parse_expr
 
-    from mcadvantage.tasks.verifiers import _make_guarded_parse_expr
+    from mcadvantage.tasks.math_equivalence import _make_guarded_parse_expr
 
     # The threat is real: sympy's string parser evaluates Python.
     canary = tmp_path / "pwned_unguarded"

@@ -11,13 +11,9 @@ from __future__ import annotations
 import pytest
 from conftest import load_jsonl, shared_file
 
-from mcadvantage.tasks.verifiers import (
-    GSM8KVerifier,
-    MathVerifier,
-    _normalized,
-    extract_boxed,
-    extract_gsm8k_answer,
-)
+from mcadvantage.tasks.gsm8k import GSM8KVerifier, extract_gsm8k_answer
+from mcadvantage.tasks.math import MathVerifier, extract_boxed
+from mcadvantage.tasks.math_equivalence import _normalized
 
 
 @pytest.fixture(scope="module")

@@ -18,18 +18,18 @@ _moved.install()  # the 0.1 layout's module paths (mcadvantage.estimator, ...) s
 # public name -> submodule that defines it
 _LAZY: dict[str, str] = {
     # segmentation
-    "StepSegmenter": "tasks.segmenters",
-    "GSM8KSegmenter": "tasks.segmenters",
-    "MathSegmenter": "tasks.segmenters",
-    "NewlineSegmenter": "tasks.segmenters",
-    "get_segmenter": "tasks.segmenters",
-    "segment_completion": "tasks.segmenters",
-    "step_token_boundaries": "tasks.segmenters",
+    "StepSegmenter": "tasks.segmentation",
+    "GSM8KSegmenter": "tasks.gsm8k",
+    "MathSegmenter": "tasks.math",
+    "NewlineSegmenter": "tasks.newline",
+    "get_segmenter": "tasks.segmentation",
+    "segment_completion": "tasks.segmentation",
+    "step_token_boundaries": "tasks.segmentation",
     # grading
-    "Verifier": "tasks.verifiers",
-    "GSM8KVerifier": "tasks.verifiers",
-    "MathVerifier": "tasks.verifiers",
-    "get_verifier": "tasks.verifiers",
+    "Verifier": "tasks.verifier",
+    "GSM8KVerifier": "tasks.gsm8k",
+    "MathVerifier": "tasks.math",
+    "get_verifier": "tasks.verifier",
     "RewardFunctionError": "rewards.errors",
     # checkpoints: checked before a resume
     "CheckpointError": "trainer.checkpoints",
@@ -122,16 +122,16 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         VLLMSampler,
         VLLMServerSampler,
     )
-    from mcadvantage.tasks.segmenters import (
-        GSM8KSegmenter,
-        MathSegmenter,
-        NewlineSegmenter,
+    from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
+    from mcadvantage.tasks.math import MathSegmenter, MathVerifier
+    from mcadvantage.tasks.newline import NewlineSegmenter
+    from mcadvantage.tasks.segmentation import (
         StepSegmenter,
         get_segmenter,
         segment_completion,
         step_token_boundaries,
     )
-    from mcadvantage.tasks.verifiers import GSM8KVerifier, MathVerifier, Verifier, get_verifier
+    from mcadvantage.tasks.verifier import Verifier, get_verifier
     from mcadvantage.trainer.config import VinePPOConfig
     from mcadvantage.trainer.policy import policy_sampler
     from mcadvantage.trainer.vineppo_trainer import VinePPOTrainer

@@ -30,8 +30,9 @@ MOVED: dict[str, str] = {
     "mcadvantage.reward_errors": "mcadvantage.rewards.errors",
     "mcadvantage.reward_models": "mcadvantage.rewards.models",
     "mcadvantage.vllm_weights": "mcadvantage.samplers.vllm_weights",
-    "mcadvantage.segmenters": "mcadvantage.tasks.segmenters",
-    "mcadvantage.verifiers": "mcadvantage.tasks.verifiers",
+    # split into one module per concern; the package re-exports every public name of both
+    "mcadvantage.segmenters": "mcadvantage.tasks",
+    "mcadvantage.verifiers": "mcadvantage.tasks",
     "mcadvantage.estimator": "mcadvantage.mc.estimator",
     "mcadvantage.mc_budget": "mcadvantage.mc.budget",
     "mcadvantage.config": "mcadvantage.trainer.config",
@@ -55,10 +56,16 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: Any) -> ModuleType:
-        return importlib.import_module(MOVED[spec.name])
+        module = importlib.import_module(MOVED[spec.name])
+        spec.loader_state = module.__spec__  # the import system overwrites __spec__ next; restored below
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        pass  # the new module is already executed
+        # The new module is already executed. Give it back its own spec (the import system set the old name's),
+        # so that importlib.util.find_spec / reload and a package's submodule search see the real module.
+        real = getattr(module.__spec__, "loader_state", None)
+        if real is not None:
+            module.__spec__ = real
 
     def get_code(self, fullname: str) -> Any:
         """The new module's code, for ``python -m <old name>`` (``runpy`` asks the loader for it)."""

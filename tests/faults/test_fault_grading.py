@@ -106,10 +106,10 @@ def test_worker_hung_mid_call_is_killed_at_its_deadline(record_property):
 
 
 def test_grading_process_hung_mid_call_is_replaced_and_the_call_retried(monkeypatch, record_property):
-    import mcadvantage.tasks.verifiers as verifiers
+    import mcadvantage.tasks.grading as grading
 
     # The caller's backstop is 30 s + the answers' budgets; 2 s here so the test is quick.
-    monkeypatch.setattr(verifiers, "_BACKSTOP_SLACK_SECONDS", 2.0)
+    monkeypatch.setattr(grading, "_BACKSTOP_SLACK_SECONDS", 2.0)
     verifier = _verifier(timeout_seconds=0.5)
     supervisor = verifier.grading_process_info()["pid"]
     os.kill(supervisor, signal.SIGSTOP)

@@ -61,7 +61,7 @@ def check_boundaries(
     if not b or b[0] != 0:
         raise ValueError(
             f"{name}={b!r} must start with 0: step boundaries are token indices 0 = b_0 < b_1 < ... < b_n "
-            "(use segmenters.step_token_boundaries to compute them)."
+            "(use mcadvantage.step_token_boundaries to compute them)."
         )
     for i in range(1, len(b)):
         if b[i] <= b[i - 1]:

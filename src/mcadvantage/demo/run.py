@@ -331,7 +331,7 @@ def _score_responses(
     from mcadvantage import MCValueEstimator, Trajectory, TransformersSampler, get_segmenter
     from mcadvantage.demo.evaluation import generate_responses
     from mcadvantage.demo.report import ScoredResponse
-    from mcadvantage.tasks.segmenters import segment_completion
+    from mcadvantage.tasks.segmentation import segment_completion
 
     if not problems:
         return []

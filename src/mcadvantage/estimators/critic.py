@@ -31,7 +31,7 @@ from mcadvantage.estimators.base import (
     register_advantage_estimator,
 )
 from mcadvantage.estimators.vineppo import check_token_level_loss
-from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
+from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["CriticEstimator", "value_model_from_policy"]
 

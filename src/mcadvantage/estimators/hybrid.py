@@ -38,7 +38,7 @@ from mcadvantage.estimators.base import (
 )
 from mcadvantage.estimators.baselines import GRPOEstimator, nanstd
 from mcadvantage.estimators.vineppo import VinePPOEstimator
-from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
+from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["HybridEstimator", "degenerate_groups", "predicted_rollout_tokens"]
 

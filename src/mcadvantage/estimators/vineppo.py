@@ -24,7 +24,7 @@ from mcadvantage.estimators.base import (
     register_advantage_estimator,
 )
 from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
-from mcadvantage.tasks.segmenters import get_segmenter, segment_completion
+from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["VinePPOEstimator"]
 

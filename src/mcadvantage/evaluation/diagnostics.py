@@ -220,7 +220,7 @@ def diagnose_credit(
     from mcadvantage.core.text import decode_batch
     from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
     from mcadvantage.samplers.base import RolloutRequest
-    from mcadvantage.tasks.segmenters import segment_completion
+    from mcadvantage.tasks.segmentation import segment_completion
     from mcadvantage.trainer.self_training import grade_completions
 
     for name, value in (
@@ -521,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mcadvantage.samplers.hf import TransformersSampler
-    from mcadvantage.tasks.verifiers import GSM8KVerifier, MathVerifier
+    from mcadvantage.tasks import GSM8KVerifier, MathVerifier
 
     path = Path(args.data)
     if not path.is_file():

@@ -369,8 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mcadvantage.samplers import TransformersSampler
-    from mcadvantage.tasks.segmenters import get_segmenter
-    from mcadvantage.tasks.verifiers import get_verifier
+    from mcadvantage.tasks.segmentation import get_segmenter
+    from mcadvantage.tasks.verifier import get_verifier
 
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_pretrained(args.model)

@@ -19,7 +19,11 @@ module to re-run.
 Protocol on the socket (a :class:`multiprocessing.connection.Connection`): the parent first sends a
 settings dict (its ``sys.path`` and the grading limits); the process answers ``("ready", pid)`` once
 math-verify is imported and the eval guard is on, or ``("error", "<one line>")`` if that failed, and
-then serves requests in :func:`mcadvantage.tasks.verifiers._supervisor_main`.
+then serves requests in :func:`mcadvantage.tasks.supervisor._supervisor_main`.
+
+Layering: :mod:`mcadvantage.tasks.grading` (the caller's side) imports only :data:`BOOTSTRAP` from here;
+:func:`main` imports :mod:`~mcadvantage.tasks.supervisor` and the eval guard
+(:mod:`~mcadvantage.tasks.math_equivalence`) once ``sys.path`` is the caller's, and never the caller's side.
 """
 
 from __future__ import annotations
@@ -49,9 +53,10 @@ def main(fd: int) -> int:
     try:
         import math_verify  # noqa: F401  (the import that fails when the environment is wrong)
 
-        from mcadvantage import verifiers
+        from mcadvantage.tasks.math_equivalence import _install_eval_guard
+        from mcadvantage.tasks.supervisor import _supervisor_main
 
-        verifiers._install_eval_guard()
+        _install_eval_guard()
     except BaseException as exc:  # report any start-up failure in one line instead of dying silently
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         try:
@@ -59,7 +64,7 @@ def main(fd: int) -> int:
         except OSError:
             pass
         return 1
-    verifiers._supervisor_main(
+    _supervisor_main(
         conn,
         settings["timeout_seconds"],
         settings["memory_limit_mb"],

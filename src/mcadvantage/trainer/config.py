@@ -62,7 +62,7 @@ class VinePPOConfig(GRPOConfig):
         step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
             (paper Appendix B MATH rules: newlines and sentence ends, never inside a math expression, long parts
             split again), `"gsm8k"` (one step per line, the final `#### N` line joins the last step), `"newline"`
-            (one step per line), a :class:`~mcadvantage.tasks.segmenters.StepSegmenter` instance or any picklable
+            (one step per line), a :class:`~mcadvantage.tasks.segmentation.StepSegmenter` instance or any picklable
             callable `text -> list[str]` whose parts concatenate back to `text`. `"math"` is the default because
             it also cuts long responses without newlines into several steps; use `"gsm8k"` for GSM8K-style data.
             Defaults to `"math"`.
@@ -310,7 +310,7 @@ class VinePPOConfig(GRPOConfig):
             )
 
         # Resolving the segmenter here makes an unknown name fail when the config is built, not mid-training.
-        from mcadvantage.tasks.segmenters import get_segmenter
+        from mcadvantage.tasks.segmentation import get_segmenter
 
         if self.step_segmenter is None:
             raise ValueError(

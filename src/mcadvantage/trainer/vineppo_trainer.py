@@ -33,7 +33,7 @@ from mcadvantage.estimators import (
 from mcadvantage.estimators.base import AdvantageEstimator
 from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
-from mcadvantage.tasks.segmenters import get_segmenter
+from mcadvantage.tasks.segmentation import get_segmenter
 from mcadvantage.trainer.checks import check_dataset_columns, check_reward_funcs, check_unsupported_kwargs
 from mcadvantage.trainer.config import VinePPOConfig
 from mcadvantage.trainer.policy import policy_sampler
@@ -66,7 +66,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
     Args:
         model: the policy, as for ``trl.GRPOTrainer``: a model id, a local directory or a loaded causal LM.
         reward_funcs: as for ``trl.GRPOTrainer``: reward function(s) called TRL-style (e.g.
-            :class:`~mcadvantage.tasks.verifiers.GSM8KVerifier`), async reward functions, reward models (``nn.Module``
+            :class:`~mcadvantage.tasks.gsm8k.GSM8KVerifier`), async reward functions, reward models (``nn.Module``
             or model ids), or a list of them. They grade both the responses and every Monte Carlo continuation (on
             the full response text); reward models score rollouts in batches with their own tokenizer
             (:class:`~mcadvantage.rewards.models.RewardModelScorer`).

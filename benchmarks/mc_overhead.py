@@ -468,7 +468,9 @@ def main() -> None:
 
     batch = make_batch(tokenizer, args, args.seed)
     plan = plan_states(batch)
-    requests, _ = build_requests(batch, plan, args.num_rollouts, lambda b, _prompt_len: args.max_completion_length - b)
+    requests, _ = build_requests(
+        batch, plan, args.num_rollouts, lambda b, _prompt_len: args.max_completion_length - b
+    )
     workload = {
         "trajectories": len(batch),
         "states": plan.num_states,

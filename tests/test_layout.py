@@ -43,7 +43,10 @@ def _lazy_table() -> dict[str, str]:
     tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "_LAZY":
-            return {k.value: f"mcadvantage.{v.value}" for k, v in zip(node.value.keys, node.value.values, strict=True)}
+            return {
+                k.value: f"mcadvantage.{v.value}"
+                for k, v in zip(node.value.keys, node.value.values, strict=True)
+            }
     raise AssertionError("mcadvantage/__init__.py has no _LAZY table")
 
 
@@ -65,7 +68,11 @@ def import_graph() -> dict[str, set[str]]:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             targets: list[str] = []
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("mcadvantage"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").startswith("mcadvantage")
+            ):
                 if node.module == "mcadvantage":
                     targets = [lazy.get(alias.name, "mcadvantage") for alias in node.names]
                 else:
@@ -231,7 +238,13 @@ PUBLIC_NAMES = {
 }
 # Names also importable from a documented package (its __init__ re-exports them).
 PACKAGE_EXPORTS = {
-    "mcadvantage.samplers": ["Sampler", "RolloutRequest", "Continuation", "TransformersSampler", "VLLMSampler"],
+    "mcadvantage.samplers": [
+        "Sampler",
+        "RolloutRequest",
+        "Continuation",
+        "TransformersSampler",
+        "VLLMSampler",
+    ],
     "mcadvantage.estimators": ["AdvantageEstimator", "VinePPOEstimator", "GRPOEstimator", "HybridEstimator"],
     "mcadvantage.tasks": ["StepSegmenter", "GSM8KSegmenter", "MathVerifier", "get_verifier"],
     "mcadvantage.trainer": ["VinePPOTrainer", "VinePPOConfig"],
@@ -290,7 +303,10 @@ def test_old_cli_path_still_runs():
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "mcadvantage.diagnostics", "--help"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "mcadvantage.diagnostics", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage:" in proc.stdout

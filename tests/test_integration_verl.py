@@ -227,22 +227,54 @@ def test_advantages_equal_mc_value_estimator_token_for_token(char_tokenizer, whi
     assert v1 > v0 and reward == 1.0  # the correct first line raised the value
 
 
-def test_verl_path_equals_vineppo_trainer_path(char_tokenizer):
-    """The TRL trainer's path (VinePPOEstimator on an AdvantageBatch, then masked_whiten over its token mask, as
-    VinePPOTrainer.compute_advantages does) on the same responses gives the same advantages."""
-    from mcadvantage import AdvantageBatch, EstimatorContext
+def test_verl_path_equals_vineppo_trainer_path(tiny_model_dir, tmp_path):
+    """``VinePPOTrainer.compute_advantages``, the trainer's own method on a tiny trainer, gives the verl path's
+    advantages on the same responses, token for token (both end in ``finalize_advantages``)."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoTokenizer
 
-    tok = char_tokenizer
+    from mcadvantage import AdvantageBatch, VinePPOConfig, VinePPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     width = 24
-    data = verl_training_batch(tok, PROMPTS, RESPONSES, SCORES, golds=GOLDS, response_length=width)
     score = mcverl.verl_reward_function()
+    rows = [{"data_source": "openai/gsm8k", "reward_model": {"ground_truth": g}} for g in GOLDS]
+    trainer = VinePPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=score,
+        args=VinePPOConfig(
+            output_dir=str(tmp_path),
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_completion_length=width,
+            num_mc_rollouts=5,
+            step_segmenter="gsm8k",
+            save_strategy="no",
+        ),
+        train_dataset=Dataset.from_list([{"prompt": p, **row} for p, row in zip(PROMPTS, rows, strict=True)]),
+        processing_class=tok,
+        mc_sampler=_engine(tok),  # the Monte Carlo rollouts come from the scripted policy on both paths
+    )
+    assert trainer.args.whiten_advantages  # VinePPO's default, as verl's whiten=True
+
+    data = verl_training_batch(tok, PROMPTS, RESPONSES, SCORES, golds=GOLDS, response_length=width)
     sampler = mcverl.VerlRolloutSampler(
         _engine(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
     )
     mcverl.compute_vineppo_advantage(
-        data, sampler=sampler, reward_funcs=[score], tokenizer=tok, estimator=VinePPOEstimator(num_rollouts=5)
+        data,
+        sampler=sampler,
+        reward_funcs=[score],
+        tokenizer=tok,
+        estimator=VinePPOEstimator.from_config(trainer.args),  # the trainer's settings
+        segmenter="gsm8k",
     )
 
+    # The same responses as trl_compat hands them to the trainer: unpadded ids (EOS kept), a right-padded mask.
     completions = [tok.encode(r) + [tok.eos_token_id] for r in RESPONSES]
     mask = torch.zeros((len(RESPONSES), width), dtype=torch.long)
     for i, ids in enumerate(completions):
@@ -256,13 +288,10 @@ def test_verl_path_equals_vineppo_trainer_path(char_tokenizer):
         local_slice=slice(0, 3),
         group_size=1,
         prompts=PROMPTS,
-        rows=[{"data_source": "openai/gsm8k", "reward_model": {"ground_truth": g}} for g in GOLDS],
+        rows=rows,
     )
-    context = EstimatorContext.single_process(
-        _engine(tok), [score], tok, segmenter="gsm8k", max_completion_length=width
-    )
-    result = VinePPOEstimator(num_rollouts=5).estimate(batch, context)
-    trl_path = masked_whiten(result.advantages, result.token_mask & mask.bool())
+    trl_path = trainer.compute_advantages(batch)
+    assert trl_path.abs().sum() > 0 and trainer.last_advantage_result.values is not None
     assert torch.equal(data.batch["advantages"], trl_path)
 
 

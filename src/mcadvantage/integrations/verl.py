@@ -39,8 +39,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "packages, `pip install --no-deps verl` plus tensordict and ray; see docs/howto/verl.md)."
     ) from err
 
-from ..advantages import masked_whiten
-from ..estimators.base import AdvantageBatch, EstimatorContext
+from ..estimators.base import AdvantageBatch, EstimatorContext, finalize_advantages
 from ..estimators.vineppo import VinePPOEstimator
 from ..samplers.base import Continuation, RolloutRequest
 
@@ -350,11 +349,17 @@ def compute_vineppo_advantage(
         max_completion_length: the responses' token budget (default: the batch's response width, verl's
             ``data.max_response_length``).
         context_length: the policy's context, checked per prompt when given.
-        whiten: token-weighted whitening over the batch, as ``VinePPOTrainer(whiten_advantages=True)``.
+        whiten: token-weighted whitening over the batch, as ``VinePPOTrainer(whiten_advantages=True)``: the
+            estimator's result goes through :func:`~mcadvantage.estimators.base.finalize_advantages`, the step
+            ``VinePPOTrainer.compute_advantages`` uses.
         metric_prefix: prefix of the returned metric names.
 
     Returns:
         ``{f"{metric_prefix}/{name}": value}``, to ``metrics.update(...)`` in ``RayPPOTrainer.fit``.
+
+    Raises:
+        FloatingPointError: when the estimator returns a non-finite advantage on an estimated token (nothing is
+            written to ``data``).
     """
     batch = advantage_batch_from_verl(data, tokenizer)
     estimator = estimator if estimator is not None else VinePPOEstimator()
@@ -369,19 +374,10 @@ def compute_vineppo_advantage(
         context_length=context_length,
     )
     result = estimator.estimate(batch, context)
-    mask = batch.completion_mask.bool()
-    raw = result.advantages.to(torch.float32)
-    valid = (mask if result.token_mask is None else result.token_mask.bool()) & mask
-    bad = ~torch.isfinite(raw) & valid
-    if bad.any():
-        rows = sorted({int(i) for i in bad.nonzero()[:, 0]})
-        raise FloatingPointError(f"VinePPOEstimator returned non-finite advantages for batch rows {rows}.")
-    if not whiten:
-        advantages = raw * valid
-    elif int(valid.sum()) < 2:  # masked_whiten needs two tokens; a batch with nothing to credit keeps zeros
-        advantages = torch.zeros_like(raw)
-    else:
-        advantages = masked_whiten(raw, valid)
+    # VinePPOTrainer.compute_advantages' own step (finite check, whitening over the estimated tokens).
+    advantages = finalize_advantages(
+        result, batch.completion_mask, whiten=whiten, estimator=type(estimator).__name__
+    )
     device = data.batch["responses"].device
     data.batch["advantages"] = advantages.to(device)
     data.batch["returns"] = advantages.clone().to(device)

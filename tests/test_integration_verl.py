@@ -5,10 +5,13 @@ The Ray training loop itself (examples/verl/) needs GPUs and is not run here; se
 
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
 import inspect
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,15 @@ PROMPTS = ["Start at 2. Add 3, then multiply by 1.\n", "Start at 4. Add 1.\n", "
 RESPONSES = ["2+3=5\n5*1=5\n#### 5", "4+1=6\n#### 6", "2+3=5\n#### 5"]
 GOLDS = ["5", "5", "5"]
 SCORES = [1.0, 0.0, 1.0]
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    """examples/verl/vineppo_trainer.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("vineppo_recipe", ROOT / "examples/verl/vineppo_trainer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # -- the interfaces we rely on ------------------------------------------------------------------------------------
@@ -67,9 +79,44 @@ def test_verl_interfaces_we_rely_on():
     assert callable(CheckpointEngineManager.wake_up_replicas) and callable(
         CheckpointEngineManager.sleep_replicas
     )
+    # The recipe calls them without await: verl wraps these coroutines to run synchronously (auto_await).
+    assert not inspect.iscoroutinefunction(CheckpointEngineManager.wake_up_replicas)
+    assert not inspect.iscoroutinefunction(CheckpointEngineManager.sleep_replicas)
+    init = inspect.getsource(trainer.init_workers)
+    assert "self.async_rollout_manager =" in init and "self.checkpoint_manager =" in init
     from verl.utils.reward_score import default_compute_score
 
     assert default_compute_score("openai/gsm8k", "#### 5", "5") == 1.0
+
+
+def _function(module: str, name: str) -> ast.FunctionDef:
+    """A function of an installed verl module, read from its source (``verl.trainer.main_ppo`` imports hydra at
+    module level, which our CI venv cannot import: see ``_hydra_standin``)."""
+    origin = importlib.util.find_spec(module).origin
+    tree = ast.parse(Path(origin).read_text(encoding="utf-8"))
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_verl_task_runner_interfaces_the_recipe_relies_on(recipe):
+    """``main()`` hands ``run_ppo`` a task-runner class; ``run_ppo`` calls ``.remote()`` on it, and the task runner's
+    ``run`` builds the trainer from its module's global ``RayPPOTrainer`` (which the recipe swaps)."""
+    import ray
+    from verl.trainer.ppo import ray_trainer
+
+    run_ppo = _function("verl.trainer.main_ppo", "run_ppo")
+    assert [a.arg for a in run_ppo.args.args][:2] == ["config", "task_runner_class"]
+    assert "task_runner_class.remote()" in ast.unparse(run_ppo)
+    module = recipe._task_runner_module()
+    runner = module.TaskRunner
+    # verl 0.9: a Ray actor class (@ray.remote); verl 0.8: a plain class. vineppo_task_runner handles both.
+    assert isinstance(runner, ray.actor.ActorClass) or (
+        inspect.isclass(runner) and not hasattr(runner, "remote")
+    )
+    plain = getattr(runner, "__ray_actor_class__", runner)
+    # Ray's tracing may add a _ray_trace_ctx keyword to an actor class' methods.
+    assert list(inspect.signature(plain.run).parameters)[:2] == ["self", "config"]
+    assert "RayPPOTrainer(" in inspect.getsource(plain.run)
+    assert module.RayPPOTrainer is ray_trainer.RayPPOTrainer
 
 
 def test_import_mcadvantage_does_not_import_the_integration():
@@ -81,10 +128,7 @@ def test_import_mcadvantage_does_not_import_the_integration():
     assert out.split() == ["False", "False"]
 
 
-def test_recipe_subclasses_ray_ppo_trainer():
-    spec = importlib.util.spec_from_file_location("vineppo_recipe", ROOT / "examples/verl/vineppo_trainer.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+def test_recipe_subclasses_ray_ppo_trainer(recipe):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     assert issubclass(recipe.VinePPORayTrainer, RayPPOTrainer)
@@ -93,6 +137,43 @@ def test_recipe_subclasses_ray_ppo_trainer():
 
     recipe.register_vineppo_estimator()
     assert core_algos.get_adv_estimator_fn("vineppo") is not None
+
+
+def test_recipe_task_runner_is_a_ray_actor_class_on_verl_08_and_09(recipe):
+    """``main()`` builds its task runner with ``vineppo_task_runner``: a Ray actor class (``run_ppo`` calls
+    ``.remote()`` on it) whose ``run`` makes the task runner build ``VinePPORayTrainer``. Subclassing verl 0.9's
+    ``@ray.remote`` ``TaskRunner`` directly raised ``ActorClassInheritanceException``; no Ray cluster is started."""
+    import ray
+    from ray.actor import ActorClass
+
+    installed = recipe.vineppo_task_runner()  # the installed verl's task runner, as main() builds it
+    module = recipe._task_runner_module()
+    assert isinstance(installed, ActorClass)
+    assert issubclass(
+        installed.__ray_actor_class__, getattr(module.TaskRunner, "__ray_actor_class__", module.TaskRunner)
+    )
+    assert "run" in vars(installed.__ray_actor_class__)
+    # Ray ships the class by value to the process that runs the actor: it must pickle.
+    ray.cloudpickle.dumps(installed.__ray_actor_class__)
+
+    # Both layouts, with stand-in modules: run() (what the actor executes) swaps the trainer class in first.
+    def layout(actor: bool) -> types.SimpleNamespace:
+        module = types.SimpleNamespace(RayPPOTrainer=None, built=[])
+
+        class TaskRunner:
+            def run(self, config):
+                module.built.append(module.RayPPOTrainer)
+                return config
+
+        module.TaskRunner = ray.remote(TaskRunner) if actor else TaskRunner
+        return module
+
+    for actor in (False, True):  # verl 0.8: a plain TaskRunner; verl 0.9: @ray.remote
+        fake = layout(actor)
+        runner = recipe.vineppo_task_runner(fake)
+        assert isinstance(runner, ActorClass) and callable(runner.options)
+        assert runner.__ray_actor_class__().run("config") == "config"
+        assert fake.built == [recipe.VinePPORayTrainer]
 
 
 # -- the sampler ----------------------------------------------------------------------------------------------------

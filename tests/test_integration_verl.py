@@ -6,6 +6,7 @@ The Ray training loop itself (examples/verl/) needs GPUs and is not run here; se
 from __future__ import annotations
 
 import ast
+import asyncio
 import importlib
 import importlib.util
 import inspect
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -241,6 +243,193 @@ def test_sampler_with_transformers_worker_group(tiny_model_dir):
     first = group.batches[0]
     assert first.batch["attention_mask"][2, : first.batch["input_ids"].shape[1] - 11].eq(1).all()
     assert len({c.token_ids for c in out[0]}) > 1
+
+
+# -- the sampler inside verl's agent loop ---------------------------------------------------------------------------
+
+
+def _hydra_standin() -> types.ModuleType:
+    """The one hydra function verl's agent-loop module calls: ``hydra.utils.instantiate`` of an agent loop's
+    ``_target_`` (the other keys and the call's keyword arguments go to the class). Our CI venv cannot import
+    hydra: hydra-core needs the ANTLR 4.9 runtime and math-verify's LaTeX parser 4.13 (docs/howto/verl.md)."""
+
+    def instantiate(config, **kwargs):
+        spec = dict(config)
+        module, _, name = str(spec.pop("_target_")).rpartition(".")
+        return getattr(importlib.import_module(module), name)(**spec, **kwargs)
+
+    hydra = types.ModuleType("hydra")
+    hydra.utils = types.ModuleType("hydra.utils")
+    hydra.utils.instantiate = instantiate
+    return hydra
+
+
+@pytest.fixture(scope="module")
+def agent_loop():
+    """verl's real ``verl.experimental.agent_loop.agent_loop`` module, with the recipe's prefix loop registered.
+    Where hydra cannot be imported, it is imported with :func:`_hydra_standin` as ``hydra``; the module is dropped
+    from ``sys.modules`` afterwards, so nothing else sees it bound to the stand-in."""
+    names = ("hydra", "hydra.utils")
+    saved = {name: sys.modules.get(name) for name in names}
+    if importlib.util.find_spec("hydra") is None:
+        standin = _hydra_standin()
+        sys.modules.update({"hydra": standin, "hydra.utils": standin.utils})
+    sys.path.insert(0, str(ROOT / "examples/verl"))
+    before = set(sys.modules)
+    try:
+        module = importlib.import_module("verl.experimental.agent_loop.agent_loop")
+        importlib.import_module("prefix_agent_loop")
+        yield module
+    finally:
+        sys.path.remove(str(ROOT / "examples/verl"))
+        for name in set(sys.modules) - before:
+            if name.startswith(("verl.experimental.agent_loop", "prefix_agent_loop")):
+                del sys.modules[name]
+        for name, saved_module in saved.items():
+            if saved_module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = saved_module
+
+
+class _ScriptedServer:
+    """verl's LLM-server client as the agent loop calls it (``await generate(request_id=, prompt_ids=,
+    sampling_params=)`` -> an output with ``token_ids``), answering as :func:`_engine` and honouring
+    ``max_tokens`` as vLLM does."""
+
+    def __init__(self, tok) -> None:
+        self.engine = _engine(tok)
+        self.sampling_params: list[dict] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        self.sampling_params.append(dict(sampling_params))
+        ids = self.engine.continuation(prompt_ids, int(sampling_params.get("max_tokens", 10**6)))
+        return SimpleNamespace(token_ids=ids, log_probs=None, routed_experts=None, num_preempted=None)
+
+
+class _RewardLoopHandle:
+    """A reward-loop worker handle (``await handle.compute_score.remote(data)``) that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.compute_score = SimpleNamespace(remote=self._score)
+
+    async def _score(self, data):
+        self.calls += 1
+        return {"reward_score": 1.0, "reward_extra_info": {}}
+
+
+def _agent_loop_worker(agent_loop, config, tok, server, reward_handles):
+    """verl's ``AgentLoopWorker`` with the attributes its ``__init__`` would set from a model directory and hydra
+    configs (which need hydra proper): the rollout config, the server client, the tokenizer, no processor, no
+    tools, no distillation."""
+    worker = object.__new__(agent_loop.AgentLoopWorker)
+    worker.config, worker.rollout_config = config, config.actor_rollout_ref.rollout
+    worker.llm_client, worker.teacher_client, worker.reward_loop_worker_handles = server, None, reward_handles
+    worker.tokenizer, worker.processor, worker.hf_model_type = tok, None, None
+    worker.dataset_cls, worker.tools, worker.mm_processor_kwargs = None, [], {}
+    worker.distillation_enabled = False
+    return worker
+
+
+def test_sampler_through_verl_agent_loop_manager(agent_loop, char_tokenizer, monkeypatch):
+    """The recipe's rollout path on CPU: ``VerlRolloutSampler`` -> verl's ``AgentLoopManager.generate_sequences``
+    (split over 2 agent-loop workers) -> verl's ``AgentLoopWorker`` (real code) -> the recipe's prefix loop,
+    registered from config/agent_loops.yaml -> a scripted LLM server. Before the sampler packed ``raw_prompt``,
+    verl's ``_agent_loop_postprocess`` raised ``KeyError: 'raw_prompt'``; verl's reward loop is never asked to
+    grade a Monte Carlo continuation."""
+    from omegaconf import OmegaConf
+
+    tok = char_tokenizer
+    for entry in OmegaConf.load(
+        ROOT / "examples/verl/config/agent_loops.yaml"
+    ):  # as AgentLoopWorker.__init__
+        monkeypatch.setitem(agent_loop._agent_loop_registry, entry.name, entry)
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": 48,
+                    "response_length": 16,
+                    "temperature": 0.6,
+                    "top_p": 1.0,
+                    "top_k": -1,
+                    "calculate_log_probs": False,
+                    "agent": {"num_workers": 2, "default_agent_loop": "single_turn_agent"},
+                }
+            },
+            "data": {},
+        }
+    )
+    server, reward_loop = _ScriptedServer(tok), _RewardLoopHandle()
+    manager = object.__new__(agent_loop.AgentLoopManager)
+    manager.agent_loop_workers = [  # Ray actor handles: worker.generate_sequences.remote(chunk) is awaited
+        SimpleNamespace(
+            generate_sequences=SimpleNamespace(
+                remote=_agent_loop_worker(agent_loop, config, tok, server, [reward_loop]).generate_sequences
+            )
+        )
+        for _ in range(config.actor_rollout_ref.rollout.agent.num_workers)
+    ]
+    sampler = mcverl.VerlRolloutSampler(
+        manager,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        temperature=0.6,
+        size_divisor=config.actor_rollout_ref.rollout.agent.num_workers,  # as the recipe sets it
+        agent_name="mcadvantage_prefix",
+    )
+    requests = [
+        RolloutRequest(tuple(tok.encode("Start at 2. Add 3.\n2+3=5\n")), n=2, max_tokens=16),
+        RolloutRequest(tuple(tok.encode("Start at 4. Add 1.\n")), n=1, max_tokens=4),  # cut: "####"
+    ]
+    out = sampler.sample(requests)
+    assert [len(c) for c in out] == [2, 1] and sampler.calls == 1
+    for c in out[0]:
+        assert tok.decode(c.token_ids[:-1]) in ("#### 5", "#### 7") and c.token_ids[-1] == tok.eos_token_id
+        assert not c.truncated
+    assert tok.decode(out[1][0].token_ids) == "####" and out[1][0].truncated
+    # 3 rows padded to 4 (the divisor), each generated with its own budget and the rollout's temperature.
+    assert sorted(p["max_tokens"] for p in server.sampling_params) == [4, 16, 16, 16]
+    assert {p["temperature"] for p in server.sampling_params} == {0.6}
+    assert reward_loop.calls == 0  # the prefix loop's outputs carry a score, so verl's reward loop is skipped
+
+    # What that relies on: verl sends an output without a score to its reward loop.
+    output = agent_loop.AgentLoopOutput(
+        prompt_ids=[5, 6], response_ids=[7], response_mask=[1], num_turns=2, metrics={}
+    )
+    worker = _agent_loop_worker(agent_loop, config, tok, server, [reward_loop])
+    asyncio.run(worker._compute_score([output], kwargs={"raw_prompt": []}))
+    assert reward_loop.calls == 1 and output.reward_score == 1.0
+
+
+def test_verl_agent_loop_interfaces_we_rely_on(agent_loop):
+    """What the prefix loop and the sampler use of verl's agent loop."""
+    from verl.workers.config import AgentLoopConfig
+
+    assert agent_loop._agent_loop_registry["mcadvantage_prefix"] == {
+        "_target_": "prefix_agent_loop.PrefixAgentLoop"
+    }
+    assert set(agent_loop.AgentLoopOutput.model_fields) >= {
+        "prompt_ids",
+        "response_ids",
+        "response_mask",
+        "reward_score",
+        "num_turns",
+        "metrics",
+        "extra_fields",
+    }
+    assert list(inspect.signature(agent_loop.AgentLoopBase.run).parameters)[:2] == ["self", "sampling_params"]
+    base_init = inspect.getsource(agent_loop.AgentLoopBase.__init__)
+    assert "self.server_manager = server_manager" in base_init and "self.rollout_config =" in base_init
+    worker = agent_loop.AgentLoopWorker
+    assert 'kwargs["raw_prompt"]' in inspect.getsource(worker._agent_loop_postprocess)
+    assert "reward_score is None" in inspect.getsource(worker._compute_score)
+    assert "agent_loop_config_path" in inspect.getsource(worker.__init__)
+    assert ".chunk(len(self.agent_loop_workers))" in inspect.getsource(
+        agent_loop.AgentLoopManager.generate_sequences
+    )
+    assert {"num_workers", "agent_loop_config_path"} <= set(AgentLoopConfig.__dataclass_fields__)
 
 
 # -- the advantages -------------------------------------------------------------------------------------------------

@@ -63,6 +63,8 @@ class VinePPORayTrainer(RayPPOTrainer):
             eos_token_id=self.tokenizer.eos_token_id,
             temperature=rollout_cfg.temperature,
             max_batch_size=cfg.get("max_batch_size", None),
+            # verl's agent-loop manager splits every call evenly over its workers (DataProto.chunk).
+            size_divisor=int(rollout_cfg.agent.num_workers),
             agent_name=PREFIX_AGENT_LOOP,
         )
         estimator = VinePPOEstimator(

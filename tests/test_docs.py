@@ -127,7 +127,12 @@ def test_runnable_snippets(page, tmp_path, monkeypatch):
 
 def test_every_page_with_a_how_to_snippet_runs_something():
     """The pages whose examples are meant to be executable keep at least one runnable block."""
-    for name in ("concepts.md", "howto/custom-segmenter-verifier.md", "howto/estimator-outside-trl.md"):
+    for name in (
+        "concepts.md",
+        "howto/custom-segmenter-verifier.md",
+        "howto/estimator-outside-trl.md",
+        "howto/verl.md",
+    ):
         assert any(b[2] for b in _blocks(DOCS / name)), f"docs/{name} has no <!-- runnable --> block"
 
 
@@ -299,3 +304,68 @@ def test_command_line_flags_in_docs_exist(monkeypatch):
                         problems.append(f"{where}: {kind} has no flag {flag}")
     assert checked >= 10, f"only {checked} flags found in the docs' bash blocks"
     assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The verl how-to's commands
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _pip_installs(commands: list[list[str]]) -> list[tuple[list[str], list[str]]]:
+    """``(options, requirements)`` of every ``pip install`` among ``commands`` (``-q`` dropped: output only)."""
+    out = []
+    for tokens in commands:
+        if "pip" in tokens and tokens[tokens.index("pip") + 1 : tokens.index("pip") + 2] == ["install"]:
+            args = tokens[tokens.index("pip") + 2 :]
+            out.append(
+                (
+                    sorted(a for a in args if a.startswith("-") and a != "-q"),
+                    [a for a in args if not a.startswith("-")],
+                )
+            )
+    return out
+
+
+def test_verl_howto_commands_are_checked_offline():
+    """Every bash line of docs/howto/verl.md is checked here, or the test fails until it is: the install commands
+    are CI's (``install_verl_cpu`` in scripts/_setup_venv.sh, same verl pin and packages, torch left to the
+    reader), the extra exists, ``python -c`` lines run, scripts exist and parse. Not run: the installs (they need
+    the network) and the GPU script."""
+    import tomllib
+
+    setup = (ROOT / "scripts" / "_setup_venv.sh").read_text(encoding="utf-8")
+    version = re.search(r'^VERL_VERSION="\$\{VERL_VERSION:-([^}]+)\}"', setup, re.M).group(1)
+    body = re.search(r"^install_verl_cpu\(\) \{.*?^\}", setup, re.M | re.S).group(0)
+    ci_lines = [shlex.split(line, comments=True) for line in body.replace("\\\n", " ").splitlines()]
+    ci = [
+        (options, [r.replace("${VERL_VERSION}", version) for r in reqs if not r.startswith("torch==")])
+        for options, reqs in _pip_installs(ci_lines)
+    ]
+    assert len(ci) == 2 and ci[0][1] == [f"verl=={version}"], ci  # the layout this test reads
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    page_installs, snippets, checked = [], [], 0
+    for tokens in _bash_commands(DOCS / "howto" / "verl.md"):
+        if tokens[:2] == ["pip", "install"]:
+            page_installs.append(_pip_installs([tokens])[0])
+        elif tokens[:2] == ["python", "-c"]:
+            snippets.append(tokens[2])
+        elif tokens[0] == "bash" and tokens[1].endswith(".sh"):
+            script = ROOT / tokens[1]
+            assert script.is_file(), f"docs/howto/verl.md runs {tokens[1]}, which does not exist"
+            assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script
+        else:
+            raise AssertionError(f"docs/howto/verl.md: no check for `{' '.join(tokens)}`; add one here")
+        checked += 1
+    assert checked >= 5, checked
+    # `pip install 'mcadvantage[verl]'`, then CI's two installs exactly.
+    assert page_installs[0] == ([], ["mcadvantage[verl]"])
+    assert "verl" in pyproject["project"]["optional-dependencies"]
+    assert page_installs[1:] == ci, f"docs/howto/verl.md installs {page_installs[1:]}, CI installs {ci}"
+    # `python -c "import mcadvantage.integrations.verl"` runs (in this venv, where verl is installed as the page
+    # says).
+    assert snippets
+    pytest.importorskip("verl", reason="verl is installed by scripts/_setup_venv.sh (install_verl_cpu)")
+    for code in snippets:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"python -c {code!r} failed:\n{proc.stderr[-2000:]}"

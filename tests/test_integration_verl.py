@@ -5,11 +5,16 @@ The Ray training loop itself (examples/verl/) needs GPUs and is not run here; se
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import importlib
 import importlib.util
 import inspect
 import subprocess
 import sys
+import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,6 +33,15 @@ PROMPTS = ["Start at 2. Add 3, then multiply by 1.\n", "Start at 4. Add 1.\n", "
 RESPONSES = ["2+3=5\n5*1=5\n#### 5", "4+1=6\n#### 6", "2+3=5\n#### 5"]
 GOLDS = ["5", "5", "5"]
 SCORES = [1.0, 0.0, 1.0]
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    """examples/verl/vineppo_trainer.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("vineppo_recipe", ROOT / "examples/verl/vineppo_trainer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # -- the interfaces we rely on ------------------------------------------------------------------------------------
@@ -67,9 +81,44 @@ def test_verl_interfaces_we_rely_on():
     assert callable(CheckpointEngineManager.wake_up_replicas) and callable(
         CheckpointEngineManager.sleep_replicas
     )
+    # The recipe calls them without await: verl wraps these coroutines to run synchronously (auto_await).
+    assert not inspect.iscoroutinefunction(CheckpointEngineManager.wake_up_replicas)
+    assert not inspect.iscoroutinefunction(CheckpointEngineManager.sleep_replicas)
+    init = inspect.getsource(trainer.init_workers)
+    assert "self.async_rollout_manager =" in init and "self.checkpoint_manager =" in init
     from verl.utils.reward_score import default_compute_score
 
     assert default_compute_score("openai/gsm8k", "#### 5", "5") == 1.0
+
+
+def _function(module: str, name: str) -> ast.FunctionDef:
+    """A function of an installed verl module, read from its source (``verl.trainer.main_ppo`` imports hydra at
+    module level, which our CI venv cannot import: see ``_hydra_standin``)."""
+    origin = importlib.util.find_spec(module).origin
+    tree = ast.parse(Path(origin).read_text(encoding="utf-8"))
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_verl_task_runner_interfaces_the_recipe_relies_on(recipe):
+    """``main()`` hands ``run_ppo`` a task-runner class; ``run_ppo`` calls ``.remote()`` on it, and the task runner's
+    ``run`` builds the trainer from its module's global ``RayPPOTrainer`` (which the recipe swaps)."""
+    import ray
+    from verl.trainer.ppo import ray_trainer
+
+    run_ppo = _function("verl.trainer.main_ppo", "run_ppo")
+    assert [a.arg for a in run_ppo.args.args][:2] == ["config", "task_runner_class"]
+    assert "task_runner_class.remote()" in ast.unparse(run_ppo)
+    module = recipe._task_runner_module()
+    runner = module.TaskRunner
+    # verl 0.9: a Ray actor class (@ray.remote); verl 0.8: a plain class. vineppo_task_runner handles both.
+    assert isinstance(runner, ray.actor.ActorClass) or (
+        inspect.isclass(runner) and not hasattr(runner, "remote")
+    )
+    plain = getattr(runner, "__ray_actor_class__", runner)
+    # Ray's tracing may add a _ray_trace_ctx keyword to an actor class' methods.
+    assert list(inspect.signature(plain.run).parameters)[:2] == ["self", "config"]
+    assert "RayPPOTrainer(" in inspect.getsource(plain.run)
+    assert module.RayPPOTrainer is ray_trainer.RayPPOTrainer
 
 
 def test_import_mcadvantage_does_not_import_the_integration():
@@ -81,10 +130,7 @@ def test_import_mcadvantage_does_not_import_the_integration():
     assert out.split() == ["False", "False"]
 
 
-def test_recipe_subclasses_ray_ppo_trainer():
-    spec = importlib.util.spec_from_file_location("vineppo_recipe", ROOT / "examples/verl/vineppo_trainer.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+def test_recipe_subclasses_ray_ppo_trainer(recipe):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     assert issubclass(recipe.VinePPORayTrainer, RayPPOTrainer)
@@ -93,6 +139,43 @@ def test_recipe_subclasses_ray_ppo_trainer():
 
     recipe.register_vineppo_estimator()
     assert core_algos.get_adv_estimator_fn("vineppo") is not None
+
+
+def test_recipe_task_runner_is_a_ray_actor_class_on_verl_08_and_09(recipe):
+    """``main()`` builds its task runner with ``vineppo_task_runner``: a Ray actor class (``run_ppo`` calls
+    ``.remote()`` on it) whose ``run`` makes the task runner build ``VinePPORayTrainer``. Subclassing verl 0.9's
+    ``@ray.remote`` ``TaskRunner`` directly raised ``ActorClassInheritanceException``; no Ray cluster is started."""
+    import ray
+    from ray.actor import ActorClass
+
+    installed = recipe.vineppo_task_runner()  # the installed verl's task runner, as main() builds it
+    module = recipe._task_runner_module()
+    assert isinstance(installed, ActorClass)
+    assert issubclass(
+        installed.__ray_actor_class__, getattr(module.TaskRunner, "__ray_actor_class__", module.TaskRunner)
+    )
+    assert "run" in vars(installed.__ray_actor_class__)
+    # Ray ships the class by value to the process that runs the actor: it must pickle.
+    ray.cloudpickle.dumps(installed.__ray_actor_class__)
+
+    # Both layouts, with stand-in modules: run() (what the actor executes) swaps the trainer class in first.
+    def layout(actor: bool) -> types.SimpleNamespace:
+        module = types.SimpleNamespace(RayPPOTrainer=None, built=[])
+
+        class TaskRunner:
+            def run(self, config):
+                module.built.append(module.RayPPOTrainer)
+                return config
+
+        module.TaskRunner = ray.remote(TaskRunner) if actor else TaskRunner
+        return module
+
+    for actor in (False, True):  # verl 0.8: a plain TaskRunner; verl 0.9: @ray.remote
+        fake = layout(actor)
+        runner = recipe.vineppo_task_runner(fake)
+        assert isinstance(runner, ActorClass) and callable(runner.options)
+        assert runner.__ray_actor_class__().run("config") == "config"
+        assert fake.built == [recipe.VinePPORayTrainer]
 
 
 # -- the sampler ----------------------------------------------------------------------------------------------------
@@ -162,6 +245,193 @@ def test_sampler_with_transformers_worker_group(tiny_model_dir):
     assert len({c.token_ids for c in out[0]}) > 1
 
 
+# -- the sampler inside verl's agent loop ---------------------------------------------------------------------------
+
+
+def _hydra_standin() -> types.ModuleType:
+    """The one hydra function verl's agent-loop module calls: ``hydra.utils.instantiate`` of an agent loop's
+    ``_target_`` (the other keys and the call's keyword arguments go to the class). Our CI venv cannot import
+    hydra: hydra-core needs the ANTLR 4.9 runtime and math-verify's LaTeX parser 4.13 (docs/howto/verl.md)."""
+
+    def instantiate(config, **kwargs):
+        spec = dict(config)
+        module, _, name = str(spec.pop("_target_")).rpartition(".")
+        return getattr(importlib.import_module(module), name)(**spec, **kwargs)
+
+    hydra = types.ModuleType("hydra")
+    hydra.utils = types.ModuleType("hydra.utils")
+    hydra.utils.instantiate = instantiate
+    return hydra
+
+
+@pytest.fixture(scope="module")
+def agent_loop():
+    """verl's real ``verl.experimental.agent_loop.agent_loop`` module, with the recipe's prefix loop registered.
+    Where hydra cannot be imported, it is imported with :func:`_hydra_standin` as ``hydra``; the module is dropped
+    from ``sys.modules`` afterwards, so nothing else sees it bound to the stand-in."""
+    names = ("hydra", "hydra.utils")
+    saved = {name: sys.modules.get(name) for name in names}
+    if importlib.util.find_spec("hydra") is None:
+        standin = _hydra_standin()
+        sys.modules.update({"hydra": standin, "hydra.utils": standin.utils})
+    sys.path.insert(0, str(ROOT / "examples/verl"))
+    before = set(sys.modules)
+    try:
+        module = importlib.import_module("verl.experimental.agent_loop.agent_loop")
+        importlib.import_module("prefix_agent_loop")
+        yield module
+    finally:
+        sys.path.remove(str(ROOT / "examples/verl"))
+        for name in set(sys.modules) - before:
+            if name.startswith(("verl.experimental.agent_loop", "prefix_agent_loop")):
+                del sys.modules[name]
+        for name, saved_module in saved.items():
+            if saved_module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = saved_module
+
+
+class _ScriptedServer:
+    """verl's LLM-server client as the agent loop calls it (``await generate(request_id=, prompt_ids=,
+    sampling_params=)`` -> an output with ``token_ids``), answering as :func:`_engine` and honouring
+    ``max_tokens`` as vLLM does."""
+
+    def __init__(self, tok) -> None:
+        self.engine = _engine(tok)
+        self.sampling_params: list[dict] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        self.sampling_params.append(dict(sampling_params))
+        ids = self.engine.continuation(prompt_ids, int(sampling_params.get("max_tokens", 10**6)))
+        return SimpleNamespace(token_ids=ids, log_probs=None, routed_experts=None, num_preempted=None)
+
+
+class _RewardLoopHandle:
+    """A reward-loop worker handle (``await handle.compute_score.remote(data)``) that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.compute_score = SimpleNamespace(remote=self._score)
+
+    async def _score(self, data):
+        self.calls += 1
+        return {"reward_score": 1.0, "reward_extra_info": {}}
+
+
+def _agent_loop_worker(agent_loop, config, tok, server, reward_handles):
+    """verl's ``AgentLoopWorker`` with the attributes its ``__init__`` would set from a model directory and hydra
+    configs (which need hydra proper): the rollout config, the server client, the tokenizer, no processor, no
+    tools, no distillation."""
+    worker = object.__new__(agent_loop.AgentLoopWorker)
+    worker.config, worker.rollout_config = config, config.actor_rollout_ref.rollout
+    worker.llm_client, worker.teacher_client, worker.reward_loop_worker_handles = server, None, reward_handles
+    worker.tokenizer, worker.processor, worker.hf_model_type = tok, None, None
+    worker.dataset_cls, worker.tools, worker.mm_processor_kwargs = None, [], {}
+    worker.distillation_enabled = False
+    return worker
+
+
+def test_sampler_through_verl_agent_loop_manager(agent_loop, char_tokenizer, monkeypatch):
+    """The recipe's rollout path on CPU: ``VerlRolloutSampler`` -> verl's ``AgentLoopManager.generate_sequences``
+    (split over 2 agent-loop workers) -> verl's ``AgentLoopWorker`` (real code) -> the recipe's prefix loop,
+    registered from config/agent_loops.yaml -> a scripted LLM server. Before the sampler packed ``raw_prompt``,
+    verl's ``_agent_loop_postprocess`` raised ``KeyError: 'raw_prompt'``; verl's reward loop is never asked to
+    grade a Monte Carlo continuation."""
+    from omegaconf import OmegaConf
+
+    tok = char_tokenizer
+    for entry in OmegaConf.load(
+        ROOT / "examples/verl/config/agent_loops.yaml"
+    ):  # as AgentLoopWorker.__init__
+        monkeypatch.setitem(agent_loop._agent_loop_registry, entry.name, entry)
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": 48,
+                    "response_length": 16,
+                    "temperature": 0.6,
+                    "top_p": 1.0,
+                    "top_k": -1,
+                    "calculate_log_probs": False,
+                    "agent": {"num_workers": 2, "default_agent_loop": "single_turn_agent"},
+                }
+            },
+            "data": {},
+        }
+    )
+    server, reward_loop = _ScriptedServer(tok), _RewardLoopHandle()
+    manager = object.__new__(agent_loop.AgentLoopManager)
+    manager.agent_loop_workers = [  # Ray actor handles: worker.generate_sequences.remote(chunk) is awaited
+        SimpleNamespace(
+            generate_sequences=SimpleNamespace(
+                remote=_agent_loop_worker(agent_loop, config, tok, server, [reward_loop]).generate_sequences
+            )
+        )
+        for _ in range(config.actor_rollout_ref.rollout.agent.num_workers)
+    ]
+    sampler = mcverl.VerlRolloutSampler(
+        manager,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        temperature=0.6,
+        size_divisor=config.actor_rollout_ref.rollout.agent.num_workers,  # as the recipe sets it
+        agent_name="mcadvantage_prefix",
+    )
+    requests = [
+        RolloutRequest(tuple(tok.encode("Start at 2. Add 3.\n2+3=5\n")), n=2, max_tokens=16),
+        RolloutRequest(tuple(tok.encode("Start at 4. Add 1.\n")), n=1, max_tokens=4),  # cut: "####"
+    ]
+    out = sampler.sample(requests)
+    assert [len(c) for c in out] == [2, 1] and sampler.calls == 1
+    for c in out[0]:
+        assert tok.decode(c.token_ids[:-1]) in ("#### 5", "#### 7") and c.token_ids[-1] == tok.eos_token_id
+        assert not c.truncated
+    assert tok.decode(out[1][0].token_ids) == "####" and out[1][0].truncated
+    # 3 rows padded to 4 (the divisor), each generated with its own budget and the rollout's temperature.
+    assert sorted(p["max_tokens"] for p in server.sampling_params) == [4, 16, 16, 16]
+    assert {p["temperature"] for p in server.sampling_params} == {0.6}
+    assert reward_loop.calls == 0  # the prefix loop's outputs carry a score, so verl's reward loop is skipped
+
+    # What that relies on: verl sends an output without a score to its reward loop.
+    output = agent_loop.AgentLoopOutput(
+        prompt_ids=[5, 6], response_ids=[7], response_mask=[1], num_turns=2, metrics={}
+    )
+    worker = _agent_loop_worker(agent_loop, config, tok, server, [reward_loop])
+    asyncio.run(worker._compute_score([output], kwargs={"raw_prompt": []}))
+    assert reward_loop.calls == 1 and output.reward_score == 1.0
+
+
+def test_verl_agent_loop_interfaces_we_rely_on(agent_loop):
+    """What the prefix loop and the sampler use of verl's agent loop."""
+    from verl.workers.config import AgentLoopConfig
+
+    assert agent_loop._agent_loop_registry["mcadvantage_prefix"] == {
+        "_target_": "prefix_agent_loop.PrefixAgentLoop"
+    }
+    assert set(agent_loop.AgentLoopOutput.model_fields) >= {
+        "prompt_ids",
+        "response_ids",
+        "response_mask",
+        "reward_score",
+        "num_turns",
+        "metrics",
+        "extra_fields",
+    }
+    assert list(inspect.signature(agent_loop.AgentLoopBase.run).parameters)[:2] == ["self", "sampling_params"]
+    base_init = inspect.getsource(agent_loop.AgentLoopBase.__init__)
+    assert "self.server_manager = server_manager" in base_init and "self.rollout_config =" in base_init
+    worker = agent_loop.AgentLoopWorker
+    assert 'kwargs["raw_prompt"]' in inspect.getsource(worker._agent_loop_postprocess)
+    assert "reward_score is None" in inspect.getsource(worker._compute_score)
+    assert "agent_loop_config_path" in inspect.getsource(worker.__init__)
+    assert ".chunk(len(self.agent_loop_workers))" in inspect.getsource(
+        agent_loop.AgentLoopManager.generate_sequences
+    )
+    assert {"num_workers", "agent_loop_config_path"} <= set(AgentLoopConfig.__dataclass_fields__)
+
+
 # -- the advantages -------------------------------------------------------------------------------------------------
 
 
@@ -227,22 +497,54 @@ def test_advantages_equal_mc_value_estimator_token_for_token(char_tokenizer, whi
     assert v1 > v0 and reward == 1.0  # the correct first line raised the value
 
 
-def test_verl_path_equals_vineppo_trainer_path(char_tokenizer):
-    """The TRL trainer's path (VinePPOEstimator on an AdvantageBatch, then masked_whiten over its token mask, as
-    VinePPOTrainer.compute_advantages does) on the same responses gives the same advantages."""
-    from mcadvantage import AdvantageBatch, EstimatorContext
+def test_verl_path_equals_vineppo_trainer_path(tiny_model_dir, tmp_path):
+    """``VinePPOTrainer.compute_advantages``, the trainer's own method on a tiny trainer, gives the verl path's
+    advantages on the same responses, token for token (both end in ``finalize_advantages``)."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoTokenizer
 
-    tok = char_tokenizer
+    from mcadvantage import AdvantageBatch, VinePPOConfig, VinePPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     width = 24
-    data = verl_training_batch(tok, PROMPTS, RESPONSES, SCORES, golds=GOLDS, response_length=width)
     score = mcverl.verl_reward_function()
+    rows = [{"data_source": "openai/gsm8k", "reward_model": {"ground_truth": g}} for g in GOLDS]
+    trainer = VinePPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=score,
+        args=VinePPOConfig(
+            output_dir=str(tmp_path),
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_completion_length=width,
+            num_mc_rollouts=5,
+            step_segmenter="gsm8k",
+            save_strategy="no",
+        ),
+        train_dataset=Dataset.from_list([{"prompt": p, **row} for p, row in zip(PROMPTS, rows, strict=True)]),
+        processing_class=tok,
+        mc_sampler=_engine(tok),  # the Monte Carlo rollouts come from the scripted policy on both paths
+    )
+    assert trainer.args.whiten_advantages  # VinePPO's default, as verl's whiten=True
+
+    data = verl_training_batch(tok, PROMPTS, RESPONSES, SCORES, golds=GOLDS, response_length=width)
     sampler = mcverl.VerlRolloutSampler(
         _engine(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
     )
     mcverl.compute_vineppo_advantage(
-        data, sampler=sampler, reward_funcs=[score], tokenizer=tok, estimator=VinePPOEstimator(num_rollouts=5)
+        data,
+        sampler=sampler,
+        reward_funcs=[score],
+        tokenizer=tok,
+        estimator=VinePPOEstimator.from_config(trainer.args),  # the trainer's settings
+        segmenter="gsm8k",
     )
 
+    # The same responses as trl_compat hands them to the trainer: unpadded ids (EOS kept), a right-padded mask.
     completions = [tok.encode(r) + [tok.eos_token_id] for r in RESPONSES]
     mask = torch.zeros((len(RESPONSES), width), dtype=torch.long)
     for i, ids in enumerate(completions):
@@ -256,13 +558,10 @@ def test_verl_path_equals_vineppo_trainer_path(char_tokenizer):
         local_slice=slice(0, 3),
         group_size=1,
         prompts=PROMPTS,
-        rows=[{"data_source": "openai/gsm8k", "reward_model": {"ground_truth": g}} for g in GOLDS],
+        rows=rows,
     )
-    context = EstimatorContext.single_process(
-        _engine(tok), [score], tok, segmenter="gsm8k", max_completion_length=width
-    )
-    result = VinePPOEstimator(num_rollouts=5).estimate(batch, context)
-    trl_path = masked_whiten(result.advantages, result.token_mask & mask.bool())
+    trl_path = trainer.compute_advantages(batch)
+    assert trl_path.abs().sum() > 0 and trainer.last_advantage_result.values is not None
     assert torch.equal(data.batch["advantages"], trl_path)
 
 

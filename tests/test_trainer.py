@@ -95,11 +95,12 @@ def test_plain_grpo_config_rejected(model, tok, tmp_path):
         )
 
 
-def test_missing_reward_funcs(model, tok, tmp_path):
-    with pytest.raises(ValueError, match="reward_funcs is None"):
+@pytest.mark.parametrize("reward_funcs,why", [(None, "reward_funcs is None"), ([], "reward_funcs is empty")])
+def test_missing_reward_funcs(model, tok, tmp_path, reward_funcs, why):
+    with pytest.raises(ValueError, match=rf"^No reward source provided \({why}; GRPOTrainer's message\)"):
         VinePPOTrainer(
             model=model,
-            reward_funcs=None,
+            reward_funcs=reward_funcs,
             args=config(tmp_path),
             train_dataset=arithmetic(),
             processing_class=tok,
@@ -108,7 +109,7 @@ def test_missing_reward_funcs(model, tok, tmp_path):
 
 def test_reward_funcs_are_optional_in_the_signature_as_in_grpo(model, tok, tmp_path):
     # GRPOTrainer(model=...) is valid Python; so is ours, with an error that says what is missing.
-    with pytest.raises(ValueError, match="reward_funcs is None"):
+    with pytest.raises(ValueError, match=r"^No reward source provided \(reward_funcs is None"):
         VinePPOTrainer(model=model, args=config(tmp_path), train_dataset=arithmetic(), processing_class=tok)
 
     class Env:

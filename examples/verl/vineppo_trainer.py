@@ -63,6 +63,8 @@ class VinePPORayTrainer(RayPPOTrainer):
             eos_token_id=self.tokenizer.eos_token_id,
             temperature=rollout_cfg.temperature,
             max_batch_size=cfg.get("max_batch_size", None),
+            # verl's agent-loop manager splits every call evenly over its workers (DataProto.chunk).
+            size_divisor=int(rollout_cfg.agent.num_workers),
             agent_name=PREFIX_AGENT_LOOP,
         )
         estimator = VinePPOEstimator(
@@ -96,24 +98,43 @@ def _task_runner_module():
         return importlib.import_module("verl.trainer.main_ppo")
 
 
+def vineppo_task_runner(module=None):
+    """verl's task runner, told to build ``VinePPORayTrainer``, as the Ray actor class ``run_ppo`` expects.
+
+    ``run_ppo(config, task_runner_class)`` calls ``task_runner_class.remote()``. verl 0.9 declares its
+    ``TaskRunner`` with ``@ray.remote``, and Ray refuses a subclass of an actor class, so the subclass derives
+    from the plain class behind it (``__ray_actor_class__``); verl 0.8's ``TaskRunner`` is a plain class. Either
+    way the subclass is made an actor here, with ``num_cpus=1`` as verl 0.8's ``run_ppo`` gives its own runner.
+
+    Args:
+        module: the module holding ``TaskRunner`` and the ``RayPPOTrainer`` name its ``run`` builds (default:
+            the installed verl's, see ``_task_runner_module``).
+    """
+    import ray
+
+    module = module if module is not None else _task_runner_module()
+    base = getattr(module.TaskRunner, "__ray_actor_class__", module.TaskRunner)
+
+    class VinePPOTaskRunner(base):
+        def run(self, config):
+            register_vineppo_estimator()
+            # The task runner builds this class (its module's global RayPPOTrainer); nothing else changes.
+            module.RayPPOTrainer = VinePPORayTrainer
+            return super().run(config)
+
+    return ray.remote(num_cpus=1)(VinePPOTaskRunner)
+
+
 def main() -> None:
     import hydra
     from verl.trainer.main_ppo import run_ppo
 
-    module = _task_runner_module()
-
-    class VinePPOTaskRunner(module.TaskRunner):
-        def run(self, config):
-            register_vineppo_estimator()
-            module.RayPPOTrainer = (
-                VinePPORayTrainer  # the task runner builds this class; nothing else changes
-            )
-            return super().run(config)
+    runner = vineppo_task_runner()
 
     @hydra.main(config_path="config", config_name="vineppo_trainer", version_base=None)
     def entry(config):
         register_vineppo_estimator()
-        run_ppo(config, task_runner_class=VinePPOTaskRunner)
+        run_ppo(config, task_runner_class=runner)
 
     entry()
 

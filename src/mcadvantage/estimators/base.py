@@ -31,6 +31,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
+from mcadvantage.core.advantages import masked_whiten
 from mcadvantage.samplers.base import Sampler
 
 __all__ = [
@@ -41,7 +42,9 @@ __all__ = [
     "MetricReduction",
     "available_advantage_estimators",
     "build_advantage_estimator",
+    "check_finite_advantages",
     "combine_rewards",
+    "finalize_advantages",
     "get_advantage_estimator",
     "register_advantage_estimator",
     "sequence_to_token_advantages",
@@ -154,6 +157,63 @@ class AdvantageResult:
     values: list[list[float]] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     metric_reductions: dict[str, MetricReduction] = field(default_factory=dict)
+
+
+def check_finite_advantages(advantages: torch.Tensor, valid: torch.Tensor, estimator: str) -> None:
+    """Refuse non-finite advantages before they reach the loss (one would turn every weight NaN at the next
+    optimizer step): ``FloatingPointError`` naming the estimator and the local rows."""
+    bad = ~torch.isfinite(advantages) & valid
+    if bool(bad.any()):
+        rows = sorted({int(r) for r in bad.nonzero()[:, 0]})
+        raise FloatingPointError(
+            f"{estimator} returned non-finite advantages for local batch rows {rows[:10]}; they would turn the weights "
+            "to NaN, so training stops before the loss (weights untouched). An estimator must return finite "
+            "advantages (0 for responses it cannot credit) on every token of its token_mask."
+        )
+
+
+def finalize_advantages(
+    result: AdvantageResult,
+    completion_mask: torch.Tensor,
+    *,
+    whiten: bool,
+    estimator: str = "the advantage estimator",
+    valid_token_total: Callable[[torch.Tensor], int] | None = None,
+) -> torch.Tensor:
+    """The per-token advantages that enter the loss, from an estimator's result.
+
+    The one step between ``estimate`` and the loss that every caller shares (``VinePPOTrainer.compute_advantages``
+    and :func:`mcadvantage.integrations.verl.compute_vineppo_advantage` call it, so both give the same advantages
+    on the same responses):
+
+    1. the valid tokens are the completion tokens inside ``result.token_mask`` (every completion token when None);
+    2. a non-finite advantage on a valid token raises ``FloatingPointError`` (:func:`check_finite_advantages`);
+    3. without ``whiten``: the advantages on valid tokens, 0 elsewhere; with ``whiten``: token-weighted
+       :func:`~mcadvantage.advantages.masked_whiten` over the valid tokens (its statistics all-reduced over the
+       processes when ``torch.distributed`` is initialised), or all zeros when fewer than two tokens are valid
+       over all processes (a batch with nothing to credit).
+
+    Args:
+        result: what ``estimator.estimate(batch, context)`` returned.
+        completion_mask: ``(B, T)`` completion mask of the batch; the output is on its device.
+        whiten: whiten over the valid tokens (VinePPO's default, as in the paper).
+        estimator: the estimator's name, for the error message.
+        valid_token_total: the number of valid tokens over all processes, given this process' ``(B, T)`` bool
+            mask of valid tokens (the trainer passes an all-gather); None: this process' count (one process).
+
+    Returns:
+        ``(B, T)`` float32 advantages, 0 outside the valid tokens.
+    """
+    mask = completion_mask.bool()
+    raw = result.advantages.to(device=mask.device, dtype=torch.float32)
+    valid = (mask if result.token_mask is None else result.token_mask.to(mask.device).bool()) & mask
+    check_finite_advantages(raw, valid, estimator)
+    if not whiten:
+        return raw * valid
+    total = int(valid.sum()) if valid_token_total is None else int(valid_token_total(valid))
+    if total < 2:  # masked_whiten needs two tokens; a batch with (almost) nothing to credit keeps zeros
+        return torch.zeros_like(raw)
+    return masked_whiten(raw, valid)
 
 
 def _gather_one_process(objs: list[Any]) -> list[Any]:

@@ -39,8 +39,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "packages, `pip install --no-deps verl` plus tensordict and ray; see docs/howto/verl.md)."
     ) from err
 
-from mcadvantage.core.advantages import masked_whiten
-from mcadvantage.estimators.base import AdvantageBatch, EstimatorContext
+from mcadvantage.estimators.base import AdvantageBatch, EstimatorContext, finalize_advantages
 from mcadvantage.estimators.vineppo import VinePPOEstimator
 from mcadvantage.samplers.base import Continuation, RolloutRequest
 
@@ -119,13 +118,24 @@ class VerlRolloutSampler:
         size_divisor: pad every call to a multiple of this (a worker group's world size), with verl's
             ``pad_dataproto_to_divisor`` / ``unpad_dataproto``.
         agent_name: sets the ``agent_name`` column (verl's agent-loop manager picks the loop per row); the
-            recipe's ``mcadvantage_prefix`` loop generates from ``raw_prompt_ids``.
+            recipe's ``mcadvantage_prefix`` loop generates from ``raw_prompt_ids``. verl's default single-turn loop
+            cannot generate from a partial response, so with ``RayPPOTrainer.async_rollout_manager`` pass the
+            recipe's loop.
         meta_info: extra ``meta_info`` for every call.
 
     Each request's ``n`` samples are ``n`` rows (verl's ``DataProto.repeat(n, interleave=True)`` layout), so
     requests with different ``n`` share a call. The call's ``meta_info["response_length"]`` is the largest
     budget; a longer continuation is cut at its request's ``max_tokens`` (the first ``m`` tokens of a sample
     are a sample of ``m`` tokens) and marked truncated. ``calls`` counts ``generate_sequences`` calls.
+
+    On verl's agent-loop manager (``async_rollout_manager``), every call is split evenly over its agent-loop
+    workers (``DataProto.chunk``), so set ``size_divisor`` to ``actor_rollout_ref.rollout.agent.num_workers``
+    (the recipe does). The agent loop copies each row's ``raw_prompt`` into its output, which :meth:`pack` provides
+    (an empty message list: a Monte Carlo state is token ids, not chat messages). verl's reward loop is not asked
+    to grade the continuations: the recipe's prefix loop returns them with a score, which makes verl skip its own
+    ``compute_score``. A continuation alone is not the response verl's score functions expect (the step prefix is
+    missing from it), and the estimator grades every rollout itself with its ``reward_funcs`` on the whole
+    response, so the packed rows carry no ``data_source`` / ``reward_model`` columns.
     """
 
     def __init__(
@@ -156,8 +166,10 @@ class VerlRolloutSampler:
         self.calls = 0
 
     def pack(self, prefixes: Sequence[Sequence[int]], budgets: Sequence[int]) -> DataProto:
-        """One row per prefix: left-padded ``input_ids``, ``attention_mask``, ``position_ids``; ``raw_prompt_ids``
-        and the per-row budget ``mc_max_tokens`` as non-tensor columns; the sampling settings in ``meta_info``."""
+        """One row per prefix: left-padded ``input_ids``, ``attention_mask``, ``position_ids``; as non-tensor
+        columns ``raw_prompt_ids`` (the prefix), ``raw_prompt`` (an empty message list, which verl's agent loop
+        copies into its output), the per-row budget ``mc_max_tokens`` and ``agent_name`` when set; the sampling
+        settings in ``meta_info``."""
         width = max(len(p) for p in prefixes)
         input_ids = torch.full((len(prefixes), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prefixes), width), dtype=torch.long)
@@ -166,6 +178,7 @@ class VerlRolloutSampler:
             attention_mask[i, width - len(prefix) :] = 1
         non_tensors: dict[str, np.ndarray] = {
             "raw_prompt_ids": _object_array([list(p) for p in prefixes]),
+            "raw_prompt": _object_array([[] for _ in prefixes]),
             "mc_max_tokens": np.asarray(budgets, dtype=np.int64),
         }
         if self.agent_name is not None:
@@ -350,11 +363,17 @@ def compute_vineppo_advantage(
         max_completion_length: the responses' token budget (default: the batch's response width, verl's
             ``data.max_response_length``).
         context_length: the policy's context, checked per prompt when given.
-        whiten: token-weighted whitening over the batch, as ``VinePPOTrainer(whiten_advantages=True)``.
+        whiten: token-weighted whitening over the batch, as ``VinePPOTrainer(whiten_advantages=True)``: the
+            estimator's result goes through :func:`~mcadvantage.estimators.base.finalize_advantages`, the step
+            ``VinePPOTrainer.compute_advantages`` uses.
         metric_prefix: prefix of the returned metric names.
 
     Returns:
         ``{f"{metric_prefix}/{name}": value}``, to ``metrics.update(...)`` in ``RayPPOTrainer.fit``.
+
+    Raises:
+        FloatingPointError: when the estimator returns a non-finite advantage on an estimated token (nothing is
+            written to ``data``).
     """
     batch = advantage_batch_from_verl(data, tokenizer)
     estimator = estimator if estimator is not None else VinePPOEstimator()
@@ -369,19 +388,10 @@ def compute_vineppo_advantage(
         context_length=context_length,
     )
     result = estimator.estimate(batch, context)
-    mask = batch.completion_mask.bool()
-    raw = result.advantages.to(torch.float32)
-    valid = (mask if result.token_mask is None else result.token_mask.bool()) & mask
-    bad = ~torch.isfinite(raw) & valid
-    if bad.any():
-        rows = sorted({int(i) for i in bad.nonzero()[:, 0]})
-        raise FloatingPointError(f"VinePPOEstimator returned non-finite advantages for batch rows {rows}.")
-    if not whiten:
-        advantages = raw * valid
-    elif int(valid.sum()) < 2:  # masked_whiten needs two tokens; a batch with nothing to credit keeps zeros
-        advantages = torch.zeros_like(raw)
-    else:
-        advantages = masked_whiten(raw, valid)
+    # VinePPOTrainer.compute_advantages' own step (finite check, whitening over the estimated tokens).
+    advantages = finalize_advantages(
+        result, batch.completion_mask, whiten=whiten, estimator=type(estimator).__name__
+    )
     device = data.batch["responses"].device
     data.batch["advantages"] = advantages.to(device)
     data.batch["returns"] = advantages.clone().to(device)

@@ -20,7 +20,6 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from trl import GRPOConfig
 
-from mcadvantage.core.advantages import masked_whiten
 from mcadvantage.core.prompts import check_prompt_lengths, context_length
 from mcadvantage.core.settings import needed_completion_room
 from mcadvantage.estimators import (
@@ -30,7 +29,7 @@ from mcadvantage.estimators import (
     build_advantage_estimator,
     reduce_metrics,
 )
-from mcadvantage.estimators.base import AdvantageEstimator
+from mcadvantage.estimators.base import AdvantageEstimator, finalize_advantages
 from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
 from mcadvantage.tasks.segmentation import get_segmenter
@@ -296,29 +295,14 @@ class VinePPOTrainer(GRPOTrainerHooks):
         prefix = getattr(self.advantage_estimator, "metric_prefix", "advantage")
         self.log_metric_values(batch.mode, {f"{prefix}/{name}": value for name, value in metrics.items()})
 
-        raw = result.advantages.to(device=mask.device, dtype=torch.float32)
-        valid = (
-            mask.bool() if result.token_mask is None else result.token_mask.to(mask.device)
-        ) & mask.bool()
-        check_finite_advantages(raw, valid, type(self.advantage_estimator).__name__)
-        if not self.args.whiten_advantages:
-            return raw * valid
-        # masked_whiten needs two tokens over all processes; a batch with (almost) nothing to credit keeps zeros.
-        if self.accelerator.gather(valid.sum().reshape(1)).sum().item() < 2:
-            return torch.zeros_like(raw)
-        return masked_whiten(raw, valid)
-
-
-def check_finite_advantages(advantages: torch.Tensor, valid: torch.Tensor, estimator: str) -> None:
-    """Refuse non-finite advantages before they reach the loss (one would turn every weight NaN at the next
-    optimizer step): ``FloatingPointError`` naming the estimator and the local rows."""
-    bad = ~torch.isfinite(advantages) & valid
-    if bool(bad.any()):
-        rows = sorted({int(r) for r in bad.nonzero()[:, 0]})
-        raise FloatingPointError(
-            f"{estimator} returned non-finite advantages for local batch rows {rows[:10]}; they would turn the weights "
-            "to NaN, so training stops before the loss (weights untouched). An estimator must return finite "
-            "advantages (0 for responses it cannot credit) on every token of its token_mask."
+        # The same step as every other caller of an estimator (verl's adapter included): finite check, whitening.
+        return finalize_advantages(
+            result,
+            mask,
+            whiten=bool(self.args.whiten_advantages),
+            estimator=type(self.advantage_estimator).__name__,
+            # masked_whiten needs two tokens over all processes: count them over all processes.
+            valid_token_total=lambda valid: int(self.accelerator.gather(valid.sum().reshape(1)).sum().item()),
         )
 
 

@@ -353,8 +353,10 @@ def test_variance_allocation_is_unbiased_state_by_state(tok):
     assert t2 < critical, (t2, critical, sorted(per_state.items(), key=lambda kv: -abs(kv[1][1]))[:3])
 
 
-@pytest.mark.parametrize("allocation", ["variance", "uniform"])
-def test_masking_failures_leaves_no_own_outcome_covariance(tok, allocation):
+@pytest.mark.parametrize(
+    "allocation,reuse_samples", [("variance", True), ("uniform", True), ("variance", False)]
+)
+def test_masking_failures_leaves_no_own_outcome_covariance(tok, allocation, reuse_samples):
     """A trainer that masks responses by outcome (here: every failure, as ``mask_truncated_completions`` does when
     only failures run out of tokens) passes them as ``extra_responses``. 8000 groups of 8, K=2: the own-outcome
     covariance z must stay within 4.5 (two-sided false-alarm rate 7e-6) and the per-state errors must pass the
@@ -362,7 +364,9 @@ def test_masking_failures_leaves_no_own_outcome_covariance(tok, allocation):
 
     Measured with this seed: variance allocation on the old code (weights and budget from the unmasked responses
     only, both waves pooled) z = -7.43, T^2 = 305.4; the two-wave mean z = -0.48, T^2 = 49.3. Free samples
-    (``"uniform"``, unchanged) z = +0.27, T^2 = 42.2. 4-6 s each."""
+    (``"uniform"``, unchanged) z = +0.27, T^2 = 42.2. ``allocation="variance"`` with ``reuse_samples=False`` (a
+    trainer's ``mc_allocation="variance"`` with the default ``mc_reuse_samples``) is checked too: the variance
+    allocation pools the responses through a state as samples whether or not ``reuse_samples`` is set. 4-6 s each."""
     sampler = tree(tok, seed=2)
     kept, masked = masked_groups(tok, sampler, 8000, mask_failures=1.0, seed=2)
     out = MCValueEstimator(
@@ -371,7 +375,7 @@ def test_masking_failures_leaves_no_own_outcome_covariance(tok, allocation):
         tok,
         num_rollouts=2,
         max_completion_length=16,
-        reuse_samples=True,
+        reuse_samples=reuse_samples,
         allocation=allocation,
     ).estimate(kept, extra_responses=masked)
     z = _own_outcome_z(sampler, kept, out)

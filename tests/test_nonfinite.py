@@ -10,9 +10,10 @@ A reward function that returned ``inf`` for some completions used to turn all we
   goes on with finite weights;
 - a non-finite advantage, loss or gradient from anywhere else: ``FloatingPointError`` before the optimizer step.
 
-Every estimator is run (``vineppo`` with each cheaper option, ``grpo``, ``rloo``, ``gae``), with each bad value,
-from a reward function and from a reward model, on the responses and (for the estimators that sample) on the
-rollouts. On main before the fix, the ``inf`` cases of ``vineppo`` ended with every weight non-finite.
+Every estimator is run (``vineppo`` with each cheaper option and the step budget, ``hybrid``, ``grpo``, ``rloo``,
+``gae``), with each bad value, from a reward function and (except the step budget and ``hybrid``) from a reward
+model, on the responses and (for the estimators that sample) on the rollouts. On main before the fix, the ``inf``
+cases of ``vineppo`` ended with every weight non-finite.
 """
 
 from __future__ import annotations
@@ -38,11 +39,25 @@ ESTIMATORS = {
     "vineppo": dict(advantage_estimator="vineppo"),
     "vineppo_reuse": dict(advantage_estimator="vineppo", mc_reuse_samples=True),
     "vineppo_variance": dict(advantage_estimator="vineppo", mc_allocation="variance", num_mc_rollouts=2),
+    # The step budget: 4-token steps merged to >= 6 tokens, then states spread over a cap of 2 per response.
+    "vineppo_step_budget": dict(
+        advantage_estimator="vineppo",
+        mc_min_step_tokens=6,
+        mc_max_estimated_steps=2,
+        mc_steps_after_cap="spread",
+    ),
+    # GRPO plus Monte Carlo credit for degenerate groups: a budget every response of the group fits.
+    "hybrid": dict(advantage_estimator="hybrid", hybrid_budget=10.0),
     "grpo": dict(advantage_estimator="grpo"),
     "rloo": dict(advantage_estimator="rloo"),
     "gae": dict(advantage_estimator="gae"),
 }
-SAMPLING = ("vineppo", "vineppo_reuse", "vineppo_variance")
+SAMPLING = ("vineppo", "vineppo_reuse", "vineppo_variance", "vineppo_step_budget", "hybrid")
+#: Run with a reward function only: they differ from "vineppo" in which states are sampled, not in how a reward
+#: model grades (that path is covered by the others).
+FUNCTION_ONLY = ("vineppo_step_budget", "hybrid")
+#: The hybrid samples only for degenerate groups (all rewards equal): its training responses all score 0.
+DEGENERATE = ("hybrid",)
 BAD_VALUES = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
@@ -57,16 +72,20 @@ def chunk4(text: str) -> list[str]:
 
 class PhasedReward:
     """A reward function that returns ``bad`` on row 0 of the calls of one phase: the first call of the step grades
-    the training responses (TRL's call), every later one Monte Carlo rollouts (the estimator's calls)."""
+    the training responses (TRL's call), every later one Monte Carlo rollouts (the estimator's calls). With
+    ``degenerate``, every training response otherwise scores 0 (one degenerate group); rollouts always score by
+    their share of vowels."""
 
-    def __init__(self, bad: float, phase: str) -> None:
-        self.bad, self.phase, self.calls = bad, phase, 0
+    def __init__(self, bad: float, phase: str, degenerate: bool = False) -> None:
+        self.bad, self.phase, self.degenerate, self.calls = bad, phase, degenerate, 0
         self.__name__ = "phased_reward"
 
     def __call__(self, prompts, completions, **kwargs):
         self.calls += 1
         phase = "responses" if self.calls == 1 else "rollouts"
         rewards = [sum(ch in "aeiou" for ch in _text(c)) / max(len(_text(c)), 1) for c in completions]
+        if phase == "responses" and self.degenerate:
+            rewards = [0.0] * len(completions)
         if phase == self.phase:
             rewards[0] = self.bad
         return rewards
@@ -151,7 +170,7 @@ def _cases():
             if phase == "rollouts" and estimator not in SAMPLING:
                 continue
             for value in BAD_VALUES:
-                for source in ("function", "model"):
+                for source in ("function",) if estimator in FUNCTION_ONLY else ("function", "model"):
                     yield pytest.param(
                         estimator, phase, value, source, id=f"{estimator}-{phase}-{value}-{source}"
                     )
@@ -164,7 +183,7 @@ def test_bad_reward_never_reaches_the_weights(
 ):
     bad = BAD_VALUES[value]
     if source == "function":
-        reward, reward_tok, name = PhasedReward(bad, phase), None, "phased_reward"
+        reward, reward_tok, name = PhasedReward(bad, phase, estimator in DEGENERATE), None, "phased_reward"
     else:
         reward = _phased_reward_model(reward_model_dir, bad, phase)
         reward_tok, name = AutoTokenizer.from_pretrained(reward_model_dir), reward_model_dir.name

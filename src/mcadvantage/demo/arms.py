@@ -160,8 +160,8 @@ def _train_to_plateau(
     Returns the record ``warmup.json`` keeps: the validation curve, the held-out curve (``evaluate``, at the same
     points, when given), the best step and the stop step. ``log_path`` gets the curves so far after every
     evaluation (an hour-long run shows where it is, and a killed one what it had reached)."""
-    import json
     import copy
+    import json
 
     from mcadvantage.demo.evaluation import evaluate_accuracy
     from mcadvantage.demo.warmup import plateau_reached, supervised_warmup

@@ -388,3 +388,106 @@ def test_quick_demo_writes_every_output(tmp_path):
     for p in shown:  # the responses to these held-out prompts: starting policy and each arm
         assert page.count(html.escape(p.prompt)) == 3
     assert (out / "warmup_policy" / "config.json").exists()
+
+
+def test_validation_set_is_disjoint_and_leaves_the_other_sets_unchanged():
+    """The plateau rule's validation split shares no prompt with any other set, and adding it changed none of
+    them (drawn last, from its own seed)."""
+    config = DemoConfig(
+        warmup_problems=2000, rl_problems=200, eval_problems=200, validation_problems=150, seed=3
+    )
+    data = build_data(config)
+    validation = {p.prompt for p in data.validation_set}
+    assert len(validation) == 150
+    others = {p.prompt for p in data.eval_set} | {p for p, _ in data.warmup} | {p.prompt for p in data.rl_set}
+    assert not validation & others
+    without = build_data(
+        DemoConfig(warmup_problems=2000, rl_problems=200, eval_problems=200, validation_problems=0, seed=3)
+    )
+    assert (without.eval_set, without.warmup, without.rl_set) == (data.eval_set, data.warmup, data.rl_set)
+
+
+@pytest.mark.parametrize(
+    ("scores", "patience", "n", "expected"),
+    [
+        # best earlier 0.5 on 100 problems: SE = 0.05; the last two (0.52, 0.55) stay within it -> plateau
+        ([0.1, 0.5, 0.52, 0.55], 2, 100, True),
+        # 0.56 beats 0.5 + 0.05 -> still rising
+        ([0.1, 0.5, 0.52, 0.56], 2, 100, False),
+        # too few evaluations to judge
+        ([0.1, 0.2], 2, 100, False),
+        # best earlier 0.0 (SE 0): any gain counts as rising, none as a plateau
+        ([0.0, 0.0, 0.01], 1, 600, False),
+        ([0.0, 0.0, 0.0], 2, 600, True),
+        # a drop is a plateau too: the best is in the past
+        ([0.3, 0.6, 0.4, 0.45], 2, 600, True),
+    ],
+)
+def test_plateau_rule_hand_computed(scores, patience, n, expected):
+    from mcadvantage.demo.warmup import plateau_reached
+
+    assert plateau_reached(scores, patience=patience, num_problems=n) is expected
+
+
+def test_plateau_rule_rejects_bad_arguments():
+    from mcadvantage.demo.warmup import plateau_reached
+
+    with pytest.raises(ValueError, match="patience must be >= 1"):
+        plateau_reached([0.1, 0.2], patience=0, num_problems=10)
+    with pytest.raises(ValueError, match="num_problems must be >= 1"):
+        plateau_reached([0.1, 0.2], patience=1, num_problems=0)
+
+
+def test_plateau_schedule_flags_are_checked():
+    with pytest.raises(SystemExit, match="--warmup_schedule must be 'fixed' or 'plateau'"):
+        parse_args(["--warmup_schedule", "cosine"])
+    with pytest.raises(SystemExit, match="--warmup_min_steps .* must be <= --warmup_max_steps"):
+        parse_args(["--warmup_schedule", "plateau", "--warmup_min_steps", "900", "--warmup_max_steps", "800"])
+
+
+def test_shipped_fixed_warmup_still_matches_and_plateau_settings_select_their_own():
+    """A warmup.json written before the schedule setting existed is the fixed schedule's; the plateau schedule
+    never takes it, and fixed-schedule runs ignore the plateau-only settings."""
+    from mcadvantage.demo.config import usable_shipped_warmup, warmup_settings
+
+    meta = usable_shipped_warmup(DemoConfig())
+    assert meta is not None
+    if meta["config"].get("warmup_schedule", "fixed") == "fixed":
+        assert usable_shipped_warmup(DemoConfig(warmup_patience=7)) is not None
+        assert usable_shipped_warmup(DemoConfig(warmup_schedule="plateau")) is None
+    assert "warmup_steps" in warmup_settings(DemoConfig())
+    plateau = warmup_settings(DemoConfig(warmup_schedule="plateau"))
+    assert "warmup_steps" not in plateau and plateau["warmup_patience"] == 4
+
+
+def test_quick_plateau_warmup_writes_its_evidence(tmp_path):
+    """``make_warmup --warmup_schedule plateau`` end to end at the quick sizes: the validation curve, the stop and
+    best steps, the running log and the SFT plateau check land in warmup.json."""
+    out = tmp_path / "warm"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mcadvantage.demo.make_warmup",
+            "--quick",
+            "--warmup_schedule",
+            "plateau",
+            "--sft_check_steps",
+            "5",
+            "--output_dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads((out / "warmup.json").read_text())
+    plateau = meta["plateau"]
+    assert meta["config"]["warmup_schedule"] == "plateau"
+    steps = [step for step, _ in plateau["validation_curve"]]
+    assert steps[0] == 0 and steps == sorted(steps) and all(s % 20 == 0 for s in steps)
+    assert 40 <= plateau["stop_step"] <= 200 and plateau["best_step"] <= plateau["stop_step"]
+    assert set(meta["sft_check"]) >= {"gain", "one_se", "plateaued", "held_out_before", "held_out_after"}
+    assert json.loads((out / "plateau_log.json").read_text())["validation"] == plateau["validation_curve"]

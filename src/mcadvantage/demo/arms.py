@@ -50,14 +50,16 @@ def train_warmup_policy(
     evaluate: Callable[[Any], float] | None = None,
     eval_every: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    schedule_record: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, list[tuple[float, float]]]:
     """Build the demo's tiny Llama from ``config.seed``, train it on ``data.warmup`` with the demo's
     warm-up recipe (``config.warmup_*``), save it with its tokenizer to ``save_dir`` and return
     ``(model, tokenizer, curve)``, where ``curve`` holds ``(step, evaluate(model))`` at step 0, every
-    ``eval_every`` steps and the last step (empty without ``evaluate``)."""
+    ``eval_every`` steps (``config.warmup_eval_every`` for the plateau schedule) and the last step (empty without
+    ``evaluate``). With ``config.warmup_schedule="plateau"``, ``schedule_record`` (if given) receives the validation
+    curve, the best step and the stop step."""
     import torch
 
-    from mcadvantage.demo.warmup import supervised_warmup
     from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
 
     torch.manual_seed(config.seed)
@@ -72,6 +74,47 @@ def train_warmup_policy(
         max_position_embeddings=256,
         seed=config.seed,
     )
+    if config.warmup_schedule == "plateau":
+        record = _train_to_plateau(
+            config,
+            data,
+            model,
+            tokenizer,
+            evaluate=evaluate,
+            on_step=on_step,
+            log_path=Path(save_dir) / "plateau_log.json",
+        )
+        curve = record["held_out"] + (
+            [(float(record["stop_step"] + config.warmup_decay_steps), record["final_held_out"])]
+            if "final_held_out" in record
+            else []
+        )
+        if schedule_record is not None:
+            schedule_record.update(record)
+    else:
+        curve = _train_fixed(
+            config, data, model, tokenizer, evaluate=evaluate, eval_every=eval_every, on_step=on_step
+        )
+    model.eval()
+    save_dir = Path(save_dir)
+    model.save_pretrained(save_dir)
+    tokenizer.save_pretrained(save_dir)
+    return model, tokenizer, curve
+
+
+def _train_fixed(
+    config: DemoConfig,
+    data: DemoData,
+    model: Any,
+    tokenizer: Any,
+    *,
+    evaluate: Callable[[Any], float] | None,
+    eval_every: int | None,
+    on_step: Callable[[int, float], None] | None,
+) -> list[tuple[float, float]]:
+    """``config.warmup_steps`` steps of the warmup-stable-decay schedule (the 0.1 demo checkpoint's recipe)."""
+    from mcadvantage.demo.warmup import supervised_warmup
+
     every = eval_every or max(1, config.warmup_steps // config.warmup_evals)
     curve: list[tuple[float, float]] = []
     if evaluate is not None:
@@ -94,11 +137,112 @@ def train_warmup_policy(
         seed=config.seed,
         progress=progress,
     )
+    return curve
+
+
+def _train_to_plateau(
+    config: DemoConfig,
+    data: DemoData,
+    model: Any,
+    tokenizer: Any,
+    *,
+    evaluate: Callable[[Any], float] | None,
+    on_step: Callable[[int, float], None] | None,
+    log_path: Path | None = None,
+) -> dict[str, Any]:
+    """The regime protocol's warm-up (docs/regime-protocol.md): a constant learning rate after the fixed recipe's
+    40-step linear warm-up, greedy accuracy on ``data.validation_set`` every ``config.warmup_eval_every`` steps, stop
+    by :func:`~mcadvantage.demo.warmup.plateau_reached` from ``config.warmup_min_steps`` on (or at
+    ``config.warmup_max_steps``), back to the best
+    checkpoint, then ``config.warmup_decay_steps`` steps with the learning rate decaying linearly to a tenth (a fresh
+    AdamW: the decay is short and the moments of the constant phase would be from a later policy than the best one).
+
+    Returns the record ``warmup.json`` keeps: the validation curve, the held-out curve (``evaluate``, at the same
+    points, when given), the best step and the stop step. ``log_path`` gets the curves so far after every
+    evaluation (an hour-long run shows where it is, and a killed one what it had reached)."""
+    import copy
+    import json
+
+    from mcadvantage.demo.evaluation import evaluate_accuracy
+    from mcadvantage.demo.warmup import plateau_reached, supervised_warmup
+    from mcadvantage.tasks.gsm8k import GSM8KVerifier
+
+    if not data.validation_set:
+        raise ValueError("warmup_schedule='plateau' needs a validation set: set validation_problems >= 1.")
+    grade = GSM8KVerifier().score
+
+    def validation_accuracy() -> float:
+        acc, _, _ = evaluate_accuracy(
+            model, tokenizer, data.validation_set, grade, max_new_tokens=config.max_completion_length
+        )
+        model.train()
+        return acc
+
+    record: dict[str, Any] = {"validation": [], "held_out": [], "best_step": 0, "stop_step": 0}
+    best: dict[str, Any] = {"score": -1.0, "state": None, "step": 0}
+
+    def checkpoint(step: int) -> None:
+        score = validation_accuracy()
+        record["validation"].append((float(step), score))
+        if evaluate is not None:
+            record["held_out"].append((float(step), evaluate(model)))
+            model.train()
+        if score > best["score"]:
+            best.update(score=score, step=step, state=copy.deepcopy(model.state_dict()))
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_text(json.dumps({**record, "best_step": best["step"]}), encoding="utf-8")
+
+    checkpoint(0)
+
+    def progress(step: int, loss: float) -> None:
+        if step % config.warmup_eval_every == 0:
+            checkpoint(step)
+        if on_step is not None:
+            on_step(step, loss)
+
+    def stop(step: int) -> bool:
+        if step % config.warmup_eval_every or step < config.warmup_min_steps:
+            return False
+        scores = [score for _, score in record["validation"]]
+        return plateau_reached(scores, patience=config.warmup_patience, num_problems=len(data.validation_set))
+
+    log = supervised_warmup(
+        model,
+        tokenizer,
+        data.warmup,
+        steps=config.warmup_max_steps,
+        batch_size=config.warmup_batch_size,
+        learning_rate=config.warmup_lr,
+        warmup_ratio=min(1.0, 40 / config.warmup_max_steps),
+        decay_ratio=0.0,
+        seed=config.seed,
+        progress=progress,
+        stop=stop,
+    )
+    record["stop_step"] = len(log)
+    record["best_step"] = best["step"]
+    model.load_state_dict(best["state"])
+    if config.warmup_decay_steps:
+        supervised_warmup(
+            model,
+            tokenizer,
+            data.warmup,
+            steps=config.warmup_decay_steps,
+            batch_size=config.warmup_batch_size,
+            learning_rate=config.warmup_lr,
+            warmup_ratio=0.0,
+            decay_ratio=1.0,
+            seed=config.seed + 1,
+            progress=(lambda step, loss: on_step(record["stop_step"] + step, loss)) if on_step else None,
+        )
+    # The final policy is the best checkpoint plus the decay, reported apart from the curves (whose steps count the
+    # constant phase).
+    record["final_validation"] = validation_accuracy()
+    if evaluate is not None:
+        record["final_held_out"] = evaluate(model)
     model.eval()
-    save_dir = Path(save_dir)
-    model.save_pretrained(save_dir)
-    tokenizer.save_pretrained(save_dir)
-    return model, tokenizer, curve
+    return record
 
 
 def rl_training_args(config: DemoConfig, arm: ArmSpec, output_dir: str | Path) -> Any:

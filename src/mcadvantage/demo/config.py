@@ -12,7 +12,7 @@ import json
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "DemoData",
     "MC_OPTION_SUFFIXES",
     "WARMUP_FIELDS",
+    "warmup_settings",
     "arm_names",
     "build_data",
     "parse_args",
@@ -65,6 +66,17 @@ class DemoConfig:
     warmup_batch_size: int = 32
     warmup_lr: float = 3e-3
     warmup_evals: int = 8
+    # How the warm-up ends. "fixed": warmup_steps steps, warmup-stable-decay schedule (the 0.1 demo checkpoint).
+    # "plateau": the regime protocol's rule (docs/regime-protocol.md): constant learning rate, validation accuracy
+    # every warmup_eval_every steps, stop once warmup_patience evaluations in a row have not beaten the best by more
+    # than one binomial SE (or at warmup_max_steps), then warmup_decay_steps of linear decay from the best checkpoint.
+    warmup_schedule: str = "fixed"
+    validation_problems: int = 600
+    warmup_eval_every: int = 100
+    warmup_patience: int = 4
+    warmup_min_steps: int = 800  # the rule may stop no earlier (0.1's fixed recipe, still rising there)
+    warmup_max_steps: int = 6000
+    warmup_decay_steps: int = 100
     # RL arms, comma-separated, run one after another from the same starting policy: grpo, rloo, vineppo
     # (K = num_mc_rollouts), vineppo_k<K>, <arm>_p<P> (P prompts per step); see mcadvantage.demo.arms
     arms: str = "grpo,vineppo"
@@ -96,6 +108,9 @@ class DemoConfig:
         self.warmup_problems, self.rl_problems = 2000, 64
         self.eval_problems, self.curve_problems = 48, 16
         self.warmup_steps, self.warmup_batch_size, self.warmup_evals = 60, 16, 2
+        self.validation_problems, self.warmup_eval_every, self.warmup_max_steps = 32, 20, 200
+        self.warmup_min_steps = 40
+        self.warmup_patience, self.warmup_decay_steps = 2, 10
         self.rl_steps, self.num_mc_rollouts, self.num_generations, self.prompts_per_step = 3, 2, 4, 2
         self.rl_evals, self.html_responses, self.max_completion_length = 1, 3, 48
 
@@ -138,11 +153,24 @@ def validate_config(config: DemoConfig) -> None:
         "max_completion_length",
         "warmup_evals",
         "rl_evals",
+        "validation_problems",
+        "warmup_eval_every",
+        "warmup_patience",
+        "warmup_max_steps",
+        "warmup_min_steps",
     ]
     positive += ["warmup_problems", "rl_problems", "num_iterations"]
     for name in positive:
         if getattr(config, name) < 1:
             raise SystemExit(f"--{name} must be >= 1, got {getattr(config, name)}.")
+    if config.warmup_schedule not in ("fixed", "plateau"):
+        raise SystemExit(f"--warmup_schedule must be 'fixed' or 'plateau', got {config.warmup_schedule!r}.")
+    if config.warmup_min_steps > config.warmup_max_steps:
+        raise SystemExit(
+            f"--warmup_min_steps ({config.warmup_min_steps}) must be <= --warmup_max_steps ({config.warmup_max_steps})."
+        )
+    if config.warmup_decay_steps < 0:
+        raise SystemExit(f"--warmup_decay_steps must be >= 0, got {config.warmup_decay_steps}.")
     if config.html_responses < 0:
         raise SystemExit(f"--html_responses must be >= 0, got {config.html_responses}.")
     if config.num_generations < 2:
@@ -267,6 +295,9 @@ class DemoData:
     warmup: list[tuple[str, str]]
     flawed: int
     rl_set: list[ArithmeticProblem]
+    # For the plateau stop rule only: disjoint from every other set, so the stopping decision never sees the
+    # held-out problems the arms are scored on.
+    validation_set: list[ArithmeticProblem] = field(default_factory=list)
 
 
 def build_data(config: DemoConfig) -> DemoData:
@@ -283,6 +314,11 @@ def build_data(config: DemoConfig) -> DemoData:
     rl_set = generate_problems(
         config.rl_problems, seed=3_000_003 * (config.seed + 1), exclude=taken, **kwargs
     )
+    taken |= {p.prompt for p in rl_set}
+    # Drawn after the other sets, from its own seed: adding it changed none of them.
+    validation_set = generate_problems(
+        config.validation_problems, seed=6_000_007 * (config.seed + 1), exclude=taken, **kwargs
+    )
     rng = random.Random(4_000_003 * (config.seed + 1))
     # The slips' own generator, so the default ("skip_last") data is unchanged by this option.
     slip_rng = random.Random(5_000_003 * (config.seed + 1))
@@ -298,7 +334,9 @@ def build_data(config: DemoConfig) -> DemoData:
             warmup.append((p.prompt, random_slip(p, slip_rng)))
         else:
             warmup.append((p.prompt, skip_last_solution(p)))
-    return DemoData(eval_set=eval_set, warmup=warmup, flawed=flawed, rl_set=rl_set)
+    return DemoData(
+        eval_set=eval_set, warmup=warmup, flawed=flawed, rl_set=rl_set, validation_set=validation_set
+    )
 
 
 # Settings that decide the warm-up policy: the shipped checkpoint is used only when all of them equal the
@@ -317,10 +355,29 @@ WARMUP_FIELDS = (
     "eval_problems",
     "min_steps",
     "max_steps",
-    "warmup_steps",
     "warmup_batch_size",
     "warmup_lr",
+    "warmup_schedule",
 )
+# ... and, per schedule, the settings that end it.
+SCHEDULE_FIELDS = {
+    "fixed": ("warmup_steps",),
+    "plateau": (
+        "validation_problems",
+        "warmup_eval_every",
+        "warmup_patience",
+        "warmup_max_steps",
+        "warmup_decay_steps",
+    ),
+}
+# A warmup.json written before a setting existed was trained with this value of it.
+LEGACY_WARMUP_SETTINGS = {"warmup_schedule": "fixed"}
+
+
+def warmup_settings(config: DemoConfig) -> dict[str, Any]:
+    """The settings that decide ``config``'s warm-up policy (what ``warmup.json`` records and is matched on)."""
+    names = WARMUP_FIELDS + SCHEDULE_FIELDS[config.warmup_schedule]
+    return {name: getattr(config, name) for name in names}
 
 
 def shipped_warmup_dir() -> Path:
@@ -335,6 +392,7 @@ def usable_shipped_warmup(config: DemoConfig) -> dict[str, Any] | None:
     if config.train_warmup or config.quick or not meta_path.exists():
         return None
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if any(meta["config"].get(name) != getattr(config, name) for name in WARMUP_FIELDS):
+    recorded = {**LEGACY_WARMUP_SETTINGS, **meta["config"]}
+    if any(recorded.get(name) != value for name, value in warmup_settings(config).items()):
         return None
     return meta

@@ -28,15 +28,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.config import WARMUP_FIELDS, DemoConfig, build_data
+from mcadvantage.demo.config import DemoConfig, build_data, warmup_settings
 from mcadvantage.demo.run import _quiet_libraries
 
 __all__ = ["make_warmup", "main"]
 
 
-def make_warmup(config: DemoConfig, output_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
+def make_warmup(
+    config: DemoConfig, output_dir: str | Path, *, progress: bool = True, sft_check_steps: int = 0
+) -> dict[str, Any]:
     """Train the warm-up policy of ``config`` and save it, with ``warmup.json``, to ``output_dir``.
-    Returns the metadata written to ``warmup.json``."""
+    Returns the metadata written to ``warmup.json``. With the plateau schedule and ``sft_check_steps``, also the
+    plateau evidence of :func:`sft_check`."""
     import torch
     from tqdm.auto import tqdm
 
@@ -58,18 +61,22 @@ def make_warmup(config: DemoConfig, output_dir: str | Path, *, progress: bool = 
         return acc
 
     curve_set = data.eval_set[: config.curve_problems]
+    plateau = config.warmup_schedule == "plateau"
+    total = config.warmup_max_steps + config.warmup_decay_steps if plateau else config.warmup_steps
+    record: dict[str, Any] = {}
     t0 = time.perf_counter()
-    with tqdm(total=config.warmup_steps, desc="warm-up (SFT)", unit="step", disable=not progress) as bar:
+    with tqdm(total=total, desc="warm-up (SFT)", unit="step", disable=not progress) as bar:
         model, tokenizer, curve = train_warmup_policy(
             config,
             data,
             output_dir,
             evaluate=lambda m: accuracy(m, curve_set),
             on_step=lambda step, loss: bar.update(1),
+            schedule_record=record,
         )
     seconds = time.perf_counter() - t0
     meta = {
-        "config": {name: getattr(config, name) for name in WARMUP_FIELDS},
+        "config": warmup_settings(config),
         "full_config": asdict(config),
         "curve_on_first_problems": curve,
         "curve_problems": config.curve_problems,
@@ -78,10 +85,62 @@ def make_warmup(config: DemoConfig, output_dir: str | Path, *, progress: bool = 
         "seconds": seconds,
         "torch": torch.__version__,
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
-        "command": f"python -m mcadvantage.demo.make_warmup --seed {config.seed} --output_dir {output_dir}",
+        "command": f"python -m mcadvantage.demo.make_warmup --seed {config.seed} --output_dir {output_dir}"
+        + (" --warmup_schedule plateau" if plateau else ""),
     }
+    if plateau:
+        meta["plateau"] = {
+            "validation_curve": record["validation"],
+            "final_validation": record["final_validation"],
+            "validation_problems": len(data.validation_set),
+            "best_step": record["best_step"],
+            "stop_step": record["stop_step"],
+            "rule": f"from step {config.warmup_min_steps} on, stop when {config.warmup_patience} evaluations in a row (every {config.warmup_eval_every} steps) "
+            "have not beaten the best earlier one by more than one binomial SE; then the best checkpoint and "
+            f"{config.warmup_decay_steps} steps of linear decay to 0.1x (docs/regime-protocol.md)",
+        }
+        if sft_check_steps:
+            meta["sft_check"] = sft_check(config, data, output_dir, steps=sft_check_steps, accuracy=accuracy)
     (Path(output_dir) / "warmup.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return meta
+
+
+def sft_check(
+    config: DemoConfig, data: Any, policy_dir: str | Path, *, steps: int, accuracy: Any
+) -> dict[str, Any]:
+    """The protocol's plateau evidence: ``steps`` more supervised steps from the saved policy on the same
+    demonstrations, at the decayed learning rate (a tenth of ``warmup_lr``, constant), and the held-out gain they
+    buy. The policy counts as plateaued when the gain is at most one binomial SE of the starting accuracy."""
+    import math
+
+    from mcadvantage.demo.arms import load_policy
+    from mcadvantage.demo.warmup import supervised_warmup
+
+    model, tokenizer = load_policy(policy_dir)
+    before = accuracy(model, data.eval_set)
+    model.train()
+    supervised_warmup(
+        model,
+        tokenizer,
+        data.warmup,
+        steps=steps,
+        batch_size=config.warmup_batch_size,
+        learning_rate=config.warmup_lr * 0.1,
+        warmup_ratio=0.0,
+        decay_ratio=0.0,
+        seed=config.seed + 2,
+    )
+    after = accuracy(model, data.eval_set)
+    se = math.sqrt(max(before * (1 - before), 0.0) / len(data.eval_set))
+    return {
+        "steps": steps,
+        "learning_rate": config.warmup_lr * 0.1,
+        "held_out_before": before,
+        "held_out_after": after,
+        "gain": after - before,
+        "one_se": se,
+        "plateaued": after - before <= se,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,13 +155,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup_steps", type=int, default=DemoConfig.warmup_steps)
     parser.add_argument("--quick", action="store_true", help="the demo's --quick sizes (tests)")
+    parser.add_argument(
+        "--warmup_schedule",
+        choices=("fixed", "plateau"),
+        default="fixed",
+        help="see DemoConfig.warmup_schedule",
+    )
+    parser.add_argument(
+        "--sft_check_steps",
+        type=int,
+        default=400,
+        help="plateau schedule: supervised steps of the plateau check (0 skips it)",
+    )
     args = parser.parse_args(argv)
-    config = DemoConfig(seed=args.seed, warmup_steps=args.warmup_steps)
+    config = DemoConfig(seed=args.seed, warmup_steps=args.warmup_steps, warmup_schedule=args.warmup_schedule)
     if args.quick:
         config.apply_quick()
         config.quick = True
         config.warmup_steps = args.warmup_steps if args.warmup_steps != DemoConfig.warmup_steps else 20
-    meta = make_warmup(config, args.output_dir)
+    meta = make_warmup(config, args.output_dir, sft_check_steps=args.sft_check_steps)
     print(
         f"warm-up: held-out accuracy {meta['held_out_accuracy']:.3f} ({meta['eval_problems']} problems), "
         f"{meta['seconds']:.0f} s; wrote {args.output_dir}"

@@ -99,6 +99,12 @@ class DemoConfig:
     html_responses: int = 8
     quick: bool = False
 
+    def warmup_total_steps(self) -> int:
+        """The most supervised steps the warm-up can take under its schedule (what a progress bar counts to)."""
+        if self.warmup_schedule == "plateau":
+            return self.warmup_max_steps + self.warmup_decay_steps
+        return self.warmup_steps
+
     def apply_quick(self) -> None:
         """``--quick``: tiny sizes for tests and smoke runs (about a minute on 2 cores). Every stage
         and output runs, but the numbers are not meaningful: the model is too small and too briefly

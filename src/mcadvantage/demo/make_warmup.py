@@ -62,10 +62,11 @@ def make_warmup(
 
     curve_set = data.eval_set[: config.curve_problems]
     plateau = config.warmup_schedule == "plateau"
-    total = config.warmup_max_steps + config.warmup_decay_steps if plateau else config.warmup_steps
     record: dict[str, Any] = {}
     t0 = time.perf_counter()
-    with tqdm(total=total, desc="warm-up (SFT)", unit="step", disable=not progress) as bar:
+    with tqdm(
+        total=config.warmup_total_steps(), desc="warm-up (SFT)", unit="step", disable=not progress
+    ) as bar:
         model, tokenizer, curve = train_warmup_policy(
             config,
             data,

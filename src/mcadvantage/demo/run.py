@@ -157,7 +157,11 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
 
         tokenizer = build_char_tokenizer()
         with tqdm(
-            total=config.warmup_steps, desc="warm-up (SFT)", unit="step", file=sys.stdout, mininterval=1
+            total=config.warmup_total_steps(),
+            desc="warm-up (SFT)",
+            unit="step",
+            file=sys.stdout,
+            mininterval=1,
         ) as bar:
 
             def on_warmup_step(step: int, loss: float) -> None:

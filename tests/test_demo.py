@@ -491,3 +491,12 @@ def test_quick_plateau_warmup_writes_its_evidence(tmp_path):
     assert 40 <= plateau["stop_step"] <= 200 and plateau["best_step"] <= plateau["stop_step"]
     assert set(meta["sft_check"]) >= {"gain", "one_se", "plateaued", "held_out_before", "held_out_after"}
     assert json.loads((out / "plateau_log.json").read_text())["validation"] == plateau["validation_curve"]
+
+
+def test_each_schedule_has_its_own_shipped_checkpoint_dir():
+    from mcadvantage.demo.config import shipped_warmup_dir
+
+    assert shipped_warmup_dir().name == "warmup_policy" == shipped_warmup_dir("fixed").name
+    assert shipped_warmup_dir("plateau").name == "warmup_plateau"
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        shipped_warmup_dir("cosine")

@@ -386,15 +386,23 @@ def warmup_settings(config: DemoConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in names}
 
 
-def shipped_warmup_dir() -> Path:
-    """Where the package keeps the demo's warm-up checkpoint (trained by ``python -m
-    mcadvantage.demo.make_warmup``, seed 0, default settings)."""
-    return Path(__file__).resolve().parent / "warmup_policy"
+#: Where the package keeps the demo's warm-up checkpoint of each schedule (seed 0, default settings).
+SHIPPED_WARMUP_DIRS = {"fixed": "warmup_policy", "plateau": "warmup_plateau"}
+
+
+def shipped_warmup_dir(schedule: str = "fixed") -> Path:
+    """Where the package keeps the demo's warm-up checkpoint for ``schedule`` (trained by ``python -m
+    mcadvantage.demo.make_warmup [--warmup_schedule plateau]``, seed 0, default settings)."""
+    if schedule not in SHIPPED_WARMUP_DIRS:
+        raise ValueError(
+            f"shipped_warmup_dir: schedule must be one of {sorted(SHIPPED_WARMUP_DIRS)}, got {schedule!r}."
+        )
+    return Path(__file__).resolve().parent / SHIPPED_WARMUP_DIRS[schedule]
 
 
 def usable_shipped_warmup(config: DemoConfig) -> dict[str, Any] | None:
     """The shipped checkpoint's ``warmup.json`` when it matches ``config``'s warm-up settings, else None."""
-    meta_path = shipped_warmup_dir() / "warmup.json"
+    meta_path = shipped_warmup_dir(config.warmup_schedule) / "warmup.json"
     if config.train_warmup or config.quick or not meta_path.exists():
         return None
     meta = json.loads(meta_path.read_text(encoding="utf-8"))

@@ -143,13 +143,12 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     if shipped is not None:
         if policy_dir.exists():
             shutil.rmtree(policy_dir)
-        shutil.copytree(shipped_warmup_dir(), policy_dir)
+        shutil.copytree(shipped_warmup_dir(config.warmup_schedule), policy_dir)
         model, tokenizer = load_policy(policy_dir)
         warmup_curve = [tuple(point) for point in shipped["curve_on_first_problems"]]
         print(
-            f"[demo] starting policy: the shipped warm-up checkpoint ({shipped['config']['warmup_steps']} supervised "
-            f"steps, seed {shipped['config']['seed']}; retrain it with --train_warmup or python -m "
-            "mcadvantage.demo.make_warmup)",
+            f"[demo] starting policy: the shipped warm-up checkpoint ({_warmup_length(shipped)}, seed "
+            f"{shipped['config']['seed']}; retrain it with --train_warmup or python -m mcadvantage.demo.make_warmup)",
             flush=True,
         )
     else:
@@ -309,6 +308,17 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         flush=True,
     )
     return metrics
+
+
+def _warmup_length(meta: dict[str, Any]) -> str:
+    """How long a shipped warm-up trained, from its warmup.json."""
+    if "plateau" in meta:
+        plateau = meta["plateau"]
+        return (
+            f"trained to a plateau: best of {plateau['stop_step']} supervised steps at step {plateau['best_step']}, "
+            f"then {meta['config']['warmup_decay_steps']} decay steps"
+        )
+    return f"{meta['config']['warmup_steps']} supervised steps"
 
 
 def _html_problems(problems: Sequence[ArithmeticProblem], n: int) -> list[ArithmeticProblem]:

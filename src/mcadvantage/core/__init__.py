@@ -4,5 +4,6 @@
   whitening, GAE, PPO's clipped value loss);
 - :mod:`~mcadvantage.core.settings`: one definition of which Monte Carlo and sampling settings are valid;
 - :mod:`~mcadvantage.core.prompts`: prompt-length checks against the model's context;
-- :mod:`~mcadvantage.core.text`: tokenizer and chat-message helpers.
+- :mod:`~mcadvantage.core.text`: tokenizer and chat-message helpers;
+- :mod:`~mcadvantage.core.versions`: the check of a dependency's version against its tested release range.
 """

@@ -39,6 +39,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "packages, `pip install --no-deps verl` plus tensordict and ray; see docs/howto/verl.md)."
     ) from err
 
+from mcadvantage.core.versions import check_version_range
 from mcadvantage.estimators.base import AdvantageBatch, EstimatorContext, finalize_advantages
 from mcadvantage.estimators.vineppo import VinePPOEstimator
 from mcadvantage.samplers.base import Continuation, RolloutRequest
@@ -78,13 +79,16 @@ def check_verl_version(version: str | None = None) -> None:
     Raises:
         ImportError: for a verl outside the supported range, naming the install command.
     """
-    v = Version(version if version is not None else verl.__version__)
-    if not _MIN <= Version(v.base_version) < _MAX:
-        raise ImportError(
+    check_version_range(
+        version if version is not None else verl.__version__,
+        _MIN,
+        _MAX,
+        lambda v: (
             f"mcadvantage.integrations.verl supports verl {SUPPORTED_VERL} but verl {v} is installed: it relies on "
             f"DataProto's layout and RayPPOTrainer's hooks, which verl changes between minor releases. Run: "
             f"pip install 'verl{SUPPORTED_VERL}'."
-        )
+        ),
+    )
 
 
 check_verl_version()

@@ -34,6 +34,7 @@ import trl
 from packaging.version import Version
 from trl import GRPOTrainer
 
+from mcadvantage.core.versions import check_version_range
 from mcadvantage.estimators.base import AdvantageBatch
 
 __all__ = [
@@ -56,12 +57,15 @@ def check_trl_version(version: str | None = None) -> None:
     Raises:
         ImportError: for a TRL outside the supported range, naming the install command.
     """
-    v = Version(version if version is not None else trl.__version__)
-    if not _MIN <= Version(v.base_version) < _MAX:
-        raise ImportError(
+    check_version_range(
+        version if version is not None else trl.__version__,
+        _MIN,
+        _MAX,
+        lambda v: (
             f"mcadvantage supports TRL {SUPPORTED_TRL} but TRL {v} is installed: VinePPOTrainer builds on "
             f"GRPOTrainer internals that TRL changes between minor releases. Run: pip install 'trl{SUPPORTED_TRL}'."
-        )
+        ),
+    )
 
 
 class _NoopLogger:

@@ -20,6 +20,7 @@ import string
 from pathlib import Path
 
 import torch
+from _helpers import tiny_config
 
 from mcadvantage.samplers.base import Continuation, RolloutRequest
 
@@ -67,26 +68,10 @@ RESPONSES = [
 
 
 def make_config(output_dir: str, **overrides):
-    from mcadvantage import VinePPOConfig
-
-    kwargs = dict(
-        output_dir=output_dir,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=12,
-        num_mc_rollouts=3,
-        step_segmenter="newline",
-        beta=0.0,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
+    settings = dict(
+        max_completion_length=12, num_mc_rollouts=3, step_segmenter="newline", beta=0.0, logging_steps=1
     )
-    kwargs.update(overrides)
-    return VinePPOConfig(**kwargs)
+    return tiny_config(output_dir, **(settings | overrides))
 
 
 def run_estimate(model_dir: str, out: Path, main_only: bool = False) -> None:

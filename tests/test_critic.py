@@ -15,6 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from _helpers import tiny_config  # noqa: E402
+
 from mcadvantage.estimators import AdvantageBatch, CriticEstimator, EstimatorContext  # noqa: E402
 from mcadvantage.testing import OutcomeReward  # noqa: E402
 
@@ -156,16 +158,7 @@ def test_config_is_validated_and_reaches_the_estimator(tmp_path):
 
 
 def _trainer_args(tmp_path, **overrides):
-    from mcadvantage import VinePPOConfig
-
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"),
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=4,
-        num_generations=4,
+    settings = dict(
         max_completion_length=12,
         advantage_estimator="gae",
         critic_learning_rate=1e-3,
@@ -173,11 +166,8 @@ def _trainer_args(tmp_path, **overrides):
         max_steps=2,
         num_iterations=1,
         logging_steps=1,
-        save_strategy="no",
-        seed=0,
     )
-    kwargs.update(overrides)
-    return VinePPOConfig(**kwargs)
+    return tiny_config(tmp_path / "out", **(settings | overrides))
 
 
 def _vowels(completions, **kwargs):

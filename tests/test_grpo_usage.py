@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
+from _helpers import tiny_config  # noqa: E402
 from datasets import Dataset, IterableDataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
@@ -53,14 +54,7 @@ def chunk5(text: str) -> list[str]:
 
 
 def config(tmp_path, **overrides) -> VinePPOConfig:
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"),
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=4,
-        num_generations=4,
+    settings = dict(
         max_completion_length=MAX_LEN,
         num_mc_rollouts=2,
         step_segmenter=chunk5,
@@ -69,11 +63,8 @@ def config(tmp_path, **overrides) -> VinePPOConfig:
         max_steps=2,
         learning_rate=1e-2,  # tiny random model: a large step makes "the parameters moved" unambiguous
         logging_steps=1,
-        save_strategy="no",
-        seed=0,
     )
-    kwargs.update(overrides)
-    return VinePPOConfig(**kwargs)
+    return tiny_config(tmp_path / "out", **(settings | overrides))
 
 
 def arithmetic(n: int = 8) -> Dataset:

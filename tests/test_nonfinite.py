@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
+from _helpers import tiny_config  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -92,25 +93,15 @@ class PhasedReward:
 
 
 def _config(tmp_path, **overrides) -> VinePPOConfig:
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"),
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=4,
-        num_generations=4,
+    settings = dict(
         max_completion_length=12,
         num_mc_rollouts=2,
         step_segmenter=chunk4,
         max_steps=1,
         learning_rate=1e-2,
-        save_strategy="no",
-        seed=0,
         disable_tqdm=True,
     )
-    kwargs.update(overrides)
-    return VinePPOConfig(**kwargs)
+    return tiny_config(tmp_path / "out", **(settings | overrides))
 
 
 def _dataset() -> Dataset:

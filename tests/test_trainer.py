@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
+from _helpers import tiny_config  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
@@ -37,25 +38,15 @@ def chunk5(text: str) -> list[str]:
 
 
 def config(tmp_path, **overrides) -> VinePPOConfig:
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"),
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=4,
-        num_generations=4,
+    settings = dict(
         max_completion_length=16,
         num_mc_rollouts=2,
         step_segmenter=chunk5,
         beta=0.0,
         max_steps=2,
         logging_steps=1,
-        save_strategy="no",
-        seed=0,
     )
-    kwargs.update(overrides)
-    return VinePPOConfig(**kwargs)
+    return tiny_config(tmp_path / "out", **(settings | overrides))
 
 
 def arithmetic(n: int = 8) -> Dataset:

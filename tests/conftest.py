@@ -37,3 +37,19 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from mcadvantage.testing import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """A tiny sequence-classification reward model (one label), saved offline with the character tokenizer."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model.config.pad_token_id = tok.pad_token_id
+    out = tmp_path_factory.mktemp("reward-model")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -110,18 +110,6 @@ def _dataset() -> Dataset:
     )
 
 
-@pytest.fixture(scope="module")
-def reward_model_dir(tiny_model_dir, tmp_path_factory):
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model.config.pad_token_id = tok.pad_token_id
-    out = tmp_path_factory.mktemp("reward-model")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def _phased_reward_model(path, bad: float, phase: str):
     """A real reward model whose first-row logit is ``bad`` in one phase: TRL's one forward over the responses
     comes first, the rollouts' forwards (``RewardModelScorer``) after it."""

@@ -17,19 +17,6 @@ from mcadvantage import VinePPOConfig, VinePPOTrainer  # noqa: E402
 from mcadvantage.rewards.models import RewardModelScorer, as_rollout_reward_func  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def reward_model_dir(tiny_model_dir, tmp_path_factory):
-    """A tiny sequence-classification reward model (one label), saved offline with the character tokenizer."""
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model.config.pad_token_id = tok.pad_token_id
-    out = tmp_path_factory.mktemp("reward-model")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def _config(tmp_path, **overrides):
     kwargs = dict(
         output_dir=str(tmp_path),

@@ -128,7 +128,8 @@ def _phased_reward_model(path, bad: float, phase: str):
     return model
 
 
-def _run(tmp_path, tiny_model_dir, reward, estimator: str, reward_tokenizer=None):
+def _run(tmp_path, tiny_model_dir, reward, estimator: str, reward_tokenizer=None, **trainer_kwargs):
+    """A trainer on the tiny model for ``ESTIMATORS[estimator]``, and a copy of its weights before training."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -139,6 +140,7 @@ def _run(tmp_path, tiny_model_dir, reward, estimator: str, reward_tokenizer=None
         train_dataset=_dataset(),
         processing_class=tok,
         reward_processing_classes=reward_tokenizer,
+        **trainer_kwargs,
     )
     return trainer, before
 
@@ -219,16 +221,7 @@ class NaNAdvantages:
 
 
 def test_non_finite_advantages_stop_training_before_the_loss(tmp_path, tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = VinePPOTrainer(
-        model=model,
-        reward_funcs=vowels,
-        args=_config(tmp_path, advantage_estimator="grpo"),
-        train_dataset=_dataset(),
-        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
-        advantage_estimator=NaNAdvantages(),
-    )
+    trainer, before = _run(tmp_path, tiny_model_dir, vowels, "grpo", advantage_estimator=NaNAdvantages())
     with pytest.raises(
         FloatingPointError, match=r"NaNAdvantages returned non-finite advantages for local batch rows"
     ):
@@ -240,15 +233,7 @@ def test_non_finite_advantages_stop_training_before_the_loss(tmp_path, tiny_mode
 def test_a_non_finite_loss_or_gradient_is_never_stepped(tmp_path, tiny_model_dir, monkeypatch, what):
     """The divergence of issue 18 finding 4 (cispo at lr 0.1 ended in a sampling error on NaN weights) is now
     reported at the step that produced it, before the optimizer step."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = VinePPOTrainer(
-        model=model,
-        reward_funcs=vowels,
-        args=_config(tmp_path, advantage_estimator="grpo"),
-        train_dataset=_dataset(),
-        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
-    )
+    trainer, before = _run(tmp_path, tiny_model_dir, vowels, "grpo")
     original = type(trainer).compute_loss
 
     def poisoned(self, model, inputs, *args, **kwargs):

@@ -7,6 +7,7 @@ Heavy imports happen inside the helpers, so importing this module costs nothing.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 #: What every tiny CPU training run of the tests sets: one process on the CPU, float32, no checkpoints unless a test
@@ -28,3 +29,10 @@ def tiny_config(output_dir: str | os.PathLike[str], **settings: Any):
     from mcadvantage import VinePPOConfig
 
     return VinePPOConfig(**{**TINY_CPU_SETTINGS, "output_dir": str(output_dir), **settings})
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 
 import pytest
 import torch
+from _helpers import free_port
 
 from mcadvantage.core.advantages import masked_whiten, step_advantages, token_advantages
 
@@ -128,12 +128,6 @@ def test_masked_whiten_errors():
         masked_whiten(torch.zeros(3), torch.tensor([0, 1, 0]))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _whiten_worker(rank: int, world: int, port: int, values, masks, results) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -156,7 +150,7 @@ def test_masked_whiten_across_two_gloo_ranks_equals_whitening_the_concatenation(
     masks = [(torch.rand(3, 5, generator=g) > 0.2).long(), (torch.rand(2, 5, generator=g) > 0.5).long()]
     with mp.Manager() as manager:
         results = manager.dict()
-        port = _free_port()
+        port = free_port()
         torch.multiprocessing.start_processes(
             _whiten_worker, args=(2, port, values, masks, results), nprocs=2, join=True, start_method="spawn"
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from _helpers import tiny_config  # noqa: E402
+from _helpers import free_port, tiny_config  # noqa: E402
 
 from mcadvantage.estimators import AdvantageBatch, CriticEstimator, EstimatorContext  # noqa: E402
 from mcadvantage.testing import OutcomeReward  # noqa: E402
@@ -239,12 +238,6 @@ def test_trainer_with_lora_policy(tiny_model_dir, tok, tmp_path):
     assert lora_b and any(p.abs().sum() > 0 for p in lora_b)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_match_one_process(tiny_model_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -261,7 +254,7 @@ def test_two_processes_match_one_process(tiny_model_dir, tmp_path):
             "--nproc_per_node",
             "2",
             "--master_port",
-            str(_free_port()),
+            str(free_port()),
             str(SCRIPT),
             str(tiny_model_dir),
             str(two),

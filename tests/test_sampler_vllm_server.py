@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from _helpers import free_port
 
 from mcadvantage.samplers import RolloutRequest
 
@@ -26,12 +26,6 @@ MAX_MODEL_LEN = 128
 STARTUP_DEADLINE_S = 300
 PREFIX_A = (1, 40, 41, 42, 43)
 PREFIX_B = (1, 50, 51)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -53,7 +47,7 @@ def server_url(tiny_model_dir, tmp_path_factory):
     pytest.importorskip("vllm")
     import requests
 
-    port = _free_port()
+    port = free_port()
     log_path = Path(tmp_path_factory.mktemp("vllm-serve")) / "server.log"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     # This is what `vllm serve <model>` runs. The `vllm` console script itself cannot be used with the
@@ -103,7 +97,7 @@ def test_no_server_is_a_clear_error():
     from mcadvantage.samplers import VLLMServerSampler
 
     with pytest.raises(ConnectionError, match="no healthy vLLM server at http://127.0.0.1:"):
-        VLLMServerSampler(f"http://127.0.0.1:{_free_port()}")
+        VLLMServerSampler(f"http://127.0.0.1:{free_port()}")
 
 
 class _RecordingSession:

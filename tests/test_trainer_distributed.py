@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,18 +18,14 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
+from _helpers import free_port  # noqa: E402
+
 SCRIPT = Path(__file__).with_name("_distributed_script.py")
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
@@ -63,7 +58,7 @@ def _launch_two(mode: str, model_dir: Path, out: Path, *extra: str) -> None:
             "--dynamo_backend",
             "no",
             "--main_process_port",
-            str(_free_port()),
+            str(free_port()),
             str(SCRIPT),
             mode,
             "--model-dir",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _helpers import free_port
 
 from mcadvantage.tasks.math import MathVerifier
 
@@ -109,12 +109,6 @@ def test_pytest_module_using_the_verifier_at_import_time(tmp_path: Path):
     assert _rewards(proc.stdout) == ["[1.0]"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_accelerate_launch_two_processes(tmp_path: Path):
     pytest.importorskip("accelerate")
@@ -135,7 +129,7 @@ def test_accelerate_launch_two_processes(tmp_path: Path):
     )
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    proc = _run([*launch, "--main_process_port", str(_free_port()), str(script)], tmp_path, timeout=300)
+    proc = _run([*launch, "--main_process_port", str(free_port()), str(script)], tmp_path, timeout=300)
     assert sorted(_rewards(proc.stdout)) == ["0 [1.0]", "1 [1.0]"]
 
 

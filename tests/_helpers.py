@@ -98,3 +98,17 @@ def vllm_server(
         yield url, proc
     finally:
         stop(proc)
+
+
+def children_of(pid: int) -> list[int]:
+    """The ids of the processes whose parent is ``pid`` (read from /proc: Linux only)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+    return children

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _helpers import free_port
+from _helpers import children_of, free_port
 
 from mcadvantage.tasks.math import MathVerifier
 
@@ -390,19 +390,6 @@ def test_interrupted_call_does_not_shift_later_answers(tmp_path: Path):
     assert "VERDICTS [False, True]" in proc.stdout
 
 
-def _children_of(pid: int) -> list[int]:
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(entry.name))
-    return children
-
-
 def _running(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -425,7 +412,7 @@ def test_grading_process_killed_from_outside_takes_its_stuck_child_along():
     stuck_children: list[int] = []
 
     def kill_supervisor() -> None:
-        stuck_children.extend(_children_of(supervisor))
+        stuck_children.extend(children_of(supervisor))
         os.kill(supervisor, 9)
 
     threading.Timer(1.0, kill_supervisor).start()

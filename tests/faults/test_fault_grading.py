@@ -13,11 +13,12 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("math_verify")
+
+from _helpers import children_of  # noqa: E402
 
 from mcadvantage import MathVerifier  # noqa: E402
 
@@ -34,19 +35,6 @@ PAIRS = [
     (r"\frac14", "0.25", True),
 ]
 HANG = (r"10000000!", "1")  # stuck in C code: only killing the worker stops it
-
-
-def _children_of(pid: int) -> list[int]:
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(entry.name))
-    return children
 
 
 def _verifier(**kwargs) -> MathVerifier:
@@ -69,7 +57,7 @@ def test_worker_sigkilled_mid_call(record_property):
     # The worker is killed while it holds an answer (one stuck in C code, so the kill surely lands mid-answer).
     verifier = _verifier(timeout_seconds=10.0)
     supervisor = verifier.grading_process_info()["pid"]
-    [worker] = _children_of(supervisor)
+    [worker] = children_of(supervisor)
     threading.Timer(0.5, os.kill, args=(worker, signal.SIGKILL)).start()
     result, seconds = _timed(verifier, [HANG, *_pairs(PAIRS)])
     # The held answer scores False; the others keep their places. Noticed at once, not at the 10 s deadline.
@@ -78,7 +66,7 @@ def test_worker_sigkilled_mid_call(record_property):
     record_property("seconds", round(seconds, 2))
     info = verifier.grading_process_info()
     assert info["pid"] == supervisor and info["kills"] == 1  # the same grading process, a new worker
-    assert worker not in _children_of(supervisor)
+    assert worker not in children_of(supervisor)
     # The next call recovers.
     assert verifier.equivalent_batch(_pairs(PAIRS[::-1])) == [v for *_, v in PAIRS[::-1]]
     verifier.close()
@@ -87,7 +75,7 @@ def test_worker_sigkilled_mid_call(record_property):
 def test_worker_hung_mid_call_is_killed_at_its_deadline(record_property):
     verifier = _verifier(timeout_seconds=2.0)
     supervisor = verifier.grading_process_info()["pid"]
-    [worker] = _children_of(supervisor)
+    [worker] = children_of(supervisor)
     os.kill(worker, signal.SIGSTOP)  # hangs on the first answer it is handed
     try:
         result, seconds = _timed(verifier, _pairs(PAIRS))

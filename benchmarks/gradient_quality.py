@@ -234,6 +234,17 @@ def report(data: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def publish(markdown: str, doc: str | None, name: str) -> None:
+    """Print the tables and, with ``--doc``, write them between the ``<!-- {name} results: start/end -->`` markers
+    of that Markdown file."""
+    print(markdown)
+    if doc:
+        from mcadvantage.evaluation.report import replace_between_markers
+
+        if not replace_between_markers(doc, name, markdown):
+            raise SystemExit(f"--doc {doc}: no '<!-- {name} results: start/end -->' markers")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -258,13 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_cost_ratio(data, args)
         for name in args.tasks:
             run_task(name, args, data)
-    markdown = report(data)
-    print(markdown)
-    if args.doc:
-        from mcadvantage.evaluation.report import replace_between_markers
-
-        if not replace_between_markers(args.doc, "gradient_quality", markdown):
-            raise SystemExit(f"--doc {args.doc}: no '<!-- gradient_quality results: start/end -->' markers")
+    publish(report(data), args.doc, "gradient_quality")
     return 0
 
 

@@ -60,6 +60,14 @@ class DepthSegmenter:
         return [text[a:b] for a, b in zip(cuts, cuts[1:], strict=False) if b > a] or [text]
 
 
+def _gradient_quality() -> Any:
+    """``benchmarks/gradient_quality.py``, whose tasks, reference, GRPO records and tables this benchmark uses."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gradient_quality
+
+    return gradient_quality
+
+
 def sample_tree(
     task: Any, prompt: int, branching: list[int], depths: list[int]
 ) -> tuple[list[list[int]], int]:
@@ -149,8 +157,7 @@ def run(task_name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
     from mcadvantage.evaluation.gradient_instrument import ReferenceGradient, gradient_metrics
     from mcadvantage.evaluation.gradient_quality import batch_prompts
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gradient_quality as gq
+    gq = _gradient_quality()
 
     stored = json.loads(GQ.read_text(encoding="utf-8"))
     ratio = stored["cost_ratio"]["cost_ratio"]
@@ -203,8 +210,7 @@ def run(task_name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
 def report(data: dict[str, Any]) -> str:
     from mcadvantage.evaluation.gradient_quality import markdown_table
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gradient_quality as gq
+    gq = _gradient_quality()
 
     stored = json.loads(GQ.read_text(encoding="utf-8"))
     parts = []
@@ -240,13 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         for name in args.tasks:
             run(name, args, data)
-    markdown = report(data)
-    print(markdown)
-    if args.doc:
-        from mcadvantage.evaluation.report import replace_between_markers
-
-        if not replace_between_markers(args.doc, "tree_credit", markdown):
-            raise SystemExit(f"--doc {args.doc}: no '<!-- tree_credit results: start/end -->' markers")
+    _gradient_quality().publish(report(data), args.doc, "tree_credit")
     return 0
 
 

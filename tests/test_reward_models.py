@@ -10,31 +10,24 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from _helpers import tiny_config  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: E402
 
-from mcadvantage import VinePPOConfig, VinePPOTrainer  # noqa: E402
+from mcadvantage import VinePPOTrainer  # noqa: E402
 from mcadvantage.rewards.models import RewardModelScorer, as_rollout_reward_func  # noqa: E402
 
 
 def _config(tmp_path, **overrides):
-    kwargs = dict(
-        output_dir=str(tmp_path),
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=4,
-        num_generations=4,
+    settings = dict(
         max_completion_length=8,
         num_mc_rollouts=2,
         step_segmenter="newline",
         beta=0.0,
         max_steps=1,
-        seed=0,
+        save_strategy="steps",  # TrainingArguments' default
     )
-    kwargs.update(overrides)
-    return VinePPOConfig(**kwargs)
+    return tiny_config(tmp_path, **(settings | overrides))
 
 
 def test_scorer_equals_grpos_own_reward_model_scoring(tiny_model_dir, reward_model_dir, tmp_path):

@@ -13,6 +13,9 @@ Tasks:
 * ``demo``: the shipped demo warm-up policy (1M parameters) on 64 held-out demo prompts, temperature 0.6, the
   GSM8K verifier and segmenter. Reference: 64 prompts x 8 responses x 8 rounds (4,096 responses) with a
   leave-one-out baseline; its split-half cosine and relative standard error are recorded.
+* ``demo_plateau``: the same on the warm-up trained to a plateau (``mcadvantage/demo/warmup_plateau``, made by
+  ``python -m mcadvantage.demo.make_warmup --warmup_schedule plateau``; docs/regime-protocol.md), with the estimators
+  of the regime study's arms (``PLATEAU_SPECS``). Not in the default ``--tasks``: ``--tasks demo_plateau``.
 
 Every estimator is measured with the same prompts per repeat (common random numbers). Costs are per batch: sampled
 tokens, and ``generated + r x trained`` with ``r`` measured on this machine for the demo policy (transformers
@@ -76,7 +79,23 @@ def toy_task(pass_rates: list[float], seed: int) -> Any:
     return task, policy.exact_gradient(), {"pass_rate": policy.exact_objective().item(), "reference": "exact"}
 
 
-def demo_task(prompts: int, seed: int, threads: int) -> Any:
+# The plateau policy (docs/regime-protocol.md): the estimators the regime study's arms use, measured first.
+PLATEAU_SPECS = [
+    "grpo:prompts=4",
+    "grpo:prompts=8",
+    "grpo:prompts=16",
+    "grpo:prompts=32",
+    "rloo:prompts=4",
+    "vineppo:k=1,prompts=4",
+    "vineppo:k=4,prompts=4",
+    "vineppo:k=2,variance,prompts=4",
+    "hybrid:budget=0.5,k=4,prompts=4",
+]
+#: task -> the demo warm-up schedule whose shipped checkpoint is the policy
+DEMO_TASKS = {"demo": "fixed", "demo_plateau": "plateau"}
+
+
+def demo_task(prompts: int, seed: int, threads: int, schedule: str = "fixed") -> Any:
     import torch
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
@@ -87,8 +106,8 @@ def demo_task(prompts: int, seed: int, threads: int) -> Any:
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    config = DemoConfig()
-    model, tok = load_policy(str(shipped_warmup_dir()))
+    config = DemoConfig(warmup_schedule=schedule)
+    model, tok = load_policy(str(shipped_warmup_dir(schedule)))
     problems = build_data(config).eval_set[:prompts]
     task = GradientTask(
         oracle=CausalLMOracle(model),
@@ -102,7 +121,8 @@ def demo_task(prompts: int, seed: int, threads: int) -> Any:
         max_completion_length=config.max_completion_length,
         policy_model=model,
     )
-    return task, model, {"policy": "shipped demo warm-up (seed 0)", "temperature": config.temperature}
+    policy = "shipped demo warm-up (seed 0)" if schedule == "fixed" else "shipped plateau warm-up (seed 0)"
+    return task, model, {"policy": policy, "temperature": config.temperature}
 
 
 def load_results() -> dict[str, Any]:
@@ -126,14 +146,15 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
         task, reference, info = toy_task(rates, args.seed)
         specs, repeats = TOY_SPECS, args.toy_repeats
     else:
-        task, _, info = demo_task(args.demo_prompts, args.seed, args.threads)
-        specs, repeats = DEMO_SPECS, args.demo_repeats
+        task, _, info = demo_task(args.demo_prompts, args.seed, args.threads, DEMO_TASKS[name])
+        specs, repeats = (DEMO_SPECS if name == "demo" else PLATEAU_SPECS), args.demo_repeats
         # The reference (8 MB) is not committed: a fresh clone recomputes it, seeded, when the file is missing.
-        if "reference" not in stored or not (RESULTS / "gradient_quality_demo_reference.pt").exists():
+        reference_file = RESULTS / f"gradient_quality_{name}_reference.pt"
+        if "reference" not in stored or not reference_file.exists():
             ref = reference_gradient(task, responses_per_round=8, rounds=args.reference_rounds, progress=True)
             torch.save(
                 {"gradient": ref.gradient, "standard_error": ref.standard_error},
-                RESULTS / "gradient_quality_demo_reference.pt",
+                reference_file,
             )
             stored["reference"] = {
                 "responses": ref.responses,
@@ -142,7 +163,7 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
                 "relative_standard_error": ref.relative_standard_error,
             }
             save_results(data)
-        saved = torch.load(RESULTS / "gradient_quality_demo_reference.pt", weights_only=True)
+        saved = torch.load(reference_file, weights_only=True)
         reference = ReferenceGradient(
             gradient=saved["gradient"],
             standard_error=saved["standard_error"],
@@ -250,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--tasks", nargs="+", default=["toy", "toy_low", "demo"], choices=["toy", "toy_low", "demo"]
+        "--tasks", nargs="+", default=["toy", "toy_low", "demo"], choices=["toy", "toy_low", *DEMO_TASKS]
     )
     parser.add_argument("--toy_repeats", type=int, default=200)
     parser.add_argument("--demo_repeats", type=int, default=30)

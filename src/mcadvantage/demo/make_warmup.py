@@ -87,7 +87,7 @@ def make_warmup(
         "torch": torch.__version__,
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
         "command": f"python -m mcadvantage.demo.make_warmup --seed {config.seed} --output_dir {output_dir}"
-        + (" --warmup_schedule plateau" if plateau else ""),
+        + (f" --warmup_schedule plateau --warmup_patience {config.warmup_patience}" if plateau else ""),
     }
     if plateau:
         meta["plateau"] = {
@@ -163,13 +163,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="see DemoConfig.warmup_schedule",
     )
     parser.add_argument(
+        "--warmup_patience",
+        type=int,
+        default=DemoConfig.warmup_patience,
+        help="plateau schedule: evaluations without a gain of 1 SE before stopping",
+    )
+    parser.add_argument(
         "--sft_check_steps",
         type=int,
         default=400,
         help="plateau schedule: supervised steps of the plateau check (0 skips it)",
     )
     args = parser.parse_args(argv)
-    config = DemoConfig(seed=args.seed, warmup_steps=args.warmup_steps, warmup_schedule=args.warmup_schedule)
+    config = DemoConfig(
+        seed=args.seed,
+        warmup_steps=args.warmup_steps,
+        warmup_schedule=args.warmup_schedule,
+        warmup_patience=args.warmup_patience,
+    )
     if args.quick:
         config.apply_quick()
         config.quick = True

@@ -454,10 +454,13 @@ def test_shipped_fixed_warmup_still_matches_and_plateau_settings_select_their_ow
     assert meta is not None
     if meta["config"].get("warmup_schedule", "fixed") == "fixed":
         assert usable_shipped_warmup(DemoConfig(warmup_patience=7)) is not None
-        assert usable_shipped_warmup(DemoConfig(warmup_schedule="plateau")) is None
+        plateau_meta = usable_shipped_warmup(DemoConfig(warmup_schedule="plateau"))
+        # the plateau schedule takes its own checkpoint (or none), never the fixed one
+        assert plateau_meta is None or "plateau" in plateau_meta
+        assert usable_shipped_warmup(DemoConfig(warmup_schedule="plateau", warmup_patience=3)) is None
     assert "warmup_steps" in warmup_settings(DemoConfig())
     plateau = warmup_settings(DemoConfig(warmup_schedule="plateau"))
-    assert "warmup_steps" not in plateau and plateau["warmup_patience"] == 4
+    assert "warmup_steps" not in plateau and plateau["warmup_patience"] == 8
 
 
 def test_quick_plateau_warmup_writes_its_evidence(tmp_path):
@@ -500,3 +503,16 @@ def test_each_schedule_has_its_own_shipped_checkpoint_dir():
     assert shipped_warmup_dir("plateau").name == "warmup_plateau"
     with pytest.raises(ValueError, match="schedule must be one of"):
         shipped_warmup_dir("cosine")
+
+
+def test_shipped_plateau_checkpoint_passed_its_plateau_check():
+    """The shipped plateau warm-up is the one the protocol's evidence is about: trained by the plateau rule with the
+    default settings, and 400 more supervised steps gained at most one SE (docs/regime-protocol.md)."""
+    from mcadvantage.demo.config import shipped_warmup_dir, usable_shipped_warmup
+
+    meta = usable_shipped_warmup(DemoConfig(warmup_schedule="plateau"))
+    assert meta is not None, f"no plateau checkpoint in {shipped_warmup_dir('plateau')}"
+    check = meta["sft_check"]
+    assert check["plateaued"] and check["gain"] <= check["one_se"]
+    assert meta["plateau"]["best_step"] <= meta["plateau"]["stop_step"]
+    assert meta["config"]["warmup_patience"] == DemoConfig().warmup_patience

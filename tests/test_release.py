@@ -149,6 +149,8 @@ def test_wheel_contents_and_metadata(dists):
         "mcadvantage/demo/__main__.py",
         "mcadvantage/demo/warmup_policy/model.safetensors",
         "mcadvantage/demo/warmup_policy/warmup.json",
+        "mcadvantage/demo/warmup_plateau/model.safetensors",
+        "mcadvantage/demo/warmup_plateau/warmup.json",
         f"mcadvantage-{version}.dist-info/licenses/LICENSE",
     ):
         assert required in names, f"{required} missing from the wheel"

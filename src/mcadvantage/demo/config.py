@@ -73,7 +73,7 @@ class DemoConfig:
     warmup_schedule: str = "fixed"
     validation_problems: int = 600
     warmup_eval_every: int = 100
-    warmup_patience: int = 4
+    warmup_patience: int = 8  # 4 stopped too early (docs/regime-protocol.md, amendments)
     warmup_min_steps: int = 800  # the rule may stop no earlier (0.1's fixed recipe, still rising there)
     warmup_max_steps: int = 6000
     warmup_decay_steps: int = 100

@@ -179,7 +179,7 @@ def _train_to_plateau(
         return acc
 
     record: dict[str, Any] = {"validation": [], "held_out": [], "best_step": 0, "stop_step": 0}
-    best: dict[str, Any] = {"score": -1.0, "state": None, "step": 0}
+    best: dict[str, Any] = {"score": -1.0, "state": None}  # the best step itself is record["best_step"]
 
     def checkpoint(step: int) -> None:
         score = validation_accuracy()
@@ -188,10 +188,11 @@ def _train_to_plateau(
             record["held_out"].append((float(step), evaluate(model)))
             model.train()
         if score > best["score"]:
-            best.update(score=score, step=step, state=copy.deepcopy(model.state_dict()))
+            best.update(score=score, state=copy.deepcopy(model.state_dict()))
+            record["best_step"] = step
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_path.write_text(json.dumps({**record, "best_step": best["step"]}), encoding="utf-8")
+            log_path.write_text(json.dumps(record), encoding="utf-8")
 
     checkpoint(0)
 
@@ -221,7 +222,6 @@ def _train_to_plateau(
         stop=stop,
     )
     record["stop_step"] = len(log)
-    record["best_step"] = best["step"]
     model.load_state_dict(best["state"])
     if config.warmup_decay_steps:
         supervised_warmup(

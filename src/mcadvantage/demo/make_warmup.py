@@ -101,24 +101,38 @@ def make_warmup(
             f"{config.warmup_decay_steps} steps of linear decay to 0.1x (docs/regime-protocol.md)",
         }
         if sft_check_steps:
-            meta["sft_check"] = sft_check(config, data, output_dir, steps=sft_check_steps, accuracy=accuracy)
+            meta["sft_check"] = sft_check(
+                config,
+                data,
+                output_dir,
+                steps=sft_check_steps,
+                accuracy=accuracy,
+                held_out_before=meta["held_out_accuracy"],
+            )
     (Path(output_dir) / "warmup.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return meta
 
 
 def sft_check(
-    config: DemoConfig, data: Any, policy_dir: str | Path, *, steps: int, accuracy: Any
+    config: DemoConfig,
+    data: Any,
+    policy_dir: str | Path,
+    *,
+    steps: int,
+    accuracy: Any,
+    held_out_before: float,
 ) -> dict[str, Any]:
     """The protocol's plateau evidence: ``steps`` more supervised steps from the saved policy on the same
     demonstrations, at the decayed learning rate (a tenth of ``warmup_lr``, constant), and the held-out gain they
-    buy. The policy counts as plateaued when the gain is at most one binomial SE of the starting accuracy."""
+    buy. The policy counts as plateaued when the gain is at most one binomial SE of the starting accuracy.
+    ``held_out_before`` is the saved policy's held-out accuracy, already measured by the caller."""
     import math
 
     from mcadvantage.demo.arms import load_policy
     from mcadvantage.demo.warmup import supervised_warmup
 
     model, tokenizer = load_policy(policy_dir)
-    before = accuracy(model, data.eval_set)
+    before = held_out_before
     model.train()
     supervised_warmup(
         model,

@@ -189,7 +189,7 @@ def finalize_advantages(
     1. the valid tokens are the completion tokens inside ``result.token_mask`` (every completion token when None);
     2. a non-finite advantage on a valid token raises ``FloatingPointError`` (:func:`check_finite_advantages`);
     3. without ``whiten``: the advantages on valid tokens, 0 elsewhere; with ``whiten``: token-weighted
-       :func:`~mcadvantage.advantages.masked_whiten` over the valid tokens (its statistics all-reduced over the
+       :func:`~mcadvantage.core.advantages.masked_whiten` over the valid tokens (its statistics all-reduced over the
        processes when ``torch.distributed`` is initialised), or all zeros when fewer than two tokens are valid
        over all processes (a batch with nothing to credit).
 

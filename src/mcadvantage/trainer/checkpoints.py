@@ -27,10 +27,22 @@ import json
 import os
 import re
 import struct
+import warnings
 import zipfile
 from pathlib import Path
+from typing import Any
 
-__all__ = ["CheckpointError", "complete_checkpoints", "verify_checkpoint"]
+__all__ = [
+    "ESTIMATOR_STATE_FILE",
+    "CheckpointError",
+    "complete_checkpoints",
+    "load_estimator_state",
+    "save_estimator_state",
+    "verify_checkpoint",
+]
+
+#: File in a checkpoint directory holding the advantage estimator's own state (e.g. the "gae" critic).
+ESTIMATOR_STATE_FILE = "advantage_estimator.pt"
 
 TRAINER_STATE = "trainer_state.json"
 WEIGHT_FILES = (
@@ -187,3 +199,43 @@ def verify_checkpoint(checkpoint: str | os.PathLike[str], *, suggest: bool = Tru
     with open(state, encoding="utf-8") as f:
         if "global_step" not in json.load(f):
             fail(state, "has no global_step (not a trainer state)")
+
+
+def save_estimator_state(estimator: Any, checkpoint_dir: str | os.PathLike[str]) -> None:
+    """Save ``estimator.state_dict()`` (estimators with state, e.g. the ``"gae"`` critic) to
+    ``checkpoint_dir/advantage_estimator.pt``, whole or not at all: a run killed mid-save leaves no truncated file."""
+    state_dict = getattr(estimator, "state_dict", None)
+    state = state_dict() if state_dict is not None else None
+    if state:
+        import torch
+
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        file = os.path.join(checkpoint_dir, ESTIMATOR_STATE_FILE)
+        torch.save(state, f"{file}.tmp")
+        os.replace(f"{file}.tmp", file)
+
+
+def load_estimator_state(estimator: Any, checkpoint_dir: str | os.PathLike[str]) -> None:
+    """Restore the state :func:`save_estimator_state` wrote into ``checkpoint_dir``. An unreadable file raises
+    ``RuntimeError`` naming it; a missing one warns (the estimator's state starts afresh)."""
+    load = getattr(estimator, "load_state_dict", None)
+    if load is None:
+        return
+    file = os.path.join(str(checkpoint_dir), ESTIMATOR_STATE_FILE)
+    if not os.path.exists(file):
+        warnings.warn(
+            f"{checkpoint_dir} has no {ESTIMATOR_STATE_FILE}: the {type(estimator).__name__}'s own state (e.g. a "
+            "critic) starts afresh; the checkpoint was saved without it.",
+            stacklevel=3,
+        )
+        return
+    import torch
+
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same clear message
+        raise RuntimeError(
+            f"Cannot resume the {type(estimator).__name__}'s state: {file} cannot be read "
+            f"({type(err).__name__}: {err}); it is probably truncated. Resume from an earlier checkpoint."
+        ) from err
+    load(state)

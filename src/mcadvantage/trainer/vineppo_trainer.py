@@ -11,8 +11,6 @@ use of TRL internals lives in :mod:`mcadvantage.trainer.trl_compat`.
 from __future__ import annotations
 
 import contextlib
-import os
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +31,7 @@ from mcadvantage.estimators.base import AdvantageEstimator, finalize_advantages
 from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
 from mcadvantage.tasks.segmentation import get_segmenter
+from mcadvantage.trainer.checkpoints import ESTIMATOR_STATE_FILE, load_estimator_state, save_estimator_state
 from mcadvantage.trainer.checks import check_dataset_columns, check_reward_funcs, check_unsupported_kwargs
 from mcadvantage.trainer.config import VinePPOConfig
 from mcadvantage.trainer.policy import policy_sampler
@@ -247,39 +246,16 @@ class VinePPOTrainer(GRPOTrainerHooks):
             yield sampler
 
     #: File in a checkpoint directory holding the advantage estimator's own state (e.g. the "gae" critic).
-    ESTIMATOR_STATE_FILE = "advantage_estimator.pt"
+    ESTIMATOR_STATE_FILE = ESTIMATOR_STATE_FILE
 
     def save_estimator_state(self, checkpoint_dir: str) -> None:
-        """Save the estimator's ``state_dict()`` (estimators with state, e.g. the ``"gae"`` critic) to
-        ``checkpoint_dir/advantage_estimator.pt``; called for every checkpoint."""
-        state_dict = getattr(self.advantage_estimator, "state_dict", None)
-        state = state_dict() if state_dict is not None and self.accelerator.is_main_process else None
-        if state:
-            os.makedirs(checkpoint_dir, exist_ok=True)
-            # Written whole or not at all: a run killed mid-save leaves no truncated file behind.
-            file = os.path.join(checkpoint_dir, self.ESTIMATOR_STATE_FILE)
-            torch.save(state, f"{file}.tmp")
-            os.replace(f"{file}.tmp", file)
+        """Save the estimator's own state (e.g. the ``"gae"`` critic) into ``checkpoint_dir``; every checkpoint."""
+        if self.accelerator.is_main_process:
+            save_estimator_state(self.advantage_estimator, checkpoint_dir)
 
     def load_estimator_state(self, checkpoint_dir: str) -> None:
         """Restore the estimator's state saved in ``checkpoint_dir`` (called when training resumes from it)."""
-        load = getattr(self.advantage_estimator, "load_state_dict", None)
-        file = os.path.join(str(checkpoint_dir), self.ESTIMATOR_STATE_FILE)
-        if load is not None and os.path.exists(file):
-            try:
-                state = torch.load(file, map_location="cpu", weights_only=True)
-            except Exception as err:  # noqa: BLE001 - any unreadable file gets the same clear message
-                raise RuntimeError(
-                    f"Cannot resume the {type(self.advantage_estimator).__name__}'s state: {file} cannot be read "
-                    f"({type(err).__name__}: {err}); it is probably truncated. Resume from an earlier checkpoint."
-                ) from err
-            load(state)
-        elif load is not None:
-            warnings.warn(
-                f"{checkpoint_dir} has no {self.ESTIMATOR_STATE_FILE}: the {type(self.advantage_estimator).__name__}'s "
-                "own state (e.g. a critic) starts afresh; the checkpoint was saved without it.",
-                stacklevel=2,
-            )
+        load_estimator_state(self.advantage_estimator, checkpoint_dir)
 
     def compute_advantages(self, batch: AdvantageBatch) -> torch.Tensor:
         """Per-token advantages ``(B, T)`` of the local batch from the estimator, whitened across processes when

@@ -58,12 +58,19 @@ TASKS: dict[str, dict[str, Any]] = {
     # Smoke runs and tests only: the demo's --quick sizes (numbers meaningless).
     "quick": {"quick": True},
 }
+# The regime study's tasks (docs/regime-protocol.md): every seed starts from the shipped plateau warm-up, trained on
+# seed 0's demonstrations, so the problem sets are seed 0's for every seed (a seed-1 held-out set could hold seed 0's
+# warm-up prompts) and the seed sets only the RL run's own randomness: prompt order and sampling.
+SHARED_START_TASKS: dict[str, str] = {"demo_plateau": "plateau"}
+TASKS["demo_plateau"] = {"warmup_schedule": "plateau"}
 DEFAULT_ARMS = [
     "grpo",
     "rloo",
     "vineppo_k4",
     "vineppo_k9",
     "grpo_matched",
+    "grpo_matched_cost",
+    "hybrid_b50",
     "sft",
     "restem",
     "ppo",
@@ -91,6 +98,13 @@ def task_config(task: str, seed: int) -> Any:
     if config.quick:
         config.apply_quick()
     return config
+
+
+def task_data(task: str, seed: int) -> Any:
+    """The problem sets of ``(task, seed)``: seed 0's for a shared-start task, the seed's own otherwise."""
+    from mcadvantage.demo.config import build_data
+
+    return build_data(task_config(task, 0 if task in SHARED_START_TASKS else seed))
 
 
 # ---- one arm, in its own process ------------------------------------------------------------------------------
@@ -122,6 +136,8 @@ def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
     meta_path = seed_dir / "warmup.json"
     if meta_path.exists():
         return json.loads(meta_path.read_text())
+    if task in SHARED_START_TASKS:
+        return _shared_start(task, seed, seed_dir)
     from mcadvantage.demo.arms import train_warmup_policy
     from mcadvantage.demo.config import build_data
     from mcadvantage.testing import build_char_tokenizer
@@ -149,21 +165,83 @@ def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
     return meta
 
 
+def _shared_start(task: str, seed: int, seed_dir: Path) -> dict:
+    """A shared-start task's starting policy: the shipped checkpoint, copied into the seed's directory; its held-out
+    accuracy (greedy, so the same for every seed) is measured once per task and kept in ``<task>/start.json``."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mcadvantage.demo.config import shipped_warmup_dir
+
+    source = shipped_warmup_dir(SHARED_START_TASKS[task])
+    shutil.copytree(source, seed_dir / "warmup_policy", dirs_exist_ok=True)
+    start_path = seed_dir.parent / "start.json"
+    if start_path.exists():
+        start = json.loads(start_path.read_text())
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source).eval()
+        accuracy = _evaluator(task_config(task, 0), task_data(task, 0).eval_set, tokenizer)(model)
+        start = {"task": task, "policy": str(source.relative_to(ROOT / "src")), "accuracy": accuracy}
+        _write_json(start_path, start)
+    meta = {"task": task, "seed": seed, "accuracy": start["accuracy"], "shared_start": start["policy"]}
+    _write_json(seed_dir / "warmup.json", meta)
+    return meta
+
+
 MATCHED_TO = "vineppo_k4"  # the arm whose sampling budget grpo_matched gets
 
 
-def _matched_prompts(seed_dir: Path, config: Any, matched_to: str = MATCHED_TO) -> int:
-    """Prompts per step that give GRPO ``matched_to``'s sampled tokens per step (from the finished runs)."""
-    per_step = {}
+def measured_cost_ratio() -> float:
+    """``r``, a trained token's cost in generated tokens, as ``benchmarks/gradient_quality.py`` measured it on this
+    machine for the demo policy (``benchmarks/results/gradient_quality.json``)."""
+    path = RESULTS / "gradient_quality.json"
+    if not path.exists():
+        raise SystemExit(
+            f"grpo_matched_cost needs the measured cost ratio r in {path}: run "
+            "`python benchmarks/gradient_quality.py --tasks demo` first."
+        )
+    return float(json.loads(path.read_text())["cost_ratio"]["cost_ratio"])
+
+
+def _tokens_per_step(info: dict) -> tuple[float, float]:
+    """(sampled, trained) tokens per step of a finished RL arm: every policy response trains, Monte Carlo rollouts
+    do not."""
+    sampled = info["sampled_tokens"]
+    rollouts = sum(float(step.get("mc/generated_tokens", 0.0)) for step in info.get("logs", []))
+    return sampled / info["steps"], (sampled - rollouts) / info["steps"]
+
+
+def _matched_prompts(
+    seed_dir: Path, config: Any, matched_to: str = MATCHED_TO, cost_ratio: float | None = None
+) -> int:
+    """Prompts per step that give GRPO ``matched_to``'s cost per step (from the finished runs): its sampled tokens,
+    or with ``cost_ratio`` r its ``sampled + r x trained`` tokens (the cost model of the gradient instrument)."""
+    cost = {}
     for arm in ("grpo", matched_to):
         done = seed_dir / f"{arm}.done.json"
         if not done.exists():
             raise SystemExit(
-                f"grpo_matched needs the finished arms grpo and vineppo_k4 first ({done} is missing)."
+                f"grpo_matched needs the finished arms grpo and {matched_to} first ({done} is missing)."
             )
-        info = json.loads(done.read_text())
-        per_step[arm] = info["sampled_tokens"] / info["steps"]
-    return max(1, round(config.prompts_per_step * per_step[matched_to] / per_step["grpo"]))
+        sampled, trained = _tokens_per_step(json.loads(done.read_text()))
+        cost[arm] = sampled + (cost_ratio or 0.0) * trained
+    return max(1, round(config.prompts_per_step * cost[matched_to] / cost["grpo"]))
+
+
+def resolve_arm(arm_name: str, seed_dir: Path, config: Any) -> tuple[str, dict[str, Any]]:
+    """The arm's name in :func:`mcadvantage.demo.config.parse_arm`'s grammar, and what was measured to choose it:
+    ``grpo_matched`` gets the Monte Carlo arm's sampled tokens per step as more prompts, ``grpo_matched_cost`` its
+    cost per step under the cost model with the measured ``r``."""
+    matched_to = os.environ.get("LE_MATCHED_TO", MATCHED_TO)
+    if arm_name == "grpo_matched":
+        return f"grpo_p{_matched_prompts(seed_dir, config, matched_to)}", {"matched_to": matched_to}
+    if arm_name == "grpo_matched_cost":
+        r = measured_cost_ratio()
+        prompts = _matched_prompts(seed_dir, config, matched_to, cost_ratio=r)
+        return f"grpo_p{prompts}", {"matched_to": matched_to, "cost_ratio": r}
+    return arm_name, {}
 
 
 def run_arm_process(
@@ -173,7 +251,7 @@ def run_arm_process(
     import torch
 
     from mcadvantage.demo.arms import ArmRecord, run_rl_arm
-    from mcadvantage.demo.config import build_data, parse_arm
+    from mcadvantage.demo.config import parse_arm
     from mcadvantage.demo.run import _quiet_libraries
 
     if str(BENCHMARKS) not in sys.path:  # the RL-free arms are benchmark code, beside this file
@@ -188,13 +266,9 @@ def run_arm_process(
     if arm_name == "warmup":
         return
     config = task_config(task, seed)
-    data = build_data(config)
+    data = task_data(task, seed)
     policy_dir = seed_dir / "warmup_policy"
-    resolved = (
-        f"grpo_p{_matched_prompts(seed_dir, config, os.environ.get('LE_MATCHED_TO', MATCHED_TO))}"
-        if arm_name == "grpo_matched"
-        else arm_name
-    )
+    resolved, matching = resolve_arm(arm_name, seed_dir, config)
     spec = parse_arm(resolved)
 
     from transformers import AutoTokenizer
@@ -282,6 +356,7 @@ def run_arm_process(
             "sampled_tokens": records[-1].sampled_tokens,
             "train_seconds": records[-1].train_seconds,
             "process_seconds": time.perf_counter() - t0,
+            **matching,
             **extra,
         },
     )
@@ -608,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     from mcadvantage.demo.config import parse_arm
 
     for arm in args.arms:
-        if arm != "grpo_matched":
+        if arm not in ("grpo_matched", "grpo_matched_cost"):
             parse_arm(arm)  # fail before hours of runs, not after
     command = "python benchmarks/learning_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if not args.report:

@@ -50,6 +50,9 @@ def _benchmark():
                 (("mc_allocation", "variance"), ("mc_reuse_samples", True)),
             ),
         ),
+        ("hybrid", ArmSpec("hybrid", "rl", "hybrid")),
+        ("hybrid_b50", ArmSpec("hybrid_b50", "rl", "hybrid", None, None, (("hybrid_budget", 0.5),))),
+        ("hybrid_b5_p8", ArmSpec("hybrid_b5_p8", "rl", "hybrid", None, 8, (("hybrid_budget", 0.05),))),
         ("sft", ArmSpec("sft", "sft")),
         ("restem", ArmSpec("restem", "restem")),
         ("dpo_plus", ArmSpec("dpo_plus", "dpo_plus")),
@@ -71,6 +74,9 @@ def test_parse_arm(name, expected):
         "restem_p2",
         "grpo_reuse",
         "vineppo_k3_fast",
+        "hybrid_k4",
+        "hybrid_b",
+        "hybrid_b1000",
         "",
     ],
 )
@@ -86,6 +92,8 @@ def test_mc_option_arms_reach_the_config():
     assert (args.num_mc_rollouts, args.mc_reuse_samples, args.mc_allocation) == (3, True, "variance")
     plain = rl_training_args(DemoConfig(), parse_arm("vineppo_k3"), "/tmp/unused")
     assert (plain.mc_reuse_samples, plain.mc_allocation) == (False, "uniform")
+    hybrid = rl_training_args(DemoConfig(), parse_arm("hybrid_b50"), "/tmp/unused")
+    assert (hybrid.advantage_estimator, hybrid.hybrid_budget, hybrid.num_mc_rollouts) == ("hybrid", 0.5, 4)
 
 
 def _rec(arm, seed, step, acc, tokens, seconds, task="t"):

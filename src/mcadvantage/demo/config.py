@@ -229,7 +229,8 @@ def arm_names(config: DemoConfig) -> list[str]:
 
 
 _ARM = re.compile(
-    r"^(?P<base>grpo|rloo|ppo|vineppo_k(?P<k>[1-9][0-9]*)(?:_(?P<mc>reuse|variance))?)(?:_p(?P<p>[1-9][0-9]*))?$"
+    r"^(?P<base>grpo|rloo|ppo|hybrid(?:_b(?P<b>[0-9]{1,3}))?|vineppo_k(?P<k>[1-9][0-9]*)(?:_(?P<mc>reuse|variance))?)"
+    r"(?:_p(?P<p>[1-9][0-9]*))?$"
 )
 
 #: Monte Carlo options of the ``_reuse`` / ``_variance`` arm suffixes (``VinePPOConfig`` fields).
@@ -265,6 +266,9 @@ def parse_arm(name: str) -> ArmSpec:
       rollouts through a state count, leave-one-out, and new rollouts only top a state up to ``K``);
       ``"vineppo_k<K>_variance"``: free samples plus ``mc_allocation="variance"`` (the tokens fixed ``K`` would cost,
       spent where they cut advantage error most);
+    - ``"hybrid"``, ``"hybrid_b<B>"``: GRPO's advantage plus Monte Carlo step credit (``K`` from the config) in
+      degenerate groups, with the library's default budget or ``B`` percent extra sampled tokens (``"hybrid_b50"``:
+      ``hybrid_budget=0.5``);
     - ``"<rl arm>_p<P>"``: the same with ``P`` prompts per step instead of the config's
       ``prompts_per_step`` (``"grpo_p19"``: GRPO given more prompts, e.g. VinePPO's sampling budget);
     - ``"sft"``: more supervised steps on the warm-up demonstrations, what a user could do instead of RL;
@@ -279,14 +283,24 @@ def parse_arm(name: str) -> ArmSpec:
     if m is None:
         raise ValueError(
             f"unknown arm {name!r}: use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or "
-            "'_variance' for the cheaper Monte Carlo options), any of them with '_p<P>' for P prompts per step "
+            "'_variance' for the cheaper Monte Carlo options), 'hybrid' or 'hybrid_b<B>' (B percent extra tokens), any of them with '_p<P>' for P prompts per step "
             "(e.g. 'grpo_p19'), 'sft', 'restem' or 'dpo_plus'."
         )
     base = m.group("base")
-    estimator = "vineppo" if base.startswith("vineppo") else "gae" if base == "ppo" else base
+    estimator = (
+        "vineppo"
+        if base.startswith("vineppo")
+        else "hybrid"
+        if base.startswith("hybrid")
+        else "gae"
+        if base == "ppo"
+        else base
+    )
     k = int(m.group("k")) if m.group("k") else None
     p = int(m.group("p")) if m.group("p") else None
     options = tuple(sorted(MC_OPTION_SUFFIXES[m.group("mc")].items())) if m.group("mc") else ()
+    if m.group("b") is not None:
+        options = (("hybrid_budget", int(m.group("b")) / 100),)
     return ArmSpec(
         name, "rl", advantage_estimator=estimator, num_mc_rollouts=k, prompts_per_step=p, mc_options=options
     )

@@ -606,8 +606,14 @@ def plot(records: list[dict], summary: dict, path_for: Any) -> list[str]:
     return written
 
 
-def report(root: Path, json_path: Path, command: str, doc: Path | None = None) -> dict:
+def report(
+    root: Path, json_path: Path, command: str, doc: Path | None = None, tasks: list[str] | None = None
+) -> dict:
+    """Aggregate the finished arms under ``root`` (only ``tasks``' when given) into ``json_path`` and plots."""
     records, done = load_runs(root)
+    if tasks is not None:
+        records = [r for r in records if r["task"] in tasks]
+        done = {k: v for k, v in done.items() if k[0] in tasks}
     if not done:
         print(f"no finished arms under {root}")
         return {}
@@ -617,8 +623,12 @@ def report(root: Path, json_path: Path, command: str, doc: Path | None = None) -
     warmups = {}
     for meta in sorted(root.glob("*/seed*/warmup.json")):
         w = json.loads(meta.read_text())
+        if tasks is not None and w["task"] not in tasks:
+            continue
         warmups[f"{w['task']}/seed{w['seed']}"] = {
-            k: w[k] for k in ("accuracy", "curve_on_first_problems", "curve_problems", "seconds")
+            k: w[k]
+            for k in ("accuracy", "curve_on_first_problems", "curve_problems", "seconds", "shared_start")
+            if k in w
         }
     result = {
         "machine": {
@@ -661,6 +671,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=str(RESULTS / "learning_efficiency_runs"))
     parser.add_argument("--json", default=str(RESULTS / "learning_efficiency.json"))
     parser.add_argument("--report", action="store_true", help="only aggregate the finished arms")
+    parser.add_argument(
+        "--report_tasks",
+        nargs="+",
+        default=None,
+        help="aggregate only these tasks' runs into --json (default: every task under --root)",
+    )
     parser.add_argument(
         "--doc",
         default=None,
@@ -721,8 +737,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"arm {arm} (task {args.task}, seed {seed}) failed with exit code {proc.returncode}"
                     )
                 print(f"[learning_efficiency] {arm} took {time.perf_counter() - t0:.0f} s", flush=True)
-                report(root, Path(args.json), command)
-    report(root, Path(args.json), command, Path(args.doc) if args.doc else None)
+                report(root, Path(args.json), command, tasks=args.report_tasks)
+    report(root, Path(args.json), command, Path(args.doc) if args.doc else None, tasks=args.report_tasks)
     return 0
 
 

@@ -537,3 +537,62 @@ def test_checkpoint_save_and_resume(tiny_model_dir, tok, tmp_path):
     assert steps == [1, 2, 3]  # steps 1-2 restored from the checkpoint, only step 3 trained
     new_logs = [e for e in resumed.state.log_history if e.get("step") == 3 and "mc/rollouts" in e]
     assert new_logs and new_logs[0]["mc/rollouts"] > 0
+
+
+class TreeRecordingTrainer(RecordingTrainer):
+    """Also records the tree paths the trainer drew for each generation batch."""
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.generations[-1]["tree_paths"] = list(self.advantage_estimator_paths)
+        return output
+
+    def draw_group_trees(self, prompt_ids, num_generations):
+        completions = super().draw_group_trees(prompt_ids, num_generations)
+        self.advantage_estimator_paths = self._mcadvantage_tree_paths
+        return completions
+
+
+@pytest.mark.slow
+def test_tree_sampling_draws_each_group_as_a_tree_and_its_credit_reaches_the_loss(model, tok, tmp_path):
+    # advantage_estimator="tree" on the transformers engine: every group of 4 is a 2 x 2 tree branching at token 4
+    # (the two leaves of a branch share their first 4+ tokens), the logged sampled tokens count shared prefixes
+    # once, and GRPO's loss receives the tree credit, whitened.
+    from mcadvantage.core.advantages import masked_whiten
+    from mcadvantage.mc.tree import tree_advantages
+
+    args = config(
+        tmp_path, advantage_estimator="tree", tree_branching=[2, 2], tree_depths=[0, 4], max_steps=2
+    )
+    trainer = TreeRecordingTrainer(
+        model=model, reward_funcs=vowel_reward, args=args, train_dataset=arithmetic(), processing_class=tok
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    for gen in trainer.generations:
+        paths = gen["tree_paths"]
+        completions = [
+            ids[mask.bool()].tolist()
+            for ids, mask in zip(gen["completion_ids"], gen["completion_mask"], strict=True)
+        ]
+        assert len(paths) == len(completions) == 4
+        for a, b in ((i, j) for i in range(4) for j in range(i + 1, 4)):
+            pa, pb = paths[a], paths[b]
+            if len(pa.children) > 1 and pa.children[0] == pb.children[0]:  # same branch: a shared prefix
+                cut = pa.offsets[1]
+                assert cut == pb.offsets[1] >= 4 and completions[a][:cut] == completions[b][:cut]
+        rewards = [
+            vowel_reward(completions=[tok.decode(c, skip_special_tokens=True)])[0] for c in completions
+        ]
+        raw, _ = tree_advantages(paths, rewards, [len(c) for c in completions])
+        expected = torch.zeros(gen["completion_mask"].shape)
+        for i, adv in enumerate(raw):
+            expected[i, : len(adv)] = adv
+        mask = gen["completion_mask"].bool()
+        torch.testing.assert_close(
+            gen["advantages"], masked_whiten(expected * mask, mask), rtol=1e-4, atol=1e-5
+        )
+    logged = [entry for entry in trainer.state.log_history if "tree/generated_tokens" in entry]
+    assert len(logged) == 2
+    assert all(0 < e["tree/generated_tokens"] <= e["tree/leaf_tokens"] for e in logged)
+    assert any(e["tree/generated_tokens"] < e["tree/leaf_tokens"] for e in logged)  # prefixes were shared

@@ -2,8 +2,9 @@
 
 Built in: ``"vineppo"`` (Monte Carlo step values, :class:`VinePPOEstimator`), ``"grpo"``
 (:class:`GRPOEstimator`), ``"rloo"`` (:class:`RLOOEstimator`) and ``"gae"`` (PPO's learned critic,
-:class:`CriticEstimator`) and ``"hybrid"`` (GRPO plus Monte Carlo step credit for degenerate groups within a token
-budget, :class:`HybridEstimator`). Register your own with
+:class:`CriticEstimator`), ``"hybrid"`` (GRPO plus Monte Carlo step credit for degenerate groups within a token
+budget, :class:`HybridEstimator`) and ``"tree"`` (groups drawn as trees, step credit from their own leaves,
+:class:`TreeEstimator`). Register your own with
 :func:`register_advantage_estimator`.
 """
 
@@ -36,6 +37,7 @@ _LAZY = {
     "VinePPOEstimator": ".vineppo",
     "CriticEstimator": ".critic",
     "HybridEstimator": ".hybrid",
+    "TreeEstimator": ".tree",
 }
 
 __all__ = [

@@ -94,6 +94,8 @@ class AdvantageBatch:
         prompts: per local response, the prompt as reward functions take it (a string or a message list).
         rows: per local response, its dataset row (other columns go to the reward functions).
         mode: ``"train"`` or ``"eval"``.
+        tree_paths: per local response, its :class:`~mcadvantage.mc.tree.TreePath` when the trainer drew the groups
+            as trees (``advantage_estimator="tree"``); None for independent responses.
     """
 
     prompt_ids: list[list[int]]
@@ -106,6 +108,7 @@ class AdvantageBatch:
     prompts: list[Any] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     mode: str = "train"
+    tree_paths: list[Any] | None = None
 
     def __post_init__(self) -> None:
         size = len(self.completion_ids)
@@ -324,6 +327,7 @@ _BUILTIN_MODULES = {
     "rloo": ".baselines",
     "gae": ".critic",
     "hybrid": ".hybrid",
+    "tree": ".tree",
 }
 
 

@@ -236,6 +236,41 @@ class GradientTask:
             rows=rows,
         )
 
+    def sample_trees(self, prompt_indices: Sequence[int], schedule: Any) -> tuple[AdvantageBatch, int]:
+        """One tree per prompt (:func:`~mcadvantage.mc.tree.draw_trees`), graded, as the trainer draws them with
+        ``advantage_estimator="tree"``; returns the batch (with its tree paths) and the tokens generated."""
+        from mcadvantage.mc.tree import draw_trees
+
+        trees = draw_trees(
+            self.sampler, [self.prompt_ids[p] for p in prompt_indices], schedule, self.max_completion_length
+        )
+        prompt_ids, completion_ids, prompts, rows, paths = [], [], [], [], []
+        for p, tree in zip(prompt_indices, trees, strict=True):
+            for ids, path in zip(tree.completions, tree.paths, strict=True):
+                prompt_ids.append(list(self.prompt_ids[p]))
+                completion_ids.append(list(ids))
+                prompts.append(self.prompts[p])
+                rows.append(dict(self.rows[p]))
+                paths.append(path)
+        rewards = self.grade(prompt_ids, completion_ids, prompts, rows)
+        width = max((len(c) for c in completion_ids), default=0)
+        mask = torch.zeros((len(completion_ids), width), dtype=torch.long)
+        for i, c in enumerate(completion_ids):
+            mask[i, : len(c)] = 1
+        batch = AdvantageBatch(
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            completion_mask=mask,
+            rewards_per_func=rewards,
+            reward_weights=torch.tensor(self.reward_weights, dtype=torch.float32),
+            local_slice=slice(0, len(completion_ids)),
+            group_size=schedule.group_size,
+            prompts=prompts,
+            rows=rows,
+            tree_paths=paths,
+        )
+        return batch, sum(tree.generated_tokens for tree in trees)
+
     def grade(
         self,
         prompt_ids: list[list[int]],
@@ -367,11 +402,18 @@ def estimator_gradient(
     whiten: bool | None = None,
 ) -> GradientEstimate:
     """One batch gradient exactly as the trainer computes it for one update (on-policy, ratio 1, ``dapo``): sample
-    ``group_size`` responses per prompt, grade them, run the estimator, whiten the advantages over the batch's
+    ``group_size`` responses per prompt (drawn as a tree when the estimator has a ``tree_schedule``), grade them,
+    run the estimator, whiten the advantages over the batch's
     valid tokens when ``whiten`` (None: the estimator's ``whiten_by_default``), and differentiate
     ``sum A log pi / completion tokens``."""
     start = time.perf_counter()
-    batch = task.sample_group(prompt_indices, group_size)
+    schedule_for = getattr(estimator, "tree_schedule", None)
+    if (
+        schedule_for is not None
+    ):  # the group is drawn as a tree: its sampled tokens are what the tree generated
+        batch, tree_tokens = task.sample_trees(prompt_indices, schedule_for(task.max_completion_length))
+    else:
+        batch, tree_tokens = task.sample_group(prompt_indices, group_size), None
     result = estimator.estimate(batch, task.context())
     mask = batch.completion_mask.bool()
     valid = mask if result.token_mask is None else (result.token_mask.bool() & mask)
@@ -386,7 +428,7 @@ def estimator_gradient(
     rollout_tokens = int(result.metrics.get("generated_tokens", 0) or 0)
     return GradientEstimate(
         gradient=gradient,
-        sampled_tokens=response_tokens + rollout_tokens,
+        sampled_tokens=response_tokens + rollout_tokens if tree_tokens is None else tree_tokens,
         trained_tokens=response_tokens,
         seconds=time.perf_counter() - start,
     )

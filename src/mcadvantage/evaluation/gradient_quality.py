@@ -75,12 +75,16 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
     of the policy with a scalar head, trained as the ``ppo`` learning-efficiency arm trains it) also ``lr`` (the
     critic's learning rate, default 1e-4) and ``warmup`` (batches it trains on before it is measured, default 40).
     ``hybrid`` takes ``budget`` (extra sampled tokens as a fraction of the responses', default 0.1) and ``k``.
-    E.g. ``"vineppo:k=1,reuse"``, ``"grpo:prompts=16"``, ``"gae:warmup=40"``, ``"hybrid:budget=0.25"``."""
+    ``tree`` (groups drawn as trees) takes ``branching`` (children per level, ``"4x2"``) and ``depths`` (token depths
+    where the levels branch, ``"0-12"``; default: spread over the first half of the response budget).
+    E.g. ``"vineppo:k=1,reuse"``, ``"grpo:prompts=16"``, ``"gae:warmup=40"``, ``"hybrid:budget=0.25"``,
+    ``"tree:branching=4x2,depths=0-12"``."""
     from mcadvantage.estimators import (
         CriticEstimator,
         GRPOEstimator,
         HybridEstimator,
         RLOOEstimator,
+        TreeEstimator,
         VinePPOEstimator,
     )
 
@@ -101,6 +105,8 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
         "warmup",
         "nowhiten",
         "budget",
+        "branching",
+        "depths",
     }
     if set(options) - known:
         raise ValueError(
@@ -135,6 +141,17 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
             budget=budget, num_rollouts=int(options.get("k", 4)), step_segmenter=segmenter
         )
         label = f"hybrid_b{budget:g}_k{estimator.monte_carlo.num_rollouts}_p{p}"
+    elif key == "tree":
+        branching = [int(b) for b in options.get("branching", "4x2").split("x")]
+        depths = [int(d) for d in options["depths"].split("-")] if "depths" in options else None
+        estimator = TreeEstimator(branching=branching, depths=depths)
+        g = estimator.tree_schedule(10**6).group_size
+        label = (
+            f"tree_{'x'.join(map(str, branching))}"
+            + (f"_d{'-'.join(map(str, depths))}" if depths else "")
+            + ("_nowhiten" if "nowhiten" in options else "")
+            + f"_p{p}"
+        )
     elif key == "gae":
         warmup = int(options.get("warmup", 40))
         estimator = CriticEstimator(
@@ -149,7 +166,7 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
         )
     else:
         raise ValueError(
-            f"estimator spec {spec!r}: unknown estimator {name!r}; use grpo, rloo, vineppo or gae."
+            f"estimator spec {spec!r}: unknown estimator {name!r}; use grpo, rloo, vineppo, hybrid, tree or gae."
         )
     return EstimatorSpec(
         name=options.get("label", label),

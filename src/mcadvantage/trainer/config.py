@@ -57,6 +57,12 @@ class VinePPOConfig(GRPOConfig):
         hybrid_budget (float): With `advantage_estimator="hybrid"` (GRPO's advantage, plus Monte Carlo step credit for
             the responses of groups whose rewards are all equal): the extra sampled tokens allowed per batch, as a
             fraction of its response tokens. `0` gives GRPO exactly. Defaults to `0.1`.
+        tree_branching (list[int]): With `advantage_estimator="tree"` (each group drawn as a tree that branches at
+            token depths; step credit from its own leaves, no rollouts): children per level. Their product must equal
+            `num_generations`; each is at least 2. Defaults to `[4, 2]`.
+        tree_depths (list[int] | None): With `"tree"`: the completion token depth where each level branches (the
+            first is `0`, the prompt; strictly increasing, below `max_completion_length`). `None` (default) spreads
+            them over the first half of `max_completion_length`.
         num_mc_rollouts (int): K, the number of continuations sampled from every state to estimate its value
             (paper: 9; larger is better, K=1 already beats PPO). Defaults to `9`.
         step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
@@ -184,6 +190,20 @@ class VinePPOConfig(GRPOConfig):
         metadata={
             "help": "'hybrid' only: extra sampled tokens for Monte Carlo step credit in degenerate groups, as a "
             "fraction of the batch's response tokens (0: GRPO exactly)."
+        },
+    )
+
+    tree_branching: list[int] = field(
+        default_factory=lambda: [4, 2],
+        metadata={
+            "help": "'tree' only: children per level of each group's tree (product = num_generations, each >= 2)."
+        },
+    )
+    tree_depths: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "'tree' only: completion token depth where each level branches (first 0, increasing). None: "
+            "spread over the first half of max_completion_length."
         },
     )
 

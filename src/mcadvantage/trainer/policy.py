@@ -12,9 +12,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from mcadvantage.estimators.base import reduce_metrics
+from mcadvantage.mc.tree import TreeGroup, draw_trees
 from mcadvantage.samplers.base import Sampler
 
-__all__ = ["ENGINES", "policy_sampler", "sampling_settings"]
+__all__ = ["ENGINES", "draw_group_trees", "policy_sampler", "sampling_settings"]
 
 #: Engines :func:`policy_sampler` accepts: the trainer's own ("auto"), or transformers even with vLLM.
 ENGINES = ("auto", "vllm", "transformers")
@@ -107,3 +109,68 @@ def policy_sampler(
             yield sampler
     finally:
         trainer.model.train(was_training)
+
+
+def draw_group_trees(
+    trainer: Any,
+    prompt_ids: list[list[int]],
+    num_generations: int,
+    sampler_context: Any = None,
+    *,
+    main_only: bool = False,
+) -> list[list[int]] | None:
+    """Draw every group of a training batch as a tree when the trainer's estimator asks for it
+    (``tree_schedule``; :mod:`mcadvantage.mc.tree`), on the trainer's engine.
+
+    ``prompt_ids`` is the process' generation batch, each prompt repeated ``num_generations`` times in a row (TRL's
+    layout). Returns the completions in the same layout (their tree paths go to ``trainer._mcadvantage_tree_paths``
+    for the estimator; the tokens sampled and trained are logged as ``tree/generated_tokens`` and
+    ``tree/leaf_tokens``), or None when the estimator draws no trees. Collective: every process calls it. ``sampler_context``
+    (default :func:`policy_sampler`) yields the sampler; with ``main_only`` (a vLLM server, where only the main
+    process holds one) the main process draws every process' trees and sends each its part.
+    """
+    schedule_for = getattr(trainer.advantage_estimator, "tree_schedule", None)
+    if schedule_for is None:
+        return None
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    schedule = schedule_for(trainer.max_completion_length)
+    if len(prompt_ids) % num_generations:
+        raise ValueError(
+            f"advantage_estimator='tree': this process generates {len(prompt_ids)} responses, not a multiple of "
+            f"num_generations={num_generations}; a tree is drawn by one process."
+        )
+    groups = [list(prompt_ids[i]) for i in range(0, len(prompt_ids), num_generations)]
+    for g, first in enumerate(groups):
+        if any(list(ids) != first for ids in prompt_ids[g * num_generations : (g + 1) * num_generations]):
+            raise ValueError(
+                f"advantage_estimator='tree': rows {g * num_generations}-{(g + 1) * num_generations - 1} of the "
+                "generation batch are not one prompt repeated; a tree needs each group on one process."
+            )
+    context = sampler_context if sampler_context is not None else policy_sampler(trainer)
+    with context as sampler:
+        if not main_only or trainer.accelerator.num_processes == 1:
+            trees: list[TreeGroup] = draw_trees(sampler, groups, schedule, trainer.max_completion_length)
+        else:
+            every = gather_object([groups])
+            payload: list[Any] = [None]
+            if trainer.accelerator.is_main_process:
+                drawn = draw_trees(
+                    sampler, [g for part in every for g in part], schedule, trainer.max_completion_length
+                )
+                parts, start = [], 0
+                for part in every:
+                    parts.append(drawn[start : start + len(part)])
+                    start += len(part)
+                payload = [parts]
+            broadcast_object_list(payload, from_process=0)
+            trees = payload[0][trainer.accelerator.process_index]
+    completions = [c for tree in trees for c in tree.completions]
+    trainer._mcadvantage_tree_paths = [p for tree in trees for p in tree.paths]
+    stats = {
+        "generated_tokens": float(sum(tree.generated_tokens for tree in trees)),
+        "leaf_tokens": float(sum(len(c) for c in completions)),
+    }
+    totals = reduce_metrics(gather_object([stats]), {"generated_tokens": "sum", "leaf_tokens": "sum"})
+    trainer.log_metric_values("train", {f"tree/{k}": v for k, v in totals.items()})
+    return completions

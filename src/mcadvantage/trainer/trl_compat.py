@@ -237,8 +237,29 @@ class GRPOTrainerHooks(GRPOTrainer):
             row=row,
         )
 
+    def draw_group_trees(self, prompt_ids: list[list[int]], num_generations: int) -> list[list[int]] | None:
+        """Completions for a training batch whose groups are drawn as trees, or None for GRPO's own generation.
+        Subclasses set ``self._mcadvantage_tree_paths`` (one path per completion) when they draw trees."""
+        return None
+
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
+        self._mcadvantage_tree_paths = None
+        if self.model.training and not images and not self.tools:
+            completions = self.draw_group_trees(prompt_ids, num_generations)
+            if completions is not None:
+                # No engine log-probabilities for tree leaves: with vLLM, NaN makes GRPO's importance-sampling
+                # correction a ratio of exactly 1 for these tokens (TRL's documented handling of missing logprobs).
+                logprobs = [[float("nan")] * len(c) for c in completions] if self.use_vllm else None
+                return completions, logprobs
+        return super()._generate_single_turn(
+            prompt_ids, images, multimodal_fields, num_generations, has_tool_images=has_tool_images
+        )
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._mcadvantage_captured = None
+        self._mcadvantage_tree_paths = None
         output = super()._generate_and_score_completions(inputs)
         captured, self._mcadvantage_captured = self._mcadvantage_captured, None
         if captured is None:  # GRPO changed how it grades: refuse rather than train on GRPO's advantages
@@ -264,6 +285,7 @@ class GRPOTrainerHooks(GRPOTrainer):
             prompts=list(captured["prompts"]),
             rows=list(captured["inputs"]),
             mode=mode,
+            tree_paths=self._mcadvantage_tree_paths,
         )
         advantages = self.compute_advantages(batch)
         output["advantages"] = advantages

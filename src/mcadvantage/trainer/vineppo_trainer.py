@@ -34,7 +34,7 @@ from mcadvantage.tasks.segmentation import get_segmenter
 from mcadvantage.trainer.checkpoints import ESTIMATOR_STATE_FILE, load_estimator_state, save_estimator_state
 from mcadvantage.trainer.checks import check_dataset_columns, check_reward_funcs, check_unsupported_kwargs
 from mcadvantage.trainer.config import VinePPOConfig
-from mcadvantage.trainer.policy import policy_sampler
+from mcadvantage.trainer.policy import draw_group_trees, policy_sampler
 from mcadvantage.trainer.trl_compat import (
     SUPPORTED_TRL,
     GRPOTrainerHooks,
@@ -244,6 +244,13 @@ class VinePPOTrainer(GRPOTrainerHooks):
             return
         with policy_sampler(self) as sampler:
             yield sampler
+
+    def draw_group_trees(self, prompt_ids: list[list[int]], num_generations: int) -> list[list[int]] | None:
+        """With ``advantage_estimator="tree"``: the batch's groups drawn as trees (:func:`policy.draw_group_trees`)."""
+        main_only = self._mc_custom_sampler is None and self.use_vllm and self.vllm_mode == "server"
+        return draw_group_trees(
+            self, prompt_ids, num_generations, self._rollout_sampler(), main_only=main_only
+        )
 
     #: File in a checkpoint directory holding the advantage estimator's own state (e.g. the "gae" critic).
     ESTIMATOR_STATE_FILE = ESTIMATOR_STATE_FILE

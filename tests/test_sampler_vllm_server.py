@@ -232,3 +232,36 @@ def test_server_greedy_matches_transformers_and_trl_client(server_url, hf_model)
             ref = ref[: ref.index(EOS) + 1]
         assert [list(c.token_ids) for c in conts] == [ref, ref]
         assert [list(c.token_ids) for c in conts2] == [ref, ref]
+
+
+@pytest.mark.slow
+def test_server_draws_tree_groups_for_the_trainer(server_url):
+    """advantage_estimator="tree" in server mode: the main process draws the trees on the server
+    (``draw_group_trees(main_only=True)``, the path every process takes with a vLLM server) and gets exactly
+    ``G`` leaves per group, the leaves of a branch sharing their prefix, the shared tokens generated once."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from mcadvantage.estimators import TreeEstimator
+    from mcadvantage.samplers import VLLMServerSampler
+    from mcadvantage.trainer.policy import draw_group_trees
+
+    logged = {}
+    trainer = SimpleNamespace(
+        advantage_estimator=TreeEstimator(branching=(2, 2), depths=(0, 3)),
+        max_completion_length=12,
+        accelerator=SimpleNamespace(is_main_process=True, process_index=0, num_processes=1),
+        log_metric_values=lambda mode, metrics: logged.update(metrics),
+    )
+    sampler = VLLMServerSampler(server_url, generation_kwargs={"ignore_eos": True})
+    prompts = [list(PREFIX_A)] * 4 + [list(PREFIX_B)] * 4
+    completions = draw_group_trees(trainer, prompts, 4, contextlib.nullcontext(sampler), main_only=True)
+    paths = trainer._mcadvantage_tree_paths
+    assert len(completions) == len(paths) == 8
+    for g in (0, 4):
+        group = completions[g : g + 4]
+        assert [p.children for p in paths[g : g + 4]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert group[0][:3] == group[1][:3] and group[2][:3] == group[3][:3]
+        assert all(len(c) == 12 for c in group)  # ignore_eos: every leaf runs to the budget
+    # Per group: 2 x 3 shared tokens, then 4 x 9: 42 generated for 48 trained.
+    assert logged == {"tree/generated_tokens": 84.0, "tree/leaf_tokens": 96.0}

@@ -92,6 +92,40 @@ def test_colocated_vllm_training_syncs_weights_and_runs_mc_rollouts(tmp_path, ex
 
 @pytest.mark.vllm
 @pytest.mark.slow
+def test_tree_sampling_draws_its_groups_on_the_colocated_engine(tmp_path):
+    """advantage_estimator="tree" on the colocated engine: every level of every tree is sampled by the trainer's
+    vLLM engine holding the current policy (synced before the first level of each step), training moves the
+    weights, and the logged sampled tokens count the shared prefixes once."""
+    pytest.importorskip("vllm")
+    from mcadvantage.testing import save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    out = tmp_path / "record.json"
+    run_vllm_script(
+        "train_colocate_check.py",
+        ["--model-dir", str(model_dir), "--output-dir", str(tmp_path / "run"), "--out", str(out),
+         "--max-steps", "2", "--tree"],
+    )  # fmt: skip
+    record = json.loads(out.read_text())
+    assert record["sampler_type"] == "VLLMSampler" and record["sampler_uses_trainer_engine"] is True
+    assert record["global_step"] == 2 and record["max_abs_weight_change"] > 1e-4
+    calls = record["sampler_calls"]
+    # Two levels per step (a 2 x 2 tree per prompt; a third call tops up groups whose branches all ended early).
+    assert {c["global_step"] for c in calls} == {0, 1} and len(calls) >= 4
+    for c in calls:
+        assert c["last_loaded_step"] == c["global_step"]
+        assert c["engine_greedy"] == c["policy_greedy"], (
+            "the engine drawing the tree is not the current policy"
+        )
+        assert c["returned_samples"] == c["requested_samples"] > 0
+    logged = [e for e in record["log_history"] if "tree/generated_tokens" in e]
+    assert len(logged) == 2
+    assert all(0 < e["tree/generated_tokens"] <= e["tree/leaf_tokens"] for e in logged)
+    assert not [e for e in record["log_history"] if "mc/rollouts" in e]  # no Monte Carlo rollouts at all
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_critic_trains_next_to_a_colocated_vllm_engine(tmp_path):
     pytest.importorskip("vllm")
     from mcadvantage.testing import save_tiny_model

@@ -26,6 +26,11 @@ def main() -> None:
         "--peft", action="store_true", help="train a LoRA adapter (TRL merges it for the sync)"
     )
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument(
+        "--tree",
+        action="store_true",
+        help="advantage_estimator='tree': the groups are drawn as trees on the engine",
+    )
     args = parser.parse_args()
 
     import torch
@@ -58,9 +63,14 @@ def main() -> None:
         vllm_mode="colocate",
         vllm_max_model_length=256,
         max_completion_length=16,
-        num_generations=2,
+        num_generations=4 if args.tree else 2,
         per_device_train_batch_size=4,
         num_mc_rollouts=2,
+        **(
+            {"advantage_estimator": "tree", "tree_branching": [2, 2], "tree_depths": [0, 4]}
+            if args.tree
+            else {}
+        ),
         num_iterations=1,  # one optimizer step per generation: every step syncs and generates
         max_steps=args.max_steps,
         learning_rate=args.lr,  # large, so every step visibly changes the tiny policy's greedy outputs
@@ -159,7 +169,8 @@ def main() -> None:
         (p.detach() - before[name]).abs().max().item() for name, p in trainer.model.named_parameters()
     )
     record["global_step"] = trainer.state.global_step
-    record["mc_stats"] = {k: float(v) for k, v in (trainer.last_mc_estimate.stats or {}).items()}
+    estimate = trainer.last_mc_estimate
+    record["mc_stats"] = {k: float(v) for k, v in (estimate.stats if estimate is not None else {}).items()}
     record["log_history"] = [
         {k: v for k, v in entry.items() if isinstance(v, (int, float))} for entry in trainer.state.log_history
     ]

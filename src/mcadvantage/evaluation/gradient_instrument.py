@@ -28,6 +28,9 @@ prompt_ids, completion_ids) -> (B, T)`` (differentiable). :class:`CausalLMOracle
 instrument's validation). Everything here is written by hand: no library measures estimator gradients against a
 reference.
 
+Why this module is long: the oracle, the task that samples groups (or trees) as the trainer does, the reference, one
+batch estimate and the metrics are one measurement; a reader checking that it is unbiased reads them together.
+
 Many estimators at several budgets on one task, compared at equal cost, with a table, a plot and a command line:
 :mod:`mcadvantage.evaluation.gradient_quality`, built on this module.
 """
@@ -212,11 +215,39 @@ class GradientTask:
             for p in prompt_indices
         ]
         samples = self.sampler.sample(requests)
+        return self._graded_batch(
+            prompt_indices, [[list(c.token_ids) for c in conts] for conts in samples], group_size
+        )
+
+    def sample_trees(self, prompt_indices: Sequence[int], schedule: Any) -> tuple[AdvantageBatch, int]:
+        """One tree per prompt (:func:`~mcadvantage.mc.tree.draw_trees`), graded, as the trainer draws them with
+        ``advantage_estimator="tree"``; returns the batch (with its tree paths) and the tokens generated."""
+        from mcadvantage.mc.tree import draw_trees
+
+        trees = draw_trees(
+            self.sampler, [self.prompt_ids[p] for p in prompt_indices], schedule, self.max_completion_length
+        )
+        batch = self._graded_batch(
+            prompt_indices,
+            [tree.completions for tree in trees],
+            schedule.group_size,
+            tree_paths=[path for tree in trees for path in tree.paths],
+        )
+        return batch, sum(tree.generated_tokens for tree in trees)
+
+    def _graded_batch(
+        self,
+        prompt_indices: Sequence[int],
+        completions: Sequence[Sequence[list[int]]],
+        group_size: int,
+        tree_paths: list[Any] | None = None,
+    ) -> AdvantageBatch:
+        """The graded batch of ``completions[j]`` (a group) for prompt ``prompt_indices[j]``."""
         prompt_ids, completion_ids, prompts, rows = [], [], [], []
-        for p, conts in zip(prompt_indices, samples, strict=True):
-            for cont in conts:
+        for p, group in zip(prompt_indices, completions, strict=True):
+            for ids in group:
                 prompt_ids.append(list(self.prompt_ids[p]))
-                completion_ids.append(list(cont.token_ids))
+                completion_ids.append(list(ids))
                 prompts.append(self.prompts[p])
                 rows.append(dict(self.rows[p]))
         rewards = self.grade(prompt_ids, completion_ids, prompts, rows)
@@ -234,42 +265,8 @@ class GradientTask:
             group_size=group_size,
             prompts=prompts,
             rows=rows,
+            tree_paths=tree_paths,
         )
-
-    def sample_trees(self, prompt_indices: Sequence[int], schedule: Any) -> tuple[AdvantageBatch, int]:
-        """One tree per prompt (:func:`~mcadvantage.mc.tree.draw_trees`), graded, as the trainer draws them with
-        ``advantage_estimator="tree"``; returns the batch (with its tree paths) and the tokens generated."""
-        from mcadvantage.mc.tree import draw_trees
-
-        trees = draw_trees(
-            self.sampler, [self.prompt_ids[p] for p in prompt_indices], schedule, self.max_completion_length
-        )
-        prompt_ids, completion_ids, prompts, rows, paths = [], [], [], [], []
-        for p, tree in zip(prompt_indices, trees, strict=True):
-            for ids, path in zip(tree.completions, tree.paths, strict=True):
-                prompt_ids.append(list(self.prompt_ids[p]))
-                completion_ids.append(list(ids))
-                prompts.append(self.prompts[p])
-                rows.append(dict(self.rows[p]))
-                paths.append(path)
-        rewards = self.grade(prompt_ids, completion_ids, prompts, rows)
-        width = max((len(c) for c in completion_ids), default=0)
-        mask = torch.zeros((len(completion_ids), width), dtype=torch.long)
-        for i, c in enumerate(completion_ids):
-            mask[i, : len(c)] = 1
-        batch = AdvantageBatch(
-            prompt_ids=prompt_ids,
-            completion_ids=completion_ids,
-            completion_mask=mask,
-            rewards_per_func=rewards,
-            reward_weights=torch.tensor(self.reward_weights, dtype=torch.float32),
-            local_slice=slice(0, len(completion_ids)),
-            group_size=schedule.group_size,
-            prompts=prompts,
-            rows=rows,
-            tree_paths=paths,
-        )
-        return batch, sum(tree.generated_tokens for tree in trees)
 
     def grade(
         self,

@@ -149,7 +149,7 @@ def draw_group_trees(
             )
     context = sampler_context if sampler_context is not None else policy_sampler(trainer)
     with context as sampler:
-        if not main_only or trainer.accelerator.num_processes == 1:
+        if not main_only:
             trees: list[TreeGroup] = draw_trees(sampler, groups, schedule, trainer.max_completion_length)
         else:
             every = gather_object([groups])

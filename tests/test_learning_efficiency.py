@@ -53,6 +53,8 @@ def _benchmark():
         ("hybrid", ArmSpec("hybrid", "rl", "hybrid")),
         ("hybrid_b50", ArmSpec("hybrid_b50", "rl", "hybrid", None, None, (("hybrid_budget", 0.5),))),
         ("hybrid_b5_p8", ArmSpec("hybrid_b5_p8", "rl", "hybrid", None, 8, (("hybrid_budget", 0.05),))),
+        ("tree", ArmSpec("tree", "rl", "tree")),
+        ("tree_d12", ArmSpec("tree_d12", "rl", "tree", None, None, (("tree_depths", (0, 12)),))),
         ("sft", ArmSpec("sft", "sft")),
         ("restem", ArmSpec("restem", "restem")),
         ("dpo_plus", ArmSpec("dpo_plus", "dpo_plus")),
@@ -77,6 +79,8 @@ def test_parse_arm(name, expected):
         "hybrid_k4",
         "hybrid_b",
         "hybrid_b1000",
+        "tree_d0",
+        "tree_k4",
         "",
     ],
 )
@@ -94,6 +98,12 @@ def test_mc_option_arms_reach_the_config():
     assert (plain.mc_reuse_samples, plain.mc_allocation) == (False, "uniform")
     hybrid = rl_training_args(DemoConfig(), parse_arm("hybrid_b50"), "/tmp/unused")
     assert (hybrid.advantage_estimator, hybrid.hybrid_budget, hybrid.num_mc_rollouts) == ("hybrid", 0.5, 4)
+    tree = rl_training_args(DemoConfig(), parse_arm("tree_d12"), "/tmp/unused")
+    assert (tree.advantage_estimator, tree.tree_branching, list(tree.tree_depths)) == (
+        "tree",
+        [4, 2],
+        [0, 12],
+    )
 
 
 def _rec(arm, seed, step, acc, tokens, seconds, task="t"):
@@ -293,3 +303,36 @@ def test_markdown_results_replace_only_the_marked_block(tmp_path):
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
     assert not le.update_doc(plain, markdown) and plain.read_text() == "no markers\n"
+
+
+def test_matched_arms_scale_prompts_by_sampled_tokens_or_by_the_cost_model(tmp_path, monkeypatch):
+    le = _benchmark()
+
+    # GRPO: 400 sampled tokens per step, all trained; VinePPO: 1,000 sampled per step, of which 400 trained.
+    (tmp_path / "grpo.done.json").write_text(json.dumps({"sampled_tokens": 4000.0, "steps": 10, "logs": []}))
+    logs = [{"mc/generated_tokens": 600.0}] * 10
+    (tmp_path / "vineppo_k4.done.json").write_text(
+        json.dumps({"sampled_tokens": 10000.0, "steps": 10, "logs": logs})
+    )
+    config = DemoConfig()  # 4 prompts per step
+    assert le.resolve_arm("grpo_matched", tmp_path, config) == ("grpo_p10", {"matched_to": "vineppo_k4"})
+    # Cost model with r = 1.5: VinePPO 1000 + 1.5 x 400 = 1600, GRPO 400 + 1.5 x 400 = 1000 -> 4 x 1.6 = 6.4 -> 6.
+    monkeypatch.setattr(le, "measured_cost_ratio", lambda: 1.5)
+    assert le.resolve_arm("grpo_matched_cost", tmp_path, config) == (
+        "grpo_p6",
+        {"matched_to": "vineppo_k4", "cost_ratio": 1.5},
+    )
+    assert le.resolve_arm("tree_d12", tmp_path, config) == ("tree_d12", {})
+    (tmp_path / "grpo.done.json").unlink()
+    with pytest.raises(SystemExit, match="finished arms grpo and vineppo_k4"):
+        le.resolve_arm("grpo_matched", tmp_path, config)
+
+
+def test_shared_start_tasks_use_seed_0_problems_for_every_seed():
+    le = _benchmark()
+
+    zero, five = le.task_data("demo_plateau", 0), le.task_data("demo_plateau", 5)
+    assert [p.prompt for p in zero.eval_set] == [p.prompt for p in five.eval_set]
+    assert [p.prompt for p in zero.rl_set[:50]] == [p.prompt for p in five.rl_set[:50]]
+    assert le.task_config("demo_plateau", 5).seed == 5  # the RL run's own seed still differs
+    assert [p.prompt for p in le.task_data("demo", 5).eval_set] != [p.prompt for p in zero.eval_set]

@@ -332,8 +332,10 @@ def run_rl_arm(
             if not logs or "reward" not in logs:
                 return
             step = int(state.global_step)
-            # Policy responses (mean completion length x responses per step) plus Monte Carlo rollouts.
+            # Policy responses (mean completion length x responses per step; a tree's shared prefixes once) plus
+            # Monte Carlo rollouts.
             tokens = float(logs.get("completions/mean_length", 0.0)) * batch
+            tokens = float(logs.get("tree/generated_tokens", tokens))
             tokens += float(logs.get("mc/generated_tokens", 0.0))
             state_box["tokens"] += tokens
             kept = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}

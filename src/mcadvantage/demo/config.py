@@ -229,7 +229,8 @@ def arm_names(config: DemoConfig) -> list[str]:
 
 
 _ARM = re.compile(
-    r"^(?P<base>grpo|rloo|ppo|hybrid(?:_b(?P<b>[0-9]{1,3}))?|vineppo_k(?P<k>[1-9][0-9]*)(?:_(?P<mc>reuse|variance))?)"
+    r"^(?P<base>grpo|rloo|ppo|hybrid(?:_b(?P<b>[0-9]{1,3}))?|tree(?:_d(?P<d>[1-9][0-9]*))?"
+    r"|vineppo_k(?P<k>[1-9][0-9]*)(?:_(?P<mc>reuse|variance))?)"
     r"(?:_p(?P<p>[1-9][0-9]*))?$"
 )
 
@@ -269,6 +270,8 @@ def parse_arm(name: str) -> ArmSpec:
     - ``"hybrid"``, ``"hybrid_b<B>"``: GRPO's advantage plus Monte Carlo step credit (``K`` from the config) in
       degenerate groups, with the library's default budget or ``B`` percent extra sampled tokens (``"hybrid_b50"``:
       ``hybrid_budget=0.5``);
+    - ``"tree"``, ``"tree_d<D>"``: each group drawn as a tree (``tree_branching`` [4, 2], the library's default depth
+      or a branch point at token ``D``: ``"tree_d12"`` is ``tree_depths=[0, 12]``), step credit from its leaves;
     - ``"<rl arm>_p<P>"``: the same with ``P`` prompts per step instead of the config's
       ``prompts_per_step`` (``"grpo_p19"``: GRPO given more prompts, e.g. VinePPO's sampling budget);
     - ``"sft"``: more supervised steps on the warm-up demonstrations, what a user could do instead of RL;
@@ -283,7 +286,7 @@ def parse_arm(name: str) -> ArmSpec:
     if m is None:
         raise ValueError(
             f"unknown arm {name!r}: use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or "
-            "'_variance' for the cheaper Monte Carlo options), 'hybrid' or 'hybrid_b<B>' (B percent extra tokens), any of them with '_p<P>' for P prompts per step "
+            "'_variance' for the cheaper Monte Carlo options), 'hybrid' or 'hybrid_b<B>' (B percent extra tokens), 'tree' or 'tree_d<D>' (branching at token D), any of them with '_p<P>' for P prompts per step "
             "(e.g. 'grpo_p19'), 'sft', 'restem' or 'dpo_plus'."
         )
     base = m.group("base")
@@ -292,6 +295,8 @@ def parse_arm(name: str) -> ArmSpec:
         if base.startswith("vineppo")
         else "hybrid"
         if base.startswith("hybrid")
+        else "tree"
+        if base.startswith("tree")
         else "gae"
         if base == "ppo"
         else base
@@ -301,6 +306,8 @@ def parse_arm(name: str) -> ArmSpec:
     options = tuple(sorted(MC_OPTION_SUFFIXES[m.group("mc")].items())) if m.group("mc") else ()
     if m.group("b") is not None:
         options = (("hybrid_budget", int(m.group("b")) / 100),)
+    if m.group("d") is not None:
+        options = (("tree_depths", (0, int(m.group("d")))),)
     return ArmSpec(
         name, "rl", advantage_estimator=estimator, num_mc_rollouts=k, prompts_per_step=p, mc_options=options
     )

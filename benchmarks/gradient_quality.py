@@ -53,6 +53,9 @@ TOY_SPECS = [
     "vineppo:k=2,variance,prompts=4",
     "hybrid:budget=0.1,k=2,prompts=4",
     "hybrid:budget=0.5,k=2,prompts=4",
+    # Trees (advantage_estimator="tree"): 4 x 2 branching after the first step token; shared prefixes cost once.
+    "tree:branching=4x2,depths=0-1,prompts=4",
+    "tree:branching=4x2,depths=0-1,prompts=6",
 ]
 DEMO_SPECS = [
     "grpo:prompts=4",
@@ -90,6 +93,13 @@ PLATEAU_SPECS = [
     "vineppo:k=4,prompts=4",
     "vineppo:k=2,variance,prompts=4",
     "hybrid:budget=0.5,k=4,prompts=4",
+    # Added after the first pass (same seed, same prompts per repeat): the cheapest Monte Carlo option, PPO's critic
+    # and the tree arm of the learning runs (4 x 2 at token 12) at three batch sizes.
+    "vineppo:k=1,reuse,prompts=4",
+    "gae:warmup=40,prompts=4",
+    "tree:branching=4x2,depths=0-12,prompts=4",
+    "tree:branching=4x2,depths=0-12,prompts=6",
+    "tree:branching=4x2,depths=0-12,prompts=8",
 ]
 #: task -> the demo warm-up schedule whose shipped checkpoint is the policy
 DEMO_TASKS = {"demo": "fixed", "demo_plateau": "plateau"}

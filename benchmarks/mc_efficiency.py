@@ -9,6 +9,7 @@ Tasks:
 * ``toy``: :class:`~mcadvantage.testing.StepTreeSampler`, 6 one-token steps (a/b/c with probabilities
   0.5/0.3/0.2) then success with probability ``P[sum of step indexes % 4]``, ``P = (0.1, 0.4, 0.7, 0.95)``;
   groups of 8 responses drawn from the toy itself. Ground truth is exact.
+* ``toy_long``: the same toy with 12 steps per response (twice the states and rollout lengths).
 * ``demo``: the shipped demo warm-up policy on held-out demo problems, groups of 8 responses at the RL
   temperature (0.6), ``gsm8k`` steps, the GSM8K verifier. Ground truth: ``--ground_truth_k`` rollouts per state
   (its own variance, ``p(1-p)/K``, is reported and not subtracted).
@@ -56,6 +57,7 @@ FAMILIES: dict[str, tuple[dict[str, Any], list[int]]] = {
 }
 SIGN_TOLERANCE = 0.05
 TOY_P = (0.1, 0.4, 0.7, 0.95)
+TASK_ORDER = ("toy", "toy_long", "demo")
 
 
 # ------------------------------------------------------------------------------------------------ statistics
@@ -111,7 +113,16 @@ def score(
 # ------------------------------------------------------------------------------------------------ tasks
 
 
-def toy_task(groups: int, seed: int) -> dict[str, Any]:
+def toy_value(taken: tuple[int, ...], depth: int, probs: list[float]) -> float:
+    """The toy's exact success probability after the step indexes ``taken``: success is ``TOY_P[sum of all step
+    indexes % 4]``, so only the distribution of the remaining steps' sum mod 4 matters."""
+    dist = [1.0, 0.0, 0.0, 0.0]
+    for _ in range(depth - len(taken)):
+        dist = [sum(dist[(m - i) % 4] * p for i, p in enumerate(probs)) for m in range(4)]
+    return sum(w * TOY_P[(sum(taken) + m) % 4] for m, w in enumerate(dist))
+
+
+def toy_task(groups: int, seed: int, depth: int = 6) -> dict[str, Any]:
     from mcadvantage.mc.estimator import Trajectory
     from mcadvantage.samplers.base import RolloutRequest
     from mcadvantage.testing import OutcomeReward, StepTreeSampler, build_char_tokenizer
@@ -125,7 +136,7 @@ def toy_task(groups: int, seed: int) -> dict[str, Any]:
         return StepTreeSampler(
             step_token_ids=[tid(c) for c in "abc"],
             step_probs=[0.5, 0.3, 0.2],
-            depth=6,
+            depth=depth,
             success_prob=lambda steps: TOY_P[sum(steps) % 4],
             success_token_id=tid("Y"),
             failure_token_id=tid("N"),
@@ -145,13 +156,15 @@ def toy_task(groups: int, seed: int) -> dict[str, Any]:
                 Trajectory(
                     prompt_ids=pid,
                     completion_ids=ids,
-                    step_boundaries=[*range(7), len(ids)],
+                    step_boundaries=[*range(depth + 1), len(ids)],
                     reward=1.0 if ids[-2] == tid("Y") else 0.0,
                     prompt=prompt,
                 )
             )
+    # Exact values by dynamic programming over the remaining steps' index sum mod 4 (StepTreeSampler.value enumerates
+    # every future, 3^12 of them per state at 12 steps); the two agree on the 6-step toy (tests/test_mc_efficiency.py).
     truth = {
-        (t, b): source.value(traj.prompt_ids + traj.completion_ids[:b])
+        (t, b): toy_value(source.steps_of(traj.prompt_ids + traj.completion_ids[:b]), depth, [0.5, 0.3, 0.2])
         for t, traj in enumerate(trajectories)
         for b in traj.step_boundaries[:-1]
     }
@@ -161,9 +174,9 @@ def toy_task(groups: int, seed: int) -> dict[str, Any]:
         "make_sampler": sampler,
         "tokenizer": tok,
         "reward": OutcomeReward("Y"),
-        "max_completion_length": 16,
+        "max_completion_length": depth + 10,
         "min_step_tokens": 2,
-        "description": f"StepTreeSampler, 6 steps, {groups} groups of 8 (exact values)",
+        "description": f"StepTreeSampler, {depth} steps, {groups} groups of 8 (exact values)",
         "truth_variance": 0.0,
     }
 
@@ -336,22 +349,64 @@ def summarize(task_name: str, records: list[dict[str, Any]]) -> list[dict[str, A
             "free_samples_per_response",
             "seconds",
         ):
-            xs = [r[field] for r in rs if not math.isnan(r[field])]
+            xs = [r[field] for r in rs if field in r and not math.isnan(r[field])]
             entry[field] = statistics.fmean(xs) if xs else math.nan
             entry[field + "_se"] = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
         options.append(entry)
     k9 = next((o for o in options if o["family"] == "fixed" and o["k"] == 9), None)
     for family in FAMILIES:
         members = [o for o in options if o["family"] == family]
-        ratio = None
+        ratio, interval = None, None
         if k9 is not None and members and family != "reuse+merge":
-            tokens = _interpolate_tokens(
-                [(o["tokens_per_response"], o["value_mse"]) for o in members], k9["value_mse"]
+            ratio = _ratio_to_k9(
+                {o["k"]: (o["tokens_per_response"], o["value_mse"]) for o in members},
+                (k9["tokens_per_response"], k9["value_mse"]),
             )
-            ratio = None if tokens is None else tokens / k9["tokens_per_response"]
+            interval = None if family == "fixed" else ratio_interval(records, family)
         for o in members:
             o["tokens_ratio_vs_k9_at_equal_error"] = ratio
+            o["tokens_ratio_ci90"] = interval
     return options
+
+
+def _ratio_to_k9(points: dict[int, tuple[float, float]], k9: tuple[float, float]) -> float | None:
+    """A family's tokens to reach fixed K=9's value MSE, as a ratio to K=9's tokens (None: never reached)."""
+    tokens = _interpolate_tokens(list(points.values()), k9[1])
+    return None if tokens is None else tokens / k9[0]
+
+
+def ratio_interval(
+    records: list[dict[str, Any]], family: str, *, resamples: int = 2000, seed: int = 0
+) -> list[float] | None:
+    """90% bootstrap interval of ``family``'s token ratio to fixed K=9 at K=9's error: every (option, K) point's
+    repeats are resampled with replacement (independently: each repeat of each point uses its own rollouts) and the
+    ratio recomputed; a resample that never reaches K=9's error counts as infinitely expensive. None with fewer than
+    2 repeats of a point."""
+    import random
+
+    def by_k(fam: str) -> dict[int, list[tuple[float, float]]]:
+        out: dict[int, list[tuple[float, float]]] = {}
+        for r in records:
+            if r["family"] == fam:
+                out.setdefault(r["k"], []).append((r["tokens_per_response"], r["value_mse"]))
+        return out
+
+    points, fixed = by_k(family), by_k("fixed")
+    if 9 not in fixed or any(len(v) < 2 for v in [*points.values(), fixed[9]]):
+        return None
+    rng = random.Random(seed)
+
+    def mean_of_resample(reps: list[tuple[float, float]]) -> tuple[float, float]:
+        draw = [reps[rng.randrange(len(reps))] for _ in reps]
+        return statistics.fmean(t for t, _ in draw), statistics.fmean(m for _, m in draw)
+
+    ratios = []
+    for _ in range(resamples):
+        k9 = mean_of_resample(fixed[9])
+        ratio = _ratio_to_k9({k: mean_of_resample(reps) for k, reps in points.items()}, k9)
+        ratios.append(math.inf if ratio is None else ratio)
+    ratios.sort()
+    return [ratios[int(0.05 * resamples)], ratios[int(0.95 * resamples) - 1]]
 
 
 def table(options: list[dict[str, Any]]) -> str:
@@ -366,10 +421,15 @@ def table(options: list[dict[str, Any]]) -> str:
             f"| {o['task']} | {o['name']} | {o['tokens_per_response']:.1f} | {o['value_mse']:.4f} ± "
             f"{o['value_mse_se']:.4f} | {o['sign_accuracy']:.3f} | {o['rank_correlation']:.3f} | "
             f"{o['states_per_response']:.2f} | {o['free_samples_per_response']:.1f} | "
-            + ("not reached" if ratio is None else f"{ratio:.2f}x")
+            + ("not reached" if ratio is None else f"{ratio:.2f}x" + _interval_text(o))
             + " |"
         )
     return "\n".join(lines)
+
+
+def _interval_text(o: dict[str, Any]) -> str:
+    ci = o.get("tokens_ratio_ci90")
+    return "" if not ci else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def doc_tables(
@@ -377,7 +437,7 @@ def doc_tables(
 ) -> str:
     """The Markdown results of every task (for ``--doc``): one table per task, every point of every option."""
     out = []
-    for task in ("toy", "demo"):
+    for task in TASK_ORDER:
         rows = [o for o in options if o["task"] == task]
         if not rows:
             continue
@@ -390,7 +450,7 @@ def doc_tables(
             ]
         out += [
             "| option | MC tokens / response | value MSE | sign accuracy | rank corr. | states / resp. | "
-            "free samples / resp. | tokens vs K=9 at K=9's error |",
+            "free samples / resp. | tokens vs K=9 at K=9's error [90% CI] |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for o in rows:
@@ -400,7 +460,11 @@ def doc_tables(
             )
             shown = "(other states)" if o["family"] == "reuse+merge" and o["k"] == 1 else ""
             if last:
-                shown = "not reached" if ratio is None else f"**{ratio:.2f}x**"
+                shown = (
+                    "not reached"
+                    if ratio is None
+                    else f"**{ratio:.2f}x**{_interval_text(o)} ({o['repeats']} repeats)"
+                )
             out.append(
                 f"| {o['name']} | {o['tokens_per_response']:.1f} | {o['value_mse']:.4f} ± {o['value_mse_se']:.4f} | "
                 f"{o['sign_accuracy']:.3f} | {o['rank_correlation']:.3f} | {o['states_per_response']:.2f} | "
@@ -423,7 +487,7 @@ def plot(options: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = sorted({o["task"] for o in options}, key=["toy", "demo"].index)
+    tasks = sorted({o["task"] for o in options}, key=list(TASK_ORDER).index)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         for family in FAMILIES:
@@ -454,7 +518,7 @@ def plot(options: list[dict[str, Any]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", nargs="+", default=["toy", "demo"], choices=["toy", "demo"])
+    parser.add_argument("--tasks", nargs="+", default=["toy", "demo"], choices=list(TASK_ORDER))
     parser.add_argument("--toy_groups", type=int, default=300)
     parser.add_argument("--prompts", type=int, default=16, help="demo: held-out prompts (8 responses each)")
     parser.add_argument("--ground_truth_k", type=int, default=256)
@@ -487,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         meta_path = runs / f"{task_name}.meta.json"
         settings = (
             {"toy_groups": args.toy_groups, "seed": args.seed}
-            if task_name == "toy"
+            if task_name.startswith("toy")
             else {"prompts": args.prompts, "ground_truth_k": args.ground_truth_k, "seed": args.seed}
         )
         if meta_path.exists() and not args.report and todo:
@@ -505,8 +569,8 @@ def main(argv: list[str] | None = None) -> int:
                     meta["truth_variance"],
                 )
             continue
-        if task_name == "toy":
-            task = toy_task(args.toy_groups, args.seed)
+        if task_name.startswith("toy"):
+            task = toy_task(args.toy_groups, args.seed, depth=12 if task_name == "toy_long" else 6)
         else:
             task = demo_task(args.prompts, args.ground_truth_k, args.seed, args.threads, runs)
         descriptions[task_name], truth_variance[task_name] = task["description"], task["truth_variance"]
@@ -531,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     options: list[dict[str, Any]] = []
-    for task_name in ("toy", "demo"):
+    for task_name in TASK_ORDER:
         path = runs / f"{task_name}.jsonl"
         if path.exists():
             records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]

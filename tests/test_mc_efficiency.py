@@ -98,3 +98,63 @@ def test_toy_run_writes_the_documented_schema(bench, tmp_path):
         bench.main(
             ["--tasks", "toy", "--toy_groups", "41", "--repeats", "2", "--runs", str(tmp_path / "runs")]
         )
+
+
+def test_toy_value_by_dynamic_programming_equals_enumeration(bench):
+    from mcadvantage.testing import StepTreeSampler
+
+    toy = StepTreeSampler(
+        step_token_ids=[10, 11, 12],
+        step_probs=[0.5, 0.3, 0.2],
+        depth=6,
+        success_prob=lambda steps: bench.TOY_P[sum(steps) % 4],
+        success_token_id=1,
+        failure_token_id=2,
+        eos_token_id=0,
+    )
+    for prefix in ([7], [7, 10], [7, 12, 11, 10], [7, 11, 11, 12, 10, 12, 12]):
+        exact = toy.value(prefix)
+        assert bench.toy_value(toy.steps_of(prefix), 6, [0.5, 0.3, 0.2]) == pytest.approx(exact, abs=1e-12)
+
+
+def test_ratio_interval_brackets_the_ratio_and_narrows_with_repeats(bench):
+    """Synthetic records: fixed K=9 costs 100 tokens at MSE 0.01; 'reuse' costs 25 tokens at 0.02 and 75 at 0.005, so
+    log-log interpolation reaches 0.01 at 25 x sqrt(3) tokens: a true ratio of 0.433. The bootstrap interval holds
+    the point estimate, 32 repeats' interval holds the true ratio and is narrower than 8 repeats'."""
+    import random
+
+    rng = random.Random(0)
+
+    def records(n):
+        out = []
+        for rep in range(n):
+            out.append(
+                {
+                    "family": "fixed",
+                    "k": 9,
+                    "repeat": rep,
+                    "tokens_per_response": 100.0,
+                    "value_mse": 0.01 * (1 + 0.1 * rng.gauss(0, 1)),
+                }
+            )
+            for k, (tokens, mse) in {1: (25.0, 0.02), 3: (75.0, 0.005)}.items():
+                out.append(
+                    {
+                        "family": "reuse",
+                        "k": k,
+                        "repeat": rep,
+                        "tokens_per_response": tokens,
+                        "value_mse": mse * (1 + 0.1 * rng.gauss(0, 1)),
+                    }
+                )
+        return out  # fmt: skip
+
+    few, many = records(8), records(32)
+    options = bench.summarize("t", few)
+    ratio = next(o for o in options if o["family"] == "reuse")["tokens_ratio_vs_k9_at_equal_error"]
+    lo, hi = bench.ratio_interval(few, "reuse")
+    assert lo < ratio < hi and 0.35 < ratio < 0.55
+    lo4, hi4 = bench.ratio_interval(many, "reuse")
+    assert lo4 < 25 * math.sqrt(3) / 100 < hi4
+    assert hi4 - lo4 < 0.8 * (hi - lo)
+    assert bench.ratio_interval(records(1), "reuse") is None  # one repeat: no interval

@@ -465,7 +465,7 @@ def gradient_metrics(
 
     Returns a dict with, over the ``repeats`` estimates (95% percentile-bootstrap intervals of the mean):
 
-    - ``cosine`` / ``cosine_ci``: cosine to the reference;
+    - ``cosine`` / ``cosine_ci``: cosine to the reference (``cosines``: per repeat, for paired comparisons);
     - ``scale``: the estimator's overall scale, ``mean <g_hat, g> / ||g||^2`` (whitening changes it);
     - ``rel_sq_error`` / ``rel_sq_error_ci``: ``||g_hat / scale - g||^2 / ||g||^2``: variance and bias relative to
       the signal once the overall scale is removed;
@@ -514,4 +514,6 @@ def gradient_metrics(
         "decided_coordinates": int(decided.sum()),
         "mean_cosine": _cosine(stacked.mean(0), g),
         "bias_ratio": float(orthogonal @ orthogonal) / noise if noise > 0 else math.nan,
+        # Per repeat, for paired comparisons between estimators measured on the same prompts (common random numbers).
+        "cosines": [round(c, 6) for c in cosines],
     }

@@ -1,0 +1,249 @@
+"""Credit at GRPO's price: the cheaper credit estimators (hybrid, tree, cheaper Monte Carlo) against GRPO at equal
+cost, gathered from the measurements that produce each number.
+
+    python benchmarks/credit_at_grpo_price.py          # reads the result files below, writes the summary
+
+Runs nothing itself; every number comes from a result file written by its own benchmark (whose command is given in
+docs/benchmarks.md):
+
+- ``gradient_quality.json`` (``benchmarks/gradient_quality.py``): per task and estimator, the cosine of the batch
+  gradient to the reference, its 95% interval, the sampled and trained tokens per batch. At equal cost the estimator
+  is compared with GRPO's budgets interpolated in log cost (sampled tokens, and the cost model with the measured
+  ``r``); where a GRPO budget was measured on the same prompts and costs at least as much (``grpo_p8`` for a tree of
+  8 prompts), the per-repeat paired difference and its 95% t interval are given too.
+- ``regime/learning_demo_plateau.json`` (``benchmarks/learning_efficiency.py --task demo_plateau``): final held-out
+  accuracy per seed; the paired difference to ``grpo_matched`` (and ``grpo``, ``grpo_matched_cost``) with its 95%
+  interval and the two-sided paired t-test's p-value.
+- ``credit_diagnostics.json`` (``benchmarks/credit_diagnostics.py``): the paper's ranking test, pairwise accuracy.
+- ``mc_efficiency.json`` (``benchmarks/mc_efficiency.py``): Monte Carlo tokens to reach fixed K=9's value error,
+  with its 90% bootstrap interval.
+
+Writes ``benchmarks/results/credit_at_grpo_price.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+OUT = RESULTS / "credit_at_grpo_price.json"
+
+#: Learning arm -> the gradient-instrument row with the same estimator and settings (4 prompts per step).
+ARM_TO_GRADIENT = {
+    "vineppo_k4": "vineppo_k4_p4",
+    "hybrid_b50": "hybrid_b0.5_k4_p4",
+    "tree_d12": "tree_4x2_d0-12_p4",
+}
+#: What the ranking test measures for each estimator family (the diagnostics' rows): Monte Carlo at K rollouts. A
+#: 4 x 2 tree ranks its 4 first-level branches by the mean of the 2 leaves below each, which is the ranking test's
+#: Monte Carlo estimate at K = 2 (its second level, K = 1).
+RANKING_PROXY = {
+    "tree_4x2": ("vineppo_k2", "first-level branches: mean of 2 leaves each = Monte Carlo at K=2")
+}
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / name
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def _interpolate(points: list[tuple[float, float]], x: float) -> float | None:
+    """Linear interpolation in log ``x`` between the sorted ``(x, y)`` points; None outside their range."""
+    points = sorted(points)
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x0 <= x <= x1:
+            w = 0.0 if x1 == x0 else (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + w * (y1 - y0)
+    return None
+
+
+def gradient_rows(task: str, stored: dict[str, Any], cost_ratio: float) -> list[dict[str, Any]]:
+    """Every non-GRPO estimator of one task: its cosine, its cost relative to GRPO and GRPO's cosine at its cost."""
+    from mcadvantage.evaluation.stats import paired_t_test
+
+    records = stored["records"]
+    grpo = [r for r in records if r["estimator"].startswith("grpo_p")]
+    rows = []
+    for r in records:
+        if r["estimator"].startswith("grpo_p"):
+            continue
+        cost = r["sampled_tokens"] + cost_ratio * r["trained_tokens"]
+        at_tokens = _interpolate([(g["sampled_tokens"], g["cosine"]) for g in grpo], r["sampled_tokens"])
+        at_cost = _interpolate(
+            [(g["sampled_tokens"] + cost_ratio * g["trained_tokens"], g["cosine"]) for g in grpo], cost
+        )
+        row = {
+            "task": task,
+            "estimator": r["estimator"],
+            "tokens_per_trained_response_vs_grpo": r["sampled_tokens"] / r["trained_tokens"],
+            "gradient_cosine": r["cosine"],
+            "gradient_cosine_ci": r["cosine_ci"],
+            "grpo_cosine_at_equal_sampled_tokens": at_tokens,
+            "grpo_cosine_at_equal_cost_model": at_cost,
+            "cost_ratio_r": cost_ratio,
+            "repeats": r["repeats"],
+        }
+        # A GRPO budget on the same prompts (same prompts per batch) that costs at least as much: a paired test.
+        same = next(
+            (g for g in grpo if g["prompts_per_batch"] == r["prompts_per_batch"] and "cosines" in g), None
+        )
+        if same is not None and "cosines" in r and same["sampled_tokens"] >= r["sampled_tokens"]:
+            test = paired_t_test([a - b for a, b in zip(r["cosines"], same["cosines"], strict=True)])
+            row["paired_vs_costlier_grpo"] = {
+                "grpo": same["estimator"],
+                "grpo_sampled_tokens": same["sampled_tokens"],
+                "mean_cosine_difference": test["mean"],
+                "ci95": test["ci95"],
+                "p": test["p"],
+            }
+        rows.append(row)
+    return rows
+
+
+def learning_rows(learning: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per arm of the regime learning runs: paired final-accuracy differences to the GRPO arms, and token ratios."""
+    from mcadvantage.evaluation.stats import paired_t_test
+
+    finals: dict[str, dict[int, float]] = {}
+    tokens: dict[str, dict[int, float]] = {}
+    for rec in learning["records"]:
+        arm, seed = rec["arm"], rec["seed"]
+        if rec["step"] >= max(
+            r["step"] for r in learning["records"] if r["arm"] == arm and r["seed"] == seed
+        ):
+            finals.setdefault(arm, {})[seed] = rec["accuracy"]
+            tokens.setdefault(arm, {})[seed] = rec["sampled_tokens"]
+    rows = []
+    for arm in sorted(finals, key=lambda a: list(finals).index(a)):
+        row: dict[str, Any] = {
+            "arm": arm,
+            "seeds": sorted(finals[arm]),
+            "final_accuracy": statistics.fmean(finals[arm].values()),
+        }
+        for base in ("grpo", "grpo_matched", "grpo_matched_cost"):
+            if base == arm or base not in finals:
+                continue
+            seeds = sorted(set(finals[arm]) & set(finals[base]))
+            test = paired_t_test([finals[arm][s] - finals[base][s] for s in seeds])
+            row[f"final_accuracy_vs_{base}"] = {
+                "mean": test["mean"],
+                "ci95": test["ci95"],
+                "p": test["p"],
+                "n": test["n"],
+            }
+        if "grpo" in tokens:
+            seeds = sorted(set(tokens[arm]) & set(tokens["grpo"]))
+            row["sampled_tokens_vs_grpo"] = statistics.fmean(
+                tokens[arm][s] / tokens["grpo"][s] for s in seeds
+            )
+        row["gradient_row"] = ARM_TO_GRADIENT.get(arm)
+        rows.append(row)
+    return rows
+
+
+def ranking(estimator: str, diagnostics: dict[str, Any] | None) -> tuple[float | None, str | None]:
+    """The ranking test's pairwise accuracy for an estimator row, and what was measured for it."""
+    if diagnostics is None:
+        return None, None
+    rows = diagnostics["estimators"]
+    m = re.match(r"vineppo_k(\d+)", estimator)
+    if m and f"vineppo_k{m.group(1)}" in rows:
+        return rows[f"vineppo_k{m.group(1)}"]["ranking_pairwise"], f"vineppo_k{m.group(1)}"
+    for prefix, (proxy, why) in RANKING_PROXY.items():
+        if estimator.startswith(prefix) and proxy in rows:
+            return rows[proxy]["ranking_pairwise"], f"{proxy} ({why})"
+    return None, None
+
+
+def main() -> int:
+    gq = _load("gradient_quality.json")
+    if gq is None:
+        raise SystemExit(
+            "benchmarks/results/gradient_quality.json is missing: run benchmarks/gradient_quality.py first."
+        )
+    r = gq["cost_ratio"]["cost_ratio"]
+    diagnostics = {
+        "demo": _load("credit_diagnostics.json"),
+        "demo_plateau": _load("regime/credit_diagnostics_plateau.json"),
+    }
+    gradient = []
+    for task, stored in gq["tasks"].items():
+        for row in gradient_rows(task, stored, r):
+            row["ranking_pairwise"], row["ranking_measured_as"] = ranking(
+                row["estimator"], diagnostics.get(task)
+            )
+            gradient.append(row)
+    learning = _load("regime/learning_demo_plateau.json")
+    mc = _load("mc_efficiency.json")
+    out = {
+        "command": "python benchmarks/credit_at_grpo_price.py",
+        "sources": {
+            "gradient": "benchmarks/results/gradient_quality.json",
+            "learning": "benchmarks/results/regime/learning_demo_plateau.json",
+            "ranking": {
+                k: f"benchmarks/results/{v}"
+                for k, v in (
+                    ("demo", "credit_diagnostics.json"),
+                    ("demo_plateau", "regime/credit_diagnostics_plateau.json"),
+                )
+            },
+            "mc_efficiency": "benchmarks/results/mc_efficiency.json",
+        },  # fmt: skip
+        "gradient": gradient,
+        "learning": {"demo_plateau": learning_rows(learning)} if learning else {},
+        "mc_tokens_to_reach_k9_error": [
+            {
+                "task": o["task"],
+                "family": o["family"],
+                "ratio": o["tokens_ratio_vs_k9_at_equal_error"],
+                "ci90": o.get("tokens_ratio_ci90"),
+                "repeats": o["repeats"],
+            }
+            for o in (mc or {}).get("options", [])
+            if o["k"] == 9 and o["family"] in ("reuse", "variance")
+        ],
+    }
+    OUT.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+
+    print(f"gradient cosine at equal cost (r = {r:.2f}); GRPO interpolated between its measured budgets")
+    print(f"{'task':<13} {'estimator':<24} {'tok/resp x GRPO':>15} {'cosine':>7} {'GRPO same tokens':>16} "
+          f"{'GRPO same cost':>14} {'paired vs costlier GRPO':>30}")  # fmt: skip
+    for row in gradient:
+        paired = row.get("paired_vs_costlier_grpo")
+        paired_text = (
+            f"{paired['mean_cosine_difference']:+.3f} [{paired['ci95'][0]:+.3f}, {paired['ci95'][1]:+.3f}]"
+            if paired
+            else "-"
+        )
+
+        def fmt(x: float | None) -> str:
+            return "-" if x is None else f"{x:.3f}"
+
+        print(
+            f"{row['task']:<13} {row['estimator']:<24} {row['tokens_per_trained_response_vs_grpo']:>15.2f} "
+            f"{row['gradient_cosine']:>7.3f} {fmt(row['grpo_cosine_at_equal_sampled_tokens']):>16} "
+            f"{fmt(row['grpo_cosine_at_equal_cost_model']):>14} {paired_text:>30}"
+        )
+    for row in out["learning"].get("demo_plateau", []):
+        vs = row.get("final_accuracy_vs_grpo_matched")
+        text = (
+            ""
+            if not vs
+            else f"vs grpo_matched {vs['mean']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}] p={vs['p']:.3f}"
+        )
+        print(
+            f"learning demo_plateau {row['arm']:<18} n={len(row['seeds'])} final {row['final_accuracy']:.3f} {text}"
+        )
+    print(f"wrote {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

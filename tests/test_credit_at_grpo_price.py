@@ -1,0 +1,67 @@
+"""benchmarks/credit_at_grpo_price.py: equal-cost comparisons and paired learning differences from synthetic records."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location(
+        "credit_at_grpo_price", ROOT / "benchmarks" / "credit_at_grpo_price.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(name, prompts, sampled, trained, cosines):
+    return {"estimator": name, "prompts_per_batch": prompts, "sampled_tokens": sampled, "trained_tokens": trained,
+            "cosine": sum(cosines) / len(cosines), "cosine_ci": [0.0, 1.0], "repeats": len(cosines),
+            "cosines": cosines}  # fmt: skip
+
+
+def test_gradient_rows_interpolate_grpo_and_pair_with_a_costlier_budget(bench):
+    stored = {
+        "records": [
+            _record("grpo_p4", 4, 100.0, 100.0, [0.5, 0.5, 0.5]),
+            _record("grpo_p8", 8, 200.0, 200.0, [0.6, 0.7, 0.8]),
+            _record("tree_p8", 8, 150.0, 200.0, [0.7, 0.8, 0.9]),
+        ]
+    }
+    [row] = bench.gradient_rows("t", stored, cost_ratio=1.0)
+    assert row["tokens_per_trained_response_vs_grpo"] == 0.75
+    # 150 sampled tokens lies halfway in log between 100 and 200 at log2(1.5) = 0.585 of the way.
+    assert row["grpo_cosine_at_equal_sampled_tokens"] == pytest.approx(0.5 + math.log2(1.5) * 0.2)
+    # Cost model: 150 + 200 = 350 between 200 and 400.
+    assert row["grpo_cosine_at_equal_cost_model"] == pytest.approx(0.5 + math.log2(1.75) * 0.2)
+    paired = row["paired_vs_costlier_grpo"]
+    assert paired["grpo"] == "grpo_p8" and paired["mean_cosine_difference"] == pytest.approx(0.1)
+    assert paired["ci95"][0] == pytest.approx(0.1) and paired["ci95"][1] == pytest.approx(0.1)
+
+
+def test_learning_rows_pair_final_accuracies_by_seed(bench):
+    records = []
+    for seed, (grpo, matched, tree) in enumerate(
+        [(0.90, 0.91, 0.93), (0.88, 0.90, 0.91), (0.92, 0.92, 0.95)]
+    ):
+        for arm, acc, tokens in (
+            ("grpo", grpo, 100.0),
+            ("grpo_matched", matched, 250.0),
+            ("tree_d12", tree, 80.0),
+        ):
+            records += [{"arm": arm, "seed": seed, "step": 0, "accuracy": 0.5, "sampled_tokens": 0.0},
+                        {"arm": arm, "seed": seed, "step": 40, "accuracy": acc, "sampled_tokens": tokens}]  # fmt: skip
+    rows = {r["arm"]: r for r in bench.learning_rows({"records": records})}
+    tree = rows["tree_d12"]
+    assert tree["final_accuracy"] == pytest.approx(0.93)
+    assert tree["final_accuracy_vs_grpo_matched"]["mean"] == pytest.approx((0.02 + 0.01 + 0.03) / 3)
+    assert tree["final_accuracy_vs_grpo_matched"]["n"] == 3
+    assert tree["sampled_tokens_vs_grpo"] == pytest.approx(0.8)
+    assert tree["gradient_row"] == "tree_4x2_d0-12_p4"

@@ -18,7 +18,9 @@ docs/benchmarks.md):
 - ``mc_efficiency.json`` (``benchmarks/mc_efficiency.py``): Monte Carlo tokens to reach fixed K=9's value error,
   with its 90% bootstrap interval.
 
-Writes ``benchmarks/results/credit_at_grpo_price.json`` and prints a table.
+Writes ``benchmarks/results/credit_at_grpo_price.json``, prints a table, and writes the plateau policy's part
+(``demo_plateau``: gradient rows, GRPO's budgets, learning rows) to the shipped checkpoint's ``equal_cost.json``,
+which the demo prints and plots (:mod:`mcadvantage.demo.equal_cost`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "credit_at_grpo_price.json"
+DEMO_SUMMARY = ROOT / "src" / "mcadvantage" / "demo" / "warmup_plateau" / "equal_cost.json"
 
 #: Learning arm -> the gradient-instrument row with the same estimator and settings (4 prompts per step).
 ARM_TO_GRADIENT = {
@@ -82,6 +85,7 @@ def gradient_rows(task: str, stored: dict[str, Any], cost_ratio: float) -> list[
         row = {
             "task": task,
             "estimator": r["estimator"],
+            "cost_model": cost,
             "tokens_per_trained_response_vs_grpo": r["sampled_tokens"] / r["trained_tokens"],
             "gradient_cosine": r["cosine"],
             "gradient_cosine_ci": r["cosine_ci"],
@@ -211,6 +215,20 @@ def main() -> int:
         ],
     }
     OUT.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    if "demo_plateau" in gq["tasks"]:
+        demo = {
+            "command": out["command"],
+            "cost_ratio": r,
+            "gradient": [row for row in gradient if row["task"] == "demo_plateau"],
+            "grpo_budgets": [
+                {"estimator": g["estimator"], "cost_model": g["sampled_tokens"] + r * g["trained_tokens"],
+                 "cosine": g["cosine"], "cosine_ci": g["cosine_ci"]}
+                for g in gq["tasks"]["demo_plateau"]["records"]
+                if g["estimator"].startswith("grpo_p")
+            ],
+            "learning": out["learning"].get("demo_plateau", []),
+        }  # fmt: skip
+        DEMO_SUMMARY.write_text(json.dumps(demo, indent=2) + "\n", encoding="utf-8")
 
     print(f"gradient cosine at equal cost (r = {r:.2f}); GRPO interpolated between its measured budgets")
     print(f"{'task':<13} {'estimator':<24} {'tok/resp x GRPO':>15} {'cosine':>7} {'GRPO same tokens':>16} "

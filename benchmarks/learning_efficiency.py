@@ -208,9 +208,32 @@ def measured_cost_ratio() -> float:
 def _tokens_per_step(info: dict) -> tuple[float, float]:
     """(sampled, trained) tokens per step of a finished RL arm: every policy response trains, Monte Carlo rollouts
     do not."""
+    from mcadvantage.demo.arms import rollout_tokens
+
     sampled = info["sampled_tokens"]
-    rollouts = sum(float(step.get("mc/generated_tokens", 0.0)) for step in info.get("logs", []))
+    rollouts = sum(rollout_tokens(step) for step in info.get("logs", []))
     return sampled / info["steps"], (sampled - rollouts) / info["steps"]
+
+
+def recount_sampled_tokens(info: dict, records: list[dict]) -> None:
+    """Recompute an RL arm's cumulative sampled tokens from its per-step logs, in place (``info`` and its curve's
+    ``records``): responses (a tree's generated tokens) plus every estimator's rollouts
+    (:func:`mcadvantage.demo.arms.rollout_tokens`). Runs recorded before 2026-11-25 counted only ``mc/`` rollouts,
+    which left out the hybrid's (``hybrid/generated_tokens``); the logs hold everything needed."""
+    from mcadvantage.demo.arms import rollout_tokens
+
+    logs = info.get("logs")
+    if not logs:
+        return
+    batch = info["prompts_per_step"] * task_config(info["task"], int(info["seed"])).num_generations
+    total, by_step = 0.0, {0: 0.0}
+    for step in sorted(logs, key=lambda row: row["step"]):
+        responses = float(step.get("completions/mean_length", 0.0)) * batch
+        total += float(step.get("tree/generated_tokens", responses)) + rollout_tokens(step)
+        by_step[int(step["step"])] = total
+    info["sampled_tokens"] = total
+    for record in records:
+        record["sampled_tokens"] = by_step.get(int(record["step"]), record["sampled_tokens"])
 
 
 def _matched_prompts(
@@ -454,7 +477,9 @@ def load_runs(root: Path) -> tuple[list[dict], dict[tuple[str, int, str], dict]]
         key = (info["task"], int(info["seed"]), info["arm"])
         done[key] = info
         log = marker.with_name(f"{info['arm']}.jsonl")
-        records += [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        curve = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        recount_sampled_tokens(info, curve)
+        records += curve
     return records, done
 
 

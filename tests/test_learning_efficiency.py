@@ -336,3 +336,28 @@ def test_shared_start_tasks_use_seed_0_problems_for_every_seed():
     assert [p.prompt for p in zero.rl_set[:50]] == [p.prompt for p in five.rl_set[:50]]
     assert le.task_config("demo_plateau", 5).seed == 5  # the RL run's own seed still differs
     assert [p.prompt for p in le.task_data("demo", 5).eval_set] != [p.prompt for p in zero.eval_set]
+
+
+def test_sampled_tokens_count_every_estimators_rollouts_and_a_trees_shared_prefixes_once():
+    from mcadvantage.demo.arms import rollout_tokens
+
+    le = _benchmark()
+    assert (
+        rollout_tokens(
+            {"mc/generated_tokens": 5.0, "hybrid/generated_tokens": 7.0, "tree/generated_tokens": 9.0}
+        )
+        == 12.0
+    )
+    # Two steps of 4 prompts x 8 responses of mean length 10: 320 response tokens per step, plus the hybrid's rollouts.
+    logs = [
+        {"step": 1.0, "completions/mean_length": 10.0, "hybrid/generated_tokens": 30.0},
+        {"step": 2.0, "completions/mean_length": 10.0, "hybrid/generated_tokens": 0.0},
+    ]
+    info = {"task": "demo", "seed": 0, "prompts_per_step": 4, "sampled_tokens": 640.0, "logs": logs}
+    curve = [{"step": 0, "sampled_tokens": 0.0}, {"step": 2, "sampled_tokens": 640.0}]
+    le.recount_sampled_tokens(info, curve)
+    assert info["sampled_tokens"] == 670.0 and [r["sampled_tokens"] for r in curve] == [0.0, 670.0]
+    tree_logs = [{"step": 1.0, "completions/mean_length": 10.0, "tree/generated_tokens": 250.0}]
+    info = {"task": "demo", "seed": 0, "prompts_per_step": 4, "sampled_tokens": 0.0, "logs": tree_logs}
+    le.recount_sampled_tokens(info, [])
+    assert info["sampled_tokens"] == 250.0  # what the tree sampled, not 320

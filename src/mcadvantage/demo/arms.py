@@ -245,6 +245,14 @@ def _train_to_plateau(
     return record
 
 
+def rollout_tokens(logs: dict[str, Any]) -> float:
+    """Tokens an estimator sampled beyond the responses in one step's logs: every ``<prefix>/generated_tokens``
+    (``mc/`` for VinePPO, ``hybrid/`` for the hybrid), except a tree's, which are its responses."""
+    return sum(
+        float(v) for k, v in logs.items() if k.endswith("/generated_tokens") and k != "tree/generated_tokens"
+    )
+
+
 def rl_training_args(config: DemoConfig, arm: ArmSpec, output_dir: str | Path) -> Any:
     """The ``VinePPOConfig`` of an RL arm: the demo's settings, with the arm's estimator, ``K`` and
     prompts per step. Every RL arm shares everything else (seed, learning rate, temperature, batch
@@ -336,7 +344,7 @@ def run_rl_arm(
             # Monte Carlo rollouts.
             tokens = float(logs.get("completions/mean_length", 0.0)) * batch
             tokens = float(logs.get("tree/generated_tokens", tokens))
-            tokens += float(logs.get("mc/generated_tokens", 0.0))
+            tokens += rollout_tokens(logs)
             state_box["tokens"] += tokens
             kept = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
             kept.update(step=float(step), sampled_tokens=tokens)

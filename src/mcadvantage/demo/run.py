@@ -54,6 +54,7 @@ from mcadvantage.demo.config import (
     usable_shipped_warmup,
     validate_config,
 )
+from mcadvantage.demo.equal_cost import equal_cost_lines, load_equal_cost, plot_equal_cost
 from mcadvantage.demo.task import ArithmeticProblem
 
 __all__ = ["accuracy_by_num_steps", "main", "run_demo"]
@@ -253,6 +254,15 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "binomial error); docs/learning-efficiency.md has the multi-seed comparison.",
         flush=True,
     )
+    equal_cost = load_equal_cost(shipped_warmup_dir(config.warmup_schedule)) if shipped is not None else None
+    if equal_cost is not None:  # what one seed cannot say: the regime study's answer for this starting policy
+        for line in equal_cost_lines(equal_cost):
+            print(f"[demo] {line}")
+        plot_equal_cost(equal_cost, out / "gradient_quality.png")
+        print(
+            f"[demo] Plotted as {out / 'gradient_quality.png'}; docs/gradient-quality.md explains it.",
+            flush=True,
+        )
     shown = _html_problems(eval_set, config.html_responses)
     sections = {
         "The starting policy (after the supervised warm-up)": _score_responses(

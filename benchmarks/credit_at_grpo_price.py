@@ -166,7 +166,72 @@ def ranking(estimator: str, diagnostics: dict[str, Any] | None) -> tuple[float |
     return None, None
 
 
-def main() -> int:
+def markdown(out: dict[str, Any], r: float) -> str:
+    """The summary as Markdown tables (for ``--doc``): the gradient at equal cost per task, then the learning runs."""
+
+    def fmt(x: float | None, spec: str = ".3f") -> str:
+        return "-" if x is None else f"{x:{spec}}"
+
+    lines = [
+        f"Gradient cosine at equal cost (r = {r:.2f} measured; GRPO's budgets interpolated in log cost). The last "
+        "column pairs the estimator with a GRPO budget on the same prompts that costs at least as much "
+        "(mean per-repeat difference, 95% t interval).",
+        "",
+        "| task | estimator | sampled tokens per trained response (x GRPO) | ranking pairwise | cosine [95% CI] | "
+        "GRPO, same sampled tokens | GRPO, same cost | paired vs costlier GRPO |",
+        "|---|---|---:|---:|---|---:|---:|---|",
+    ]
+    for row in out["gradient"]:
+        paired = row.get("paired_vs_costlier_grpo")
+        lines.append(
+            f"| {row['task']} | {row['estimator']} | {row['tokens_per_trained_response_vs_grpo']:.2f} | "
+            f"{fmt(row['ranking_pairwise'])} | {row['gradient_cosine']:.3f} [{row['gradient_cosine_ci'][0]:.3f}, "
+            f"{row['gradient_cosine_ci'][1]:.3f}] | {fmt(row['grpo_cosine_at_equal_sampled_tokens'])} | "
+            f"{fmt(row['grpo_cosine_at_equal_cost_model'])} | "
+            + (
+                f"{paired['mean_cosine_difference']:+.3f} [{paired['ci95'][0]:+.3f}, {paired['ci95'][1]:+.3f}] vs "
+                f"{paired['grpo']}"
+                if paired
+                else ""
+            )
+            + " |"
+        )
+    rows = out["learning"].get("demo_plateau", [])
+    if rows:
+        lines += [
+            "",
+            "Learning runs from the plateau checkpoint (`demo_plateau`): final held-out accuracy, paired by seed "
+            "(mean difference, 95% t interval, two-sided p).",
+            "",
+            "| arm | seeds | final accuracy | vs `grpo` | vs `grpo_matched` | vs `grpo_matched_cost` | sampled tokens x GRPO |",
+            "|---|---:|---:|---|---|---|---:|",
+        ]
+
+        def test(row: dict[str, Any], base: str) -> str:
+            t = row.get(f"final_accuracy_vs_{base}")
+            return (
+                ""
+                if not t
+                else f"{t['mean']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}], p {t['p']:.2f}"
+            )
+
+        for row in rows:
+            lines.append(
+                f"| `{row['arm']}` | {len(row['seeds'])} | {row['final_accuracy']:.3f} | {test(row, 'grpo')} | "
+                f"{test(row, 'grpo_matched')} | {test(row, 'grpo_matched_cost')} | "
+                f"{row.get('sampled_tokens_vs_grpo', float('nan')):.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--doc", default=None, help="also write the tables between this file's results markers"
+    )
+    args = parser.parse_args(argv)
     gq = _load("gradient_quality.json")
     if gq is None:
         raise SystemExit(
@@ -260,6 +325,13 @@ def main() -> int:
             f"learning demo_plateau {row['arm']:<18} n={len(row['seeds'])} final {row['final_accuracy']:.3f} {text}"
         )
     print(f"wrote {OUT.relative_to(ROOT)}")
+    if args.doc:
+        from mcadvantage.evaluation.report import replace_between_markers
+
+        if not replace_between_markers(args.doc, "credit_at_grpo_price", markdown(out, r)):
+            raise SystemExit(
+                f"--doc {args.doc}: no '<!-- credit_at_grpo_price results: start/end -->' markers"
+            )
     return 0
 
 

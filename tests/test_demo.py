@@ -285,7 +285,59 @@ def test_quick_flag_shrinks_the_run_and_explicit_flags_win():
     assert config.quick and config.rl_steps == 5 and config.seed == 3
     assert config.warmup_steps == 60 and config.hidden_size == 64
     default = parse_args([])
-    assert default == DemoConfig() and not default.quick
+    # The demo starts from the plateau warm-up; --quick (which trains its own) and DemoConfig keep the fixed recipe.
+    assert default == DemoConfig(warmup_schedule="plateau") and not default.quick
+    assert parse_args(["--quick"]).warmup_schedule == "fixed" == DemoConfig().warmup_schedule
+    assert parse_args(["--warmup_schedule", "fixed"]) == DemoConfig()
+
+
+def _summary(ahead: bool):
+    test = {
+        "mean": 0.03 if ahead else -0.01,
+        "ci95": [0.01, 0.05] if ahead else [-0.03, 0.01],
+        "p": 0.01 if ahead else 0.4,
+    }
+    return {
+        "cost_ratio": 1.5,
+        "grpo_budgets": [{"estimator": "grpo_p4", "cost_model": 100.0, "cosine": 0.5, "cosine_ci": [0.4, 0.6]},
+                         {"estimator": "grpo_p8", "cost_model": 200.0, "cosine": 0.6, "cosine_ci": [0.5, 0.7]}],
+        "gradient": [{"estimator": "tree_p8", "cost_model": 150.0, "gradient_cosine": 0.62,
+                      "gradient_cosine_ci": [0.55, 0.7], "grpo_cosine_at_equal_cost_model": 0.558},
+                     {"estimator": "vineppo_k4_p4", "cost_model": 400.0, "gradient_cosine": 0.5,
+                      "gradient_cosine_ci": [0.4, 0.6], "grpo_cosine_at_equal_cost_model": None}],
+        "learning": [{"arm": "grpo_matched", "seeds": list(range(12)), "final_accuracy": 0.9},
+                     {"arm": "tree_d12", "seeds": list(range(12)), "final_accuracy": 0.91,
+                      "final_accuracy_vs_grpo_matched": test, "sampled_tokens_vs_grpo": 0.84}],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_the_demo_states_the_equal_cost_answer_and_plots_it(tmp_path, ahead):
+    from mcadvantage.demo.equal_cost import equal_cost_lines, plot_equal_cost
+
+    lines = equal_cost_lines(_summary(ahead))
+    if ahead:
+        assert (
+            lines[0].startswith("Ahead of GRPO given the same sampled tokens")
+            and "tree_d12 (+0.030" in lines[0]
+        )
+    else:
+        assert lines[0].startswith("No arm is ahead of GRPO") and "12 seeds" in lines[0]
+    assert any("tree_d12" in line and "0.84x GRPO's" in line for line in lines)
+    assert any("tree_p8" in line and "0.558 (+0.062)" in line for line in lines)
+    assert any("vineppo_k4_p4" in line and "outside GRPO's measured budgets" in line for line in lines)
+    png = plot_equal_cost(_summary(ahead), tmp_path / "g.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_shipped_plateau_checkpoint_carries_its_equal_cost_answer():
+    from mcadvantage.demo.config import shipped_warmup_dir
+    from mcadvantage.demo.equal_cost import equal_cost_lines, load_equal_cost
+
+    summary = load_equal_cost(shipped_warmup_dir("plateau"))
+    assert summary is not None and summary["gradient"] and summary["grpo_budgets"]
+    assert len(equal_cost_lines(summary)) >= len(summary["gradient"]) + 1
+    assert load_equal_cost(shipped_warmup_dir("fixed")) is None  # the 0.1 checkpoint has none
 
 
 @pytest.mark.parametrize(

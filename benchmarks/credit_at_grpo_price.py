@@ -158,11 +158,15 @@ def ranking(estimator: str, diagnostics: dict[str, Any] | None) -> tuple[float |
         return None, None
     rows = diagnostics["estimators"]
     m = re.match(r"vineppo_k(\d+)", estimator)
+    def pairs(row: dict[str, Any]) -> str:
+        return f"{int(row.get('ranking_pairs', 0))} pairs in {int(row.get('ranking_groups', 0))} states"
+
     if m and f"vineppo_k{m.group(1)}" in rows:
-        return rows[f"vineppo_k{m.group(1)}"]["ranking_pairwise"], f"vineppo_k{m.group(1)}"
+        row = rows[f"vineppo_k{m.group(1)}"]
+        return row["ranking_pairwise"], f"vineppo_k{m.group(1)}; {pairs(row)}"
     for prefix, (proxy, why) in RANKING_PROXY.items():
         if estimator.startswith(prefix) and proxy in rows:
-            return rows[proxy]["ranking_pairwise"], f"{proxy} ({why})"
+            return rows[proxy]["ranking_pairwise"], f"{proxy} ({why}); {pairs(rows[proxy])}"
     return None, None
 
 

@@ -87,7 +87,8 @@ def make_warmup(
         "torch": torch.__version__,
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
         "command": f"python -m mcadvantage.demo.make_warmup --seed {config.seed} --output_dir {output_dir}"
-        + (f" --warmup_schedule plateau --warmup_patience {config.warmup_patience}" if plateau else ""),
+        + (f" --warmup_schedule plateau --warmup_patience {config.warmup_patience}" if plateau else "")
+        + (f" --flaw {config.flaw}" if config.flaw != DemoConfig.flaw else ""),
     }
     if plateau:
         meta["plateau"] = {
@@ -188,12 +189,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=400,
         help="plateau schedule: supervised steps of the plateau check (0 skips it)",
     )
+    parser.add_argument(
+        "--flaw",
+        choices=("skip_last", "slip"),
+        default=DemoConfig.flaw,
+        help="how flawed demonstrations go wrong (see DemoConfig.flaw; 'slip' is the learning-efficiency task 'slip')",
+    )
     args = parser.parse_args(argv)
     config = DemoConfig(
         seed=args.seed,
         warmup_steps=args.warmup_steps,
         warmup_schedule=args.warmup_schedule,
         warmup_patience=args.warmup_patience,
+        flaw=args.flaw,
     )
     if args.quick:
         config.apply_quick()

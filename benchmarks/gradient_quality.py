@@ -102,10 +102,18 @@ PLATEAU_SPECS = [
     "tree:branching=4x2,depths=0-12,prompts=8",
 ]
 #: task -> the demo warm-up schedule whose shipped checkpoint is the policy
-DEMO_TASKS = {"demo": "fixed", "demo_plateau": "plateau"}
+DEMO_TASKS = {"demo": "fixed", "demo_plateau": "plateau", "slip_plateau": "plateau"}
+#: tasks whose policy is not shipped: its directory and the command that trains it (docs/regime-protocol.md)
+UNSHIPPED_POLICIES = {
+    "slip_plateau": (
+        RESULTS / "regime" / "warmup_slip_plateau",
+        "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --flaw slip "
+        "--output_dir benchmarks/results/regime/warmup_slip_plateau",
+    )
+}
 
 
-def demo_task(prompts: int, seed: int, threads: int, schedule: str = "fixed") -> Any:
+def demo_task(prompts: int, seed: int, threads: int, schedule: str = "fixed", policy_dir: Any = None) -> Any:
     import torch
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
@@ -117,7 +125,7 @@ def demo_task(prompts: int, seed: int, threads: int, schedule: str = "fixed") ->
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     config = DemoConfig(warmup_schedule=schedule)
-    model, tok = load_policy(str(shipped_warmup_dir(schedule)))
+    model, tok = load_policy(str(policy_dir or shipped_warmup_dir(schedule)))
     problems = build_data(config).eval_set[:prompts]
     task = GradientTask(
         oracle=CausalLMOracle(model),
@@ -132,6 +140,8 @@ def demo_task(prompts: int, seed: int, threads: int, schedule: str = "fixed") ->
         policy_model=model,
     )
     policy = "shipped demo warm-up (seed 0)" if schedule == "fixed" else "shipped plateau warm-up (seed 0)"
+    if policy_dir is not None:
+        policy = f"{Path(policy_dir).relative_to(ROOT)} (seed 0)"
     return task, model, {"policy": policy, "temperature": config.temperature}
 
 
@@ -156,7 +166,12 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
         task, reference, info = toy_task(rates, args.seed)
         specs, repeats = TOY_SPECS, args.toy_repeats
     else:
-        task, _, info = demo_task(args.demo_prompts, args.seed, args.threads, DEMO_TASKS[name])
+        policy_dir = None
+        if name in UNSHIPPED_POLICIES:
+            policy_dir, command = UNSHIPPED_POLICIES[name]
+            if not (policy_dir / "warmup.json").exists():  # written last, when the warm-up is complete
+                raise SystemExit(f"--tasks {name} needs its warm-up in {policy_dir}: run `{command}` first.")
+        task, _, info = demo_task(args.demo_prompts, args.seed, args.threads, DEMO_TASKS[name], policy_dir)
         specs, repeats = (DEMO_SPECS if name == "demo" else PLATEAU_SPECS), args.demo_repeats
         # The reference (8 MB) is not committed: a fresh clone recomputes it, seeded, when the file is missing.
         reference_file = RESULTS / f"gradient_quality_{name}_reference.pt"

@@ -3,7 +3,6 @@ end-to-end run on the quick task, and the shipped warm-up checkpoint the demo st
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -11,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _helpers import load_benchmark
 
 from mcadvantage.demo.config import ArmSpec, DemoConfig, parse_arm, shipped_warmup_dir, usable_shipped_warmup
 
@@ -18,12 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location(
-        "learning_efficiency", REPO / "benchmarks" / "learning_efficiency.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("learning_efficiency")
 
 
 @pytest.mark.parametrize(

@@ -158,6 +158,7 @@ def ranking(estimator: str, diagnostics: dict[str, Any] | None) -> tuple[float |
         return None, None
     rows = diagnostics["estimators"]
     m = re.match(r"vineppo_k(\d+)", estimator)
+
     def pairs(row: dict[str, Any]) -> str:
         return f"{int(row.get('ranking_pairs', 0))} pairs in {int(row.get('ranking_groups', 0))} states"
 

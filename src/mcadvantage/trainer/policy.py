@@ -12,8 +12,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from mcadvantage.estimators.base import reduce_metrics
-from mcadvantage.mc.tree import TreeGroup, draw_trees
 from mcadvantage.samplers.base import Sampler
 
 __all__ = ["ENGINES", "draw_group_trees", "policy_sampler", "sampling_settings"]
@@ -132,7 +130,11 @@ def draw_group_trees(
     schedule_for = getattr(trainer.advantage_estimator, "tree_schedule", None)
     if schedule_for is None:
         return None
+    # Imported here: evaluation imports this module and must not pull in torch (tests/test_evaluation.py).
     from accelerate.utils import broadcast_object_list, gather_object
+
+    from mcadvantage.estimators.base import reduce_metrics
+    from mcadvantage.mc.tree import draw_trees
 
     schedule = schedule_for(trainer.max_completion_length)
     if len(prompt_ids) % num_generations:
@@ -150,7 +152,7 @@ def draw_group_trees(
     context = sampler_context if sampler_context is not None else policy_sampler(trainer)
     with context as sampler:
         if not main_only:
-            trees: list[TreeGroup] = draw_trees(sampler, groups, schedule, trainer.max_completion_length)
+            trees = draw_trees(sampler, groups, schedule, trainer.max_completion_length)
         else:
             every = gather_object([groups])
             payload: list[Any] = [None]

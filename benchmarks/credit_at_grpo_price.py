@@ -141,6 +141,9 @@ def learning_rows(learning: dict[str, Any]) -> list[dict[str, Any]]:
                 "ci95": test["ci95"],
                 "p": test["p"],
                 "n": test["n"],
+                "sd": test["sd"],
+                # The paired difference this many seeds detect with 80% power at alpha 0.05, given the observed SD.
+                "detectable_at_80_power": detectable_difference(test["sd"], test["n"]),
             }
         if "grpo" in tokens:
             seeds = sorted(set(tokens[arm]) & set(tokens["grpo"]))
@@ -150,6 +153,17 @@ def learning_rows(learning: dict[str, Any]) -> list[dict[str, Any]]:
         row["gradient_row"] = ARM_TO_GRADIENT.get(arm)
         rows.append(row)
     return rows
+
+
+def detectable_difference(sd: float, n: int, power: float = 0.8) -> float:
+    """Smallest true paired difference a two-sided paired t-test at 5% detects with ``power`` with ``n`` pairs of
+    standard deviation ``sd``: ``(t_0.975 + t_power) x sd / sqrt(n)`` on ``n - 1`` degrees of freedom (the usual
+    approximation to the noncentral t)."""
+    from mcadvantage.evaluation.stats import student_t_quantile
+
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    return (student_t_quantile(0.975, n - 1) + student_t_quantile(power, n - 1)) * sd / math.sqrt(n)
 
 
 def ranking(estimator: str, diagnostics: dict[str, Any] | None) -> tuple[float | None, str | None]:
@@ -208,8 +222,9 @@ def markdown(out: dict[str, Any], r: float) -> str:
             "Learning runs from the plateau checkpoint (`demo_plateau`): final held-out accuracy, paired by seed "
             "(mean difference, 95% t interval, two-sided p).",
             "",
-            "| arm | seeds | final accuracy | vs `grpo` | vs `grpo_matched` | vs `grpo_matched_cost` | sampled tokens x GRPO |",
-            "|---|---:|---:|---|---|---|---:|",
+            "| arm | seeds | final accuracy | vs `grpo` | vs `grpo_matched` | vs `grpo_matched_cost` | sampled tokens x GRPO "
+            "| detectable vs `grpo_matched` (80% power) |",
+            "|---|---:|---:|---|---|---|---:|---:|",
         ]
 
         def test(row: dict[str, Any], base: str) -> str:
@@ -224,7 +239,13 @@ def markdown(out: dict[str, Any], r: float) -> str:
             lines.append(
                 f"| `{row['arm']}` | {len(row['seeds'])} | {row['final_accuracy']:.3f} | {test(row, 'grpo')} | "
                 f"{test(row, 'grpo_matched')} | {test(row, 'grpo_matched_cost')} | "
-                f"{row.get('sampled_tokens_vs_grpo', float('nan')):.2f} |"
+                f"{row.get('sampled_tokens_vs_grpo', float('nan')):.2f} | "
+                + (
+                    f"{row['final_accuracy_vs_grpo_matched']['detectable_at_80_power']:.3f}"
+                    if row.get("final_accuracy_vs_grpo_matched")
+                    else ""
+                )
+                + " |"
             )
     return "\n".join(lines) + "\n"
 

@@ -65,3 +65,9 @@ def test_learning_rows_pair_final_accuracies_by_seed(bench):
     assert tree["final_accuracy_vs_grpo_matched"]["n"] == 3
     assert tree["sampled_tokens_vs_grpo"] == pytest.approx(0.8)
     assert tree["gradient_row"] == "tree_4x2_d0-12_p4"
+
+
+def test_detectable_difference_by_hand(bench):
+    # 12 pairs, SD 0.02: (t_0.975,11 = 2.201 + t_0.8,11 = 0.876) x 0.02 / sqrt(12) = 0.01777.
+    assert bench.detectable_difference(0.02, 12) == pytest.approx(3.077 * 0.02 / math.sqrt(12), abs=2e-4)
+    assert math.isnan(bench.detectable_difference(0.02, 1))

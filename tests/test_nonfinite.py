@@ -11,7 +11,7 @@ A reward function that returned ``inf`` for some completions used to turn all we
 - a non-finite advantage, loss or gradient from anywhere else: ``FloatingPointError`` before the optimizer step.
 
 Every estimator is run (``vineppo`` with each cheaper option and the step budget, ``hybrid``, ``grpo``, ``rloo``,
-``gae``), with each bad value, from a reward function and (except the step budget and ``hybrid``) from a reward
+``gae``, ``tree``), with each bad value, from a reward function and (except the step budget and ``hybrid``) from a reward
 model, on the responses and (for the estimators that sample) on the rollouts. On main before the fix, the ``inf``
 cases of ``vineppo`` ended with every weight non-finite.
 """
@@ -52,6 +52,8 @@ ESTIMATORS = {
     "grpo": dict(advantage_estimator="grpo"),
     "rloo": dict(advantage_estimator="rloo"),
     "gae": dict(advantage_estimator="gae"),
+    # Groups of 4 drawn as 2 x 2 trees branching at token 4: no rollouts, the leaves are the responses.
+    "tree": dict(advantage_estimator="tree", tree_branching=[2, 2], tree_depths=[0, 4]),
 }
 SAMPLING = ("vineppo", "vineppo_reuse", "vineppo_variance", "vineppo_step_budget", "hybrid")
 #: Run with a reward function only: they differ from "vineppo" in which states are sampled, not in how a reward

@@ -57,31 +57,28 @@ def _load(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
-def _interpolate(points: list[tuple[float, float]], x: float) -> float | None:
-    """Linear interpolation in log ``x`` between the sorted ``(x, y)`` points; None outside their range."""
-    points = sorted(points)
-    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-        if x0 <= x <= x1:
-            w = 0.0 if x1 == x0 else (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-            return y0 + w * (y1 - y0)
-    return None
-
-
 def gradient_rows(task: str, stored: dict[str, Any], cost_ratio: float) -> list[dict[str, Any]]:
     """Every non-GRPO estimator of one task: its cosine, its cost relative to GRPO and GRPO's cosine at its cost."""
+    from mcadvantage.evaluation.cost_model import cost_model_tokens
+    from mcadvantage.evaluation.gradient_quality import at_equal_cost
     from mcadvantage.evaluation.stats import paired_t_test
 
-    records = stored["records"]
+    # The cost model at this summary's r (the records carry the r they were measured with).
+    records = [
+        {**r, "cost_model": cost_model_tokens(r["sampled_tokens"], r["trained_tokens"], cost_ratio)}
+        for r in stored["records"]
+    ]
     grpo = [r for r in records if r["estimator"].startswith("grpo_p")]
+    at_tokens_by = {
+        e["estimator"]: e["baseline_cosine_at_cost"]
+        for e in at_equal_cost(records, cost_key="sampled_tokens")
+    }
+    at_cost_by = {e["estimator"]: e["baseline_cosine_at_cost"] for e in at_equal_cost(records)}
     rows = []
     for r in records:
         if r["estimator"].startswith("grpo_p"):
             continue
-        cost = r["sampled_tokens"] + cost_ratio * r["trained_tokens"]
-        at_tokens = _interpolate([(g["sampled_tokens"], g["cosine"]) for g in grpo], r["sampled_tokens"])
-        at_cost = _interpolate(
-            [(g["sampled_tokens"] + cost_ratio * g["trained_tokens"], g["cosine"]) for g in grpo], cost
-        )
+        cost, at_tokens, at_cost = r["cost_model"], at_tokens_by[r["estimator"]], at_cost_by[r["estimator"]]
         row = {
             "task": task,
             "estimator": r["estimator"],
@@ -263,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "benchmarks/results/gradient_quality.json is missing: run benchmarks/gradient_quality.py first."
         )
+    from mcadvantage.evaluation.cost_model import cost_model_tokens
+
     r = gq["cost_ratio"]["cost_ratio"]
     diagnostics = {
         "demo": _load("credit_diagnostics.json"),
@@ -312,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             "cost_ratio": r,
             "gradient": [row for row in gradient if row["task"] == "demo_plateau"],
             "grpo_budgets": [
-                {"estimator": g["estimator"], "cost_model": g["sampled_tokens"] + r * g["trained_tokens"],
+                {"estimator": g["estimator"], "cost_model": cost_model_tokens(g["sampled_tokens"], g["trained_tokens"], r),
                  "cosine": g["cosine"], "cosine_ci": g["cosine_ci"]}
                 for g in gq["tasks"]["demo_plateau"]["records"]
                 if g["estimator"].startswith("grpo_p")

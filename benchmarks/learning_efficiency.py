@@ -61,8 +61,8 @@ TASKS: dict[str, dict[str, Any]] = {
 # The regime study's tasks (docs/regime-protocol.md): every seed starts from the shipped plateau warm-up, trained on
 # seed 0's demonstrations, so the problem sets are seed 0's for every seed (a seed-1 held-out set could hold seed 0's
 # warm-up prompts) and the seed sets only the RL run's own randomness: prompt order and sampling.
-SHARED_START_TASKS: dict[str, str] = {"demo_plateau": "plateau"}
 TASKS["demo_plateau"] = {"warmup_schedule": "plateau"}
+SHARED_START_TASKS = {"demo_plateau"}
 DEFAULT_ARMS = [
     "grpo",
     "rloo",
@@ -174,7 +174,7 @@ def _shared_start(task: str, seed: int, seed_dir: Path) -> dict:
 
     from mcadvantage.demo.config import shipped_warmup_dir
 
-    source = shipped_warmup_dir(SHARED_START_TASKS[task])
+    source = shipped_warmup_dir(task_config(task, 0).warmup_schedule)
     shutil.copytree(source, seed_dir / "warmup_policy", dirs_exist_ok=True)
     start_path = seed_dir.parent / "start.json"
     if start_path.exists():
@@ -220,7 +220,7 @@ def recount_sampled_tokens(info: dict, records: list[dict]) -> None:
     ``records``): responses (a tree's generated tokens) plus every estimator's rollouts
     (:func:`mcadvantage.demo.arms.rollout_tokens`). Runs recorded before 2026-11-25 counted only ``mc/`` rollouts,
     which left out the hybrid's (``hybrid/generated_tokens``); the logs hold everything needed."""
-    from mcadvantage.demo.arms import rollout_tokens
+    from mcadvantage.demo.arms import step_sampled_tokens
 
     logs = info.get("logs")
     if not logs:
@@ -228,8 +228,7 @@ def recount_sampled_tokens(info: dict, records: list[dict]) -> None:
     batch = info["prompts_per_step"] * task_config(info["task"], int(info["seed"])).num_generations
     total, by_step = 0.0, {0: 0.0}
     for step in sorted(logs, key=lambda row: row["step"]):
-        responses = float(step.get("completions/mean_length", 0.0)) * batch
-        total += float(step.get("tree/generated_tokens", responses)) + rollout_tokens(step)
+        total += step_sampled_tokens(step, batch)
         by_step[int(step["step"])] = total
     info["sampled_tokens"] = total
     for record in records:
@@ -241,6 +240,8 @@ def _matched_prompts(
 ) -> int:
     """Prompts per step that give GRPO ``matched_to``'s cost per step (from the finished runs): its sampled tokens,
     or with ``cost_ratio`` r its ``sampled + r x trained`` tokens (the cost model of the gradient instrument)."""
+    from mcadvantage.evaluation.cost_model import cost_model_tokens
+
     cost = {}
     for arm in ("grpo", matched_to):
         done = seed_dir / f"{arm}.done.json"
@@ -249,7 +250,7 @@ def _matched_prompts(
                 f"grpo_matched needs the finished arms grpo and {matched_to} first ({done} is missing)."
             )
         sampled, trained = _tokens_per_step(json.loads(done.read_text()))
-        cost[arm] = sampled + (cost_ratio or 0.0) * trained
+        cost[arm] = cost_model_tokens(sampled, trained, cost_ratio or 0.0)
     return max(1, round(config.prompts_per_step * cost[matched_to] / cost["grpo"]))
 
 

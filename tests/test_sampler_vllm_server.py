@@ -255,8 +255,9 @@ def test_server_draws_tree_groups_for_the_trainer(server_url):
     )
     sampler = VLLMServerSampler(server_url, generation_kwargs={"ignore_eos": True})
     prompts = [list(PREFIX_A)] * 4 + [list(PREFIX_B)] * 4
-    completions = draw_group_trees(trainer, prompts, 4, contextlib.nullcontext(sampler), main_only=True)
-    paths = trainer._mcadvantage_tree_paths
+    completions, paths = draw_group_trees(
+        trainer, prompts, 4, contextlib.nullcontext(sampler), main_only=True
+    )
     assert len(completions) == len(paths) == 8
     for g in (0, 4):
         group = completions[g : g + 4]

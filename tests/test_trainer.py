@@ -544,13 +544,12 @@ class TreeRecordingTrainer(RecordingTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        self.generations[-1]["tree_paths"] = list(self.advantage_estimator_paths)
+        self.generations[-1]["tree_paths"] = list(self.drawn_paths)
         return output
 
     def draw_group_trees(self, prompt_ids, num_generations):
-        completions = super().draw_group_trees(prompt_ids, num_generations)
-        self.advantage_estimator_paths = self._mcadvantage_tree_paths
-        return completions
+        completions, self.drawn_paths = super().draw_group_trees(prompt_ids, num_generations)
+        return completions, self.drawn_paths
 
 
 @pytest.mark.slow

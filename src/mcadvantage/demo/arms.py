@@ -245,6 +245,13 @@ def _train_to_plateau(
     return record
 
 
+def step_sampled_tokens(logs: dict[str, Any], responses_per_step: int) -> float:
+    """Tokens one RL step sampled, from its logs: the responses (mean completion length x responses; a tree's
+    generated tokens instead, which count its shared prefixes once) plus every estimator's rollouts."""
+    responses = float(logs.get("completions/mean_length", 0.0)) * responses_per_step
+    return float(logs.get("tree/generated_tokens", responses)) + rollout_tokens(logs)
+
+
 def rollout_tokens(logs: dict[str, Any]) -> float:
     """Tokens an estimator sampled beyond the responses in one step's logs: every ``<prefix>/generated_tokens``
     (``mc/`` for VinePPO, ``hybrid/`` for the hybrid), except a tree's, which are its responses."""
@@ -340,11 +347,7 @@ def run_rl_arm(
             if not logs or "reward" not in logs:
                 return
             step = int(state.global_step)
-            # Policy responses (mean completion length x responses per step; a tree's shared prefixes once) plus
-            # Monte Carlo rollouts.
-            tokens = float(logs.get("completions/mean_length", 0.0)) * batch
-            tokens = float(logs.get("tree/generated_tokens", tokens))
-            tokens += rollout_tokens(logs)
+            tokens = step_sampled_tokens(logs, batch)
             state_box["tokens"] += tokens
             kept = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
             kept.update(step=float(step), sampled_tokens=tokens)

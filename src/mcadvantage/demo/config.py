@@ -139,10 +139,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         if isinstance(value, bool):
             parser.add_argument(f"--{f.name}", action="store_true", help=f"{f.name} (flag)")
         else:
-            if f.name == "warmup_schedule":
-                value = f"{DEMO_WARMUP_SCHEDULE} ({value} with --quick)"
-            parser.add_argument(f"--{f.name}", type=str if f.name == "warmup_schedule" else type(value),
-                                default=None, help=f"default: {value}")  # fmt: skip
+            shown = f"{DEMO_WARMUP_SCHEDULE} ({value} with --quick)" if f.name == "warmup_schedule" else value
+            parser.add_argument(f"--{f.name}", type=type(value), default=None, help=f"default: {shown}")
     ns = parser.parse_args(argv)
     config = DemoConfig()
     if ns.quick:
@@ -301,17 +299,8 @@ def parse_arm(name: str) -> ArmSpec:
             "(e.g. 'grpo_p19'), 'sft', 'restem' or 'dpo_plus'."
         )
     base = m.group("base")
-    estimator = (
-        "vineppo"
-        if base.startswith("vineppo")
-        else "hybrid"
-        if base.startswith("hybrid")
-        else "tree"
-        if base.startswith("tree")
-        else "gae"
-        if base == "ppo"
-        else base
-    )
+    family = re.match(r"[a-z]+", base).group(0)  # "vineppo_k4_reuse" -> "vineppo", "tree_d12" -> "tree"
+    estimator = "gae" if family == "ppo" else family
     k = int(m.group("k")) if m.group("k") else None
     p = int(m.group("p")) if m.group("p") else None
     options = tuple(sorted(MC_OPTION_SUFFIXES[m.group("mc")].items())) if m.group("mc") else ()

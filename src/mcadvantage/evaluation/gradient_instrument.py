@@ -405,9 +405,8 @@ def estimator_gradient(
     ``sum A log pi / completion tokens``."""
     start = time.perf_counter()
     schedule_for = getattr(estimator, "tree_schedule", None)
-    if (
-        schedule_for is not None
-    ):  # the group is drawn as a tree: its sampled tokens are what the tree generated
+    # A group drawn as a tree: its sampled tokens are what the tree generated, not its leaves' lengths.
+    if schedule_for is not None:
         batch, tree_tokens = task.sample_trees(prompt_indices, schedule_for(task.max_completion_length))
     else:
         batch, tree_tokens = task.sample_group(prompt_indices, group_size), None

@@ -145,7 +145,7 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
         branching = [int(b) for b in options.get("branching", "4x2").split("x")]
         depths = [int(d) for d in options["depths"].split("-")] if "depths" in options else None
         estimator = TreeEstimator(branching=branching, depths=depths)
-        g = estimator.tree_schedule(10**6).group_size
+        g = math.prod(branching)  # a tree's leaves are its group
         label = (
             f"tree_{'x'.join(map(str, branching))}"
             + (f"_d{'-'.join(map(str, depths))}" if depths else "")

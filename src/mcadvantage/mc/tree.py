@@ -132,6 +132,13 @@ class _Node:
     need: int  # leaves this node must produce
 
 
+def _request(prompt_ids: Sequence[Sequence[int]], node: _Node, n: int, stop: int) -> RolloutRequest:
+    """``n`` continuations of ``node`` (its prompt and the tokens down to it), ending by completion token ``stop``."""
+    return RolloutRequest(
+        prefix_ids=tuple(prompt_ids[node.group]) + tuple(node.ids), n=n, max_tokens=stop - len(node.ids)
+    )
+
+
 def _split(total: int, parts: int) -> list[int]:
     base, extra = divmod(total, parts)
     return [base + (1 if j < extra else 0) for j in range(parts)]
@@ -150,21 +157,14 @@ def draw_trees(
         stop = max_completion_length if last else schedule.depths[level + 1]
         # A node at its last level samples every leaf it needs; above, its design width (fewer if it needs fewer).
         widths = [node.need if last else min(schedule.branching[level], node.need) for node in level_nodes]
-        requests = [
-            RolloutRequest(
-                prefix_ids=tuple(prompt_ids[node.group]) + tuple(node.ids),
-                n=n,
-                max_tokens=stop - len(node.ids),
-            )
-            for node, n in zip(level_nodes, widths, strict=True)
-        ]
+        requests = [_request(prompt_ids, node, n, stop) for node, n in zip(level_nodes, widths, strict=True)]
         results = sampler.sample(requests) if requests else []
         next_nodes: list[_Node] = []
-        topups: list[tuple[_Node, int, int]] = []  # (node, first top-up child index, count)
+        topups: list[
+            tuple[_Node, int, int, tuple[int, ...]]
+        ] = []  # (node, first top-up index, count, widths)
         for node, width, conts in zip(level_nodes, widths, results, strict=True):
-            design = schedule.branching[level] if not last else min(schedule.branching[level], width)
-            design = min(design, width)
-            path_widths = (*node.widths, design)
+            path_widths = (*node.widths, min(schedule.branching[level], width))
             open_children: list[tuple[int, list[int]]] = []
             for j, cont in enumerate(conts):
                 ids = node.ids + list(cont.token_ids)
@@ -178,7 +178,7 @@ def draw_trees(
             if remaining <= 0:
                 continue
             if not open_children:  # every child ended early: the node samples the missing leaves itself
-                topups.append((node, len(conts), remaining))
+                topups.append((node, len(conts), remaining, path_widths))
                 continue
             for (j, ids), need in zip(open_children, _split(remaining, len(open_children)), strict=True):
                 next_nodes.append(
@@ -186,25 +186,13 @@ def draw_trees(
                 )
         if topups:
             results = sampler.sample(
-                [
-                    RolloutRequest(
-                        prefix_ids=tuple(prompt_ids[node.group]) + tuple(node.ids),
-                        n=count,
-                        max_tokens=max_completion_length - len(node.ids),
-                    )
-                    for node, _, count in topups
-                ]
+                [_request(prompt_ids, node, count, max_completion_length) for node, _, count, _ in topups]
             )
-            for (node, first, _), conts in zip(topups, results, strict=True):
-                design = min(schedule.branching[level], first)
+            for (node, first, _, path_widths), conts in zip(topups, results, strict=True):
                 for j, cont in enumerate(conts, start=first):
                     generated[node.group] += len(cont.token_ids)
-                    leaves[node.group].append(
-                        (
-                            node.ids + list(cont.token_ids),
-                            TreePath((*node.children, j), node.offsets, (*node.widths, design)),
-                        )
-                    )
+                    path = TreePath((*node.children, j), node.offsets, path_widths)
+                    leaves[node.group].append((node.ids + list(cont.token_ids), path))
         level_nodes = next_nodes
     groups = []
     for g, found in enumerate(leaves):

@@ -116,14 +116,13 @@ def draw_group_trees(
     sampler_context: Any = None,
     *,
     main_only: bool = False,
-) -> list[list[int]] | None:
+) -> tuple[list[list[int]], list[Any]] | None:
     """Draw every group of a training batch as a tree when the trainer's estimator asks for it
     (``tree_schedule``; :mod:`mcadvantage.mc.tree`), on the trainer's engine.
 
     ``prompt_ids`` is the process' generation batch, each prompt repeated ``num_generations`` times in a row (TRL's
-    layout). Returns the completions in the same layout (their tree paths go to ``trainer._mcadvantage_tree_paths``
-    for the estimator; the tokens sampled and trained are logged as ``tree/generated_tokens`` and
-    ``tree/leaf_tokens``), or None when the estimator draws no trees. Collective: every process calls it. ``sampler_context``
+    layout). Returns the completions in the same layout and their tree paths (the tokens sampled and trained are
+    logged as ``tree/generated_tokens`` and ``tree/leaf_tokens``), or None when the estimator draws no trees. Collective: every process calls it. ``sampler_context``
     (default :func:`policy_sampler`) yields the sampler; with ``main_only`` (a vLLM server, where only the main
     process holds one) the main process draws every process' trees and sends each its part.
     """
@@ -168,11 +167,10 @@ def draw_group_trees(
             broadcast_object_list(payload, from_process=0)
             trees = payload[0][trainer.accelerator.process_index]
     completions = [c for tree in trees for c in tree.completions]
-    trainer._mcadvantage_tree_paths = [p for tree in trees for p in tree.paths]
     stats = {
         "generated_tokens": float(sum(tree.generated_tokens for tree in trees)),
         "leaf_tokens": float(sum(len(c) for c in completions)),
     }
     totals = reduce_metrics(gather_object([stats]), {"generated_tokens": "sum", "leaf_tokens": "sum"})
     trainer.log_metric_values("train", {f"tree/{k}": v for k, v in totals.items()})
-    return completions
+    return completions, [path for tree in trees for path in tree.paths]

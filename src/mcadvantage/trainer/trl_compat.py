@@ -237,18 +237,20 @@ class GRPOTrainerHooks(GRPOTrainer):
             row=row,
         )
 
-    def draw_group_trees(self, prompt_ids: list[list[int]], num_generations: int) -> list[list[int]] | None:
-        """Completions for a training batch whose groups are drawn as trees, or None for GRPO's own generation.
-        Subclasses set ``self._mcadvantage_tree_paths`` (one path per completion) when they draw trees."""
+    def draw_group_trees(
+        self, prompt_ids: list[list[int]], num_generations: int
+    ) -> tuple[list[list[int]], list[Any]] | None:
+        """``(completions, tree paths)`` for a training batch whose groups are drawn as trees (one path per
+        completion), or None for GRPO's own generation."""
         return None
 
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
     ):
-        self._mcadvantage_tree_paths = None
         if self.model.training and not images and not self.tools:
-            completions = self.draw_group_trees(prompt_ids, num_generations)
-            if completions is not None:
+            drawn = self.draw_group_trees(prompt_ids, num_generations)
+            if drawn is not None:
+                completions, self._mcadvantage_tree_paths = drawn
                 # No engine log-probabilities for tree leaves: with vLLM, NaN makes GRPO's importance-sampling
                 # correction a ratio of exactly 1 for these tokens (TRL's documented handling of missing logprobs).
                 logprobs = [[float("nan")] * len(c) for c in completions] if self.use_vllm else None

@@ -226,10 +226,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
             max_completion_length=self.max_completion_length,
             context_length=self.context_length,
             reward_kwargs=self.rollout_reward_kwargs(),
-            # Only the main process talks to a vLLM server, so it samples for every process.
-            sample_on_main_only=self._mc_custom_sampler is None
-            and self.use_vllm
-            and self.vllm_mode == "server",
+            sample_on_main_only=self.samples_on_main_only,
             process_index=self.accelerator.process_index,
             num_processes=self.accelerator.num_processes,
             gather_object=gather_object,
@@ -245,11 +242,17 @@ class VinePPOTrainer(GRPOTrainerHooks):
         with policy_sampler(self) as sampler:
             yield sampler
 
-    def draw_group_trees(self, prompt_ids: list[list[int]], num_generations: int) -> list[list[int]] | None:
+    @property
+    def samples_on_main_only(self) -> bool:
+        """Only the main process talks to a vLLM server, so it samples (rollouts, trees) for every process."""
+        return self._mc_custom_sampler is None and self.use_vllm and self.vllm_mode == "server"
+
+    def draw_group_trees(
+        self, prompt_ids: list[list[int]], num_generations: int
+    ) -> tuple[list[list[int]], list[Any]] | None:
         """With ``advantage_estimator="tree"``: the batch's groups drawn as trees (:func:`policy.draw_group_trees`)."""
-        main_only = self._mc_custom_sampler is None and self.use_vllm and self.vllm_mode == "server"
         return draw_group_trees(
-            self, prompt_ids, num_generations, self._rollout_sampler(), main_only=main_only
+            self, prompt_ids, num_generations, self._rollout_sampler(), main_only=self.samples_on_main_only
         )
 
     #: File in a checkpoint directory holding the advantage estimator's own state (e.g. the "gae" critic).

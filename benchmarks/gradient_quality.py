@@ -103,14 +103,6 @@ PLATEAU_SPECS = [
 ]
 #: task -> the demo warm-up schedule whose shipped checkpoint is the policy
 DEMO_TASKS = {"demo": "fixed", "demo_plateau": "plateau", "slip_plateau": "plateau"}
-#: tasks whose policy is not shipped: its directory and the command that trains it (docs/regime-protocol.md)
-UNSHIPPED_POLICIES = {
-    "slip_plateau": (
-        RESULTS / "regime" / "warmup_slip_plateau",
-        "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --flaw slip "
-        "--output_dir benchmarks/results/regime/warmup_slip_plateau",
-    )
-}
 
 
 def demo_task(prompts: int, seed: int, threads: int, schedule: str = "fixed", policy_dir: Any = None) -> Any:
@@ -166,11 +158,13 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
         task, reference, info = toy_task(rates, args.seed)
         specs, repeats = TOY_SPECS, args.toy_repeats
     else:
+        if str(ROOT / "benchmarks") not in sys.path:  # the regime study's tasks are defined beside this file
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+        from learning_efficiency import UNSHIPPED_STARTS, shared_start_dir
+
         policy_dir = None
-        if name in UNSHIPPED_POLICIES:
-            policy_dir, command = UNSHIPPED_POLICIES[name]
-            if not (policy_dir / "warmup.json").exists():  # written last, when the warm-up is complete
-                raise SystemExit(f"--tasks {name} needs its warm-up in {policy_dir}: run `{command}` first.")
+        if name in UNSHIPPED_STARTS:
+            policy_dir = shared_start_dir(name)  # refuses, naming the command, until the warm-up is complete
         task, _, info = demo_task(args.demo_prompts, args.seed, args.threads, DEMO_TASKS[name], policy_dir)
         specs, repeats = (DEMO_SPECS if name == "demo" else PLATEAU_SPECS), args.demo_repeats
         # The reference (8 MB) is not committed: a fresh clone recomputes it, seeded, when the file is missing.

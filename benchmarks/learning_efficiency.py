@@ -62,7 +62,18 @@ TASKS: dict[str, dict[str, Any]] = {
 # seed 0's demonstrations, so the problem sets are seed 0's for every seed (a seed-1 held-out set could hold seed 0's
 # warm-up prompts) and the seed sets only the RL run's own randomness: prompt order and sampling.
 TASKS["demo_plateau"] = {"warmup_schedule": "plateau"}
-SHARED_START_TASKS = {"demo_plateau"}
+# `slip` from its own plateau warm-up (same rule, seed 0, --flaw slip), which is not shipped in the package.
+TASKS["slip_plateau"] = {"flaw": "slip", "warmup_schedule": "plateau"}
+SHARED_START_TASKS = {"demo_plateau", "slip_plateau"}
+#: shared-start tasks whose starting policy is not shipped: its directory (the checkpoint is git-ignored, its
+#: warmup.json and plateau_log.json are kept) and the command that trains it
+UNSHIPPED_STARTS: dict[str, tuple[Path, str]] = {
+    "slip_plateau": (
+        RESULTS / "regime" / "warmup_slip_plateau",
+        "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --flaw slip "
+        "--output_dir benchmarks/results/regime/warmup_slip_plateau",
+    )
+}
 DEFAULT_ARMS = [
     "grpo",
     "rloo",
@@ -165,6 +176,19 @@ def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
     return meta
 
 
+def shared_start_dir(task: str) -> Path:
+    """The starting policy of shared-start ``task``: the shipped checkpoint of its warm-up schedule, or, for a task in
+    ``UNSHIPPED_STARTS``, the directory its command trains (refused, with the command, until it is complete)."""
+    if task in UNSHIPPED_STARTS:
+        path, command = UNSHIPPED_STARTS[task]
+        if not (path / "warmup.json").exists():  # make_warmup writes it last, when the checkpoint is complete
+            raise SystemExit(f"--task {task} starts from the warm-up in {path}: run `{command}` first.")
+        return path
+    from mcadvantage.demo.config import shipped_warmup_dir
+
+    return shipped_warmup_dir(task_config(task, 0).warmup_schedule)
+
+
 def _shared_start(task: str, seed: int, seed_dir: Path) -> dict:
     """A shared-start task's starting policy: the shipped checkpoint, copied into the seed's directory; its held-out
     accuracy (greedy, so the same for every seed) is measured once per task and kept in ``<task>/start.json``."""
@@ -172,9 +196,7 @@ def _shared_start(task: str, seed: int, seed_dir: Path) -> dict:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mcadvantage.demo.config import shipped_warmup_dir
-
-    source = shipped_warmup_dir(task_config(task, 0).warmup_schedule)
+    source = shared_start_dir(task)
     shutil.copytree(source, seed_dir / "warmup_policy", dirs_exist_ok=True)
     start_path = seed_dir.parent / "start.json"
     if start_path.exists():
@@ -183,7 +205,10 @@ def _shared_start(task: str, seed: int, seed_dir: Path) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source).eval()
         accuracy = _evaluator(task_config(task, 0), task_data(task, 0).eval_set, tokenizer)(model)
-        start = {"task": task, "policy": str(source.relative_to(ROOT / "src")), "accuracy": accuracy}
+        policy = (
+            source.relative_to(ROOT / "src") if task not in UNSHIPPED_STARTS else source.relative_to(ROOT)
+        )
+        start = {"task": task, "policy": str(policy), "accuracy": accuracy}
         _write_json(start_path, start)
     meta = {"task": task, "seed": seed, "accuracy": start["accuracy"], "shared_start": start["policy"]}
     _write_json(seed_dir / "warmup.json", meta)

@@ -333,6 +333,25 @@ def test_shared_start_tasks_use_seed_0_problems_for_every_seed():
     assert [p.prompt for p in le.task_data("demo", 5).eval_set] != [p.prompt for p in zero.eval_set]
 
 
+def test_an_unshipped_start_is_refused_with_its_command_until_trained_and_then_used(tmp_path, monkeypatch):
+    le = _benchmark()
+
+    start = tmp_path / "warmup_slip_plateau"
+    monkeypatch.setitem(le.UNSHIPPED_STARTS, "slip_plateau", (start, "python -m make_it"))
+    with pytest.raises(SystemExit, match=r"slip_plateau .*warmup_slip_plateau: run `python -m make_it` first"):
+        le.shared_start_dir("slip_plateau")
+    start.mkdir()
+    (start / "warmup.json").write_text("{}")
+    assert le.shared_start_dir("slip_plateau") == start
+    assert le.shared_start_dir("demo_plateau").name == "warmup_plateau"  # the shipped checkpoint
+    config = le.task_config("slip_plateau", 3)
+    assert (config.flaw, config.warmup_schedule, config.seed) == ("slip", "plateau", 3)
+    # The slip task's problems are the demo's: only the flawed demonstrations differ.
+    slip, demo = le.task_data("slip_plateau", 3), le.task_data("demo_plateau", 0)
+    assert [p.prompt for p in slip.eval_set] == [p.prompt for p in demo.eval_set]
+    assert slip.warmup != demo.warmup
+
+
 def test_sampled_tokens_count_every_estimators_rollouts_and_a_trees_shared_prefixes_once():
     from mcadvantage.demo.arms import rollout_tokens
 

@@ -11,9 +11,10 @@ docs/benchmarks.md):
   is compared with GRPO's budgets interpolated in log cost (sampled tokens, and the cost model with the measured
   ``r``); where a GRPO budget was measured on the same prompts and costs at least as much (``grpo_p8`` for a tree of
   8 prompts), the per-repeat paired difference and its 95% t interval are given too.
-- ``regime/learning_demo_plateau.json`` (``benchmarks/learning_efficiency.py --task demo_plateau``): final held-out
-  accuracy per seed; the paired difference to ``grpo_matched`` (and ``grpo``, ``grpo_matched_cost``) with its 95%
-  interval and the two-sided paired t-test's p-value.
+- ``regime/learning_<task>.json`` (``benchmarks/learning_efficiency.py --task <task>``, for each regime task in
+  ``REGIME_TASKS`` that has run): final held-out accuracy per seed; the paired difference to ``grpo_matched`` (and
+  ``grpo``, ``grpo_matched_cost``) with its 95% interval, the two-sided paired t-test's p-value, and that p-value
+  Holm-corrected over the tasks (the protocol's rule, docs/regime-protocol.md).
 - ``credit_diagnostics.json`` (``benchmarks/credit_diagnostics.py``): the paper's ranking test, pairwise accuracy.
 - ``mc_efficiency.json`` (``benchmarks/mc_efficiency.py``): Monte Carlo tokens to reach fixed K=9's value error,
   with its 90% bootstrap interval.
@@ -38,6 +39,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "credit_at_grpo_price.json"
 DEMO_SUMMARY = ROOT / "src" / "mcadvantage" / "demo" / "warmup_plateau" / "equal_cost.json"
 
+#: The regime study's tasks: their learning-run summary and ranking-test results under benchmarks/results/.
+REGIME_TASKS = {
+    "demo_plateau": ("regime/learning_demo_plateau.json", "regime/credit_diagnostics_plateau.json"),
+    "slip_plateau": ("regime/learning_slip_plateau.json", "regime/credit_diagnostics_slip_plateau.json"),
+}
+BASES = ("grpo", "grpo_matched", "grpo_matched_cost")  # what every arm is paired with
 #: Learning arm -> the gradient-instrument row with the same estimator and settings (4 prompts per step).
 ARM_TO_GRADIENT = {
     "vineppo_k4": "vineppo_k4_p4",
@@ -128,7 +135,7 @@ def learning_rows(learning: dict[str, Any]) -> list[dict[str, Any]]:
             "seeds": sorted(finals[arm]),
             "final_accuracy": statistics.fmean(finals[arm].values()),
         }
-        for base in ("grpo", "grpo_matched", "grpo_matched_cost"):
+        for base in BASES:
             if base == arm or base not in finals:
                 continue
             seeds = sorted(set(finals[arm]) & set(finals[base]))
@@ -150,6 +157,25 @@ def learning_rows(learning: dict[str, Any]) -> list[dict[str, Any]]:
         row["gradient_row"] = ARM_TO_GRADIENT.get(arm)
         rows.append(row)
     return rows
+
+
+def holm_over_tasks(learning: dict[str, list[dict[str, Any]]]) -> None:
+    """Add ``p_holm`` to every paired test of ``learning`` (task -> rows): the same arm against the same base is one
+    family across tasks, Holm-corrected (docs/regime-protocol.md, section 4)."""
+    from mcadvantage.evaluation.stats import holm_adjust
+
+    arms = {row["arm"] for rows in learning.values() for row in rows}
+    for arm in arms:
+        for base in BASES:
+            tests = [
+                row[f"final_accuracy_vs_{base}"]
+                for rows in learning.values()
+                for row in rows
+                if row["arm"] == arm and f"final_accuracy_vs_{base}" in row
+            ]
+            for test, p in zip(tests, holm_adjust([t["p"] for t in tests]), strict=True):
+                test["p_holm"] = p
+                test["holm_family"] = len(tests)
 
 
 def detectable_difference(sd: float, n: int, power: float = 0.8) -> float:
@@ -212,12 +238,12 @@ def markdown(out: dict[str, Any], r: float) -> str:
             )
             + " |"
         )
-    rows = out["learning"].get("demo_plateau", [])
-    if rows:
+    for task, rows in out["learning"].items():
         lines += [
             "",
-            "Learning runs from the plateau checkpoint (`demo_plateau`): final held-out accuracy, paired by seed "
-            "(mean difference, 95% t interval, two-sided p).",
+            f"Learning runs from the plateau checkpoint (`{task}`): final held-out accuracy, paired by seed "
+            "(mean difference, 95% t interval, two-sided p; Holm-corrected over the tasks in brackets where more "
+            "than one task has run).",
             "",
             "| arm | seeds | final accuracy | vs `grpo` | vs `grpo_matched` | vs `grpo_matched_cost` | sampled tokens x GRPO "
             "| detectable vs `grpo_matched` (80% power) |",
@@ -226,11 +252,10 @@ def markdown(out: dict[str, Any], r: float) -> str:
 
         def test(row: dict[str, Any], base: str) -> str:
             t = row.get(f"final_accuracy_vs_{base}")
-            return (
-                ""
-                if not t
-                else f"{t['mean']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}], p {t['p']:.2f}"
-            )
+            if not t:
+                return ""
+            holm = f" (Holm {t['p_holm']:.2f})" if t.get("holm_family", 1) > 1 else ""
+            return f"{t['mean']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}], p {t['p']:.2f}{holm}"
 
         for row in rows:
             lines.append(
@@ -263,10 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     from mcadvantage.evaluation.cost_model import cost_model_tokens
 
     r = gq["cost_ratio"]["cost_ratio"]
-    diagnostics = {
-        "demo": _load("credit_diagnostics.json"),
-        "demo_plateau": _load("regime/credit_diagnostics_plateau.json"),
-    }
+    diagnostics = {"demo": _load("credit_diagnostics.json")}
+    diagnostics |= {task: _load(ranking_file) for task, (_, ranking_file) in REGIME_TASKS.items()}
     gradient = []
     for task, stored in gq["tasks"].items():
         for row in gradient_rows(task, stored, r):
@@ -274,24 +297,26 @@ def main(argv: list[str] | None = None) -> int:
                 row["estimator"], diagnostics.get(task)
             )
             gradient.append(row)
-    learning = _load("regime/learning_demo_plateau.json")
+    learning = {
+        task: learning_rows(runs) for task, (name, _) in REGIME_TASKS.items() if (runs := _load(name))
+    }
+    holm_over_tasks(learning)
     mc = _load("mc_efficiency.json")
     out = {
         "command": "python benchmarks/credit_at_grpo_price.py",
         "sources": {
             "gradient": "benchmarks/results/gradient_quality.json",
-            "learning": "benchmarks/results/regime/learning_demo_plateau.json",
+            "learning": {task: f"benchmarks/results/{REGIME_TASKS[task][0]}" for task in learning},
             "ranking": {
-                k: f"benchmarks/results/{v}"
-                for k, v in (
-                    ("demo", "credit_diagnostics.json"),
-                    ("demo_plateau", "regime/credit_diagnostics_plateau.json"),
-                )
+                task: f"benchmarks/results/{name}"
+                for task, name in [("demo", "credit_diagnostics.json")]
+                + [(task, files[1]) for task, files in REGIME_TASKS.items()]
+                if diagnostics[task] is not None
             },
             "mc_efficiency": "benchmarks/results/mc_efficiency.json",
         },  # fmt: skip
         "gradient": gradient,
-        "learning": {"demo_plateau": learning_rows(learning)} if learning else {},
+        "learning": learning,
         "mc_tokens_to_reach_k9_error": [
             {
                 "task": o["task"],
@@ -339,16 +364,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['gradient_cosine']:>7.3f} {fmt(row['grpo_cosine_at_equal_sampled_tokens']):>16} "
             f"{fmt(row['grpo_cosine_at_equal_cost_model']):>14} {paired_text:>30}"
         )
-    for row in out["learning"].get("demo_plateau", []):
-        vs = row.get("final_accuracy_vs_grpo_matched")
-        text = (
-            ""
-            if not vs
-            else f"vs grpo_matched {vs['mean']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}] p={vs['p']:.3f}"
-        )
-        print(
-            f"learning demo_plateau {row['arm']:<18} n={len(row['seeds'])} final {row['final_accuracy']:.3f} {text}"
-        )
+    for task, rows in out["learning"].items():
+        for row in rows:
+            vs = row.get("final_accuracy_vs_grpo_matched")
+            text = (
+                ""
+                if not vs
+                else f"vs grpo_matched {vs['mean']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}] "
+                f"p={vs['p']:.3f} (Holm {vs['p_holm']:.3f})"
+            )
+            print(
+                f"learning {task} {row['arm']:<18} n={len(row['seeds'])} final {row['final_accuracy']:.3f} {text}"
+            )
     print(f"wrote {OUT.relative_to(ROOT)}")
     if args.doc:
         from mcadvantage.evaluation.report import replace_between_markers

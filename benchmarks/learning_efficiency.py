@@ -586,11 +586,14 @@ def markdown_tables(records: list[dict], summary: dict) -> str:
     return "\n".join(out)
 
 
-def update_doc(doc: Path, markdown: str) -> bool:
-    """Replace the text between the results markers of ``doc`` with ``markdown`` (False: no markers)."""
+DOC_MARKER = "learning_efficiency"  # <!-- learning_efficiency results: start --> ... end -->
+
+
+def update_doc(doc: Path, markdown: str, marker: str = DOC_MARKER) -> bool:
+    """Replace the text between the ``marker`` results markers of ``doc`` with ``markdown`` (False: no markers)."""
     from mcadvantage.evaluation.report import replace_between_markers
 
-    return replace_between_markers(doc, "learning_efficiency", markdown)
+    return replace_between_markers(doc, marker, markdown)
 
 
 def plot(records: list[dict], summary: dict, path_for: Any) -> list[str]:
@@ -658,7 +661,12 @@ def plot(records: list[dict], summary: dict, path_for: Any) -> list[str]:
 
 
 def report(
-    root: Path, json_path: Path, command: str, doc: Path | None = None, tasks: list[str] | None = None
+    root: Path,
+    json_path: Path,
+    command: str,
+    doc: Path | None = None,
+    tasks: list[str] | None = None,
+    doc_marker: str = DOC_MARKER,
 ) -> dict:
     """Aggregate the finished arms under ``root`` (only ``tasks``' when given) into ``json_path`` and plots."""
     records, done = load_runs(root)
@@ -701,7 +709,11 @@ def report(
     }
     _write_json(json_path, result)
     print(f"wrote {json_path} and {', '.join(plots)}")
-    if doc is not None and update_doc(doc, markdown_tables(records, summary)):
+    if doc is not None:
+        if not update_doc(doc, markdown_tables(records, summary), doc_marker):
+            raise SystemExit(
+                f"--doc {doc}: no '<!-- {doc_marker} results: start/end -->' markers to write between"
+            )
         print(f"updated the results in {doc}")
     return result
 
@@ -732,6 +744,12 @@ def main(argv: list[str] | None = None) -> int:
         "--doc",
         default=None,
         help="also rewrite the results between the markers of this Markdown file (docs/learning-efficiency.md)",
+    )
+    parser.add_argument(
+        "--doc_marker",
+        default=DOC_MARKER,
+        help="the results markers' name in --doc (one page can hold one block per task: "
+        "`<!-- NAME results: start -->`)",
     )
     parser.add_argument("--worker", nargs=2, metavar=("SEED", "ARM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -789,7 +807,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 print(f"[learning_efficiency] {arm} took {time.perf_counter() - t0:.0f} s", flush=True)
                 report(root, Path(args.json), command, tasks=args.report_tasks)
-    report(root, Path(args.json), command, Path(args.doc) if args.doc else None, tasks=args.report_tasks)
+    doc = Path(args.doc) if args.doc else None
+    report(root, Path(args.json), command, doc, tasks=args.report_tasks, doc_marker=args.doc_marker)
     return 0
 
 

@@ -71,3 +71,24 @@ def test_detectable_difference_by_hand(bench):
     # 12 pairs, SD 0.02: (t_0.975,11 = 2.201 + t_0.8,11 = 0.876) x 0.02 / sqrt(12) = 0.01777.
     assert bench.detectable_difference(0.02, 12) == pytest.approx(3.077 * 0.02 / math.sqrt(12), abs=2e-4)
     assert math.isnan(bench.detectable_difference(0.02, 1))
+
+
+def test_holm_over_tasks_corrects_each_arm_and_base_across_tasks(bench):
+    def row(arm, **ps):
+        return {"arm": arm, **{f"final_accuracy_vs_{base}": {"p": p} for base, p in ps.items()}}
+
+    learning = {
+        "demo_plateau": [row("tree_d12", grpo_matched=0.04, grpo=0.5), row("grpo")],
+        "slip_plateau": [row("tree_d12", grpo_matched=0.01, grpo=0.2), row("hybrid_b50", grpo_matched=0.03)],
+    }
+    bench.holm_over_tasks(learning)
+    demo_tree, slip_tree = learning["demo_plateau"][0], learning["slip_plateau"][0]
+    # Family of two (tree vs grpo_matched on both tasks): 0.01 x 2 = 0.02, then max(0.02, 0.04 x 1) = 0.04.
+    assert slip_tree["final_accuracy_vs_grpo_matched"]["p_holm"] == pytest.approx(0.02)
+    assert demo_tree["final_accuracy_vs_grpo_matched"]["p_holm"] == pytest.approx(0.04)
+    assert demo_tree["final_accuracy_vs_grpo"]["p_holm"] == pytest.approx(0.5)  # 0.2 x 2 = 0.4, then 0.5
+    assert slip_tree["final_accuracy_vs_grpo"]["p_holm"] == pytest.approx(0.4)
+    # An arm that ran on one task only is a family of one: unchanged.
+    hybrid = learning["slip_plateau"][1]["final_accuracy_vs_grpo_matched"]
+    assert (hybrid["p_holm"], hybrid["holm_family"]) == (pytest.approx(0.03), 1)
+    assert "p_holm" not in str(learning["demo_plateau"][1])  # no test, nothing added

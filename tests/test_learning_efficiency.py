@@ -298,6 +298,11 @@ def test_markdown_results_replace_only_the_marked_block(tmp_path):
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
     assert not le.update_doc(plain, markdown) and plain.read_text() == "no markers\n"
+    # A second task's block on the same page, under its own marker: only that block changes.
+    doc.write_text(doc.read_text() + "<!-- slip results: start -->\nold slip\n<!-- slip results: end -->\n")
+    assert le.update_doc(doc, "new slip\n", "slip")
+    text = doc.read_text()
+    assert "old slip" not in text and "new slip" in text and markdown in text
 
 
 def test_matched_arms_scale_prompts_by_sampled_tokens_or_by_the_cost_model(tmp_path, monkeypatch):

@@ -35,3 +35,16 @@ def test_paired_t_test_by_hand():
     assert 0.025 < out["p"] < 0.035  # two-sided p for t = 3.873 on 3 df is 0.0305
     assert paired_t_test([0.0, 0.0, 0.0])["p"] == 1.0
     assert math.isnan(paired_t_test([0.3])["p"])
+
+
+def test_holm_adjust_by_hand():
+    from mcadvantage.evaluation.stats import holm_adjust
+
+    # m = 3: sorted 0.01, 0.02, 0.04 -> 0.03, max(0.03, 0.04) = 0.04, max(0.04, 0.04) = 0.04; order kept.
+    assert holm_adjust([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    # Step-down stays monotone: 0.012 x 2 = 0.024, then 0.02 x 1 = 0.02 is raised to 0.024.
+    assert holm_adjust([0.012, 0.02]) == pytest.approx([0.024, 0.024])
+    assert holm_adjust([0.6, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    out = holm_adjust([0.01, math.nan])  # a task without a test is not counted
+    assert out[0] == pytest.approx(0.01) and math.isnan(out[1])
+    assert holm_adjust([0.03]) == [0.03]

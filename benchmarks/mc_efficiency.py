@@ -178,6 +178,7 @@ def toy_task(groups: int, seed: int, depth: int = 6) -> dict[str, Any]:
         "min_step_tokens": 2,
         "description": f"StepTreeSampler, {depth} steps, {groups} groups of 8 (exact values)",
         "truth_variance": 0.0,
+        "value_variance": statistics.fmean(v * (1 - v) for v in truth.values()),
     }
 
 
@@ -261,6 +262,10 @@ def demo_task(
         "description": f"demo warm-up policy (seed 0), {prompts} held-out prompts x 8 responses, "
         f"ground truth K={ground_truth_k}",
         "truth_variance": statistics.fmean(variances),
+        # Unbiased for the mean of v (1 - v) over the states: t (1 - t) x K / (K - 1) for a mean t of K Bernoullis.
+        "value_variance": statistics.fmean(v * (1 - v) for v in truth.values())
+        * ground_truth_k
+        / (ground_truth_k - 1),
     }
 
 
@@ -330,8 +335,31 @@ def _interpolate_tokens(points: list[tuple[float, float]], target_mse: float) ->
     return None
 
 
-def summarize(task_name: str, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean over repeats per (family, K), and each family's token ratio to fixed K=9 at K=9's value MSE."""
+def expected_fixed_target(
+    records: list[dict[str, Any]], value_variance: float, truth_variance: float, k: int = 9
+) -> tuple[float, float]:
+    """Fixed K's expected (tokens per response, value MSE), without simulating it: K fresh rollouts from a state of
+    value v give a mean with variance ``v (1 - v) / K`` (the rewards are 0/1), and the ground truth adds its own
+    ``truth_variance``, so the expected MSE is ``mean v (1 - v) / K + truth_variance``; tokens grow linearly in K, so
+    they are K x the fixed runs' mean tokens per rollout per response. Its only noise is the ground truth's, which
+    every option shares: the simulated K=9 point's repeat-to-repeat noise (a few high-variance states dominate it)
+    does not enter the ratio. Checked against the simulated fixed points in ``summarize`` (``expected_value_mse``)."""
+    fixed = [r for r in records if r["family"] == "fixed"]
+    if not fixed:
+        raise ValueError("expected_fixed_target: no fixed-K records to measure tokens per rollout from")
+    per_rollout = statistics.fmean(r["tokens_per_response"] / r["k"] for r in fixed)
+    return k * per_rollout, value_variance / k + truth_variance
+
+
+def summarize(
+    task_name: str,
+    records: list[dict[str, Any]],
+    value_variance: float | None = None,
+    truth_variance: float = 0.0,
+) -> list[dict[str, Any]]:
+    """Mean over repeats per (family, K), and each family's token ratio to fixed K=9 at K=9's value MSE: against the
+    simulated K=9 point, and (with ``value_variance``, the mean ``v (1 - v)`` over the states) against its expectation
+    (:func:`expected_fixed_target`), which removes the target's own noise from the ratio."""
     keys = sorted(
         {(r["family"], r["k"]) for r in records}, key=lambda fk: (list(FAMILIES).index(fk[0]), fk[1])
     )
@@ -363,9 +391,21 @@ def summarize(task_name: str, records: list[dict[str, Any]]) -> list[dict[str, A
                 (k9["tokens_per_response"], k9["value_mse"]),
             )
             interval = None if family == "fixed" else ratio_interval(records, family)
+        expected_ratio, expected_interval = None, None
+        if value_variance is not None and family not in ("fixed", "reuse+merge") and members:
+            target = expected_fixed_target(records, value_variance, truth_variance)
+            expected_ratio = _ratio_to_k9(
+                {o["k"]: (o["tokens_per_response"], o["value_mse"]) for o in members}, target
+            )
+            expected_interval = ratio_interval(records, family, target=target)
         for o in members:
             o["tokens_ratio_vs_k9_at_equal_error"] = ratio
             o["tokens_ratio_ci90"] = interval
+            if family == "fixed" and value_variance is not None:
+                o["expected_value_mse"] = value_variance / o["k"] + truth_variance
+            if value_variance is not None and family not in ("fixed", "reuse+merge"):
+                o["tokens_ratio_vs_expected_k9"] = expected_ratio
+                o["tokens_ratio_vs_expected_k9_ci90"] = expected_interval
     return options
 
 
@@ -376,12 +416,18 @@ def _ratio_to_k9(points: dict[int, tuple[float, float]], k9: tuple[float, float]
 
 
 def ratio_interval(
-    records: list[dict[str, Any]], family: str, *, resamples: int = 2000, seed: int = 0
+    records: list[dict[str, Any]],
+    family: str,
+    *,
+    target: tuple[float, float] | None = None,
+    resamples: int = 2000,
+    seed: int = 0,
 ) -> list[float] | None:
     """90% bootstrap interval of ``family``'s token ratio to fixed K=9 at K=9's error: every (option, K) point's
     repeats are resampled with replacement (independently: each repeat of each point uses its own rollouts) and the
-    ratio recomputed; a resample that never reaches K=9's error counts as infinitely expensive. None with fewer than
-    2 repeats of a point."""
+    ratio recomputed; a resample that never reaches K=9's error counts as infinitely expensive. With ``target`` (K=9's
+    expected tokens and MSE, :func:`expected_fixed_target`) the target is held fixed and only the family's points
+    are resampled. None with fewer than 2 repeats of a point."""
     import random
 
     def by_k(fam: str) -> dict[int, list[tuple[float, float]]]:
@@ -392,7 +438,8 @@ def ratio_interval(
         return out
 
     points, fixed = by_k(family), by_k("fixed")
-    if 9 not in fixed or any(len(v) < 2 for v in [*points.values(), fixed[9]]):
+    needed = list(points.values()) + ([] if target is not None else [fixed.get(9, [])])
+    if not points or any(len(v) < 2 for v in needed):
         return None
     rng = random.Random(seed)
 
@@ -402,7 +449,7 @@ def ratio_interval(
 
     ratios = []
     for _ in range(resamples):
-        k9 = mean_of_resample(fixed[9])
+        k9 = target if target is not None else mean_of_resample(fixed[9])
         ratio = _ratio_to_k9({k: mean_of_resample(reps) for k, reps in points.items()}, k9)
         ratios.append(math.inf if ratio is None else ratio)
     ratios.sort()
@@ -412,24 +459,42 @@ def ratio_interval(
 def table(options: list[dict[str, Any]]) -> str:
     lines = [
         "| task | option | MC tokens / response | value MSE | sign accuracy | rank corr. | states / resp. | "
-        "free samples / resp. | tokens vs K=9 at K=9's error |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "free samples / resp. | tokens vs K=9 at K=9's error | vs K=9's expected error |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for o in options:
         ratio = o["tokens_ratio_vs_k9_at_equal_error"]
         lines.append(
-            f"| {o['task']} | {o['name']} | {o['tokens_per_response']:.1f} | {o['value_mse']:.4f} ± "
-            f"{o['value_mse_se']:.4f} | {o['sign_accuracy']:.3f} | {o['rank_correlation']:.3f} | "
+            f"| {o['task']} | {o['name']} | {o['tokens_per_response']:.1f} | {_mse_text(o)} | "
+            f"{o['sign_accuracy']:.3f} | {o['rank_correlation']:.3f} | "
             f"{o['states_per_response']:.2f} | {o['free_samples_per_response']:.1f} | "
             + ("not reached" if ratio is None else f"{ratio:.2f}x" + _interval_text(o))
-            + " |"
+            + f" | {_expected_ratio_text(o)} |"
         )
     return "\n".join(lines)
 
 
-def _interval_text(o: dict[str, Any]) -> str:
-    ci = o.get("tokens_ratio_ci90")
+def _mse_text(o: dict[str, Any]) -> str:
+    expected = o.get("expected_value_mse")
+    return f"{o['value_mse']:.4f} ± {o['value_mse_se']:.4f}" + (
+        "" if expected is None else f" (expected {expected:.4f})"
+    )
+
+
+def _interval_text(o: dict[str, Any], key: str = "tokens_ratio_ci90") -> str:
+    ci = o.get(key)
     return "" if not ci else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _expected_ratio_text(o: dict[str, Any]) -> str:
+    if "tokens_ratio_vs_expected_k9" not in o:
+        return ""
+    ratio = o["tokens_ratio_vs_expected_k9"]
+    return (
+        "not reached"
+        if ratio is None
+        else f"{ratio:.2f}x" + _interval_text(o, "tokens_ratio_vs_expected_k9_ci90")
+    )
 
 
 def doc_tables(
@@ -450,8 +515,8 @@ def doc_tables(
             ]
         out += [
             "| option | MC tokens / response | value MSE | sign accuracy | rank corr. | states / resp. | "
-            "free samples / resp. | tokens vs K=9 at K=9's error [90% CI] |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "free samples / resp. | tokens vs K=9 at K=9's error [90% CI] | vs K=9's expected error [90% CI] |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for o in rows:
             ratio = o["tokens_ratio_vs_k9_at_equal_error"]
@@ -459,16 +524,19 @@ def doc_tables(
                 r["k"] for r in rows if r["family"] == o["family"]
             )
             shown = "(other states)" if o["family"] == "reuse+merge" and o["k"] == 1 else ""
+            expected = ""
             if last:
                 shown = (
                     "not reached"
                     if ratio is None
                     else f"**{ratio:.2f}x**{_interval_text(o)} ({o['repeats']} repeats)"
                 )
+                expected = _expected_ratio_text(o)
+                expected = f"**{expected}**" if expected and not expected.startswith("not") else expected
             out.append(
-                f"| {o['name']} | {o['tokens_per_response']:.1f} | {o['value_mse']:.4f} ± {o['value_mse_se']:.4f} | "
+                f"| {o['name']} | {o['tokens_per_response']:.1f} | {_mse_text(o)} | "
                 f"{o['sign_accuracy']:.3f} | {o['rank_correlation']:.3f} | {o['states_per_response']:.2f} | "
-                f"{o['free_samples_per_response']:.1f} | {shown} |"
+                f"{o['free_samples_per_response']:.1f} | {shown} | {expected} |"
             )
         out.append("")
     return "\n".join(out)
@@ -525,6 +593,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="independent estimates per (option, K)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES), help="run only these options"
+    )
+    parser.add_argument(
+        "--ks", nargs="+", type=int, default=None, help="run only these K (default: each sweep's)"
+    )
     parser.add_argument("--report", action="store_true", help="only aggregate what is in the run files")
     parser.add_argument("--json", default=str(RESULTS / "mc_efficiency.json"))
     parser.add_argument("--runs", default=str(RUNS), help="where per-task records and caches are kept")
@@ -538,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     png = Path(args.json).with_suffix(".png")
     descriptions: dict[str, str] = {}
     truth_variance: dict[str, float] = {}
+    value_variance: dict[str, float] = {}
     for task_name in args.tasks:
         path = runs / f"{task_name}.jsonl"
         done = set()
@@ -546,7 +621,13 @@ def main(argv: list[str] | None = None) -> int:
                 r = json.loads(line)
                 done.add((r["family"], r["k"], r["repeat"]))
         # Repeat-major, so an interrupted run leaves whole sweeps behind.
-        todo = [(f, k, rep) for rep in range(args.repeats) for f, (_, ks) in FAMILIES.items() for k in ks]
+        todo = [
+            (f, k, rep)
+            for rep in range(args.repeats)
+            for f, (_, ks) in FAMILIES.items()
+            for k in ks
+            if f in args.families and (args.ks is None or k in args.ks)
+        ]
         todo = [x for x in todo if x not in done]
         meta_path = runs / f"{task_name}.meta.json"
         settings = (
@@ -561,29 +642,26 @@ def main(argv: list[str] | None = None) -> int:
                     f"{path} holds runs with settings {stored}, not {settings}: pass those settings to resume, "
                     "or another --runs directory for a new configuration."
                 )
-        if args.report or not todo:
-            if meta_path.exists():
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
-                descriptions[task_name], truth_variance[task_name] = (
-                    meta["description"],
-                    meta["truth_variance"],
-                )
-            continue
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else None
+        if (args.report or not todo) and (meta is None or "value_variance" in meta):
+            continue  # nothing to run; the aggregation below reads the meta file
         if task_name.startswith("toy"):
             task = toy_task(args.toy_groups, args.seed, depth=12 if task_name == "toy_long" else 6)
-        else:
+        else:  # with its cache in place this loads the policy and the stored responses, and samples nothing
             task = demo_task(args.prompts, args.ground_truth_k, args.seed, args.threads, runs)
-        descriptions[task_name], truth_variance[task_name] = task["description"], task["truth_variance"]
         meta_path.write_text(
             json.dumps(
                 {
                     "description": task["description"],
                     "truth_variance": task["truth_variance"],
-                    "settings": settings,
+                    "value_variance": task["value_variance"],
+                    "settings": settings if meta is None else meta["settings"],
                 }
             ),
             encoding="utf-8",
         )
+        if args.report or not todo:
+            continue
         for family, k, rep in todo:
             record = run_point(task, family, k, rep)
             with path.open("a", encoding="utf-8") as f:
@@ -599,14 +677,13 @@ def main(argv: list[str] | None = None) -> int:
         path = runs / f"{task_name}.jsonl"
         if path.exists():
             records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-            options += summarize(task_name, records)
             meta_path = runs / f"{task_name}.meta.json"
-            if task_name not in descriptions and meta_path.exists():
-                meta = json.loads(meta_path.read_text(encoding="utf-8"))
-                descriptions[task_name], truth_variance[task_name] = (
-                    meta["description"],
-                    meta["truth_variance"],
-                )
+            meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
+            descriptions[task_name] = meta.get("description", "")
+            truth_variance[task_name] = meta.get("truth_variance", 0.0)
+            if "value_variance" in meta:
+                value_variance[task_name] = meta["value_variance"]
+            options += summarize(task_name, records, value_variance.get(task_name), truth_variance[task_name])
     if not options:
         print("no finished runs yet")
         return 0
@@ -621,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/mc_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "tasks": descriptions,
         "ground_truth_variance": truth_variance,
+        "value_variance": value_variance,
         "sign_tolerance": SIGN_TOLERANCE,
         "options": options,
     }

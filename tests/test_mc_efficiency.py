@@ -80,13 +80,25 @@ def test_toy_run_writes_the_documented_schema(bench, tmp_path):
     reuse9 = next(o for o in data["options"] if o["name"] == "reuse K=9")
     assert reuse9["tokens_per_response"] < fixed9["tokens_per_response"]
     assert out.with_suffix(".png").exists()
+    # The expected fixed-K error (mean v (1 - v) from the exact values, kept in the meta file) and the ratio against it.
+    assert data["value_variance"]["toy"] > 0 and "expected_value_mse" in fixed9
+    assert "tokens_ratio_vs_expected_k9" in next(o for o in data["options"] if o["name"] == "variance K=3")
+    # --families / --ks run only those points.
+    assert bench.main(["--tasks", "toy", "--toy_groups", "40", "--repeats", "2", "--families", "fixed", "--ks", "1",
+                       "--json", str(out), "--runs", str(tmp_path / "runs")]) == 0  # fmt: skip
+    second = [
+        json.loads(x)
+        for x in (tmp_path / "runs" / "toy.jsonl").read_text().splitlines()
+        if '"repeat": 1' in x
+    ]
+    assert [(r["family"], r["k"]) for r in second] == [("fixed", 1)]
     # Resumable: a second run finds every point done and only aggregates.
     assert (
         bench.main(["--tasks", "toy", "--repeats", "1", "--json", str(out), "--runs", str(tmp_path / "runs")])
         == 0
     )
     lines = (tmp_path / "runs" / "toy.jsonl").read_text().splitlines()
-    assert len(lines) == sum(len(ks) for _, ks in bench.FAMILIES.values())
+    assert len(lines) == sum(len(ks) for _, ks in bench.FAMILIES.values()) + 1
     # Runs of another configuration never mix into these.
     with pytest.raises(SystemExit, match="holds runs with settings"):
         bench.main(
@@ -152,3 +164,44 @@ def test_ratio_interval_brackets_the_ratio_and_narrows_with_repeats(bench):
     assert lo4 < 25 * math.sqrt(3) / 100 < hi4
     assert hi4 - lo4 < 0.8 * (hi - lo)
     assert bench.ratio_interval(records(1), "reuse") is None  # one repeat: no interval
+
+
+def test_expected_fixed_target_by_hand_and_a_ratio_against_it(bench):
+    """Fixed runs at 24 tokens per rollout (K=1: 24, K=4: 96) give K=9 24 x 9 = 216 tokens; mean v (1 - v) = 0.09 and a
+    ground-truth variance of 0.001 give an expected K=9 MSE of 0.01 + 0.001. A family at (54 tokens, 0.022) and
+    (162, 0.0055) reaches 0.011 halfway in log space: 54 x sqrt(3) tokens, a ratio of 0.433 to 216."""
+    fixed = [
+        {"family": "fixed", "k": 1, "repeat": r, "tokens_per_response": 24.0, "value_mse": 0.5}
+        for r in range(2)
+    ] + [
+        {"family": "fixed", "k": 4, "repeat": r, "tokens_per_response": 96.0, "value_mse": 0.5}
+        for r in range(2)
+    ]
+    assert bench.expected_fixed_target(fixed, 0.09, 0.001) == pytest.approx((216.0, 0.011))
+    reuse = [
+        {"family": "reuse", "k": k, "repeat": r, "tokens_per_response": t, "value_mse": m}
+        for r in range(3)
+        for k, t, m in ((1, 54.0, 0.022), (3, 162.0, 0.0055))
+    ]
+    options = bench.summarize("t", fixed + reuse, value_variance=0.09, truth_variance=0.001)
+    row = next(o for o in options if o["family"] == "reuse")
+    assert row["tokens_ratio_vs_expected_k9"] == pytest.approx(54 * math.sqrt(3) / 216)
+    # The target is held fixed, so identical repeats give a zero-width interval.
+    assert row["tokens_ratio_vs_expected_k9_ci90"] == pytest.approx([54 * math.sqrt(3) / 216] * 2)
+    k4 = next(o for o in options if o["family"] == "fixed" and o["k"] == 4)
+    assert k4["expected_value_mse"] == pytest.approx(0.09 / 4 + 0.001)
+    assert row["tokens_ratio_vs_k9_at_equal_error"] is None  # no simulated K=9 point in these records
+    with pytest.raises(ValueError, match="no fixed-K records"):
+        bench.expected_fixed_target(reuse, 0.09, 0.0)
+
+
+def test_expected_fixed_mse_matches_simulated_fixed_runs_on_the_exact_toy(bench, tmp_path):
+    """The check the expected target rests on, on the toy (exact values): the simulated fixed-K value MSE over 6
+    repeats agrees with mean v (1 - v) / K within 4 standard errors at K = 1 and K = 4."""
+    import statistics
+
+    task = bench.toy_task(60, 0)
+    for k in (1, 4):
+        mses = [bench.run_point(task, "fixed", k, rep)["value_mse"] for rep in range(6)]
+        se = statistics.stdev(mses) / math.sqrt(len(mses))
+        assert abs(statistics.fmean(mses) - task["value_variance"] / k) < 4 * se + 1e-4

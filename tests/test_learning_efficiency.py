@@ -343,7 +343,9 @@ def test_an_unshipped_start_is_refused_with_its_command_until_trained_and_then_u
 
     start = tmp_path / "warmup_slip_plateau"
     monkeypatch.setitem(le.UNSHIPPED_STARTS, "slip_plateau", (start, "python -m make_it"))
-    with pytest.raises(SystemExit, match=r"slip_plateau .*warmup_slip_plateau: run `python -m make_it` first"):
+    with pytest.raises(
+        SystemExit, match=r"slip_plateau .*warmup_slip_plateau: run `python -m make_it` first"
+    ):
         le.shared_start_dir("slip_plateau")
     start.mkdir()
     (start / "warmup.json").write_text("{}")

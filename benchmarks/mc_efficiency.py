@@ -597,7 +597,12 @@ def main(argv: list[str] | None = None) -> int:
         "--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES), help="run only these options"
     )
     parser.add_argument(
-        "--ks", nargs="+", type=int, default=None, help="run only these K (default: each sweep's)"
+        "--ks",
+        nargs="+",
+        type=int,
+        default=None,
+        help="run these K for the chosen --families instead of each family's sweep (for example to extend a "
+        "sweep past K=9 where an option does not reach fixed K=9's error)",
     )
     parser.add_argument("--report", action="store_true", help="only aggregate what is in the run files")
     parser.add_argument("--json", default=str(RESULTS / "mc_efficiency.json"))
@@ -624,9 +629,9 @@ def main(argv: list[str] | None = None) -> int:
         todo = [
             (f, k, rep)
             for rep in range(args.repeats)
-            for f, (_, ks) in FAMILIES.items()
-            for k in ks
-            if f in args.families and (args.ks is None or k in args.ks)
+            for f, (_, sweep) in FAMILIES.items()
+            if f in args.families
+            for k in (sweep if args.ks is None else args.ks)
         ]
         todo = [x for x in todo if x not in done]
         meta_path = runs / f"{task_name}.meta.json"

@@ -13,6 +13,9 @@ Tasks:
 * ``demo``: the shipped demo warm-up policy (1M parameters) on 64 held-out demo prompts, temperature 0.6, the
   GSM8K verifier and segmenter. Reference: 64 prompts x 8 responses x 8 rounds (4,096 responses) with a
   leave-one-out baseline; its split-half cosine and relative standard error are recorded.
+* ``demo_plateau_hard``: the plateau policy on held-out prompts with 5 operations only, where its pass rate is low
+  and most GRPO groups are all-fail (H1 inside the demo task; docs/regime-protocol.md). ``--tasks
+  demo_plateau_hard``.
 * ``demo_plateau``: the same on the warm-up trained to a plateau (``mcadvantage/demo/warmup_plateau``, made by
   ``python -m mcadvantage.demo.make_warmup --warmup_schedule plateau``; docs/regime-protocol.md), with the estimators
   of the regime study's arms (``PLATEAU_SPECS``). Not in the default ``--tasks``: ``--tasks demo_plateau``.
@@ -102,10 +105,25 @@ PLATEAU_SPECS = [
     "tree:branching=4x2,depths=0-12,prompts=8",
 ]
 #: task -> the demo warm-up schedule whose shipped checkpoint is the policy
-DEMO_TASKS = {"demo": "fixed", "demo_plateau": "plateau", "slip_plateau": "plateau"}
+DEMO_TASKS = {
+    "demo": "fixed",
+    "demo_plateau": "plateau",
+    "slip_plateau": "plateau",
+    "demo_plateau_hard": "plateau",
+}
+#: task -> the fewest operations its held-out prompts have (H1 inside the demo task: the plateau policy solves 8% of
+#: the 5-operation problems greedily, so most GRPO groups there are all-fail; docs/regime-protocol.md)
+MIN_OPERATIONS = {"demo_plateau_hard": 5}
 
 
-def demo_task(prompts: int, seed: int, threads: int, schedule: str = "fixed", policy_dir: Any = None) -> Any:
+def demo_task(
+    prompts: int,
+    seed: int,
+    threads: int,
+    schedule: str = "fixed",
+    policy_dir: Any = None,
+    min_operations: int = 0,
+) -> Any:
     import torch
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
@@ -118,7 +136,12 @@ def demo_task(prompts: int, seed: int, threads: int, schedule: str = "fixed", po
     torch.manual_seed(seed)
     config = DemoConfig(warmup_schedule=schedule)
     model, tok = load_policy(str(policy_dir or shipped_warmup_dir(schedule)))
-    problems = build_data(config).eval_set[:prompts]
+    problems = [p for p in build_data(config).eval_set if p.num_steps >= min_operations][:prompts]
+    if len(problems) < prompts:
+        raise SystemExit(
+            f"--demo_prompts {prompts}: the held-out set has only {len(problems)} prompts with >= {min_operations} "
+            "operations; ask for fewer."
+        )
     task = GradientTask(
         oracle=CausalLMOracle(model),
         sampler=TransformersSampler(model, tok, temperature=config.temperature, max_batch_sequences=1024),
@@ -165,7 +188,18 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
         policy_dir = None
         if name in UNSHIPPED_STARTS:
             policy_dir = shared_start_dir(name)  # refuses, naming the command, until the warm-up is complete
-        task, _, info = demo_task(args.demo_prompts, args.seed, args.threads, DEMO_TASKS[name], policy_dir)
+        task, _, info = demo_task(
+            args.demo_prompts,
+            args.seed,
+            args.threads,
+            DEMO_TASKS[name],
+            policy_dir,
+            min_operations=MIN_OPERATIONS.get(name, 0),
+        )
+        if name in MIN_OPERATIONS:
+            info["prompts"] = (
+                f"the first {args.demo_prompts} held-out prompts with >= {MIN_OPERATIONS[name]} operations"
+            )
         specs, repeats = (DEMO_SPECS if name == "demo" else PLATEAU_SPECS), args.demo_repeats
         # The reference (8 MB) is not committed: a fresh clone recomputes it, seeded, when the file is missing.
         reference_file = RESULTS / f"gradient_quality_{name}_reference.pt"
@@ -180,6 +214,8 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
                 "rounds": ref.rounds,
                 "split_half_cosine": ref.split_half_cosine,
                 "relative_standard_error": ref.relative_standard_error,
+                "mean_reward": ref.mean_reward,
+                "degenerate_group_share": ref.degenerate_share,
             }
             save_results(data)
         saved = torch.load(reference_file, weights_only=True)
@@ -261,6 +297,13 @@ def report(data: dict[str, Any]) -> str:
             if ref
             else "Reference: the exact gradient."
         )
+        if ref and "mean_reward" in ref:
+            about += (
+                f" Its responses' mean reward {ref['mean_reward']:.3f}; all-equal groups of 8 (zero GRPO advantage): "
+                f"{ref['degenerate_group_share']:.0%}."
+            )
+        if stored.get("info", {}).get("prompts"):
+            about += f" Prompts: {stored['info']['prompts']}."
         parts.append(
             f"### {name}\n\n{about} r = {data['cost_ratio']['cost_ratio']:.2f}.\n\n{markdown_table(stored['records'])}\n"
         )

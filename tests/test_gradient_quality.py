@@ -94,6 +94,18 @@ def test_reference_matches_the_closed_form_gradient_within_its_standard_error(to
     assert ref.responses == 16 * 16 * 32 and 0 < ref.relative_standard_error < 0.2
 
 
+def test_reference_reports_its_pass_rate_and_share_of_all_equal_groups(tok):
+    """Every prompt of the toy has the same success probability p, so groups of 2 are all-equal with probability
+    p^2 + (1 - p)^2 (about 0.5 here): both are checked within 4 standard errors over 32 x 16 groups."""
+    task = toy_task(tok, seed=3, prompts=32)
+    p = float(task.oracle.exact_objective())
+    ref = reference_gradient(task, responses_per_round=2, rounds=16)
+    n = 32 * 16 * 2
+    assert abs(ref.mean_reward - p) < 4 * math.sqrt(p * (1 - p) / n)
+    q = p**2 + (1 - p) ** 2
+    assert abs(ref.degenerate_share - q) < 4 * math.sqrt(q * (1 - q) / (32 * 16))
+
+
 @pytest.mark.slow
 def test_a_biased_estimator_is_detected_and_unbiased_ones_are_not(tok):
     task = toy_task(tok, seed=2, prompts=64)

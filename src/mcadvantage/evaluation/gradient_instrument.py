@@ -318,6 +318,9 @@ class ReferenceGradient:
         split_half_cosine: cosine between the means of the first and second half of the rounds (1: noiseless).
         responses: responses drawn.
         rounds: independent rounds (every prompt in each).
+        mean_reward: the mean reward of those responses (NaN rewards counted as 0, as in the gradient).
+        degenerate_share: the share of (prompt, round) groups whose rewards are all equal, where a group-relative
+            advantage such as GRPO's is zero (NaN when not measured).
     """
 
     gradient: torch.Tensor
@@ -325,6 +328,8 @@ class ReferenceGradient:
     split_half_cosine: float
     responses: int
     rounds: int
+    mean_reward: float = math.nan
+    degenerate_share: float = math.nan
 
     @property
     def relative_standard_error(self) -> float:
@@ -347,6 +352,7 @@ def reference_gradient(
         )
     indices = list(range(len(task.prompt_ids)))
     per_round: list[torch.Tensor] = []
+    reward_sum, degenerate = 0.0, 0
     iterator: Any = range(rounds)
     if progress:
         from tqdm.auto import tqdm
@@ -355,6 +361,8 @@ def reference_gradient(
     for _ in iterator:
         batch = task.sample_group(indices, responses_per_round)
         rewards = torch.nan_to_num(batch.all_rewards, nan=0.0).view(-1, responses_per_round)
+        reward_sum += float(rewards.sum())
+        degenerate += int((rewards == rewards[:, :1]).all(dim=1).sum())
         others = (rewards.sum(dim=1, keepdim=True) - rewards) / (responses_per_round - 1)
         per_response = ((rewards - others) / rewards.numel()).reshape(-1)
         weights = per_response[:, None] * batch.completion_mask.float()
@@ -370,6 +378,8 @@ def reference_gradient(
         split_half_cosine=_cosine(first, second),
         responses=rounds * responses_per_round * len(indices),
         rounds=rounds,
+        mean_reward=reward_sum / (rounds * responses_per_round * len(indices)),
+        degenerate_share=degenerate / (rounds * len(indices)),
     )
 
 

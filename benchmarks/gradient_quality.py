@@ -169,6 +169,57 @@ def save_results(data: dict[str, Any]) -> None:
     OUT.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
+def build_demo_task(name: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The gradient task of a policy task (``DEMO_TASKS``) and what describes it."""
+    if str(ROOT / "benchmarks") not in sys.path:  # the regime study's tasks are defined beside this file
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    from learning_efficiency import UNSHIPPED_STARTS, shared_start_dir
+
+    policy_dir = None
+    if name in UNSHIPPED_STARTS:
+        policy_dir = shared_start_dir(name)  # refuses, naming the command, until the warm-up is complete
+    task, _, info = demo_task(
+        args.demo_prompts,
+        args.seed,
+        args.threads,
+        DEMO_TASKS[name],
+        policy_dir,
+        min_operations=MIN_OPERATIONS.get(name, 0),
+    )
+    if name in MIN_OPERATIONS:
+        info["prompts"] = (
+            f"the first {args.demo_prompts} held-out prompts with >= {MIN_OPERATIONS[name]} operations"
+        )
+    return task, info
+
+
+def group_stats(task: Any, rounds: int, group: int = 8) -> dict[str, Any]:
+    """How often a group of ``group`` responses to one prompt has no signal for a group-relative advantage: every
+    prompt of the task sampled ``rounds`` times; the shares of all-fail, all-pass and all-equal groups, and the
+    mean reward."""
+    import torch
+
+    fail = passed = equal = 0
+    rewards_sum, groups = 0.0, 0
+    for _ in range(rounds):
+        batch = task.sample_group(list(range(len(task.prompt_ids))), group)
+        rewards = torch.nan_to_num(batch.all_rewards, nan=0.0).view(-1, group)
+        equal += int((rewards == rewards[:, :1]).all(dim=1).sum())
+        fail += int((rewards == 0).all(dim=1).sum())
+        passed += int((rewards == 1).all(dim=1).sum())
+        rewards_sum += float(rewards.sum())
+        groups += rewards.shape[0]
+    return {
+        "rounds": rounds,
+        "groups": groups,
+        "group_size": group,
+        "mean_reward": rewards_sum / (groups * group),
+        "all_equal_share": equal / groups,
+        "all_fail_share": fail / groups,
+        "all_pass_share": passed / groups,
+    }
+
+
 def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
     import torch
 
@@ -181,25 +232,7 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
         task, reference, info = toy_task(rates, args.seed)
         specs, repeats = TOY_SPECS, args.toy_repeats
     else:
-        if str(ROOT / "benchmarks") not in sys.path:  # the regime study's tasks are defined beside this file
-            sys.path.insert(0, str(ROOT / "benchmarks"))
-        from learning_efficiency import UNSHIPPED_STARTS, shared_start_dir
-
-        policy_dir = None
-        if name in UNSHIPPED_STARTS:
-            policy_dir = shared_start_dir(name)  # refuses, naming the command, until the warm-up is complete
-        task, _, info = demo_task(
-            args.demo_prompts,
-            args.seed,
-            args.threads,
-            DEMO_TASKS[name],
-            policy_dir,
-            min_operations=MIN_OPERATIONS.get(name, 0),
-        )
-        if name in MIN_OPERATIONS:
-            info["prompts"] = (
-                f"the first {args.demo_prompts} held-out prompts with >= {MIN_OPERATIONS[name]} operations"
-            )
+        task, info = build_demo_task(name, args)
         specs, repeats = (DEMO_SPECS if name == "demo" else PLATEAU_SPECS), args.demo_repeats
         # The reference (8 MB) is not committed: a fresh clone recomputes it, seeded, when the file is missing.
         reference_file = RESULTS / f"gradient_quality_{name}_reference.pt"
@@ -302,6 +335,12 @@ def report(data: dict[str, Any]) -> str:
                 f" Its responses' mean reward {ref['mean_reward']:.3f}; all-equal groups of 8 (zero GRPO advantage): "
                 f"{ref['degenerate_group_share']:.0%}."
             )
+        if "group_stats" in stored:
+            g = stored["group_stats"]
+            about += (
+                f" Groups of {g['group_size']} ({g['groups']:,} sampled, `--group_stats`): mean reward "
+                f"{g['mean_reward']:.3f}, all-fail {g['all_fail_share']:.0%}, all-pass {g['all_pass_share']:.0%}."
+            )
         if stored.get("info", {}).get("prompts"):
             about += f" Prompts: {stored['info']['prompts']}."
         parts.append(
@@ -344,11 +383,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report", action="store_true", help="only rewrite the tables and plots")
     parser.add_argument(
+        "--group_stats",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="only sample ROUNDS groups of 8 per prompt of each policy task and store the shares of all-fail, "
+        "all-pass and all-equal groups (where GRPO's advantage is zero)",
+    )
+    parser.add_argument(
         "--doc", default=None, help="also write the tables between the markers of this Markdown file"
     )
     args = parser.parse_args(argv)
     data = load_results()
-    if not args.report:
+    if args.group_stats:
+        for name in args.tasks:
+            if name not in DEMO_TASKS:
+                raise SystemExit(
+                    f"--group_stats: {name!r} is not a policy task; choose from {sorted(DEMO_TASKS)}."
+                )
+            task, _ = build_demo_task(name, args)
+            stats = group_stats(task, args.group_stats)
+            data["tasks"].setdefault(name, {"records": []})["group_stats"] = stats
+            save_results(data)
+            print(f"{name}: {stats}")
+    elif not args.report:
         ensure_cost_ratio(data, args)
         for name in args.tasks:
             run_task(name, args, data)

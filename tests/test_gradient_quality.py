@@ -273,3 +273,20 @@ def test_the_learned_critic_is_measured_after_its_warm_up(tiny_model_dir, char_t
     (record,) = measure_estimators(task, [spec], reference, repeats=2, cost_ratio=1.0, progress=False)
     assert spec.estimator.updates >= 2  # the critic trained on the warm-up batches (and then on the repeats)
     assert math.isfinite(record["cosine"]) and record["sampled_tokens"] == record["trained_tokens"]
+
+
+def test_benchmark_group_stats_count_groups_without_signal(tok):
+    """``benchmarks/gradient_quality.py --group_stats``: on the toy every prompt succeeds with the same p, so groups of
+    4 are all-fail with probability (1 - p)^4 and all-pass with p^4; both within 4 SE over 32 x 20 groups."""
+    from _helpers import load_benchmark
+
+    bench = load_benchmark("gradient_quality")
+    task = toy_task(tok, seed=4, prompts=32)
+    p = float(task.oracle.exact_objective())
+    stats = bench.group_stats(task, rounds=20, group=4)
+    n = 32 * 20
+    assert stats["groups"] == n and stats["group_size"] == 4
+    for share, q in ((stats["all_fail_share"], (1 - p) ** 4), (stats["all_pass_share"], p**4)):
+        assert abs(share - q) < 4 * math.sqrt(q * (1 - q) / n)
+    assert stats["all_equal_share"] == stats["all_fail_share"] + stats["all_pass_share"]  # 0/1 rewards
+    assert abs(stats["mean_reward"] - p) < 4 * math.sqrt(p * (1 - p) / (4 * n))

@@ -12,10 +12,11 @@ docs/benchmarks.md):
   ``r``); where a GRPO budget was measured on the same prompts and costs at least as much (``grpo_p8`` for a tree of
   8 prompts), the per-repeat paired difference and its 95% t interval are given too.
 - ``regime/learning_<task>.json`` (``benchmarks/learning_efficiency.py --task <task>``, for each regime task in
-  ``REGIME_TASKS`` that has run): final held-out accuracy per seed; the paired difference to ``grpo_matched`` (and
+  ``LEARNING_FILES`` that has run): final held-out accuracy per seed; the paired difference to ``grpo_matched`` (and
   ``grpo``, ``grpo_matched_cost``) with its 95% interval, the two-sided paired t-test's p-value, and that p-value
   Holm-corrected over the tasks (the protocol's rule, docs/regime-protocol.md).
-- ``credit_diagnostics.json`` (``benchmarks/credit_diagnostics.py``): the paper's ranking test, pairwise accuracy.
+- ``credit_diagnostics.json`` and the regime policies' ``regime/credit_diagnostics_*.json``
+  (``benchmarks/credit_diagnostics.py``, ``RANKING_FILES``): the paper's ranking test, pairwise accuracy.
 - ``mc_efficiency.json`` (``benchmarks/mc_efficiency.py``): Monte Carlo tokens to reach fixed K=9's value error,
   with its 90% bootstrap interval, against the simulated K=9 point and against K=9's expected error.
 
@@ -39,10 +40,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "credit_at_grpo_price.json"
 DEMO_SUMMARY = ROOT / "src" / "mcadvantage" / "demo" / "warmup_plateau" / "equal_cost.json"
 
-#: The regime study's tasks: their learning-run summary and ranking-test results under benchmarks/results/.
-REGIME_TASKS = {
-    "demo_plateau": ("regime/learning_demo_plateau.json", "regime/credit_diagnostics_plateau.json"),
-    "slip_plateau": ("regime/learning_slip_plateau.json", "regime/credit_diagnostics_slip_plateau.json"),
+#: The regime study's tasks with learning runs: their summary under benchmarks/results/.
+LEARNING_FILES = {
+    "demo_plateau": "regime/learning_demo_plateau.json",
+    "slip_plateau": "regime/learning_slip_plateau.json",
+}
+#: Gradient task -> the ranking test (benchmarks/credit_diagnostics.py) on the same policy and prompts.
+RANKING_FILES = {
+    "demo": "credit_diagnostics.json",
+    "demo_plateau": "regime/credit_diagnostics_plateau.json",
+    "demo_plateau_hard": "regime/credit_diagnostics_plateau_hard.json",
 }
 BASES = ("grpo", "grpo_matched", "grpo_matched_cost")  # what every arm is paired with
 #: Learning arm -> the gradient-instrument row with the same estimator and settings (4 prompts per step).
@@ -288,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     from mcadvantage.evaluation.cost_model import cost_model_tokens
 
     r = gq["cost_ratio"]["cost_ratio"]
-    diagnostics = {"demo": _load("credit_diagnostics.json")}
-    diagnostics |= {task: _load(ranking_file) for task, (_, ranking_file) in REGIME_TASKS.items()}
+    diagnostics = {task: _load(name) for task, name in RANKING_FILES.items()}
     gradient = []
     for task, stored in gq["tasks"].items():
         for row in gradient_rows(task, stored, r):
@@ -297,20 +303,17 @@ def main(argv: list[str] | None = None) -> int:
                 row["estimator"], diagnostics.get(task)
             )
             gradient.append(row)
-    learning = {
-        task: learning_rows(runs) for task, (name, _) in REGIME_TASKS.items() if (runs := _load(name))
-    }
+    learning = {task: learning_rows(runs) for task, name in LEARNING_FILES.items() if (runs := _load(name))}
     holm_over_tasks(learning)
     mc = _load("mc_efficiency.json")
     out = {
         "command": "python benchmarks/credit_at_grpo_price.py",
         "sources": {
             "gradient": "benchmarks/results/gradient_quality.json",
-            "learning": {task: f"benchmarks/results/{REGIME_TASKS[task][0]}" for task in learning},
+            "learning": {task: f"benchmarks/results/{LEARNING_FILES[task]}" for task in learning},
             "ranking": {
                 task: f"benchmarks/results/{name}"
-                for task, name in [("demo", "credit_diagnostics.json")]
-                + [(task, files[1]) for task, files in REGIME_TASKS.items()]
+                for task, name in RANKING_FILES.items()
                 if diagnostics[task] is not None
             },
             "mc_efficiency": "benchmarks/results/mc_efficiency.json",

@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output_dir", default=str(ROOT / "benchmarks" / "results" / "credit_diagnostics"))
+    parser.add_argument(
+        "--min_operations",
+        type=int,
+        default=0,
+        help="only held-out prompts with at least this many operations (5: the plateau policy's hard prompts)",
+    )
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "credit_diagnostics.json"))
     args = parser.parse_args(argv)
 
@@ -70,7 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         critic.load_state_dict(torch.load(Path(args.critic) / "advantage_estimator.pt", weights_only=True))
         critic.ensure_value_model(EstimatorContext.single_process(None, [], tokenizer, policy_model=model))
         value_functions["ppo critic"] = critic.predict_values
-    problems = build_data(config).eval_set[: args.prompts]
+    problems = [p for p in build_data(config).eval_set if p.num_steps >= args.min_operations][: args.prompts]
+    if len(problems) < args.prompts:
+        raise SystemExit(
+            f"--prompts {args.prompts}: the held-out set has only {len(problems)} prompts with >= "
+            f"{args.min_operations} operations."
+        )
     rows = [{"prompt": p.prompt, "answer": p.answer} for p in problems]
     sampler = TransformersSampler(model, tokenizer, temperature=config.temperature, max_batch_sequences=1024)
     t0 = time.perf_counter()

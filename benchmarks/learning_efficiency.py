@@ -183,6 +183,14 @@ def shared_start_dir(task: str) -> Path:
         path, command = UNSHIPPED_STARTS[task]
         if not (path / "warmup.json").exists():  # make_warmup writes it last, when the checkpoint is complete
             raise SystemExit(f"--task {task} starts from the warm-up in {path}: run `{command}` first.")
+        check = json.loads((path / "warmup.json").read_text()).get("sft_check", {})
+        if check.get("plateaued") is False:  # the protocol's plateau evidence: no run from this start counts
+            raise SystemExit(
+                f"--task {task}: the warm-up in {path} failed the plateau check (held-out "
+                f"{check['held_out_before']:.3f} -> {check['held_out_after']:.3f} after {check['steps']} more "
+                f"supervised steps, more than 1 SE = {check['one_se']:.3f}), so docs/regime-protocol.md counts no run "
+                "from it."
+            )
         return path
     from mcadvantage.demo.config import shipped_warmup_dir
 

@@ -350,6 +350,19 @@ def test_an_unshipped_start_is_refused_with_its_command_until_trained_and_then_u
     start.mkdir()
     (start / "warmup.json").write_text("{}")
     assert le.shared_start_dir("slip_plateau") == start
+    # A start that failed the plateau check is refused, with its numbers (the shipped slip warm-up did).
+    check = {
+        "plateaued": False,
+        "held_out_before": 0.972,
+        "held_out_after": 0.992,
+        "steps": 400,
+        "one_se": 0.007,
+    }
+    (start / "warmup.json").write_text(json.dumps({"sft_check": check}))
+    with pytest.raises(SystemExit, match=r"failed the plateau check \(held-out 0.972 -> 0.992 after 400"):
+        le.shared_start_dir("slip_plateau")
+    (start / "warmup.json").write_text(json.dumps({"sft_check": {**check, "plateaued": True}}))
+    assert le.shared_start_dir("slip_plateau") == start
     assert le.shared_start_dir("demo_plateau").name == "warmup_plateau"  # the shipped checkpoint
     config = le.task_config("slip_plateau", 3)
     assert (config.flaw, config.warmup_schedule, config.seed) == ("slip", "plateau", 3)

@@ -780,6 +780,8 @@ def main(argv: list[str] | None = None) -> int:
             parse_arm(arm)  # fail before hours of runs, not after
     command = "python benchmarks/learning_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if not args.report:
+        if args.task in SHARED_START_TASKS:
+            shared_start_dir(args.task)  # refuses a missing or non-plateaued start before any process starts
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
         # Seed-major order: a partial run still gives complete seeds to compare.
         for seed in args.seeds:

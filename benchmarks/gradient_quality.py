@@ -110,6 +110,7 @@ DEMO_TASKS = {
     "demo_plateau": "plateau",
     "slip_plateau": "plateau",
     "demo_plateau_hard": "plateau",
+    "long_plateau": "plateau",
 }
 #: task -> the fewest operations its held-out prompts have (H1 inside the demo task: the plateau policy solves 8% of
 #: the 5-operation problems greedily, so most GRPO groups there are all-fail; docs/regime-protocol.md)
@@ -123,6 +124,7 @@ def demo_task(
     schedule: str = "fixed",
     policy_dir: Any = None,
     min_operations: int = 0,
+    overrides: dict[str, Any] | None = None,
 ) -> Any:
     import torch
 
@@ -134,7 +136,9 @@ def demo_task(
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    config = DemoConfig(warmup_schedule=schedule)
+    config = DemoConfig(
+        **{**(overrides or {}), "warmup_schedule": schedule}
+    )  # the task's problems and lengths
     model, tok = load_policy(str(policy_dir or shipped_warmup_dir(schedule)))
     problems = [p for p in build_data(config).eval_set if p.num_steps >= min_operations][:prompts]
     if len(problems) < prompts:
@@ -173,7 +177,7 @@ def build_demo_task(name: str, args: argparse.Namespace) -> tuple[Any, dict[str,
     """The gradient task of a policy task (``DEMO_TASKS``) and what describes it."""
     if str(ROOT / "benchmarks") not in sys.path:  # the regime study's tasks are defined beside this file
         sys.path.insert(0, str(ROOT / "benchmarks"))
-    from learning_efficiency import UNSHIPPED_STARTS, shared_start_dir
+    from learning_efficiency import TASKS, UNSHIPPED_STARTS, shared_start_dir
 
     policy_dir = None
     if name in UNSHIPPED_STARTS:
@@ -185,6 +189,7 @@ def build_demo_task(name: str, args: argparse.Namespace) -> tuple[Any, dict[str,
         DEMO_TASKS[name],
         policy_dir,
         min_operations=MIN_OPERATIONS.get(name, 0),
+        overrides=TASKS.get(name),
     )
     if name in MIN_OPERATIONS:
         info["prompts"] = (

@@ -40,21 +40,16 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from mcadvantage.demo.config import TASK_PRESETS
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 RESULTS = ROOT / "benchmarks" / "results"
 
-# Task presets: DemoConfig overrides. Fixed before the runs (see the protocol document).
+# Task presets: DemoConfig overrides, fixed before the runs (see the protocol documents). The studies' tasks are
+# defined once, in mcadvantage.demo.config.TASK_PRESETS (make_warmup --task reads them too).
 TASKS: dict[str, dict[str, Any]] = {
-    # The demo task: 2-5 operations, 60% of the 4+ operation demonstrations forget the last operation.
-    "demo": {},
-    # Longer reasoning: 5-8 operations, the same flaw on 60% of all demonstrations (every problem has 5+).
-    # max_completion_length 88: the longest 8-operation prompt has 166 tokens and the model's context is 256 (the
-    # first run used 96, which TRL's prompt-length check refused; the longest solution is about 72 tokens).
-    "long": {"min_steps": 5, "max_steps": 8, "flawed_demo_min_steps": 5, "max_completion_length": 88},
-    # Where the mistakes sit: the demo's problems and flawed demonstrations (same problems, same count), but a
-    # flawed demonstration makes one arithmetic slip at a random operation instead of forgetting the last one.
-    "slip": {"flaw": "slip"},
+    **{name: dict(preset) for name, preset in TASK_PRESETS.items()},
     # Smoke runs and tests only: the demo's --quick sizes (numbers meaningless).
     "quick": {"quick": True},
 }
@@ -63,8 +58,10 @@ TASKS: dict[str, dict[str, Any]] = {
 # warm-up prompts) and the seed sets only the RL run's own randomness: prompt order and sampling.
 TASKS["demo_plateau"] = {"warmup_schedule": "plateau"}
 # `slip` from its own plateau warm-up (same rule, seed 0, --flaw slip), which is not shipped in the package.
-TASKS["slip_plateau"] = {"flaw": "slip", "warmup_schedule": "plateau"}
-SHARED_START_TASKS = {"demo_plateau", "slip_plateau"}
+TASKS["slip_plateau"] = {**TASKS["slip"], "warmup_schedule": "plateau"}
+# `long` from its own plateau warm-up (same rule, seed 0, --task long), not shipped either.
+TASKS["long_plateau"] = {**TASKS["long"], "warmup_schedule": "plateau"}
+SHARED_START_TASKS = {"demo_plateau", "slip_plateau", "long_plateau"}
 #: shared-start tasks whose starting policy is not shipped: its directory (the checkpoint is git-ignored, its
 #: warmup.json and plateau_log.json are kept) and the command that trains it
 UNSHIPPED_STARTS: dict[str, tuple[Path, str]] = {
@@ -72,7 +69,12 @@ UNSHIPPED_STARTS: dict[str, tuple[Path, str]] = {
         RESULTS / "regime" / "warmup_slip_plateau",
         "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --flaw slip "
         "--output_dir benchmarks/results/regime/warmup_slip_plateau",
-    )
+    ),
+    "long_plateau": (
+        RESULTS / "regime" / "warmup_long_plateau",
+        "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --task long "
+        "--output_dir benchmarks/results/regime/warmup_long_plateau",
+    ),
 }
 DEFAULT_ARMS = [
     "grpo",

@@ -548,6 +548,30 @@ def test_quick_plateau_warmup_writes_its_evidence(tmp_path):
     assert json.loads((out / "plateau_log.json").read_text())["validation"] == plateau["validation_curve"]
 
 
+def test_make_warmup_trains_a_study_task_from_its_preset(tmp_path):
+    """``make_warmup --task long`` takes the long task's problems from ``TASK_PRESETS`` (5-8 operations, every
+    demonstration eligible for the flaw) and records the command that made it."""
+    from mcadvantage.demo.config import TASK_PRESETS
+
+    out = tmp_path / "long"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcadvantage.demo.make_warmup", "--quick", "--task", "long", "--warmup_steps", "4",
+         "--sft_check_steps", "0", "--output_dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads((out / "warmup.json").read_text())
+    full = meta["full_config"]
+    assert (full["min_steps"], full["max_steps"], full["flawed_demo_min_steps"]) == (5, 8, 5)
+    assert (
+        full["flaw"] == "skip_last" and "--task long" in meta["command"] and "--flaw" not in meta["command"]
+    )
+    assert TASK_PRESETS["slip"] == {"flaw": "slip"} and TASK_PRESETS["demo"] == {}
+
+
 def test_each_schedule_has_its_own_shipped_checkpoint_dir():
     from mcadvantage.demo.config import shipped_warmup_dir
 

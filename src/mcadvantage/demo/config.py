@@ -313,6 +313,21 @@ def parse_arm(name: str) -> ArmSpec:
     )
 
 
+#: The studies' tasks as ``DemoConfig`` overrides (docs/learning-efficiency.md, docs/regime-protocol.md); the
+#: benchmarks and ``make_warmup --task`` read them from here.
+TASK_PRESETS: dict[str, dict[str, Any]] = {
+    # The demo task: 2-5 operations, 60% of the 4+ operation demonstrations forget the last operation.
+    "demo": {},
+    # Longer reasoning: 5-8 operations, the same flaw on 60% of all demonstrations (every problem has 5+).
+    # max_completion_length 88: the longest 8-operation prompt has 166 tokens and the model's context is 256 (the
+    # first run used 96, which TRL's prompt-length check refused; the longest solution is about 72 tokens).
+    "long": {"min_steps": 5, "max_steps": 8, "flawed_demo_min_steps": 5, "max_completion_length": 88},
+    # Where the mistakes sit: the demo's problems and flawed demonstrations (same problems, same count), but a
+    # flawed demonstration makes one arithmetic slip at a random operation instead of forgetting the last one.
+    "slip": {"flaw": "slip"},
+}
+
+
 @dataclass
 class DemoData:
     """The demo's problem sets. ``warmup`` holds ``(prompt, demonstration)`` pairs (some flawed, see

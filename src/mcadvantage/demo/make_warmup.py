@@ -24,22 +24,28 @@ import json
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.config import DemoConfig, build_data, warmup_settings
+from mcadvantage.demo.config import TASK_PRESETS, DemoConfig, build_data, warmup_settings
 from mcadvantage.demo.run import _quiet_libraries
 
 __all__ = ["make_warmup", "main"]
 
 
 def make_warmup(
-    config: DemoConfig, output_dir: str | Path, *, progress: bool = True, sft_check_steps: int = 0
+    config: DemoConfig,
+    output_dir: str | Path,
+    *,
+    progress: bool = True,
+    sft_check_steps: int = 0,
+    task: str = "demo",
 ) -> dict[str, Any]:
     """Train the warm-up policy of ``config`` and save it, with ``warmup.json``, to ``output_dir``.
     Returns the metadata written to ``warmup.json``. With the plateau schedule and ``sft_check_steps``, also the
-    plateau evidence of :func:`sft_check`."""
+    plateau evidence of :func:`sft_check`. ``task`` names the ``TASK_PRESETS`` entry ``config`` was made from (for
+    the recorded command only)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -88,7 +94,10 @@ def make_warmup(
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
         "command": f"python -m mcadvantage.demo.make_warmup --seed {config.seed} --output_dir {output_dir}"
         + (f" --warmup_schedule plateau --warmup_patience {config.warmup_patience}" if plateau else "")
-        + (f" --flaw {config.flaw}" if config.flaw != DemoConfig.flaw else ""),
+        + (f" --task {task}" if task != "demo" else "")
+        + (
+            f" --flaw {config.flaw}" if config.flaw != TASK_PRESETS[task].get("flaw", DemoConfig.flaw) else ""
+        ),
     }
     if plateau:
         meta["plateau"] = {
@@ -190,10 +199,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="plateau schedule: supervised steps of the plateau check (0 skips it)",
     )
     parser.add_argument(
+        "--task",
+        choices=sorted(TASK_PRESETS),
+        default="demo",
+        help="the study task whose problems and demonstrations to train on (mcadvantage.demo.config.TASK_PRESETS)",
+    )
+    parser.add_argument(
         "--flaw",
         choices=("skip_last", "slip"),
-        default=DemoConfig.flaw,
-        help="how flawed demonstrations go wrong (see DemoConfig.flaw; 'slip' is the learning-efficiency task 'slip')",
+        default=None,
+        help="how flawed demonstrations go wrong (see DemoConfig.flaw; default: the task's; '--flaw slip' is "
+        "'--task slip')",
     )
     args = parser.parse_args(argv)
     config = DemoConfig(
@@ -201,13 +217,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup_steps=args.warmup_steps,
         warmup_schedule=args.warmup_schedule,
         warmup_patience=args.warmup_patience,
-        flaw=args.flaw,
     )
+    config = replace(config, **TASK_PRESETS[args.task])
+    if args.flaw is not None:
+        config.flaw = args.flaw
     if args.quick:
         config.apply_quick()
         config.quick = True
         config.warmup_steps = args.warmup_steps if args.warmup_steps != DemoConfig.warmup_steps else 20
-    meta = make_warmup(config, args.output_dir, sft_check_steps=args.sft_check_steps)
+    meta = make_warmup(config, args.output_dir, sft_check_steps=args.sft_check_steps, task=args.task)
     print(
         f"warm-up: held-out accuracy {meta['held_out_accuracy']:.3f} ({meta['eval_problems']} problems), "
         f"{meta['seconds']:.0f} s; wrote {args.output_dir}"

@@ -44,12 +44,14 @@ DEMO_SUMMARY = ROOT / "src" / "mcadvantage" / "demo" / "warmup_plateau" / "equal
 LEARNING_FILES = {
     "demo_plateau": "regime/learning_demo_plateau.json",
     "slip_plateau": "regime/learning_slip_plateau.json",
+    "long_plateau": "regime/learning_long_plateau.json",
 }
 #: Gradient task -> the ranking test (benchmarks/credit_diagnostics.py) on the same policy and prompts.
 RANKING_FILES = {
     "demo": "credit_diagnostics.json",
     "demo_plateau": "regime/credit_diagnostics_plateau.json",
     "demo_plateau_hard": "regime/credit_diagnostics_plateau_hard.json",
+    "long_plateau": "regime/credit_diagnostics_long_plateau.json",
 }
 BASES = ("grpo", "grpo_matched", "grpo_matched_cost")  # what every arm is paired with
 #: Learning arm -> the gradient-instrument row with the same estimator and settings (4 prompts per step).
@@ -180,9 +182,10 @@ def holm_over_tasks(learning: dict[str, list[dict[str, Any]]]) -> None:
                 for row in rows
                 if row["arm"] == arm and f"final_accuracy_vs_{base}" in row
             ]
+            family = sum(not math.isnan(t["p"]) for t in tests)  # holm_adjust leaves NaN p-values out
             for test, p in zip(tests, holm_adjust([t["p"] for t in tests]), strict=True):
                 test["p_holm"] = p
-                test["holm_family"] = len(tests)
+                test["holm_family"] = family
 
 
 def detectable_difference(sd: float, n: int, power: float = 0.8) -> float:

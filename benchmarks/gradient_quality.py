@@ -14,7 +14,7 @@ Tasks:
   GSM8K verifier and segmenter. Reference: 64 prompts x 8 responses x 8 rounds (4,096 responses) with a
   leave-one-out baseline; its split-half cosine and relative standard error are recorded.
 * ``demo_plateau_hard``: the plateau policy on held-out prompts with 5 operations only, where its pass rate is low
-  and most GRPO groups are all-fail (H1 inside the demo task; docs/regime-protocol.md). ``--tasks
+  and all-fail groups are 3x as common as on the mixed prompts (H1 inside the demo task; docs/regime-protocol.md). ``--tasks
   demo_plateau_hard``.
 * ``demo_plateau``: the same on the warm-up trained to a plateau (``mcadvantage/demo/warmup_plateau``, made by
   ``python -m mcadvantage.demo.make_warmup --warmup_schedule plateau``; docs/regime-protocol.md), with the estimators
@@ -105,15 +105,17 @@ PLATEAU_SPECS = [
     "tree:branching=4x2,depths=0-12,prompts=8",
 ]
 #: task -> the demo warm-up schedule whose shipped checkpoint is the policy
+#: policy task -> the study task (``learning_efficiency.TASKS``) whose settings, warm-up schedule and starting policy
+#: it measures
 DEMO_TASKS = {
-    "demo": "fixed",
-    "demo_plateau": "plateau",
-    "slip_plateau": "plateau",
-    "demo_plateau_hard": "plateau",
-    "long_plateau": "plateau",
+    "demo": "demo",
+    "demo_plateau": "demo_plateau",
+    "slip_plateau": "slip_plateau",
+    "demo_plateau_hard": "demo_plateau",
+    "long_plateau": "long_plateau",
 }
 #: task -> the fewest operations its held-out prompts have (H1 inside the demo task: the plateau policy solves 8% of
-#: the 5-operation problems greedily, so most GRPO groups there are all-fail; docs/regime-protocol.md)
+#: the 5-operation problems greedily and 27% at temperature 0.6; docs/regime-protocol.md)
 MIN_OPERATIONS = {"demo_plateau_hard": 5}
 
 
@@ -179,17 +181,23 @@ def build_demo_task(name: str, args: argparse.Namespace) -> tuple[Any, dict[str,
         sys.path.insert(0, str(ROOT / "benchmarks"))
     from learning_efficiency import TASKS, UNSHIPPED_STARTS, shared_start_dir
 
+    from mcadvantage.demo.config import DemoConfig
+
+    study_task = DEMO_TASKS[name]
     policy_dir = None
-    if name in UNSHIPPED_STARTS:
-        policy_dir = shared_start_dir(name)  # refuses, naming the command, until the warm-up is complete
+    if study_task in UNSHIPPED_STARTS:
+        policy_dir = shared_start_dir(
+            study_task
+        )  # refuses, naming the command, until the warm-up is complete
+    overrides = TASKS[study_task]
     task, _, info = demo_task(
         args.demo_prompts,
         args.seed,
         args.threads,
-        DEMO_TASKS[name],
+        overrides.get("warmup_schedule", DemoConfig.warmup_schedule),
         policy_dir,
         min_operations=MIN_OPERATIONS.get(name, 0),
-        overrides=TASKS.get(name),
+        overrides=overrides,
     )
     if name in MIN_OPERATIONS:
         info["prompts"] = (

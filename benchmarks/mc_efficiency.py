@@ -22,7 +22,8 @@ tokens: fewer, coarser states, so its errors are over other steps and are not co
 Per point: value MSE over every (response, state) pair, advantage sign accuracy over steps whose true
 advantage exceeds 0.05 in size, Spearman rank correlation of step advantages, Monte Carlo tokens per response.
 Per family: the tokens it needs to reach fixed K=9's value MSE (log-log interpolation between the sweep's points),
-as a ratio to K=9's tokens. Every (task, option, K, repeat) is appended to
+as a ratio to K=9's tokens, against the simulated K=9 point and against K=9's expected MSE
+(``expected_fixed_target``: ``mean v(1-v)/9`` plus the ground truth's variance, no repeat noise of its own). Every (task, option, K, repeat) is appended to
 ``benchmarks/results/mc_efficiency_runs/<task>.jsonl`` as it finishes, and a rerun skips what is there; the demo's
 responses and ground truth are cached there too. Writes ``benchmarks/results/mc_efficiency.json`` and
 ``mc_efficiency.png``.
@@ -343,7 +344,9 @@ def expected_fixed_target(
     ``truth_variance``, so the expected MSE is ``mean v (1 - v) / K + truth_variance``; tokens grow linearly in K, so
     they are K x the fixed runs' mean tokens per rollout per response. Its only noise is the ground truth's, which
     every option shares: the simulated K=9 point's repeat-to-repeat noise (a few high-variance states dominate it)
-    does not enter the ratio. Checked against the simulated fixed points in ``summarize`` (``expected_value_mse``)."""
+    does not enter the ratio. Checked against the simulated fixed points in ``summarize`` (``expected_value_mse``).
+    ``truth_variance`` is the recorded ``mean t(1-t)/K_gt``, which is low by a factor ``(K_gt-1)/K_gt`` (0.4% at
+    K_gt = 256, negligible next to ``v(1-v)/9``)."""
     fixed = [r for r in records if r["family"] == "fixed"]
     if not fixed:
         raise ValueError("expected_fixed_target: no fixed-K records to measure tokens per rollout from")
@@ -648,8 +651,10 @@ def main(argv: list[str] | None = None) -> int:
                     "or another --runs directory for a new configuration."
                 )
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else None
-        if (args.report or not todo) and (meta is None or "value_variance" in meta):
-            continue  # nothing to run; the aggregation below reads the meta file
+        if (args.report or not todo) and (
+            meta is None or "value_variance" in meta or meta.get("settings") != settings
+        ):
+            continue  # nothing to run (a meta file of other settings is left as it is); the aggregation reads it
         if task_name.startswith("toy"):
             task = toy_task(args.toy_groups, args.seed, depth=12 if task_name == "toy_long" else 6)
         else:  # with its cache in place this loads the policy and the stored responses, and samples nothing

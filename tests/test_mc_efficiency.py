@@ -92,6 +92,16 @@ def test_toy_run_writes_the_documented_schema(bench, tmp_path):
         if '"repeat": 1' in x
     ]
     assert [(r["family"], r["k"]) for r in second] == [("fixed", 1)]
+    # A meta file written before value_variance existed is completed on --report, but only for its own settings.
+    meta_path = tmp_path / "runs" / "toy.meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["value_variance"]
+    meta_path.write_text(json.dumps(meta))
+    report = ["--tasks", "toy", "--report", "--json", str(out), "--runs", str(tmp_path / "runs")]
+    assert bench.main([*report, "--toy_groups", "41"]) == 0
+    assert "value_variance" not in json.loads(meta_path.read_text())
+    assert bench.main([*report, "--toy_groups", "40"]) == 0
+    assert json.loads(meta_path.read_text())["value_variance"] == pytest.approx(data["value_variance"]["toy"])
     # Resumable: a second run finds every point done and only aggregates.
     assert (
         bench.main(["--tasks", "toy", "--repeats", "1", "--json", str(out), "--runs", str(tmp_path / "runs")])

@@ -40,12 +40,18 @@ def make_warmup(
     *,
     progress: bool = True,
     sft_check_steps: int = 0,
-    task: str = "demo",
+    task: str | None = None,
 ) -> dict[str, Any]:
     """Train the warm-up policy of ``config`` and save it, with ``warmup.json``, to ``output_dir``.
     Returns the metadata written to ``warmup.json``. With the plateau schedule and ``sft_check_steps``, also the
-    plateau evidence of :func:`sft_check`. ``task`` names the ``TASK_PRESETS`` entry ``config`` was made from (for
-    the recorded command only)."""
+    plateau evidence of :func:`sft_check`. ``task`` names the ``TASK_PRESETS`` entry ``config`` was made from, for the
+    recorded command; by default the first preset whose settings ``config`` has (else ``demo``)."""
+    if task is None:
+        task = next(
+            (name for name, preset in TASK_PRESETS.items()
+             if preset and all(getattr(config, k) == v for k, v in preset.items())),
+            "demo",
+        )  # fmt: skip
     import torch
     from tqdm.auto import tqdm
 

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.demo.config import DemoConfig, held_out_problems, shipped_warmup_dir
     from mcadvantage.evaluation.diagnostics import diagnose_credit
 
     torch.set_num_threads(args.threads)
@@ -76,12 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         critic.load_state_dict(torch.load(Path(args.critic) / "advantage_estimator.pt", weights_only=True))
         critic.ensure_value_model(EstimatorContext.single_process(None, [], tokenizer, policy_model=model))
         value_functions["ppo critic"] = critic.predict_values
-    problems = [p for p in build_data(config).eval_set if p.num_steps >= args.min_operations][: args.prompts]
-    if len(problems) < args.prompts:
-        raise SystemExit(
-            f"--prompts {args.prompts}: the held-out set has only {len(problems)} prompts with >= "
-            f"{args.min_operations} operations."
-        )
+    problems = held_out_problems(config, args.prompts, min_operations=args.min_operations)
     rows = [{"prompt": p.prompt, "answer": p.answer} for p in problems]
     sampler = TransformersSampler(model, tokenizer, temperature=config.temperature, max_batch_sequences=1024)
     t0 = time.perf_counter()

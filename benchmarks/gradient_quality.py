@@ -14,8 +14,8 @@ Tasks:
   GSM8K verifier and segmenter. Reference: 64 prompts x 8 responses x 8 rounds (4,096 responses) with a
   leave-one-out baseline; its split-half cosine and relative standard error are recorded.
 * ``demo_plateau_hard``: the plateau policy on held-out prompts with 5 operations only, where its pass rate is low
-  and all-fail groups are 3x as common as on the mixed prompts (H1 inside the demo task; docs/regime-protocol.md). ``--tasks
-  demo_plateau_hard``.
+  and all-fail groups are 3x as common as on the mixed prompts (H1 inside the demo task; docs/regime-protocol.md).
+  ``--tasks demo_plateau_hard``.
 * ``demo_plateau``: the same on the warm-up trained to a plateau (``mcadvantage/demo/warmup_plateau``, made by
   ``python -m mcadvantage.demo.make_warmup --warmup_schedule plateau``; docs/regime-protocol.md), with the estimators
   of the regime study's arms (``PLATEAU_SPECS``). Not in the default ``--tasks``: ``--tasks demo_plateau``.
@@ -104,7 +104,6 @@ PLATEAU_SPECS = [
     "tree:branching=4x2,depths=0-12,prompts=6",
     "tree:branching=4x2,depths=0-12,prompts=8",
 ]
-#: task -> the demo warm-up schedule whose shipped checkpoint is the policy
 #: policy task -> the study task (``learning_efficiency.TASKS``) whose settings, warm-up schedule and starting policy
 #: it measures
 DEMO_TASKS = {
@@ -123,31 +122,26 @@ def demo_task(
     prompts: int,
     seed: int,
     threads: int,
-    schedule: str = "fixed",
+    config: Any = None,
     policy_dir: Any = None,
     min_operations: int = 0,
-    overrides: dict[str, Any] | None = None,
 ) -> Any:
+    """The gradient task of ``config``'s policy (default: the demo's) on its first ``prompts`` held-out prompts with
+    at least ``min_operations`` operations; the policy is ``policy_dir``, else the shipped checkpoint of
+    ``config.warmup_schedule``."""
     import torch
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.config import DemoConfig, build_data, shipped_warmup_dir
+    from mcadvantage.demo.config import DemoConfig, held_out_problems, shipped_warmup_dir
     from mcadvantage.evaluation.gradient_instrument import CausalLMOracle, GradientTask
     from mcadvantage.tasks.segmentation import get_segmenter
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    config = DemoConfig(
-        **{**(overrides or {}), "warmup_schedule": schedule}
-    )  # the task's problems and lengths
-    model, tok = load_policy(str(policy_dir or shipped_warmup_dir(schedule)))
-    problems = [p for p in build_data(config).eval_set if p.num_steps >= min_operations][:prompts]
-    if len(problems) < prompts:
-        raise SystemExit(
-            f"--demo_prompts {prompts}: the held-out set has only {len(problems)} prompts with >= {min_operations} "
-            "operations; ask for fewer."
-        )
+    config = config or DemoConfig()
+    model, tok = load_policy(str(policy_dir or shipped_warmup_dir(config.warmup_schedule)))
+    problems = held_out_problems(config, prompts, min_operations=min_operations)
     task = GradientTask(
         oracle=CausalLMOracle(model),
         sampler=TransformersSampler(model, tok, temperature=config.temperature, max_batch_sequences=1024),
@@ -160,7 +154,11 @@ def demo_task(
         max_completion_length=config.max_completion_length,
         policy_model=model,
     )
-    policy = "shipped demo warm-up (seed 0)" if schedule == "fixed" else "shipped plateau warm-up (seed 0)"
+    policy = (
+        "shipped demo warm-up (seed 0)"
+        if config.warmup_schedule == "fixed"
+        else "shipped plateau warm-up (seed 0)"
+    )
     if policy_dir is not None:
         policy = f"{Path(policy_dir).relative_to(ROOT)} (seed 0)"
     return task, model, {"policy": policy, "temperature": config.temperature}
@@ -179,25 +177,18 @@ def build_demo_task(name: str, args: argparse.Namespace) -> tuple[Any, dict[str,
     """The gradient task of a policy task (``DEMO_TASKS``) and what describes it."""
     if str(ROOT / "benchmarks") not in sys.path:  # the regime study's tasks are defined beside this file
         sys.path.insert(0, str(ROOT / "benchmarks"))
-    from learning_efficiency import TASKS, UNSHIPPED_STARTS, shared_start_dir
-
-    from mcadvantage.demo.config import DemoConfig
+    from learning_efficiency import UNSHIPPED_STARTS, shared_start_dir, task_config
 
     study_task = DEMO_TASKS[name]
-    policy_dir = None
-    if study_task in UNSHIPPED_STARTS:
-        policy_dir = shared_start_dir(
-            study_task
-        )  # refuses, naming the command, until the warm-up is complete
-    overrides = TASKS[study_task]
+    # An unshipped start is refused, with its command, until its warm-up is complete and plateaued.
+    policy_dir = shared_start_dir(study_task) if study_task in UNSHIPPED_STARTS else None
     task, _, info = demo_task(
         args.demo_prompts,
         args.seed,
         args.threads,
-        overrides.get("warmup_schedule", DemoConfig.warmup_schedule),
+        task_config(study_task, 0),
         policy_dir,
         min_operations=MIN_OPERATIONS.get(name, 0),
-        overrides=overrides,
     )
     if name in MIN_OPERATIONS:
         info["prompts"] = (
@@ -212,14 +203,15 @@ def group_stats(task: Any, rounds: int, group: int = 8) -> dict[str, Any]:
     mean reward."""
     import torch
 
+    from mcadvantage.evaluation.gradient_instrument import groups_without_signal
+
     fail = passed = equal = 0
     rewards_sum, groups = 0.0, 0
     for _ in range(rounds):
         batch = task.sample_group(list(range(len(task.prompt_ids))), group)
         rewards = torch.nan_to_num(batch.all_rewards, nan=0.0).view(-1, group)
-        equal += int((rewards == rewards[:, :1]).all(dim=1).sum())
-        fail += int((rewards == 0).all(dim=1).sum())
-        passed += int((rewards == 1).all(dim=1).sum())
+        counts = groups_without_signal(rewards)
+        equal, fail, passed = equal + counts[0], fail + counts[1], passed + counts[2]
         rewards_sum += float(rewards.sum())
         groups += rewards.shape[0]
     return {

@@ -385,28 +385,29 @@ def summarize(
             entry[field + "_se"] = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan
         options.append(entry)
     k9 = next((o for o in options if o["family"] == "fixed" and o["k"] == 9), None)
+    has_fixed = any(r["family"] == "fixed" for r in records)
+    target = (
+        expected_fixed_target(records, value_variance, truth_variance)
+        if value_variance is not None and has_fixed
+        else None
+    )
     for family in FAMILIES:
         members = [o for o in options if o["family"] == family]
+        points = {o["k"]: (o["tokens_per_response"], o["value_mse"]) for o in members}
         ratio, interval = None, None
         if k9 is not None and members and family != "reuse+merge":
-            ratio = _ratio_to_k9(
-                {o["k"]: (o["tokens_per_response"], o["value_mse"]) for o in members},
-                (k9["tokens_per_response"], k9["value_mse"]),
-            )
+            ratio = _ratio_to_k9(points, (k9["tokens_per_response"], k9["value_mse"]))
             interval = None if family == "fixed" else ratio_interval(records, family)
-        expected_ratio, expected_interval = None, None
-        if value_variance is not None and family not in ("fixed", "reuse+merge") and members:
-            target = expected_fixed_target(records, value_variance, truth_variance)
-            expected_ratio = _ratio_to_k9(
-                {o["k"]: (o["tokens_per_response"], o["value_mse"]) for o in members}, target
-            )
+        against_target = target is not None and family not in ("fixed", "reuse+merge") and members
+        if against_target:
+            expected_ratio = _ratio_to_k9(points, target)
             expected_interval = ratio_interval(records, family, target=target)
         for o in members:
             o["tokens_ratio_vs_k9_at_equal_error"] = ratio
             o["tokens_ratio_ci90"] = interval
             if family == "fixed" and value_variance is not None:
                 o["expected_value_mse"] = value_variance / o["k"] + truth_variance
-            if value_variance is not None and family not in ("fixed", "reuse+merge"):
+            if against_target:
                 o["tokens_ratio_vs_expected_k9"] = expected_ratio
                 o["tokens_ratio_vs_expected_k9_ci90"] = expected_interval
     return options
@@ -643,18 +644,18 @@ def main(argv: list[str] | None = None) -> int:
             if task_name.startswith("toy")
             else {"prompts": args.prompts, "ground_truth_k": args.ground_truth_k, "seed": args.seed}
         )
-        if meta_path.exists() and not args.report and todo:
-            stored = json.loads(meta_path.read_text(encoding="utf-8")).get("settings")
-            if stored != settings:
-                raise SystemExit(
-                    f"{path} holds runs with settings {stored}, not {settings}: pass those settings to resume, "
-                    "or another --runs directory for a new configuration."
-                )
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else None
-        if (args.report or not todo) and (
-            meta is None or "value_variance" in meta or meta.get("settings") != settings
-        ):
-            continue  # nothing to run (a meta file of other settings is left as it is); the aggregation reads it
+        same_settings = meta is None or meta.get("settings") == settings
+        nothing_to_run = args.report or not todo
+        if not nothing_to_run and not same_settings:
+            raise SystemExit(
+                f"{path} holds runs with settings {meta.get('settings')}, not {settings}: pass those settings to "
+                "resume, or another --runs directory for a new configuration."
+            )
+        # A meta file written before value_variance existed is completed, for its own settings only.
+        heal = meta is not None and "value_variance" not in meta and same_settings
+        if nothing_to_run and not heal:
+            continue  # the aggregation below reads the meta file
         if task_name.startswith("toy"):
             task = toy_task(args.toy_groups, args.seed, depth=12 if task_name == "toy_long" else 6)
         else:  # with its cache in place this loads the policy and the stored responses, and samples nothing
@@ -665,12 +666,12 @@ def main(argv: list[str] | None = None) -> int:
                     "description": task["description"],
                     "truth_variance": task["truth_variance"],
                     "value_variance": task["value_variance"],
-                    "settings": settings if meta is None else meta["settings"],
+                    "settings": settings,
                 }
             ),
             encoding="utf-8",
         )
-        if args.report or not todo:
+        if nothing_to_run:
             continue
         for family, k, rep in todo:
             record = run_point(task, family, k, rep)

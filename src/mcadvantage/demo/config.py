@@ -381,6 +381,18 @@ def build_data(config: DemoConfig) -> DemoData:
     )
 
 
+def held_out_problems(config: DemoConfig, count: int, *, min_operations: int = 0) -> list[ArithmeticProblem]:
+    """The first ``count`` held-out problems of ``config`` with at least ``min_operations`` operations (the
+    benchmarks' prompt sets; 5 operations: the plateau policy's hard prompts)."""
+    problems = [p for p in build_data(config).eval_set if p.num_steps >= min_operations][:count]
+    if len(problems) < count:
+        raise ValueError(
+            f"held_out_problems: count={count}, but the held-out set has only {len(problems)} problems with >= "
+            f"{min_operations} operations; ask for fewer."
+        )
+    return problems
+
+
 # Settings that decide the warm-up policy: the shipped checkpoint is used only when all of them equal the
 # ones it was trained with (recorded in its warmup.json).
 WARMUP_FIELDS = (

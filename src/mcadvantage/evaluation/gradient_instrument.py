@@ -338,6 +338,13 @@ class ReferenceGradient:
         return float(self.standard_error.norm()) / norm if norm > 0 else math.inf
 
 
+def groups_without_signal(rewards: torch.Tensor) -> tuple[int, int, int]:
+    """``(all equal, all fail, all pass)``: how many rows of ``rewards`` (one group of 0/1 rewards per row, NaN already
+    counted as 0) have rewards that are all equal, where a group-relative advantage such as GRPO's is zero."""
+    equal = int((rewards == rewards[:, :1]).all(dim=1).sum())
+    return equal, int((rewards == 0).all(dim=1).sum()), int((rewards == 1).all(dim=1).sum())
+
+
 def reference_gradient(
     task: GradientTask, *, responses_per_round: int = 8, rounds: int = 8, progress: bool = False
 ) -> ReferenceGradient:
@@ -362,7 +369,7 @@ def reference_gradient(
         batch = task.sample_group(indices, responses_per_round)
         rewards = torch.nan_to_num(batch.all_rewards, nan=0.0).view(-1, responses_per_round)
         reward_sum += float(rewards.sum())
-        degenerate += int((rewards == rewards[:, :1]).all(dim=1).sum())
+        degenerate += groups_without_signal(rewards)[0]
         others = (rewards.sum(dim=1, keepdim=True) - rewards) / (responses_per_round - 1)
         per_response = ((rewards - others) / rewards.numel()).reshape(-1)
         weights = per_response[:, None] * batch.completion_mask.float()

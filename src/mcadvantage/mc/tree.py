@@ -160,9 +160,8 @@ def draw_trees(
         requests = [_request(prompt_ids, node, n, stop) for node, n in zip(level_nodes, widths, strict=True)]
         results = sampler.sample(requests) if requests else []
         next_nodes: list[_Node] = []
-        topups: list[
-            tuple[_Node, int, int, tuple[int, ...]]
-        ] = []  # (node, first top-up index, count, widths)
+        # (node, first top-up child index, count, the path widths its top-ups record)
+        topups: list[tuple[_Node, int, int, tuple[int, ...]]] = []
         for node, width, conts in zip(level_nodes, widths, results, strict=True):
             path_widths = (*node.widths, min(schedule.branching[level], width))
             open_children: list[tuple[int, list[int]]] = []

@@ -247,3 +247,11 @@ def test_trl_version_window():
         warnings.simplefilter("error")
         check_trl_version("1.16.3")
         check_trl_version()  # the installed TRL is in the tested window
+
+
+@pytest.mark.parametrize("option", [dict(mc_reuse_samples=True), dict(mc_allocation="variance")])
+def test_hybrid_refuses_pooled_values(option):
+    # Its responses are chosen because their group's outcomes are all equal: pooled, they would bias the values.
+    with pytest.raises(ValueError, match=r"advantage_estimator='hybrid'.*mc_reuse_samples=False"):
+        make(advantage_estimator="hybrid", **option)
+    make(advantage_estimator="vineppo", **option)

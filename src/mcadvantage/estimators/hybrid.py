@@ -8,10 +8,19 @@ computes it, and spends a per-batch budget of extra sampled tokens on Monte Carl
 ``V(S_i) - V(S_{i-1})``, :class:`~mcadvantage.estimators.VinePPOEstimator`) for responses of degenerate groups,
 one response at a time in a seeded random order, as long as the predicted rollout tokens fit the budget.
 
-- **Budget**: ``budget`` is a fraction of the batch's response tokens (``hybrid_budget``: 0.1 = at most about 10%
-  more sampled tokens than GRPO). The prediction is ``K x (response length - state position)`` summed over a
-  response's states; the measured rollout tokens are logged (``hybrid/generated_tokens``). At budget 0 nothing is
-  sampled and the advantages are GRPO's, exactly.
+- **Budget**: ``budget`` is a fraction of the batch's sampled response tokens (``hybrid_budget``: 0.1 = at most
+  about 10% more sampled tokens than GRPO), masked responses included: they were sampled too. The prediction is
+  ``K x (response length - state position)`` summed over a response's states; the measured rollout tokens are
+  logged (``hybrid/generated_tokens``). At budget 0 nothing is sampled and the advantages are GRPO's, exactly.
+- **Masked responses** (a zero ``completion_mask`` row, e.g. TRL's ``mask_truncated_completions``): the seeded
+  order and the budget are decided as if nothing were masked, and a masked response that is chosen keeps its share
+  of the budget but is not estimated (it trains nothing). So masking responses, often chosen by their outcome,
+  changes no other response's credit, as with GRPO.
+- **Values**: fresh rollouts only. Free samples (``mc_reuse_samples``) and ``mc_allocation="variance"`` pool the
+  other responses' outcomes into a state's value, but the hybrid's responses are chosen *because* their group's
+  outcomes are all equal: pooled, those outcomes would pull every value toward the group's outcome (measured in
+  ``tests/test_hybrid.py``). So both are refused. With fresh rollouts a state's value is unbiased given its prefix
+  and independent of the response's own outcome, whatever was selected (tested on the exact toy).
 - **Scale**: Monte Carlo credit is in reward units; GRPO's is divided by the group's reward standard deviation.
   With ``scale_rewards="group"`` or ``"batch"`` the Monte Carlo credit is divided by the standard deviation of the
   batch's rewards (1 when they do not vary), so both are in the same units; with ``"none"`` neither is scaled.
@@ -93,6 +102,14 @@ class HybridEstimator:
             raise ValueError(
                 f"HybridEstimator: budget={budget} must be >= 0 (a fraction of the response tokens)."
             )
+        if monte_carlo.get("reuse_samples") or monte_carlo.get("allocation", "uniform") != "uniform":
+            raise ValueError(
+                f"HybridEstimator: reuse_samples={monte_carlo.get('reuse_samples')!r}, "
+                f"allocation={monte_carlo.get('allocation', 'uniform')!r} pool other responses' outcomes into the "
+                "values, but the hybrid's responses are chosen because their group's outcomes are all equal, so "
+                "pooled they would bias every value toward that outcome. Use reuse_samples=False and "
+                "allocation='uniform' (fresh rollouts)."
+            )
         self.budget = float(budget)
         self.grpo = GRPOEstimator(scale_rewards=scale_rewards)
         self.monte_carlo = VinePPOEstimator(
@@ -132,6 +149,13 @@ class HybridEstimator:
                 "advantage_estimator='hybrid' (its Monte Carlo values are means of the weighted reward sum). Set "
                 "multi_objective_aggregation='sum_then_normalize'."
             )
+        if config.mc_reuse_samples or config.mc_allocation != "uniform":
+            raise ValueError(
+                f"mc_reuse_samples={config.mc_reuse_samples!r} / mc_allocation={config.mc_allocation!r} are not "
+                "supported by advantage_estimator='hybrid': they pool other responses' outcomes into a state's value, "
+                "and the hybrid's responses are chosen because their group's outcomes are all equal, which would pull "
+                "every value toward that outcome. Set mc_reuse_samples=False and mc_allocation='uniform'."
+            )
         VinePPOEstimator.validate_config(_WithoutScaling(config))
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
@@ -139,7 +163,8 @@ class HybridEstimator:
         result = self.grpo.estimate(batch, context)
         self.last_rows = []
         mask = batch.completion_mask
-        response_tokens = int(mask.sum())
+        # Sampled tokens, masked responses included: masking (often chosen by outcome) must not move the budget.
+        response_tokens = sum(len(ids) for ids in batch.completion_ids)
         allowed = self.budget * response_tokens
         metrics = dict(result.metrics)
         metrics.update(budget_tokens=allowed, generated_tokens=0.0, groups_estimated=0.0)
@@ -160,24 +185,28 @@ class HybridEstimator:
             )
         segmenter = self.monte_carlo.segmenter or get_segmenter(context.segmenter)
         # Responses of degenerate groups, in a seeded random order, each taken while its predicted cost fits:
-        # a whole group of long responses rarely fits a budget near GRPO's price, one response often does.
+        # a whole group of long responses rarely fits a budget near GRPO's price, one response often does. The
+        # order and the budget ignore the mask; a chosen masked response keeps its share but is not estimated, so
+        # which responses are masked changes no other response's credit.
         rows = [
             i - start
             for g in candidates
             for i in range(g * batch.group_size, (g + 1) * batch.group_size)
-            if i in local and batch.completion_ids[i - start] and int(mask[i - start].sum()) > 0
+            if i in local and batch.completion_ids[i - start]
         ]
         self.rng.shuffle(rows)
         chosen_rows: list[int] = []
-        spent = 0
+        reserved = spent = 0
         for r in rows:
             cost = predicted_rollout_tokens(
                 segment_completion(segmenter, context.tokenizer, list(batch.completion_ids[r])),
                 self.monte_carlo.num_rollouts,
             )
-            if spent + cost <= allowed:
-                chosen_rows.append(r)
-                spent += cost
+            if reserved + cost <= allowed:
+                reserved += cost
+                if int(mask[r].sum()) > 0:
+                    chosen_rows.append(r)
+                    spent += cost
         if not chosen_rows:
             return AdvantageResult(
                 advantages=result.advantages, metrics=metrics, metric_reductions=reductions

@@ -56,7 +56,9 @@ class VinePPOConfig(GRPOConfig):
             language-model head for a scalar head, as the paper did.
         hybrid_budget (float): With `advantage_estimator="hybrid"` (GRPO's advantage, plus Monte Carlo step credit for
             the responses of groups whose rewards are all equal): the extra sampled tokens allowed per batch, as a
-            fraction of its response tokens. `0` gives GRPO exactly. Defaults to `0.1`.
+            fraction of its sampled response tokens (masked ones included: masking changes no other response's
+            credit). `0` gives GRPO exactly. Its values use fresh rollouts only: `mc_reuse_samples` and
+            `mc_allocation="variance"` are refused (its responses are chosen by outcome). Defaults to `0.1`.
         tree_branching (list[int]): With `advantage_estimator="tree"` (each group drawn as a tree that branches at
             token depths; step credit from its own leaves, no rollouts): children per level. Their product must equal
             `num_generations`; each is at least 2. Defaults to `[4, 2]`.
@@ -189,7 +191,7 @@ class VinePPOConfig(GRPOConfig):
         default=0.1,
         metadata={
             "help": "'hybrid' only: extra sampled tokens for Monte Carlo step credit in degenerate groups, as a "
-            "fraction of the batch's response tokens (0: GRPO exactly)."
+            "fraction of the batch's sampled response tokens, masked ones included (0: GRPO exactly)."
         },
     )
 

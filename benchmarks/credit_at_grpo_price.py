@@ -45,6 +45,7 @@ LEARNING_FILES = {
     "demo_plateau": "regime/learning_demo_plateau.json",
     "slip_plateau": "regime/learning_slip_plateau.json",
     "long_plateau": "regime/learning_long_plateau.json",
+    "sign_plateau": "regime/learning_sign_plateau.json",
 }
 #: Gradient task -> the ranking test (benchmarks/credit_diagnostics.py) on the same policy and prompts.
 RANKING_FILES = {
@@ -52,6 +53,7 @@ RANKING_FILES = {
     "demo_plateau": "regime/credit_diagnostics_plateau.json",
     "demo_plateau_hard": "regime/credit_diagnostics_plateau_hard.json",
     "long_plateau": "regime/credit_diagnostics_long_plateau.json",
+    "sign_plateau": "regime/credit_diagnostics_sign_plateau.json",
 }
 BASES = ("grpo", "grpo_matched", "grpo_matched_cost")  # what every arm is paired with
 #: Learning arm -> the gradient-instrument row with the same estimator and settings (4 prompts per step).

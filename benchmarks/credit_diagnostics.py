@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="only held-out prompts with at least this many operations (5: the plateau policy's hard prompts)",
     )
+    parser.add_argument(
+        "--task",
+        default="demo",
+        help="the study task whose held-out problems and response budget to use (mcadvantage.demo.config."
+        "TASK_PRESETS: demo, long, slip, sign); give its policy with --model",
+    )
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "credit_diagnostics.json"))
     args = parser.parse_args(argv)
 
@@ -60,11 +67,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.config import DemoConfig, held_out_problems, shipped_warmup_dir
+    from mcadvantage.demo.config import TASK_PRESETS, DemoConfig, held_out_problems, shipped_warmup_dir
     from mcadvantage.evaluation.diagnostics import diagnose_credit
 
+    if args.task not in TASK_PRESETS:
+        parser.error(
+            f"--task {args.task!r} is not a study task; choose one of {', '.join(sorted(TASK_PRESETS))}."
+        )
     torch.set_num_threads(args.threads)
-    config = DemoConfig()
+    config = replace(DemoConfig(), **TASK_PRESETS[args.task])
     model_dir = args.model or args.critic or str(shipped_warmup_dir())
     model, tokenizer = load_policy(model_dir)
     model.eval()

@@ -112,6 +112,7 @@ DEMO_TASKS = {
     "slip_plateau": "slip_plateau",
     "demo_plateau_hard": "demo_plateau",
     "long_plateau": "long_plateau",
+    "sign_plateau": "sign_plateau",
 }
 #: task -> the fewest operations its held-out prompts have (H1 inside the demo task: the plateau policy solves 8% of
 #: the 5-operation problems greedily and 27% at temperature 0.6; docs/regime-protocol.md)

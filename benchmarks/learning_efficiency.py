@@ -61,7 +61,9 @@ TASKS["demo_plateau"] = {"warmup_schedule": "plateau"}
 TASKS["slip_plateau"] = {**TASKS["slip"], "warmup_schedule": "plateau"}
 # `long` from its own plateau warm-up (same rule, seed 0, --task long), not shipped either.
 TASKS["long_plateau"] = {**TASKS["long"], "warmup_schedule": "plateau"}
-SHARED_START_TASKS = {"demo_plateau", "slip_plateau", "long_plateau"}
+# `sign` (H2 with a systematic mid-solution flaw amid harmless lead-ins) from its own plateau warm-up, not shipped.
+TASKS["sign_plateau"] = {**TASKS["sign"], "warmup_schedule": "plateau"}
+SHARED_START_TASKS = {"demo_plateau", "slip_plateau", "long_plateau", "sign_plateau"}
 #: shared-start tasks whose starting policy is not shipped: its directory (the checkpoint is git-ignored, its
 #: warmup.json and plateau_log.json are kept) and the command that trains it
 UNSHIPPED_STARTS: dict[str, tuple[Path, str]] = {
@@ -74,6 +76,11 @@ UNSHIPPED_STARTS: dict[str, tuple[Path, str]] = {
         RESULTS / "regime" / "warmup_long_plateau",
         "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --task long "
         "--output_dir benchmarks/results/regime/warmup_long_plateau",
+    ),
+    "sign_plateau": (
+        RESULTS / "regime" / "warmup_sign_plateau",
+        "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --task sign "
+        "--output_dir benchmarks/results/regime/warmup_sign_plateau",
     ),
 }
 DEFAULT_ARMS = [

@@ -10,11 +10,12 @@ import random
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from mcadvantage.demo.config import DemoConfig, build_data, parse_args
+from mcadvantage.demo.config import TASK_PRESETS, DemoConfig, build_data, parse_args
 from mcadvantage.demo.report import ScoredResponse, advantage_colour, render_responses_html
 from mcadvantage.demo.run import _html_problems, accuracy_by_num_steps
 from mcadvantage.demo.task import (
@@ -22,9 +23,11 @@ from mcadvantage.demo.task import (
     generate_problems,
     make_problem,
     random_slip,
+    sign_flip_solution,
     skip_last_solution,
     slip_solution,
     to_rows,
+    with_lead_ins,
 )
 from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
 
@@ -142,6 +145,64 @@ def test_slip_flaw_changes_only_the_flawed_demonstrations():
     assert len(changed) == base.flawed  # the flawed ones, and only they, differ
     for skipped, slipped in changed:
         assert skipped.count("\n") + 1 == slipped.count("\n")  # a slip keeps every operation line
+
+
+def test_sign_flip_solution_hand_computed():
+    p = make_problem(
+        12, [Operation("add", 2), Operation("sub", 4), Operation("half", 2), Operation("sub", 1)]
+    )
+    # 12+2=14, 14-4=10, 10/2=5, 5-1=4; the first subtraction before the last operation adds: 14+4=18, 18/2=9, 9-1=8.
+    assert sign_flip_solution(p) == "12+2=14\n14+4=18\n18/2=9\n9-1=8\n#### 8"
+    # No subtraction before the last operation, or a later halving of an odd value: left correct (None).
+    assert sign_flip_solution(make_problem(12, [Operation("add", 2), Operation("sub", 4)])) is None
+    assert sign_flip_solution(make_problem(12, [Operation("sub", 3), Operation("half", 2)])) is None
+    rng = random.Random(0)
+    flipped = 0
+    for q in generate_problems(2000, seed=3):
+        text = sign_flip_solution(q)
+        if text is None:
+            continue
+        flipped += 1
+        assert GSM8KVerifier().score(text, q.answer) == 0.0  # the final answer is always wrong
+        lines = text.split("\n")[:-1]
+        assert all(_line_is_right(line) for line in lines)  # right arithmetic, wrong operation
+        first_sub = next(i for i, op in enumerate(q.operations) if op.kind == "sub")
+        assert [line.count("+") for line in lines][first_sub] == 1 and "-" not in lines[first_sub]
+        assert [
+            op.equation(v) for op, v in zip(q.operations[:first_sub], q.values[:first_sub], strict=True)
+        ] == lines[:first_sub]
+        leads = with_lead_ins(text, rng)
+        assert leads.endswith(text.split("\n")[-1])  # the answer line keeps no lead-in
+        assert [
+            line.removeprefix("so ").removeprefix("then ").removeprefix("now ") for line in leads.split("\n")
+        ] == text.split("\n")
+    assert flipped > 500
+
+
+def test_sign_task_data_flaws_are_systematic_and_lead_ins_harmless():
+    config = replace(
+        DemoConfig(warmup_problems=600, rl_problems=10, eval_problems=10), **TASK_PRESETS["sign"]
+    )
+    data = build_data(config)
+    base = build_data(DemoConfig(warmup_problems=600, rl_problems=10, eval_problems=10))
+    assert [p for p, _ in data.warmup] == [p for p, _ in base.warmup]  # the same problems as the demo
+    # The warm-up problems, drawn as build_data draws them (seed 0), to know each demonstration's problem.
+    problems = generate_problems(600, seed=2_000_003, exclude={q.prompt for q in base.eval_set})
+    by_prompt = {p.prompt: p for p in problems}
+    flawed = 0
+    for prompt, text in data.warmup:
+        bare = "\n".join(re.sub(r"^(so |then |now )", "", line) for line in text.split("\n"))
+        problem = by_prompt[prompt]
+        if bare != problem.solution:
+            flawed += 1
+            assert bare == sign_flip_solution(problem) and problem.num_steps >= 3
+    assert flawed == data.flawed > 0
+    assert any(
+        line.startswith(("so ", "then ", "now ")) for _, text in data.warmup for line in text.split("\n")
+    )
+    # Lead-ins never change the grade: correct demonstrations score 1, flipped ones 0.
+    scores = [GSM8KVerifier().score(text, by_prompt[p].answer) for p, text in data.warmup]
+    assert scores.count(0.0) == data.flawed and scores.count(1.0) == len(data.warmup) - data.flawed
 
 
 @pytest.mark.parametrize(
@@ -349,7 +410,7 @@ def test_the_shipped_plateau_checkpoint_carries_its_equal_cost_answer():
         (["--arms", "grpo,ppo_k3"], "--arms: unknown arm 'ppo_k3'"),
         (["--arms", "sft"], "--arms takes RL arms"),
         (["--arms", ","], "--arms is empty"),
-        (["--flaw", "typo"], "--flaw must be 'skip_last' or 'slip'"),
+        (["--flaw", "typo"], "--flaw must be one of 'skip_last', 'slip', 'sign'"),
         (["--rl_steps", "0"], "--rl_steps must be >= 1, got 0"),
         (["--min_steps", "4", "--max_steps", "3"], "need 1 <= --min_steps <= --max_steps"),
     ],

@@ -370,6 +370,13 @@ def test_an_unshipped_start_is_refused_with_its_command_until_trained_and_then_u
     slip, demo = le.task_data("slip_plateau", 3), le.task_data("demo_plateau", 0)
     assert [p.prompt for p in slip.eval_set] == [p.prompt for p in demo.eval_set]
     assert slip.warmup != demo.warmup
+    # The sign task (H2 with a systematic flaw): the demo's problems too, its own flaw, lead-ins, a longer budget.
+    sign = le.task_config("sign_plateau", 3)
+    assert (sign.flaw, sign.lead_ins, sign.max_completion_length, sign.seed) == ("sign", True, 88, 3)
+    assert [p.prompt for p in le.task_data("sign_plateau", 3).eval_set] == [p.prompt for p in demo.eval_set]
+    assert le.UNSHIPPED_STARTS["sign_plateau"][1].endswith(
+        "--task sign --output_dir " + "benchmarks/results/regime/warmup_sign_plateau"
+    )
 
 
 def test_sampled_tokens_count_every_estimators_rollouts_and_a_trees_shared_prefixes_once():

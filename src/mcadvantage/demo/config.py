@@ -16,7 +16,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.task import ArithmeticProblem, generate_problems, random_slip, skip_last_solution
+from mcadvantage.demo.task import (
+    ArithmeticProblem,
+    generate_problems,
+    random_slip,
+    sign_flip_solution,
+    skip_last_solution,
+    with_lead_ins,
+)
 
 __all__ = [
     "ArmSpec",
@@ -33,6 +40,15 @@ __all__ = [
     "usable_shipped_warmup",
     "validate_config",
 ]
+
+
+#: What a flawed demonstration can get wrong (``DemoConfig.flaw``), as the demo's messages word it.
+FLAW_DESCRIPTIONS = {
+    "skip_last": "the last operation forgotten",
+    "slip": "one arithmetic slip at a random operation",
+    "sign": "the first subtraction before the last operation done as an addition",
+}
+FLAWS = tuple(FLAW_DESCRIPTIONS)
 
 
 @dataclass
@@ -54,8 +70,12 @@ class DemoConfig:
     flawed_demo_rate: float = 0.6
     flawed_demo_min_steps: int = 4
     # What a flawed demonstration gets wrong: "skip_last" forgets the last operation; "slip" makes one
-    # arithmetic slip at a random operation and carries the wrong value on (a mistake mid-solution).
+    # arithmetic slip at a random operation and carries the wrong value on (a mistake mid-solution); "sign" adds
+    # at the first subtraction before the last operation (the same mistake mid-solution every time).
     flaw: str = "skip_last"
+    # Harmless variation: every demonstration's equation lines start with a random lead-in ("", "so ", "then ",
+    # "now "; mcadvantage.demo.task.with_lead_ins), choices that never change the answer.
+    lead_ins: bool = False
     rl_problems: int = 5000
     eval_problems: int = 600
     curve_problems: int = 200
@@ -199,8 +219,8 @@ def validate_config(config: DemoConfig) -> None:
         )
     if not 0.0 <= config.flawed_demo_rate <= 1.0:
         raise SystemExit(f"--flawed_demo_rate must be in [0, 1], got {config.flawed_demo_rate}.")
-    if config.flaw not in ("skip_last", "slip"):
-        raise SystemExit(f"--flaw must be 'skip_last' or 'slip', got {config.flaw!r}.")
+    if config.flaw not in FLAWS:
+        raise SystemExit(f"--flaw must be one of {', '.join(map(repr, FLAWS))}, got {config.flaw!r}.")
     if config.flawed_demo_min_steps < 2:
         raise SystemExit(
             f"--flawed_demo_min_steps must be >= 2 (a flawed demonstration drops the last operation, so it "
@@ -325,6 +345,10 @@ TASK_PRESETS: dict[str, dict[str, Any]] = {
     # Where the mistakes sit: the demo's problems and flawed demonstrations (same problems, same count), but a
     # flawed demonstration makes one arithmetic slip at a random operation instead of forgetting the last one.
     "slip": {"flaw": "slip"},
+    # H2 with a flaw supervised training keeps: the demo's problems, but a flawed demonstration (60% of those with 3+
+    # operations) adds at its first subtraction before the last operation, and every demonstration's lines start with
+    # a random harmless lead-in. max_completion_length 88: lead-ins add up to 5 characters per line.
+    "sign": {"flaw": "sign", "lead_ins": True, "flawed_demo_min_steps": 3, "max_completion_length": 88},
 }
 
 
@@ -362,20 +386,25 @@ def build_data(config: DemoConfig) -> DemoData:
         config.validation_problems, seed=6_000_007 * (config.seed + 1), exclude=taken, **kwargs
     )
     rng = random.Random(4_000_003 * (config.seed + 1))
-    # The slips' own generator, so the default ("skip_last") data is unchanged by this option.
+    # The slips' and lead-ins' own generators, so the default ("skip_last") data is unchanged by these options.
     slip_rng = random.Random(5_000_003 * (config.seed + 1))
+    lead_in_rng = random.Random(7_000_003 * (config.seed + 1))
     warmup: list[tuple[str, str]] = []
     flawed = 0
     for p in warmup_set:
         # rng.random() is drawn for every problem so the flaw pattern does not depend on min_steps.
         flaw = rng.random() < config.flawed_demo_rate and p.num_steps >= config.flawed_demo_min_steps
-        flawed += flaw
-        if not flaw:
-            warmup.append((p.prompt, p.solution))
-        elif config.flaw == "slip":
-            warmup.append((p.prompt, random_slip(p, slip_rng)))
-        else:
-            warmup.append((p.prompt, skip_last_solution(p)))
+        solution = p.solution
+        if flaw and config.flaw == "slip":
+            solution = random_slip(p, slip_rng)
+        elif flaw and config.flaw == "sign":
+            solution = sign_flip_solution(p) or p.solution  # None: no subtraction to flip, left correct
+        elif flaw:
+            solution = skip_last_solution(p)
+        flawed += solution != p.solution
+        if config.lead_ins:
+            solution = with_lead_ins(solution, lead_in_rng)
+        warmup.append((p.prompt, solution))
     return DemoData(
         eval_set=eval_set, warmup=warmup, flawed=flawed, rl_set=rl_set, validation_set=validation_set
     )
@@ -406,6 +435,7 @@ WARMUP_FIELDS = (
     "flawed_demo_rate",
     "flawed_demo_min_steps",
     "flaw",
+    "lead_ins",
     "eval_problems",
     "min_steps",
     "max_steps",
@@ -425,7 +455,7 @@ SCHEDULE_FIELDS = {
     ),
 }
 # A warmup.json written before a setting existed was trained with this value of it.
-LEGACY_WARMUP_SETTINGS = {"warmup_schedule": "fixed"}
+LEGACY_WARMUP_SETTINGS = {"warmup_schedule": "fixed", "lead_ins": False}
 
 
 def warmup_settings(config: DemoConfig) -> dict[str, Any]:

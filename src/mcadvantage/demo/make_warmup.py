@@ -28,7 +28,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.config import TASK_PRESETS, DemoConfig, build_data, warmup_settings
+from mcadvantage.demo.config import FLAWS, TASK_PRESETS, DemoConfig, build_data, warmup_settings
 from mcadvantage.demo.run import _quiet_libraries
 
 __all__ = ["make_warmup", "main"]
@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--flaw",
-        choices=("skip_last", "slip"),
+        choices=FLAWS,
         default=None,
         help="how flawed demonstrations go wrong (see DemoConfig.flaw; default: the task's; '--flaw slip' is "
         "'--task slip')",

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from mcadvantage.demo.config import (
+    FLAW_DESCRIPTIONS,
     DemoConfig,
     arm_names,
     build_data,
@@ -179,8 +180,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"[demo] tiny Llama: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} CPU threads. "
-        f"{len(data.warmup)} warm-up demonstrations ({data.flawed} of them flawed: the last operation of a "
-        f"{config.flawed_demo_min_steps}+ operation problem forgotten), {len(data.rl_set)} RL prompts, "
+        f"{len(data.warmup)} warm-up demonstrations ({data.flawed} of them flawed, in "
+        f"{config.flawed_demo_min_steps}+ operation problems: {FLAW_DESCRIPTIONS[config.flaw]}), "
+        f"{len(data.rl_set)} RL prompts, "
         f"{len(eval_set)} held-out problems ({config.min_steps}-{config.max_steps} operations)",
         flush=True,
     )
@@ -283,7 +285,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         + "; ".join(f"{r['accuracy_after']:.3f} after {r['label']}" for r in results.values())
         + f" ({n_eval} problems, binomial standard error about {_binomial_stderr(acc_before, n_eval):.3f})",
         "warm-up": f"{config.warmup_steps} steps x {config.warmup_batch_size} demonstrations, "
-        f"{data.flawed} of {len(data.warmup)} demonstrations flawed (last operation forgotten)",
+        f"{data.flawed} of {len(data.warmup)} demonstrations flawed ({FLAW_DESCRIPTIONS[config.flaw]})",
         "RL": f"{config.rl_steps} steps x {batch} responses, temperature {config.temperature}, lr {config.rl_lr}; "
         "the arms differ only in the advantage",
     }

@@ -25,10 +25,13 @@ __all__ = [
     "ArithmeticProblem",
     "Operation",
     "generate_problems",
+    "LEAD_INS",
     "make_problem",
+    "sign_flip_solution",
     "skip_last_solution",
     "slip_solution",
     "to_rows",
+    "with_lead_ins",
 ]
 
 
@@ -170,6 +173,44 @@ def random_slip(problem: ArithmeticProblem, rng: random.Random) -> str:
     deltas = [d * (unit if unit > 1 else 1) // (2 if unit > 1 else 1) for d in candidates]
     deltas = [d for d in deltas if problem.values[step + 1] + d >= 0]
     return slip_solution(problem, step, rng.choice(deltas))
+
+
+def sign_flip_solution(problem: ArithmeticProblem) -> str | None:
+    """A flawed reference solution with a *systematic* mistake mid-solution: the first subtraction that is not
+    the last operation is done as an addition (``12+3=15`` where the prompt says "subtract 3"), and every later
+    operation is applied, correctly, to the wrong value. Unlike :func:`random_slip`, the mistake is the same
+    every time (always that subtraction, always that sign), so imitation learns to make it at the rate the
+    demonstrations make it rather than averaging it away; unlike :func:`skip_last_solution`, it sits before the
+    last line.
+
+    Returns None when the problem has no subtraction before its last operation, or when a later halving would
+    meet an odd value (the flipped chain would be inexact): such a problem keeps its correct solution.
+    """
+    step = next((i for i, op in enumerate(problem.operations[:-1]) if op.kind == "sub"), None)
+    if step is None:
+        return None
+    values = problem.values
+    lines = [op.equation(v) for op, v in zip(problem.operations[:step], values[:step], strict=True)]
+    operand = problem.operations[step].operand
+    value = values[step] + operand
+    lines.append(f"{values[step]}+{operand}={value}")
+    for later in problem.operations[step + 1 :]:
+        if later.kind == "half" and value % 2:
+            return None
+        lines.append(later.equation(value))
+        value = later.apply(value)
+    return "\n".join(lines) + f"\n#### {value}"
+
+
+#: Harmless variation (:func:`with_lead_ins`): words a solution line may start with; none changes the answer.
+LEAD_INS = ("", "so ", "then ", "now ")
+
+
+def with_lead_ins(solution: str, rng: random.Random) -> str:
+    """``solution`` with a random lead-in from :data:`LEAD_INS` before every equation line (not the ``####`` answer
+    line): choices that never change the outcome, over which an outcome-level reward spreads its credit."""
+    lines = solution.split("\n")
+    return "\n".join([rng.choice(LEAD_INS) + line for line in lines[:-1]] + lines[-1:])
 
 
 def _valid_operations(value: int, max_value: int) -> list[Operation]:

@@ -101,6 +101,7 @@ def make_warmup(
         "command": f"python -m mcadvantage.demo.make_warmup --seed {config.seed} --output_dir {output_dir}"
         + (f" --warmup_schedule plateau --warmup_patience {config.warmup_patience}" if plateau else "")
         + (f" --task {task}" if task != "demo" else "")
+        + (f" --threads {config.threads}" if config.threads != DemoConfig.threads else "")
         + (
             f" --flaw {config.flaw}" if config.flaw != TASK_PRESETS[task].get("flaw", DemoConfig.flaw) else ""
         ),
@@ -184,6 +185,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=DemoConfig.threads,
+        help="torch intra-op threads (1 leaves a core to another job; kernels' summation order, hence the exact "
+        "weights, can depend on it)",
+    )
     parser.add_argument("--warmup_steps", type=int, default=DemoConfig.warmup_steps)
     parser.add_argument("--quick", action="store_true", help="the demo's --quick sizes (tests)")
     parser.add_argument(
@@ -218,8 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "'--task slip')",
     )
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}.")
     config = DemoConfig(
         seed=args.seed,
+        threads=args.threads,
         warmup_steps=args.warmup_steps,
         warmup_schedule=args.warmup_schedule,
         warmup_patience=args.warmup_patience,

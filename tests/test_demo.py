@@ -609,6 +609,60 @@ def test_quick_plateau_warmup_writes_its_evidence(tmp_path):
     assert json.loads((out / "plateau_log.json").read_text())["validation"] == plateau["validation_curve"]
 
 
+class _Killed(Exception):
+    pass
+
+
+def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path):
+    """A plateau warm-up killed mid-way (here after its step 25, between the evaluations at 20 and 30) and
+    resumed from its last saved evaluation ends with bit-identical weights and the same record as one that ran
+    through; make_warmup refuses to overwrite an interrupted run without --resume, and removes the state when done."""
+    import torch
+
+    from mcadvantage.demo.arms import RESUME_FILE, resumable_step, train_warmup_policy
+    from mcadvantage.demo.make_warmup import main as make_warmup_main
+
+    config = DemoConfig(warmup_schedule="plateau", threads=1)
+    config.apply_quick()
+    config.quick = True
+    # Smaller still: a one-layer model, evaluations every 10 steps on 8 problems, from step 30 on, 200 demonstrations
+    # in batches of 4, greedy answers of at most 8 tokens.
+    config.hidden_size, config.num_layers, config.num_heads, config.head_dim, config.intermediate_size = (
+        32,
+        1,
+        2,
+        16,
+        64,
+    )
+    config.validation_problems, config.warmup_eval_every, config.warmup_min_steps = 8, 10, 30
+    config.warmup_batch_size, config.warmup_problems, config.max_completion_length = 4, 200, 8
+    data = build_data(config)
+    whole: dict = {}
+    model, _, _ = train_warmup_policy(config, data, tmp_path / "whole", schedule_record=whole)
+    assert not (tmp_path / "whole" / RESUME_FILE).exists()
+    assert whole["stop_step"] >= 30  # the kill below happens before the rule stops
+
+    def kill_at_25(step: int, loss: float) -> None:
+        if step == 25:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        train_warmup_policy(config, data, tmp_path / "cut", on_step=kill_at_25)
+    assert resumable_step(tmp_path / "cut") == 20
+    resumed: dict = {}
+    again, _, _ = train_warmup_policy(config, data, tmp_path / "cut", schedule_record=resumed, resume=True)
+    assert resumed.pop("resumed_from_step") == 20 and resumed == whole
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True)
+    )
+    # The command line refuses to start over an interrupted run.
+    with pytest.raises(_Killed):
+        train_warmup_policy(config, data, tmp_path / "cli", on_step=kill_at_25)
+    with pytest.raises(SystemExit):
+        make_warmup_main(["--quick", "--warmup_schedule", "plateau", "--output_dir", str(tmp_path / "cli")])
+
+
 def test_make_warmup_trains_a_study_task_from_its_preset(tmp_path):
     """``make_warmup --task long`` takes the long task's problems from ``TASK_PRESETS`` (5-8 operations, every
     demonstration eligible for the flaw) and records the command that made it."""

@@ -18,7 +18,15 @@ from typing import Any
 
 from mcadvantage.demo.config import ArmSpec, DemoConfig, DemoData
 
-__all__ = ["ArmRecord", "load_policy", "rl_training_args", "run_rl_arm", "train_warmup_policy"]
+__all__ = [
+    "RESUME_FILE",
+    "ArmRecord",
+    "load_policy",
+    "resumable_step",
+    "rl_training_args",
+    "run_rl_arm",
+    "train_warmup_policy",
+]
 
 
 @dataclass
@@ -51,13 +59,20 @@ def train_warmup_policy(
     eval_every: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
     schedule_record: dict[str, Any] | None = None,
+    resume: bool = False,
+    keep_resume_state: bool = False,
 ) -> tuple[Any, Any, list[tuple[float, float]]]:
     """Build the demo's tiny Llama from ``config.seed``, train it on ``data.warmup`` with the demo's
     warm-up recipe (``config.warmup_*``), save it with its tokenizer to ``save_dir`` and return
     ``(model, tokenizer, curve)``, where ``curve`` holds ``(step, evaluate(model))`` at step 0, every
     ``eval_every`` steps (``config.warmup_eval_every`` for the plateau schedule) and the last step (empty without
     ``evaluate``). With ``config.warmup_schedule="plateau"``, ``schedule_record`` (if given) receives the validation
-    curve, the best step and the stop step."""
+    curve, the best step and the stop step.
+
+    The plateau schedule saves where it stands at every evaluation to ``save_dir/resume_state.pt``
+    (:data:`RESUME_FILE`; removed once the policy is saved, unless ``keep_resume_state``: a caller with more to do
+    before the run counts as done removes it then); with ``resume=True`` a run killed in its constant phase
+    continues from its last evaluation, exactly as if it had not stopped (same batches, optimizer and record)."""
     import torch
 
     from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
@@ -83,6 +98,8 @@ def train_warmup_policy(
             evaluate=evaluate,
             on_step=on_step,
             log_path=Path(save_dir) / "plateau_log.json",
+            state_path=Path(save_dir) / RESUME_FILE,
+            resume=resume,
         )
         curve = record["held_out"] + (
             [(float(record["stop_step"] + config.warmup_decay_steps), record["final_held_out"])]
@@ -99,6 +116,8 @@ def train_warmup_policy(
     save_dir = Path(save_dir)
     model.save_pretrained(save_dir)
     tokenizer.save_pretrained(save_dir)
+    if not keep_resume_state:
+        (save_dir / RESUME_FILE).unlink(missing_ok=True)
     return model, tokenizer, curve
 
 
@@ -140,6 +159,20 @@ def _train_fixed(
     return curve
 
 
+#: Where an unfinished plateau warm-up keeps what resuming it needs (in its output directory).
+RESUME_FILE = "resume_state.pt"
+
+
+def resumable_step(save_dir: str | Path) -> int | None:
+    """The step an interrupted plateau warm-up in ``save_dir`` would resume from, or None when there is none."""
+    import torch
+
+    path = Path(save_dir) / RESUME_FILE
+    if not path.exists():
+        return None
+    return int(torch.load(path, weights_only=False)["training"].step)
+
+
 def _train_to_plateau(
     config: DemoConfig,
     data: DemoData,
@@ -149,6 +182,8 @@ def _train_to_plateau(
     evaluate: Callable[[Any], float] | None,
     on_step: Callable[[int, float], None] | None,
     log_path: Path | None = None,
+    state_path: Path | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """The regime protocol's warm-up (docs/regime-protocol.md): a constant learning rate after the fixed recipe's
     40-step linear warm-up, greedy accuracy on ``data.validation_set`` every ``config.warmup_eval_every`` steps, stop
@@ -159,10 +194,15 @@ def _train_to_plateau(
 
     Returns the record ``warmup.json`` keeps: the validation curve, the held-out curve (``evaluate``, at the same
     points, when given), the best step and the stop step. ``log_path`` gets the curves so far after every
-    evaluation (an hour-long run shows where it is, and a killed one what it had reached)."""
+    evaluation (an hour-long run shows where it is, and a killed one what it had reached). ``state_path`` gets what
+    resuming needs after every evaluation of the constant phase, and ``resume=True`` continues from it (see
+    :func:`train_warmup_policy`)."""
     import copy
     import json
 
+    import torch
+
+    from mcadvantage.demo.config import warmup_settings
     from mcadvantage.demo.evaluation import evaluate_accuracy
     from mcadvantage.demo.warmup import plateau_reached, supervised_warmup
     from mcadvantage.tasks.gsm8k import GSM8KVerifier
@@ -194,7 +234,38 @@ def _train_to_plateau(
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path.write_text(json.dumps(record), encoding="utf-8")
 
-    checkpoint(0)
+    settings = warmup_settings(config)
+    resumed = None
+    if resume and state_path is not None and state_path.exists():
+        # Our own file (written below), so a full unpickle is safe; it holds the data generator's state.
+        saved = torch.load(state_path, weights_only=False)
+        if saved["settings"] != settings:
+            changed = sorted(k for k in settings if saved["settings"].get(k) != settings[k])
+            raise ValueError(
+                f"{state_path} was written by a warm-up with other settings ({', '.join(changed)} differ); resume "
+                "it with the settings it was started with, or delete the file to start afresh."
+            )
+        model.load_state_dict(saved["model"])
+        record, resumed = saved["record"], saved["training"]
+        best.update(score=saved["best_score"], state=saved["best_state"])
+    else:
+        checkpoint(0)
+
+    def save_state(state: Any) -> None:
+        # Written beside, then renamed: a run killed while saving keeps its previous state.
+        partial = state_path.with_name(state_path.name + ".partial")
+        torch.save(
+            {
+                "settings": settings,
+                "model": model.state_dict(),
+                "record": record,
+                "best_score": best["score"],
+                "best_state": best["state"],
+                "training": state,
+            },
+            partial,
+        )
+        partial.replace(state_path)
 
     def progress(step: int, loss: float) -> None:
         if step % config.warmup_eval_every == 0:
@@ -208,20 +279,28 @@ def _train_to_plateau(
         scores = [score for _, score in record["validation"]]
         return plateau_reached(scores, patience=config.warmup_patience, num_problems=len(data.validation_set))
 
-    log = supervised_warmup(
-        model,
-        tokenizer,
-        data.warmup,
-        steps=config.warmup_max_steps,
-        batch_size=config.warmup_batch_size,
-        learning_rate=config.warmup_lr,
-        warmup_ratio=min(1.0, 40 / config.warmup_max_steps),
-        decay_ratio=0.0,
-        seed=config.seed,
-        progress=progress,
-        stop=stop,
-    )
-    record["stop_step"] = len(log)
+    stop_step = resumed.step if resumed is not None else 0
+    if resumed is None or not stop(
+        resumed.step
+    ):  # resumed exactly where the rule had stopped: nothing to train
+        log = supervised_warmup(
+            model,
+            tokenizer,
+            data.warmup,
+            steps=config.warmup_max_steps,
+            batch_size=config.warmup_batch_size,
+            learning_rate=config.warmup_lr,
+            warmup_ratio=min(1.0, 40 / config.warmup_max_steps),
+            decay_ratio=0.0,
+            seed=config.seed,
+            progress=progress,
+            stop=stop,
+            resume_from=resumed,
+            save_state=save_state if state_path is not None else None,
+            save_every=config.warmup_eval_every,
+        )
+        stop_step = int(log[-1]["step"]) if log else stop_step
+    record["stop_step"] = stop_step
     model.load_state_dict(best["state"])
     if config.warmup_decay_steps:
         supervised_warmup(
@@ -242,6 +321,8 @@ def _train_to_plateau(
     if evaluate is not None:
         record["final_held_out"] = evaluate(model)
     model.eval()
+    if resumed is not None:
+        record["resumed_from_step"] = resumed.step
     return record
 
 

@@ -41,11 +41,14 @@ def make_warmup(
     progress: bool = True,
     sft_check_steps: int = 0,
     task: str | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Train the warm-up policy of ``config`` and save it, with ``warmup.json``, to ``output_dir``.
     Returns the metadata written to ``warmup.json``. With the plateau schedule and ``sft_check_steps``, also the
     plateau evidence of :func:`sft_check`. ``task`` names the ``TASK_PRESETS`` entry ``config`` was made from, for the
-    recorded command; by default the first preset whose settings ``config`` has (else ``demo``)."""
+    recorded command; by default the first preset whose settings ``config`` has (else ``demo``). ``resume``: continue
+    an interrupted plateau warm-up from its last evaluation (``resume_state.pt`` in ``output_dir``, removed once
+    ``warmup.json`` is written)."""
     if task is None:
         task = next(
             (name for name, preset in TASK_PRESETS.items()
@@ -56,7 +59,7 @@ def make_warmup(
     from tqdm.auto import tqdm
 
     from mcadvantage import GSM8KVerifier
-    from mcadvantage.demo.arms import train_warmup_policy
+    from mcadvantage.demo.arms import RESUME_FILE, resumable_step, train_warmup_policy
     from mcadvantage.demo.evaluation import evaluate_accuracy
     from mcadvantage.testing import build_char_tokenizer
 
@@ -76,8 +79,13 @@ def make_warmup(
     plateau = config.warmup_schedule == "plateau"
     record: dict[str, Any] = {}
     t0 = time.perf_counter()
+    start_step = (resumable_step(output_dir) if resume and plateau else None) or 0
     with tqdm(
-        total=config.warmup_total_steps(), desc="warm-up (SFT)", unit="step", disable=not progress
+        total=config.warmup_total_steps(),
+        initial=start_step,
+        desc="warm-up (SFT)",
+        unit="step",
+        disable=not progress,
     ) as bar:
         model, tokenizer, curve = train_warmup_policy(
             config,
@@ -86,6 +94,8 @@ def make_warmup(
             evaluate=lambda m: accuracy(m, curve_set),
             on_step=lambda step, loss: bar.update(1),
             schedule_record=record,
+            resume=resume,
+            keep_resume_state=True,
         )
     seconds = time.perf_counter() - t0
     meta = {
@@ -126,7 +136,12 @@ def make_warmup(
                 accuracy=accuracy,
                 held_out_before=meta["held_out_accuracy"],
             )
+    if "resumed_from_step" in record:
+        meta["plateau"]["resumed_from_step"] = record[
+            "resumed_from_step"
+        ]  # "seconds" counts the last process only
     (Path(output_dir) / "warmup.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    (Path(output_dir) / RESUME_FILE).unlink(missing_ok=True)
     return meta
 
 
@@ -225,6 +240,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="how flawed demonstrations go wrong (see DemoConfig.flaw; default: the task's; '--flaw slip' is "
         "'--task slip')",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="plateau schedule: continue an interrupted warm-up in --output_dir from its last evaluation",
+    )
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}.")
@@ -242,7 +262,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.apply_quick()
         config.quick = True
         config.warmup_steps = args.warmup_steps if args.warmup_steps != DemoConfig.warmup_steps else 20
-    meta = make_warmup(config, args.output_dir, sft_check_steps=args.sft_check_steps, task=args.task)
+    from mcadvantage.demo.arms import RESUME_FILE
+
+    interrupted = Path(args.output_dir) / RESUME_FILE
+    if interrupted.exists() and not args.resume:
+        parser.error(
+            f"{interrupted} holds an interrupted warm-up: pass --resume to continue it (same settings), or delete "
+            "it to start afresh."
+        )
+    meta = make_warmup(
+        config, args.output_dir, sft_check_steps=args.sft_check_steps, task=args.task, resume=args.resume
+    )
     print(
         f"warm-up: held-out accuracy {meta['held_out_accuracy']:.3f} ({meta['eval_problems']} problems), "
         f"{meta['seconds']:.0f} s; wrote {args.output_dir}"

@@ -15,11 +15,32 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["encode_example", "plateau_reached", "supervised_warmup"]
+__all__ = ["TrainingState", "encode_example", "plateau_reached", "supervised_warmup"]
+
+
+@dataclass
+class TrainingState:
+    """Where a :func:`supervised_warmup` run stands after ``step`` steps, besides the model's weights: enough to
+    continue it exactly (same batches, same optimizer moments, same learning rate) after an interruption.
+
+    Attributes:
+        step: steps taken.
+        optimizer: the AdamW state dict.
+        scheduler: the learning-rate scheduler's state dict.
+        data_rng: the shuffling generator's state (``random.Random.getstate()``).
+        order: the examples of the current pass not yet used (taken from its end).
+    """
+
+    step: int
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    data_rng: Any
+    order: list[int] = field(default_factory=list)
 
 
 def encode_example(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], list[int]]:
@@ -44,6 +65,9 @@ def supervised_warmup(
     seed: int = 0,
     progress: Callable[[int, float], None] | None = None,
     stop: Callable[[int], bool] | None = None,
+    resume_from: TrainingState | None = None,
+    save_state: Callable[[TrainingState], None] | None = None,
+    save_every: int = 0,
 ) -> list[dict[str, float]]:
     """Train ``model`` in place for ``steps`` AdamW steps on ``examples``, ``(prompt, completion)``
     pairs (shuffled, cycled; the loss is on the completion and EOS only).
@@ -57,6 +81,10 @@ def supervised_warmup(
     ends the training there (the schedule is not shortened: stopping early leaves the learning rate where it was).
     Returns the loss log
     (``{"step", "loss", "seconds"}`` every step).
+
+    Resuming: ``save_state(state)`` is called every ``save_every`` steps, after ``progress`` and before ``stop``;
+    a run given that state as ``resume_from`` (same arguments, the model holding that step's weights) continues at
+    the next step and takes exactly the steps the uninterrupted run would (its log starts there).
     """
     if steps < 0:
         raise ValueError(f"supervised_warmup: steps must be >= 0, got {steps}.")
@@ -85,11 +113,18 @@ def supervised_warmup(
         return 1.0 - 0.9 * (step - decay_start + 1) / decay_steps
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    first = 0
+    if resume_from is not None:
+        optimizer.load_state_dict(resume_from.optimizer)
+        scheduler.load_state_dict(resume_from.scheduler)
+        rng.setstate(resume_from.data_rng)
+        order = list(resume_from.order)
+        first = resume_from.step
     model.train()
     log: list[dict[str, float]] = []
     start = time.perf_counter()
     pad = tokenizer.pad_token_id
-    for step in range(steps):
+    for step in range(first, steps):
         batch = []
         for _ in range(batch_size):
             if not order:
@@ -114,6 +149,17 @@ def supervised_warmup(
         log.append({"step": step + 1, "loss": value, "seconds": time.perf_counter() - start})
         if progress is not None:
             progress(step + 1, value)
+        if save_state is not None and save_every and (step + 1) % save_every == 0:
+            save_state(
+                TrainingState(
+                    step=step + 1,
+                    optimizer=optimizer.state_dict(),
+                    scheduler=scheduler.state_dict(),
+                    data_rng=rng.getstate(),
+                    order=list(order),
+                )
+            )
+            model.train()
         if stop is not None and stop(step + 1):
             break
     model.eval()

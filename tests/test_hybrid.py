@@ -157,14 +157,21 @@ def test_masked_responses_chosen_by_outcome_change_no_other_credit():
     assert compared_credit > 0 and masked_rows  # the check compared Monte Carlo credit, with rows masked
 
 
-def _value_errors(task, estimator, batches: int) -> tuple[list[float], list[float]]:
+def _value_errors(
+    task, estimator, batches: int, mask_failures: float = 0.0
+) -> tuple[list[float], list[float]]:
     """Per batch, the sums over the Monte Carlo-credited responses' states of ``V_hat - V`` and of
     ``(V_hat - V)(R - V)`` (``V`` the exact value, ``R`` the response's own outcome). Batches are independent, so
     their sums are i.i.d.: unbiased values give the first mean 0, and values independent of the response's own
-    outcome give the second mean 0."""
+    outcome give the second mean 0. Each failed response is masked with probability ``mask_failures`` (masking
+    chosen by outcome, as a trainer masking truncated responses does)."""
     errors, covariances = [], []
+    rng = random.Random(1)
     for b in range(batches):
         batch = task.sample_group([(16 * b + j) % 64 for j in range(16)], 8)
+        for i, reward in enumerate(batch.all_rewards.tolist()):
+            if reward == 0.0 and rng.random() < mask_failures:
+                batch.completion_mask[i] = 0
         estimator.estimate(batch, task.context())
         estimate = estimator.monte_carlo.last_estimate
         error = covariance = 0.0
@@ -191,13 +198,14 @@ def _z(xs: list[float]) -> float:
 @pytest.mark.slow
 def test_monte_carlo_values_are_unbiased_and_blind_to_the_own_outcome_on_the_exact_toy():
     """The hybrid picks responses by their group's outcome, but a state's value comes from fresh rollouts: given
-    the prefix it is unbiased and independent of the response's own outcome (150 batches of 16 prompts x 8, budget
-    1.0; 5 standard errors leave a ~6e-7 chance of a false failure). The check has power: pooling the group's other
+    the prefix it is unbiased and independent of the response's own outcome, also when failed responses are masked
+    (a third of them here; 150 batches of 16 prompts x 8, budget 1.0; 5 standard errors leave a ~6e-7 chance of a
+    false failure). The check has power: pooling the group's other
     responses as free samples (refused by the hybrid, forced here) pulls the values toward the group's outcome
     (z about -20 for the error, +10 for the covariance, seen at 100 batches)."""
     task = low_pass_task(seed=6)
     estimator = HybridEstimator(budget=1.0, num_rollouts=2, step_segmenter=characters)
-    errors, covariances = _value_errors(task, estimator, 150)
+    errors, covariances = _value_errors(task, estimator, 150, mask_failures=1 / 3)
     assert sum(1 for e in errors if e) > 100  # most batches credited some responses
     assert abs(_z(errors)) < 5 and abs(_z(covariances)) < 5, (_z(errors), _z(covariances))
     pooled = HybridEstimator(budget=1.0, num_rollouts=2, step_segmenter=characters)

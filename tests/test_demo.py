@@ -613,10 +613,12 @@ class _Killed(Exception):
     pass
 
 
-def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path):
-    """A plateau warm-up killed mid-way (here after its step 25, between the evaluations at 20 and 30) and
-    resumed from its last saved evaluation ends with bit-identical weights and the same record as one that ran
-    through; make_warmup refuses to overwrite an interrupted run without --resume, and removes the state when done."""
+def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path, capsys):
+    """A plateau warm-up killed mid-way (here after its step 25, between the evaluations at 20 and 30) and resumed
+    from its last saved evaluation reaches the stop step with bit-identical weights, AdamW state and data order, and
+    the same record, as one that ran through; make_warmup refuses to start over an interrupted run without --resume.
+    (At these sizes every validation score is 0, so the *final* policy is the step-0 one plus the decay: the saved
+    states at the stop step are what shows the resumed steps are the same.)"""
     import torch
 
     from mcadvantage.demo.arms import RESUME_FILE, resumable_step, train_warmup_policy
@@ -627,20 +629,14 @@ def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path):
     config.quick = True
     # Smaller still: a one-layer model, evaluations every 10 steps on 8 problems, from step 30 on, 200 demonstrations
     # in batches of 4, greedy answers of at most 8 tokens.
-    config.hidden_size, config.num_layers, config.num_heads, config.head_dim, config.intermediate_size = (
-        32,
-        1,
-        2,
-        16,
-        64,
-    )
+    config.hidden_size, config.num_layers, config.num_heads = 32, 1, 2
+    config.head_dim, config.intermediate_size = 16, 64
     config.validation_problems, config.warmup_eval_every, config.warmup_min_steps = 8, 10, 30
     config.warmup_batch_size, config.warmup_problems, config.max_completion_length = 4, 200, 8
     data = build_data(config)
     whole: dict = {}
-    model, _, _ = train_warmup_policy(config, data, tmp_path / "whole", schedule_record=whole)
-    assert not (tmp_path / "whole" / RESUME_FILE).exists()
-    assert whole["stop_step"] >= 30  # the kill below happens before the rule stops
+    train_warmup_policy(config, data, tmp_path / "whole", schedule_record=whole, keep_resume_state=True)
+    assert whole["stop_step"] == 30  # the kill below happens before the rule stops
 
     def kill_at_25(step: int, loss: float) -> None:
         if step == 25:
@@ -649,18 +645,33 @@ def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path):
     with pytest.raises(_Killed):
         train_warmup_policy(config, data, tmp_path / "cut", on_step=kill_at_25)
     assert resumable_step(tmp_path / "cut") == 20
+    at_20 = torch.load(tmp_path / "cut" / RESUME_FILE, weights_only=False)
     resumed: dict = {}
-    again, _, _ = train_warmup_policy(config, data, tmp_path / "cut", schedule_record=resumed, resume=True)
-    assert resumed.pop("resumed_from_step") == 20 and resumed == whole
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True)
+    train_warmup_policy(
+        config, data, tmp_path / "cut", schedule_record=resumed, resume=True, keep_resume_state=True
     )
-    # The command line refuses to start over an interrupted run.
+    assert resumed.pop("resumed_from_step") == 20 and resumed == whole
+
+    def tensors(state: dict) -> list:
+        optimizer = state["training"].optimizer["state"]
+        return list(state["model"].values()) + [t for k in sorted(optimizer) for t in optimizer[k].values()]
+
+    ran, cut = (torch.load(tmp_path / d / RESUME_FILE, weights_only=False) for d in ("whole", "cut"))
+    assert ran["training"].step == cut["training"].step == 30
+    assert (
+        ran["training"].order == cut["training"].order
+        and ran["training"].data_rng == cut["training"].data_rng
+    )
+    assert all(torch.equal(a, b) for a, b in zip(tensors(ran), tensors(cut), strict=True))
+    assert not torch.equal(tensors(at_20)[0], tensors(cut)[0])  # steps 21-30 did change the weights
+    # Without keep_resume_state the state goes once the policy is saved; make_warmup refuses to start over one.
+    train_warmup_policy(config, data, tmp_path / "cut", resume=True)
+    assert not (tmp_path / "cut" / RESUME_FILE).exists()
     with pytest.raises(_Killed):
         train_warmup_policy(config, data, tmp_path / "cli", on_step=kill_at_25)
     with pytest.raises(SystemExit):
         make_warmup_main(["--quick", "--warmup_schedule", "plateau", "--output_dir", str(tmp_path / "cli")])
+    assert "holds an interrupted warm-up: pass --resume" in capsys.readouterr().err
 
 
 def test_make_warmup_trains_a_study_task_from_its_preset(tmp_path):

@@ -124,8 +124,14 @@ def test_budget_counts_sampled_tokens_and_refuses_pooled_values():
     )
     assert result.metrics["budget_tokens"] == 0.5 * sum(len(ids) for ids in batch.completion_ids)
     for options in ({"reuse_samples": True}, {"allocation": "variance"}):
-        with pytest.raises(ValueError, match="all equal"):
+        ((name, value),) = options.items()
+        with pytest.raises(
+            ValueError, match=rf"^HybridEstimator: {name}={value!r} pools .*all equal"
+        ) as error:
             HybridEstimator(budget=0.5, **options)
+        assert (
+            str(error.value).count("=") == 3
+        )  # only the offending option is named as set (plus the fix's two)
 
 
 def test_masked_responses_chosen_by_outcome_change_no_other_credit():

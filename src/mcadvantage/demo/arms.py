@@ -234,13 +234,15 @@ def _train_to_plateau(
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path.write_text(json.dumps(record), encoding="utf-8")
 
-    settings = warmup_settings(config)
+    # Thread counts change kernels' summation order, hence the weights: a resumed run must keep its own.
+    settings = {**warmup_settings(config), "threads": config.threads}
     resumed = None
     if resume and state_path is not None and state_path.exists():
         # Our own file (written below), so a full unpickle is safe; it holds the data generator's state.
         saved = torch.load(state_path, weights_only=False)
-        if saved["settings"] != settings:
-            changed = sorted(k for k in settings if saved["settings"].get(k) != settings[k])
+        # (A state saved before "threads" was recorded does not hold it.)
+        changed = sorted(k for k in settings if saved["settings"].get(k, settings[k]) != settings[k])
+        if changed:
             raise ValueError(
                 f"{state_path} was written by a warm-up with other settings ({', '.join(changed)} differ); resume "
                 "it with the settings it was started with, or delete the file to start afresh."

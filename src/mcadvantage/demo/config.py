@@ -223,8 +223,9 @@ def validate_config(config: DemoConfig) -> None:
         raise SystemExit(f"--flaw must be one of {', '.join(map(repr, FLAWS))}, got {config.flaw!r}.")
     if config.flawed_demo_min_steps < 2:
         raise SystemExit(
-            f"--flawed_demo_min_steps must be >= 2 (a flawed demonstration drops the last operation, so it "
-            f"needs another one), got {config.flawed_demo_min_steps}."
+            f"--flawed_demo_min_steps must be >= 2 (a flawed demonstration keeps at least one line before its "
+            f"mistake: 'skip_last' drops the last operation, 'sign' flips a subtraction before it), got "
+            f"{config.flawed_demo_min_steps}."
         )
     if config.curve_problems > config.eval_problems:
         raise SystemExit(

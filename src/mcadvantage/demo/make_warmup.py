@@ -79,7 +79,18 @@ def make_warmup(
     plateau = config.warmup_schedule == "plateau"
     record: dict[str, Any] = {}
     t0 = time.perf_counter()
+    if (Path(output_dir) / RESUME_FILE).exists() and not resume:
+        raise ValueError(
+            f"{Path(output_dir) / RESUME_FILE} holds an interrupted warm-up: resume it (resume=True, same settings) "
+            "or delete it to start afresh."
+        )
     start_step = (resumable_step(output_dir) if resume and plateau else None) or 0
+    if resume and progress:
+        print(
+            f"warm-up: resuming {output_dir} from step {start_step}"
+            if start_step
+            else f"warm-up: nothing to resume in {output_dir}; starting afresh"
+        )
     with tqdm(
         total=config.warmup_total_steps(),
         initial=start_step,
@@ -248,6 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}.")
+    if args.resume and args.warmup_schedule != "plateau":
+        parser.error(
+            "--resume continues a plateau warm-up; add --warmup_schedule plateau (a fixed one is short)."
+        )
     config = DemoConfig(
         seed=args.seed,
         threads=args.threads,

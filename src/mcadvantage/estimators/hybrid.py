@@ -15,7 +15,8 @@ one response at a time in a seeded random order, as long as the predicted rollou
 - **Masked responses** (a zero ``completion_mask`` row, e.g. TRL's ``mask_truncated_completions``): the seeded
   order and the budget are decided as if nothing were masked, and a masked response that is chosen keeps its share
   of the budget but is not estimated (it trains nothing). So masking responses, often chosen by their outcome,
-  changes no other response's credit, as with GRPO.
+  changes neither which other responses get Monte Carlo credit nor the distribution of their credit, as with
+  GRPO (with rollouts that depend only on their state, their credit is exactly the same: tested).
 - **Values**: fresh rollouts only. Free samples (``mc_reuse_samples``) and ``mc_allocation="variance"`` pool the
   other responses' outcomes into a state's value, but the hybrid's responses are chosen *because* their group's
   outcomes are all equal: pooled, those outcomes would pull every value toward the group's outcome (measured in
@@ -102,13 +103,17 @@ class HybridEstimator:
             raise ValueError(
                 f"HybridEstimator: budget={budget} must be >= 0 (a fraction of the response tokens)."
             )
-        if monte_carlo.get("reuse_samples") or monte_carlo.get("allocation", "uniform") != "uniform":
+        pooled = [
+            f"{name}={monte_carlo[name]!r}"
+            for name, fresh in (("reuse_samples", False), ("allocation", "uniform"))
+            if monte_carlo.get(name, fresh) != fresh
+        ]
+        if pooled:
             raise ValueError(
-                f"HybridEstimator: reuse_samples={monte_carlo.get('reuse_samples')!r}, "
-                f"allocation={monte_carlo.get('allocation', 'uniform')!r} pool other responses' outcomes into the "
-                "values, but the hybrid's responses are chosen because their group's outcomes are all equal, so "
-                "pooled they would bias every value toward that outcome. Use reuse_samples=False and "
-                "allocation='uniform' (fresh rollouts)."
+                f"HybridEstimator: {', '.join(pooled)} pools other responses' outcomes into the values, but the "
+                "hybrid's responses are chosen because their group's outcomes are all equal, so pooled they would "
+                "bias every value toward that outcome. Leave it out (reuse_samples=False, allocation='uniform': "
+                "fresh rollouts)."
             )
         self.budget = float(budget)
         self.grpo = GRPOEstimator(scale_rewards=scale_rewards)
@@ -149,12 +154,17 @@ class HybridEstimator:
                 "advantage_estimator='hybrid' (its Monte Carlo values are means of the weighted reward sum). Set "
                 "multi_objective_aggregation='sum_then_normalize'."
             )
-        if config.mc_reuse_samples or config.mc_allocation != "uniform":
+        pooled = [
+            f"{name}={getattr(config, name)!r}"
+            for name, fresh in (("mc_reuse_samples", False), ("mc_allocation", "uniform"))
+            if getattr(config, name) != fresh
+        ]
+        if pooled:
             raise ValueError(
-                f"mc_reuse_samples={config.mc_reuse_samples!r} / mc_allocation={config.mc_allocation!r} are not "
-                "supported by advantage_estimator='hybrid': they pool other responses' outcomes into a state's value, "
-                "and the hybrid's responses are chosen because their group's outcomes are all equal, which would pull "
-                "every value toward that outcome. Set mc_reuse_samples=False and mc_allocation='uniform'."
+                f"{', '.join(pooled)} is not supported by advantage_estimator='hybrid': it pools other responses' "
+                "outcomes into a state's value, and the hybrid's responses are chosen because their group's outcomes "
+                "are all equal, which would pull every value toward that outcome. Set mc_reuse_samples=False and "
+                "mc_allocation='uniform'."
             )
         VinePPOEstimator.validate_config(_WithoutScaling(config))
 

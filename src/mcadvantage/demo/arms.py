@@ -282,9 +282,8 @@ def _train_to_plateau(
         return plateau_reached(scores, patience=config.warmup_patience, num_problems=len(data.validation_set))
 
     stop_step = resumed.step if resumed is not None else 0
-    if resumed is None or not stop(
-        resumed.step
-    ):  # resumed exactly where the rule had stopped: nothing to train
+    # A run resumed exactly where the rule had stopped has nothing left to train.
+    if resumed is None or not stop(resumed.step):
         log = supervised_warmup(
             model,
             tokenizer,

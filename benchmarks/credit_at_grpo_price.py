@@ -56,6 +56,9 @@ RANKING_FILES = {
     "sign_plateau": "regime/credit_diagnostics_sign_plateau.json",
 }
 BASES = ("grpo", "grpo_matched", "grpo_matched_cost")  # what every arm is paired with
+#: Confirmation runs of the gradient measurement (docs/regime-protocol.md, amendments): task -> GRPO's two budgets
+#: that bracket the contenders' costs; every other estimator of the task is a contender.
+CONFIRMATIONS = {"long_plateau_followup": ("grpo_p4", "grpo_p8")}
 #: Learning arm -> the gradient-instrument row with the same estimator and settings (4 prompts per step).
 ARM_TO_GRADIENT = {
     "vineppo_k4": "vineppo_k4_p4",
@@ -123,6 +126,96 @@ def gradient_rows(task: str, stored: dict[str, Any], cost_ratio: float) -> list[
                 "p": test["p"],
             }
         rows.append(row)
+    return rows
+
+
+def _log_interpolate(cost: float, low: tuple[float, float], high: tuple[float, float]) -> float:
+    """The value at ``cost`` on the line through ``(cost, value)`` points ``low`` and ``high`` in log cost."""
+    w = (math.log(cost) - math.log(low[0])) / (math.log(high[0]) - math.log(low[0]))
+    return low[1] + w * (high[1] - low[1])
+
+
+def equal_cost_bootstrap(
+    contender: dict[str, Any],
+    low: dict[str, Any],
+    high: dict[str, Any],
+    *,
+    cost_key: str = "sampled_tokens",
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The contender's mean cosine minus GRPO's at the contender's cost (``low`` and ``high``, two GRPO budgets around
+    it, interpolated in log cost), with a 95% percentile interval and a two-sided p from resampling each estimator's
+    per-repeat cosines independently (its batches are independent draws). The costs are taken as measured."""
+    import random
+
+    rng = random.Random(seed)
+    xs, ls, hs = contender["cosines"], low["cosines"], high["cosines"]
+
+    def difference(x: list[float], lo: list[float], hi: list[float]) -> float:
+        line = ((low[cost_key], statistics.fmean(lo)), (high[cost_key], statistics.fmean(hi)))
+        return statistics.fmean(x) - _log_interpolate(contender[cost_key], *line)
+
+    draws = sorted(
+        difference(rng.choices(xs, k=len(xs)), rng.choices(ls, k=len(ls)), rng.choices(hs, k=len(hs)))
+        for _ in range(resamples)
+    )
+    below = sum(d <= 0 for d in draws) / resamples
+    return {
+        "mean": difference(xs, ls, hs),
+        "ci95": [draws[int(0.025 * resamples)], draws[int(0.975 * resamples) - 1]],
+        "p": min(1.0, 2 * min(below, 1 - below + sum(d == 0 for d in draws) / resamples)),
+        "test": "bootstrap, GRPO interpolated in log cost",
+    }
+
+
+def confirmation_rows(task: str, stored: dict[str, Any], budgets: tuple[str, str]) -> list[dict[str, Any]]:
+    """The protocol's decision for a confirmation run: each contender against GRPO at its sampled tokens (bootstrap
+    of the log-cost interpolation between ``budgets``), or, when it costs less than the cheaper budget, against that
+    budget by a paired t-test on the same prompts per repeat; Holm-corrected over the contenders."""
+    from mcadvantage.evaluation.stats import holm_adjust, paired_t_test
+
+    by_name = {r["estimator"]: r for r in stored["records"]}
+    low, high = by_name[budgets[0]], by_name[budgets[1]]
+    rows = []
+    for r in stored["records"]:
+        if r["estimator"] in budgets:
+            continue
+        tokens = r["sampled_tokens"]
+        if tokens < low["sampled_tokens"] and r["prompts_per_batch"] == low["prompts_per_batch"]:
+            t = paired_t_test([a - b for a, b in zip(r["cosines"], low["cosines"], strict=True)])
+            test = {"mean": t["mean"], "ci95": t["ci95"], "p": t["p"], "test": f"paired t vs {budgets[0]}"}
+        elif low["sampled_tokens"] <= tokens <= high["sampled_tokens"]:
+            test = equal_cost_bootstrap(r, low, high)
+        else:
+            test = {"mean": None, "ci95": None, "p": math.nan, "test": "outside GRPO's measured budgets"}
+        at_cost = (
+            r["cosine"]
+            - _log_interpolate(
+                r["cost_model"], (low["cost_model"], low["cosine"]), (high["cost_model"], high["cosine"])
+            )
+            if low["cost_model"] <= r["cost_model"] <= high["cost_model"]
+            else None
+        )
+        rows.append(
+            {
+                "task": task,
+                "estimator": r["estimator"],
+                "repeats": r["repeats"],
+                "sampled_tokens_vs_grpo_p4": tokens / low["sampled_tokens"],
+                "cosine": r["cosine"],
+                "vs_grpo_at_equal_sampled_tokens": test,
+                "vs_grpo_at_equal_cost_model": at_cost,
+            }
+        )
+    finite = [i for i, row in enumerate(rows) if math.isfinite(row["vs_grpo_at_equal_sampled_tokens"]["p"])]
+    for i, p_holm in zip(
+        finite, holm_adjust([rows[i]["vs_grpo_at_equal_sampled_tokens"]["p"] for i in finite]), strict=True
+    ):
+        test = rows[i]["vs_grpo_at_equal_sampled_tokens"]
+        test["p_holm"] = p_holm
+        test["holm_family"] = len(finite)
+        test["ahead"] = p_holm < 0.05 and test["mean"] > 0
     return rows
 
 
@@ -250,6 +343,27 @@ def markdown(out: dict[str, Any], r: float) -> str:
             )
             + " |"
         )
+    for task, rows in out.get("confirmation", {}).items():
+        lines += [
+            "",
+            f"Confirmation run `{task}` (protocol amendment): each contender against GRPO at its sampled tokens "
+            "(GRPO's 4 and 8 prompts interpolated in log tokens, bootstrap interval; or, when it costs less than 4 "
+            "prompts, paired with them), Holm-corrected over the contenders; the cost model beside, not decided on.",
+            "",
+            "| estimator | repeats | sampled tokens x GRPO p4 | cosine | vs GRPO, same sampled tokens [95% CI] | test "
+            "| p (Holm) | ahead | vs GRPO, same cost model |",
+            "|---|---:|---:|---:|---|---|---:|---|---:|",
+        ]
+        for row in rows:
+            t = row["vs_grpo_at_equal_sampled_tokens"]
+            diff = (
+                "-" if t["mean"] is None else f"{t['mean']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}]"
+            )
+            lines.append(
+                f"| {row['estimator']} | {row['repeats']} | {row['sampled_tokens_vs_grpo_p4']:.2f} | "
+                f"{row['cosine']:.3f} | {diff} | {t['test']} | {t['p']:.3f} ({t.get('p_holm', math.nan):.3f}) | "
+                f"{'yes' if t.get('ahead') else 'no'} | {fmt(row['vs_grpo_at_equal_cost_model'], '+.3f')} |"
+            )
     for task, rows in out["learning"].items():
         lines += [
             "",
@@ -309,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             gradient.append(row)
     learning = {task: learning_rows(runs) for task, name in LEARNING_FILES.items() if (runs := _load(name))}
+    confirmation = {
+        task: confirmation_rows(task, gq["tasks"][task], budgets)
+        for task, budgets in CONFIRMATIONS.items()
+        if task in gq["tasks"] and {r["estimator"] for r in gq["tasks"][task]["records"]} >= set(budgets)
+    }
     holm_over_tasks(learning)
     mc = _load("mc_efficiency.json")
     out = {
@@ -324,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             "mc_efficiency": "benchmarks/results/mc_efficiency.json",
         },  # fmt: skip
         "gradient": gradient,
+        "confirmation": confirmation,
         "learning": learning,
         "mc_tokens_to_reach_k9_error": [
             {

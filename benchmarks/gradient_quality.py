@@ -113,7 +113,20 @@ DEMO_TASKS = {
     "demo_plateau_hard": "demo_plateau",
     "long_plateau": "long_plateau",
     "sign_plateau": "sign_plateau",
+    "long_plateau_followup": "long_plateau",
 }
+#: confirmation runs (docs/regime-protocol.md, amendments) -> the task whose policy, prompts and reference gradient
+#: they reuse; run with their own --seed and --demo_repeats, as the protocol gives them
+CONFIRMATIONS = {"long_plateau_followup": "long_plateau"}
+#: what a confirmation run measures: GRPO's budgets on either side of the contenders' costs, and the contenders
+CONFIRMATION_SPECS = [
+    "grpo:prompts=4",
+    "grpo:prompts=8",
+    "vineppo:k=1,reuse,prompts=4",
+    "hybrid:budget=0.5,k=4,prompts=4",
+    "tree:branching=4x2,depths=0-12,prompts=4",
+    "tree:branching=4x2,depths=0-12,prompts=6",
+]
 #: task -> the fewest operations its held-out prompts have (H1 inside the demo task: the plateau policy solves 8% of
 #: the 5-operation problems greedily and 27% at temperature 0.6; docs/regime-protocol.md)
 MIN_OPERATIONS = {"demo_plateau_hard": 5}
@@ -242,6 +255,17 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
         specs, repeats = (DEMO_SPECS if name == "demo" else PLATEAU_SPECS), args.demo_repeats
         # The reference (8 MB) is not committed: a fresh clone recomputes it, seeded, when the file is missing.
         reference_file = RESULTS / f"gradient_quality_{name}_reference.pt"
+        if name in CONFIRMATIONS:  # the same reference as the task it confirms
+            source = CONFIRMATIONS[name]
+            specs, reference_file = CONFIRMATION_SPECS, RESULTS / f"gradient_quality_{source}_reference.pt"
+            if "reference" not in data["tasks"].get(source, {}) or not reference_file.exists():
+                raise SystemExit(
+                    f"{name} reuses {source}'s reference gradient, which is missing: run "
+                    f"`python benchmarks/gradient_quality.py --tasks {source}` first (it recomputes only what is "
+                    "missing)."
+                )
+            stored["reference"] = dict(data["tasks"][source]["reference"])
+            info = {**info, "confirms": source}
         if "reference" not in stored or not reference_file.exists():
             ref = reference_gradient(task, responses_per_round=8, rounds=args.reference_rounds, progress=True)
             torch.save(

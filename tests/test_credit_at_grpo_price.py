@@ -91,3 +91,36 @@ def test_holm_over_tasks_corrects_each_arm_and_base_across_tasks(bench):
     # An arm that ran on one task only is a family of one: unchanged.
     hybrid = learning["slip_plateau"][1]["final_accuracy_vs_grpo_matched"]
     assert (hybrid["p_holm"], hybrid["holm_family"]) == (pytest.approx(0.03), 1)
+
+
+def test_confirmation_rows_decide_by_the_protocols_rule(bench):
+    """GRPO at 4 prompts (1,000 tokens, cosines around 0.4) and 8 (2,000 tokens, around 0.6). A contender at 1,414
+    tokens (half-way in log tokens: GRPO 0.5 there) with cosines around 0.7 is ahead; one at 0.5 is level; a tree
+    cheaper than GRPO's 4 prompts is paired with them repeat by repeat; Holm counts the three."""
+    wiggle = [(-1) ** i * 0.05 * (i % 3) for i in range(60)]
+    grpo4 = _record("grpo_p4", 4, 1000, 1000, [0.4 + w for w in wiggle])
+    grpo8 = _record("grpo_p8", 8, 2000, 2000, [0.6 + w for w in wiggle])
+    ahead = _record("hybrid_b0.5_k4_p4", 4, 1000 * math.sqrt(2), 1000, [0.7 + w for w in wiggle[::-1]])
+    level = _record("vineppo_k1_reuse_p4", 4, 1000 * math.sqrt(2), 1000, [0.5 + w for w in wiggle[::-1]])
+    tree = _record("tree_4x2_d0-12_p4", 4, 900, 1000, [0.45 + w for w in wiggle])  # +0.05 on every repeat
+    for r in (grpo4, grpo8, ahead, level, tree):
+        r["cost_model"] = r["sampled_tokens"]
+    rows = {
+        r["estimator"]: r
+        for r in bench.confirmation_rows(
+            "t", {"records": [grpo4, grpo8, ahead, level, tree]}, ("grpo_p4", "grpo_p8")
+        )
+    }
+    hybrid = rows["hybrid_b0.5_k4_p4"]["vs_grpo_at_equal_sampled_tokens"]
+    assert hybrid["mean"] == pytest.approx(0.2) and hybrid["ci95"][0] > 0.1 and hybrid["ahead"]
+    assert hybrid["holm_family"] == 3 and hybrid["p_holm"] >= hybrid["p"]
+    reuse = rows["vineppo_k1_reuse_p4"]["vs_grpo_at_equal_sampled_tokens"]
+    assert reuse["mean"] == pytest.approx(0.0, abs=1e-9) and reuse["p"] > 0.5 and not reuse["ahead"]
+    paired = rows["tree_4x2_d0-12_p4"]["vs_grpo_at_equal_sampled_tokens"]
+    assert (
+        paired["test"] == "paired t vs grpo_p4" and paired["mean"] == pytest.approx(0.05) and paired["ahead"]
+    )
+    assert (
+        rows["tree_4x2_d0-12_p4"]["vs_grpo_at_equal_cost_model"] is None
+    )  # below GRPO's budgets: no extrapolation
+    assert rows["hybrid_b0.5_k4_p4"]["vs_grpo_at_equal_cost_model"] == pytest.approx(0.2)

@@ -58,7 +58,7 @@ RANKING_FILES = {
 BASES = ("grpo", "grpo_matched", "grpo_matched_cost")  # what every arm is paired with
 #: Confirmation runs of the gradient measurement (docs/regime-protocol.md, amendments): task -> GRPO's two budgets
 #: that bracket the contenders' costs; every other estimator of the task is a contender.
-CONFIRMATIONS = {"long_plateau_followup": ("grpo_p4", "grpo_p8")}
+CONFIRMATION_BUDGETS = {"long_plateau_followup": ("grpo_p4", "grpo_p8")}
 #: Learning arm -> the gradient-instrument row with the same estimator and settings (4 prompts per step).
 ARM_TO_GRADIENT = {
     "vineppo_k4": "vineppo_k4_p4",
@@ -129,12 +129,6 @@ def gradient_rows(task: str, stored: dict[str, Any], cost_ratio: float) -> list[
     return rows
 
 
-def _log_interpolate(cost: float, low: tuple[float, float], high: tuple[float, float]) -> float:
-    """The value at ``cost`` on the line through ``(cost, value)`` points ``low`` and ``high`` in log cost."""
-    w = (math.log(cost) - math.log(low[0])) / (math.log(high[0]) - math.log(low[0]))
-    return low[1] + w * (high[1] - low[1])
-
-
 def equal_cost_bootstrap(
     contender: dict[str, Any],
     low: dict[str, Any],
@@ -149,12 +143,14 @@ def equal_cost_bootstrap(
     per-repeat cosines independently (its batches are independent draws). The costs are taken as measured."""
     import random
 
+    from mcadvantage.evaluation.gradient_quality import log_cost_interpolate
+
     rng = random.Random(seed)
     xs, ls, hs = contender["cosines"], low["cosines"], high["cosines"]
 
     def difference(x: list[float], lo: list[float], hi: list[float]) -> float:
         line = ((low[cost_key], statistics.fmean(lo)), (high[cost_key], statistics.fmean(hi)))
-        return statistics.fmean(x) - _log_interpolate(contender[cost_key], *line)
+        return statistics.fmean(x) - log_cost_interpolate(contender[cost_key], line)
 
     draws = sorted(
         difference(rng.choices(xs, k=len(xs)), rng.choices(ls, k=len(ls)), rng.choices(hs, k=len(hs)))
@@ -173,6 +169,7 @@ def confirmation_rows(task: str, stored: dict[str, Any], budgets: tuple[str, str
     """The protocol's decision for a confirmation run: each contender against GRPO at its sampled tokens (bootstrap
     of the log-cost interpolation between ``budgets``), or, when it costs less than the cheaper budget, against that
     budget by a paired t-test on the same prompts per repeat; Holm-corrected over the contenders."""
+    from mcadvantage.evaluation.gradient_quality import at_equal_cost
     from mcadvantage.evaluation.stats import holm_adjust, paired_t_test
 
     by_name = {r["estimator"]: r for r in stored["records"]}
@@ -189,14 +186,7 @@ def confirmation_rows(task: str, stored: dict[str, Any], budgets: tuple[str, str
             test = equal_cost_bootstrap(r, low, high)
         else:
             test = {"mean": None, "ci95": None, "p": math.nan, "test": "outside GRPO's measured budgets"}
-        at_cost = (
-            r["cosine"]
-            - _log_interpolate(
-                r["cost_model"], (low["cost_model"], low["cosine"]), (high["cost_model"], high["cosine"])
-            )
-            if low["cost_model"] <= r["cost_model"] <= high["cost_model"]
-            else None
-        )
+        grpo_at_cost = at_equal_cost([low, high, r])[-1]["baseline_cosine_at_cost"]
         rows.append(
             {
                 "task": task,
@@ -205,7 +195,7 @@ def confirmation_rows(task: str, stored: dict[str, Any], budgets: tuple[str, str
                 "sampled_tokens_vs_grpo_p4": tokens / low["sampled_tokens"],
                 "cosine": r["cosine"],
                 "vs_grpo_at_equal_sampled_tokens": test,
-                "vs_grpo_at_equal_cost_model": at_cost,
+                "vs_grpo_at_equal_cost_model": None if grpo_at_cost is None else r["cosine"] - grpo_at_cost,
             }
         )
     finite = [i for i, row in enumerate(rows) if math.isfinite(row["vs_grpo_at_equal_sampled_tokens"]["p"])]
@@ -425,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     learning = {task: learning_rows(runs) for task, name in LEARNING_FILES.items() if (runs := _load(name))}
     confirmation = {
         task: confirmation_rows(task, gq["tasks"][task], budgets)
-        for task, budgets in CONFIRMATIONS.items()
+        for task, budgets in CONFIRMATION_BUDGETS.items()
         if task in gq["tasks"] and {r["estimator"] for r in gq["tasks"][task]["records"]} >= set(budgets)
     }
     holm_over_tasks(learning)

@@ -113,11 +113,11 @@ DEMO_TASKS = {
     "demo_plateau_hard": "demo_plateau",
     "long_plateau": "long_plateau",
     "sign_plateau": "sign_plateau",
-    "long_plateau_followup": "long_plateau",
 }
 #: confirmation runs (docs/regime-protocol.md, amendments) -> the task whose policy, prompts and reference gradient
 #: they reuse; run with their own --seed and --demo_repeats, as the protocol gives them
 CONFIRMATIONS = {"long_plateau_followup": "long_plateau"}
+DEMO_TASKS.update({name: DEMO_TASKS[source] for name, source in CONFIRMATIONS.items()})
 #: what a confirmation run measures: GRPO's budgets on either side of the contenders' costs, and the contenders
 CONFIRMATION_SPECS = [
     "grpo:prompts=4",
@@ -253,11 +253,12 @@ def run_task(name: str, args: argparse.Namespace, data: dict[str, Any]) -> None:
     else:
         task, info = build_demo_task(name, args)
         specs, repeats = (DEMO_SPECS if name == "demo" else PLATEAU_SPECS), args.demo_repeats
-        # The reference (8 MB) is not committed: a fresh clone recomputes it, seeded, when the file is missing.
-        reference_file = RESULTS / f"gradient_quality_{name}_reference.pt"
-        if name in CONFIRMATIONS:  # the same reference as the task it confirms
-            source = CONFIRMATIONS[name]
-            specs, reference_file = CONFIRMATION_SPECS, RESULTS / f"gradient_quality_{source}_reference.pt"
+        # The reference (8 MB) is not committed: a fresh clone recomputes it, seeded, when the file is missing. A
+        # confirmation run uses the reference of the task it confirms.
+        source = CONFIRMATIONS.get(name, name)
+        reference_file = RESULTS / f"gradient_quality_{source}_reference.pt"
+        if name in CONFIRMATIONS:
+            specs = CONFIRMATION_SPECS
             if "reference" not in data["tasks"].get(source, {}) or not reference_file.exists():
                 raise SystemExit(
                     f"{name} reuses {source}'s reference gradient, which is missing: run "

@@ -23,9 +23,9 @@ Per point: value MSE over every (response, state) pair, advantage sign accuracy 
 advantage exceeds 0.05 in size, Spearman rank correlation of step advantages, Monte Carlo tokens per response.
 Per family: the tokens it needs to reach fixed K=9's value MSE (log-log interpolation between the sweep's points),
 as a ratio to K=9's tokens, against the simulated K=9 point and against K=9's expected MSE
-(``expected_fixed_target``: ``mean v(1-v)/9`` plus the ground truth's variance, no repeat noise of its own). Every (task, option, K, repeat) is appended to
-``benchmarks/results/mc_efficiency_runs/<task>.jsonl`` as it finishes, and a rerun skips what is there; the demo's
-responses and ground truth are cached there too. Writes ``benchmarks/results/mc_efficiency.json`` and
+(``expected_fixed_target``: ``mean v(1-v)/9`` plus the ground truth's variance, no repeat noise of its own). Every
+(task, option, K, repeat) is appended to ``benchmarks/results/mc_efficiency_runs/<task>.jsonl`` as it finishes,
+and a rerun skips what is there; the demo's responses and ground truth are cached there too. Writes ``benchmarks/results/mc_efficiency.json`` and
 ``mc_efficiency.png``.
 """
 

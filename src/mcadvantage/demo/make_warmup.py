@@ -31,7 +31,11 @@ from typing import Any
 from mcadvantage.demo.config import FLAWS, TASK_PRESETS, DemoConfig, build_data, warmup_settings
 from mcadvantage.demo.run import _quiet_libraries
 
-__all__ = ["make_warmup", "main"]
+__all__ = ["InterruptedWarmup", "make_warmup", "main"]
+
+
+class InterruptedWarmup(ValueError):
+    """An output directory holds an interrupted warm-up, and the caller did not ask to resume it."""
 
 
 def make_warmup(
@@ -49,6 +53,13 @@ def make_warmup(
     recorded command; by default the first preset whose settings ``config`` has (else ``demo``). ``resume``: continue
     an interrupted plateau warm-up from its last evaluation (``resume_state.pt`` in ``output_dir``, removed once
     ``warmup.json`` is written)."""
+    from mcadvantage.demo.arms import RESUME_FILE, resumable_step, train_warmup_policy
+
+    if (Path(output_dir) / RESUME_FILE).exists() and not resume:
+        raise InterruptedWarmup(
+            f"{Path(output_dir) / RESUME_FILE} holds an interrupted warm-up: pass --resume (resume=True) to continue "
+            "it with the same settings, or delete it to start afresh."
+        )
     if task is None:
         task = next(
             (name for name, preset in TASK_PRESETS.items()
@@ -59,7 +70,6 @@ def make_warmup(
     from tqdm.auto import tqdm
 
     from mcadvantage import GSM8KVerifier
-    from mcadvantage.demo.arms import RESUME_FILE, resumable_step, train_warmup_policy
     from mcadvantage.demo.evaluation import evaluate_accuracy
     from mcadvantage.testing import build_char_tokenizer
 
@@ -79,11 +89,6 @@ def make_warmup(
     plateau = config.warmup_schedule == "plateau"
     record: dict[str, Any] = {}
     t0 = time.perf_counter()
-    if (Path(output_dir) / RESUME_FILE).exists() and not resume:
-        raise ValueError(
-            f"{Path(output_dir) / RESUME_FILE} holds an interrupted warm-up: resume it (resume=True, same settings) "
-            "or delete it to start afresh."
-        )
     start_step = (resumable_step(output_dir) if resume and plateau else None) or 0
     if resume and progress:
         print(
@@ -147,10 +152,8 @@ def make_warmup(
                 accuracy=accuracy,
                 held_out_before=meta["held_out_accuracy"],
             )
-    if "resumed_from_step" in record:
-        meta["plateau"]["resumed_from_step"] = record[
-            "resumed_from_step"
-        ]  # "seconds" counts the last process only
+    if "resumed_from_step" in record:  # then "seconds" counts the last process only
+        meta["plateau"]["resumed_from_step"] = record["resumed_from_step"]
     (Path(output_dir) / "warmup.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     (Path(output_dir) / RESUME_FILE).unlink(missing_ok=True)
     return meta
@@ -277,17 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.apply_quick()
         config.quick = True
         config.warmup_steps = args.warmup_steps if args.warmup_steps != DemoConfig.warmup_steps else 20
-    from mcadvantage.demo.arms import RESUME_FILE
-
-    interrupted = Path(args.output_dir) / RESUME_FILE
-    if interrupted.exists() and not args.resume:
-        parser.error(
-            f"{interrupted} holds an interrupted warm-up: pass --resume to continue it (same settings), or delete "
-            "it to start afresh."
+    try:
+        meta = make_warmup(
+            config, args.output_dir, sft_check_steps=args.sft_check_steps, task=args.task, resume=args.resume
         )
-    meta = make_warmup(
-        config, args.output_dir, sft_check_steps=args.sft_check_steps, task=args.task, resume=args.resume
-    )
+    except InterruptedWarmup as refused:
+        parser.error(str(refused))
     print(
         f"warm-up: held-out accuracy {meta['held_out_accuracy']:.3f} ({meta['eval_problems']} problems), "
         f"{meta['seconds']:.0f} s; wrote {args.output_dir}"

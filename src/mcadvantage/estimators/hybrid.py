@@ -63,6 +63,15 @@ def degenerate_groups(rewards: torch.Tensor, group_size: int) -> list[int]:
     return out
 
 
+def _pooling(settings: dict[str, Any]) -> list[str]:
+    """``"name=value"`` for each of ``settings`` (the Monte Carlo options ``reuse_samples`` and ``allocation``, under
+    any names, in that order) that pools other responses' outcomes into the values instead of fresh rollouts."""
+    fresh = (False, "uniform")
+    return [
+        f"{name}={value!r}" for (name, value), ok in zip(settings.items(), fresh, strict=True) if value != ok
+    ]
+
+
 def predicted_rollout_tokens(boundaries: list[int], num_rollouts: int) -> int:
     """Rollout tokens Monte Carlo credit is expected to cost for one response cut at ``boundaries``: ``K`` rollouts
     from every state, each as long as what is left of the response."""
@@ -103,11 +112,12 @@ class HybridEstimator:
             raise ValueError(
                 f"HybridEstimator: budget={budget} must be >= 0 (a fraction of the response tokens)."
             )
-        pooled = [
-            f"{name}={monte_carlo[name]!r}"
-            for name, fresh in (("reuse_samples", False), ("allocation", "uniform"))
-            if monte_carlo.get(name, fresh) != fresh
-        ]
+        pooled = _pooling(
+            {
+                "reuse_samples": monte_carlo.get("reuse_samples", False),
+                "allocation": monte_carlo.get("allocation", "uniform"),
+            }
+        )
         if pooled:
             raise ValueError(
                 f"HybridEstimator: {', '.join(pooled)} pools other responses' outcomes into the values, but the "
@@ -154,11 +164,9 @@ class HybridEstimator:
                 "advantage_estimator='hybrid' (its Monte Carlo values are means of the weighted reward sum). Set "
                 "multi_objective_aggregation='sum_then_normalize'."
             )
-        pooled = [
-            f"{name}={getattr(config, name)!r}"
-            for name, fresh in (("mc_reuse_samples", False), ("mc_allocation", "uniform"))
-            if getattr(config, name) != fresh
-        ]
+        pooled = _pooling(
+            {"mc_reuse_samples": config.mc_reuse_samples, "mc_allocation": config.mc_allocation}
+        )
         if pooled:
             raise ValueError(
                 f"{', '.join(pooled)} is not supported by advantage_estimator='hybrid': it pools other responses' "

@@ -36,6 +36,7 @@ from mcadvantage.evaluation.gradient_instrument import (
 __all__ = [
     "EstimatorSpec",
     "at_equal_cost",
+    "log_cost_interpolate",
     "batch_prompts",
     "main",
     "markdown_table",
@@ -242,22 +243,26 @@ def measure_estimators(
     return records
 
 
+def log_cost_interpolate(cost: float, points: Sequence[tuple[float, float]]) -> float | None:
+    """The value at ``cost`` of the piecewise-linear curve through ``(cost, value)`` ``points`` in log cost; None
+    outside their range (no extrapolation)."""
+    base = sorted(points)
+    for (c0, v0), (c1, v1) in zip(base, base[1:], strict=False):
+        if c0 <= cost <= c1:
+            w = 0.0 if c1 == c0 else (math.log(cost) - math.log(c0)) / (math.log(c1) - math.log(c0))
+            return v0 + w * (v1 - v0)
+    return next((v for c, v in base if math.isclose(cost, c)), None)
+
+
 def at_equal_cost(
     records: Sequence[dict[str, Any]], baseline_prefix: str = "grpo_p", cost_key: str = "cost_model"
 ) -> list[dict[str, Any]]:
     """Per record, the baseline's cosine at the same cost: linear interpolation of the baseline's budgets (e.g. GRPO
     at several prompts per batch) in log cost; None outside the baseline's measured range (no extrapolation)."""
-    base = sorted((r[cost_key], r["cosine"]) for r in records if r["estimator"].startswith(baseline_prefix))
+    base = [(r[cost_key], r["cosine"]) for r in records if r["estimator"].startswith(baseline_prefix)]
     out = []
     for r in records:
-        cost, value = r[cost_key], None
-        for (c0, v0), (c1, v1) in zip(base, base[1:], strict=False):
-            if c0 <= cost <= c1:
-                w = 0.0 if c1 == c0 else (math.log(cost) - math.log(c0)) / (math.log(c1) - math.log(c0))
-                value = v0 + w * (v1 - v0)
-                break
-        if value is None and base and any(math.isclose(cost, c) for c, _ in base):
-            value = next(v for c, v in base if math.isclose(cost, c))
+        cost, value = r[cost_key], log_cost_interpolate(r[cost_key], base)
         out.append(
             {
                 "estimator": r["estimator"],

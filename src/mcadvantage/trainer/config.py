@@ -57,8 +57,9 @@ class VinePPOConfig(GRPOConfig):
         hybrid_budget (float): With `advantage_estimator="hybrid"` (GRPO's advantage, plus Monte Carlo step credit for
             the responses of groups whose rewards are all equal): the extra sampled tokens allowed per batch, as a
             fraction of its sampled response tokens (masked ones included, so masking does not change which other
-            responses get Monte Carlo credit). `0` gives GRPO exactly. Its values use fresh rollouts only: `mc_reuse_samples` and
-            `mc_allocation="variance"` are refused (its responses are chosen by outcome). Defaults to `0.1`.
+            responses get Monte Carlo credit). `0` gives GRPO exactly. Its values use fresh rollouts only:
+            `mc_reuse_samples` and `mc_allocation="variance"` are refused (its responses are chosen by outcome).
+            Defaults to `0.1`.
         tree_branching (list[int]): With `advantage_estimator="tree"` (each group drawn as a tree that branches at
             token depths; step credit from its own leaves, no rollouts): children per level. Their product must equal
             `num_generations`; each is at least 2. Defaults to `[4, 2]`.

@@ -613,6 +613,69 @@ class _Killed(Exception):
     pass
 
 
+def _tiny_plateau_config() -> DemoConfig:
+    """The quick sizes and smaller still: a one-layer model, evaluations every 10 steps on 8 problems, from step 30
+    on, 200 demonstrations in batches of 4, greedy answers of at most 8 tokens (so every validation score is 0)."""
+    config = DemoConfig(warmup_schedule="plateau", threads=1)
+    config.apply_quick()
+    config.quick = True
+    config.hidden_size, config.num_layers, config.num_heads = 32, 1, 2
+    config.head_dim, config.intermediate_size = 16, 64
+    config.validation_problems, config.warmup_eval_every, config.warmup_min_steps = 8, 10, 30
+    config.warmup_batch_size, config.warmup_problems, config.max_completion_length = 4, 200, 8
+    return config
+
+
+def test_plateau_warmup_without_decay_keeps_the_best_checkpoint_as_it_is(tmp_path, capsys):
+    """``--warmup_decay_steps 0`` (the paper's SFT selection: the best validation checkpoint, appendix C.3) saves the
+    best checkpoint's weights unchanged; with a decay they move. At these sizes every validation score is 0, so the
+    best checkpoint is the step-0 one, the initial weights. The flag is recorded in the command, and bad values are
+    refused naming it."""
+    import torch
+
+    from mcadvantage.demo.arms import load_policy
+    from mcadvantage.demo.make_warmup import main as make_warmup_main
+    from mcadvantage.demo.make_warmup import make_warmup
+    from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
+
+    config = _tiny_plateau_config()
+    torch.manual_seed(config.seed)
+    initial = build_tiny_llama(
+        build_char_tokenizer(),
+        hidden_size=config.hidden_size,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=256,
+        seed=config.seed,
+    ).state_dict()
+    saved = {}
+    for decay in (0, 5):
+        meta = make_warmup(replace(config, warmup_decay_steps=decay), tmp_path / str(decay), progress=False)
+        assert meta["plateau"]["best_step"] == 0 and meta["plateau"]["stop_step"] == 30
+        saved[decay] = load_policy(tmp_path / str(decay))[0].state_dict()
+    assert all(torch.equal(saved[0][k], initial[k]) for k in initial)
+    assert not all(torch.equal(saved[5][k], initial[k]) for k in initial)
+    no_decay = json.loads((tmp_path / "0" / "warmup.json").read_text())
+    assert (
+        "--warmup_decay_steps 0" in no_decay["command"]
+        and "as it is (no decay)" in no_decay["plateau"]["rule"]
+    )
+    assert no_decay["config"]["warmup_decay_steps"] == 0
+    for argv, message in (
+        (
+            ["--warmup_schedule", "plateau", "--warmup_decay_steps", "-1"],
+            "--warmup_decay_steps must be >= 0, got -1",
+        ),
+        (["--warmup_decay_steps", "0"], "--warmup_decay_steps belongs to the plateau schedule"),
+    ):
+        with pytest.raises(SystemExit):
+            make_warmup_main([*argv, "--output_dir", str(tmp_path / "refused")])
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
+
+
 def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path, capsys):
     """A plateau warm-up killed mid-way (here after its step 25, between the evaluations at 20 and 30) and resumed
     from its last saved evaluation reaches the stop step with bit-identical weights, AdamW state and data order, and
@@ -624,15 +687,7 @@ def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path, capsys):
     from mcadvantage.demo.arms import RESUME_FILE, resumable_step, train_warmup_policy
     from mcadvantage.demo.make_warmup import main as make_warmup_main
 
-    config = DemoConfig(warmup_schedule="plateau", threads=1)
-    config.apply_quick()
-    config.quick = True
-    # Smaller still: a one-layer model, evaluations every 10 steps on 8 problems, from step 30 on, 200 demonstrations
-    # in batches of 4, greedy answers of at most 8 tokens.
-    config.hidden_size, config.num_layers, config.num_heads = 32, 1, 2
-    config.head_dim, config.intermediate_size = 16, 64
-    config.validation_problems, config.warmup_eval_every, config.warmup_min_steps = 8, 10, 30
-    config.warmup_batch_size, config.warmup_problems, config.max_completion_length = 4, 200, 8
+    config = _tiny_plateau_config()
     data = build_data(config)
     whole: dict = {}
     train_warmup_policy(config, data, tmp_path / "whole", schedule_record=whole, keep_resume_state=True)

@@ -126,6 +126,11 @@ def make_warmup(
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
         "command": f"python -m mcadvantage.demo.make_warmup --seed {config.seed} --output_dir {output_dir}"
         + (f" --warmup_schedule plateau --warmup_patience {config.warmup_patience}" if plateau else "")
+        + (
+            f" --warmup_decay_steps {config.warmup_decay_steps}"
+            if plateau and config.warmup_decay_steps != DemoConfig.warmup_decay_steps
+            else ""
+        )
         + (f" --task {task}" if task != "demo" else "")
         + (f" --threads {config.threads}" if config.threads != DemoConfig.threads else "")
         + (
@@ -140,8 +145,13 @@ def make_warmup(
             "best_step": record["best_step"],
             "stop_step": record["stop_step"],
             "rule": f"from step {config.warmup_min_steps} on, stop when {config.warmup_patience} evaluations in a row (every {config.warmup_eval_every} steps) "
-            "have not beaten the best earlier one by more than one binomial SE; then the best checkpoint and "
-            f"{config.warmup_decay_steps} steps of linear decay to 0.1x (docs/regime-protocol.md)",
+            "have not beaten the best earlier one by more than one binomial SE; then the best checkpoint "
+            + (
+                f"and {config.warmup_decay_steps} steps of linear decay to 0.1x"
+                if config.warmup_decay_steps
+                else "as it is (no decay)"
+            )
+            + " (docs/regime-protocol.md)",
         }
         if sft_check_steps:
             meta["sft_check"] = sft_check(
@@ -236,6 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="plateau schedule: evaluations without a gain of 1 SE before stopping",
     )
     parser.add_argument(
+        "--warmup_decay_steps",
+        type=int,
+        default=DemoConfig.warmup_decay_steps,
+        help="plateau schedule: steps of linear learning-rate decay from the best checkpoint (0: the best "
+        "validation checkpoint as it is, the paper's SFT selection, appendix C.3)",
+    )
+    parser.add_argument(
         "--sft_check_steps",
         type=int,
         default=400,
@@ -262,6 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}.")
+    if args.warmup_decay_steps < 0:
+        parser.error(
+            f"--warmup_decay_steps must be >= 0, got {args.warmup_decay_steps} (0 keeps the best checkpoint as it is)."
+        )
+    if args.warmup_decay_steps != DemoConfig.warmup_decay_steps and args.warmup_schedule != "plateau":
+        parser.error("--warmup_decay_steps belongs to the plateau schedule; add --warmup_schedule plateau.")
     if args.resume and args.warmup_schedule != "plateau":
         parser.error(
             "--resume continues a plateau warm-up; add --warmup_schedule plateau (a fixed one is short)."
@@ -272,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup_steps=args.warmup_steps,
         warmup_schedule=args.warmup_schedule,
         warmup_patience=args.warmup_patience,
+        warmup_decay_steps=args.warmup_decay_steps,
     )
     config = replace(config, **TASK_PRESETS[args.task])
     if args.flaw is not None:
@@ -280,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.apply_quick()
         config.quick = True
         config.warmup_steps = args.warmup_steps if args.warmup_steps != DemoConfig.warmup_steps else 20
+        if args.warmup_decay_steps != DemoConfig.warmup_decay_steps:  # an explicit value beats the quick size
+            config.warmup_decay_steps = args.warmup_decay_steps
     try:
         meta = make_warmup(
             config, args.output_dir, sft_check_steps=args.sft_check_steps, task=args.task, resume=args.resume

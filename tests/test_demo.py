@@ -633,23 +633,12 @@ def test_plateau_warmup_without_decay_keeps_the_best_checkpoint_as_it_is(tmp_pat
     refused naming it."""
     import torch
 
-    from mcadvantage.demo.arms import load_policy
+    from mcadvantage.demo.arms import initial_policy, load_policy
     from mcadvantage.demo.make_warmup import main as make_warmup_main
     from mcadvantage.demo.make_warmup import make_warmup
-    from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
 
     config = _tiny_plateau_config()
-    torch.manual_seed(config.seed)
-    initial = build_tiny_llama(
-        build_char_tokenizer(),
-        hidden_size=config.hidden_size,
-        num_layers=config.num_layers,
-        num_heads=config.num_heads,
-        head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size,
-        max_position_embeddings=256,
-        seed=config.seed,
-    ).state_dict()
+    initial = initial_policy(config)[0].state_dict()
     saved = {}
     for decay in (0, 5):
         meta = make_warmup(replace(config, warmup_decay_steps=decay), tmp_path / str(decay), progress=False)

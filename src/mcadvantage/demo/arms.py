@@ -21,6 +21,7 @@ from mcadvantage.demo.config import ArmSpec, DemoConfig, DemoData
 __all__ = [
     "RESUME_FILE",
     "ArmRecord",
+    "initial_policy",
     "load_policy",
     "resumable_step",
     "rl_training_args",
@@ -50,6 +51,28 @@ def load_policy(policy_dir: str | Path) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(policy_dir), AutoTokenizer.from_pretrained(policy_dir)
 
 
+def initial_policy(config: DemoConfig) -> tuple[Any, Any]:
+    """The demo's tiny Llama before any training, built from ``config.seed`` and its size settings, with the
+    character tokenizer: ``(model, tokenizer)``. The warm-up starts from it."""
+    import torch
+
+    from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
+
+    torch.manual_seed(config.seed)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_llama(
+        tokenizer,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=256,
+        seed=config.seed,
+    )
+    return model, tokenizer
+
+
 def train_warmup_policy(
     config: DemoConfig,
     data: DemoData,
@@ -73,22 +96,7 @@ def train_warmup_policy(
     (:data:`RESUME_FILE`; removed once the policy is saved, unless ``keep_resume_state``: a caller with more to do
     before the run counts as done removes it then); with ``resume=True`` a run killed in its constant phase
     continues from its last evaluation, exactly as if it had not stopped (same batches, optimizer and record)."""
-    import torch
-
-    from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
-
-    torch.manual_seed(config.seed)
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_llama(
-        tokenizer,
-        hidden_size=config.hidden_size,
-        num_layers=config.num_layers,
-        num_heads=config.num_heads,
-        head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size,
-        max_position_embeddings=256,
-        seed=config.seed,
-    )
+    model, tokenizer = initial_policy(config)
     if config.warmup_schedule == "plateau":
         record = _train_to_plateau(
             config,

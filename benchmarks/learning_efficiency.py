@@ -190,8 +190,13 @@ def shared_start_dir(task: str) -> Path:
     ``UNSHIPPED_STARTS``, the directory its command trains (refused, with the command, until it is complete)."""
     if task in UNSHIPPED_STARTS:
         path, command = UNSHIPPED_STARTS[task]
-        if not (path / "warmup.json").exists():  # make_warmup writes it last, when the checkpoint is complete
-            raise SystemExit(f"--task {task} starts from the warm-up in {path}: run `{command}` first.")
+        # make_warmup writes warmup.json last, when the checkpoint is complete; a fresh clone has warmup.json (the
+        # committed evidence) without the weights (git-ignored), so both must be there.
+        if not ((path / "warmup.json").exists() and (path / "model.safetensors").exists()):
+            raise SystemExit(
+                f"--task {task} starts from the warm-up in {path}: run `{command}` first (its weights are not "
+                "kept in git; the command regenerates them)."
+            )
         check = json.loads((path / "warmup.json").read_text()).get("sft_check", {})
         if check.get("plateaued") is False:  # the protocol's plateau evidence: no run from this start counts
             raise SystemExit(

@@ -349,6 +349,10 @@ def test_an_unshipped_start_is_refused_with_its_command_until_trained_and_then_u
         le.shared_start_dir("slip_plateau")
     start.mkdir()
     (start / "warmup.json").write_text("{}")
+    # A fresh clone: the committed warmup.json without the git-ignored weights is refused the same way.
+    with pytest.raises(SystemExit, match=r"run `python -m make_it` first \(its weights are not kept in git"):
+        le.shared_start_dir("slip_plateau")
+    (start / "model.safetensors").write_bytes(b"")
     assert le.shared_start_dir("slip_plateau") == start
     # A start that failed the plateau check is refused, with its numbers (the shipped slip warm-up did).
     check = {

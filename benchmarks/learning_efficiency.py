@@ -190,12 +190,23 @@ def shared_start_dir(task: str) -> Path:
     ``UNSHIPPED_STARTS``, the directory its command trains (refused, with the command, until it is complete)."""
     if task in UNSHIPPED_STARTS:
         path, command = UNSHIPPED_STARTS[task]
-        # make_warmup writes warmup.json last, when the checkpoint is complete; a fresh clone has warmup.json (the
-        # committed evidence) without the weights (git-ignored), so both must be there.
-        if not ((path / "warmup.json").exists() and (path / "model.safetensors").exists()):
+        from mcadvantage.demo.arms import RESUME_FILE
+
+        # make_warmup writes warmup.json last and then removes its resume state, when the checkpoint is complete; a
+        # fresh clone has warmup.json (the committed evidence) without the weights (git-ignored), so both must be
+        # there and no warm-up may be under way (a regeneration saves the weights before its plateau check).
+        meta_path = path / "warmup.json"
+        if (
+            not (meta_path.exists() and (path / "model.safetensors").exists())
+            or (path / RESUME_FILE).exists()
+        ):
+            # The command that made the kept evidence, thread count included, retrains the same policy on one
+            # machine; on another the weights differ within run-to-run noise (make_warmup's docstring).
+            recorded = json.loads(meta_path.read_text()).get("command") if meta_path.exists() else None
             raise SystemExit(
-                f"--task {task} starts from the warm-up in {path}: run `{command}` first (its weights are not "
-                "kept in git; the command regenerates them)."
+                f"--task {task} starts from the warm-up in {path}: run `{recorded or command}` first and let it "
+                "finish (the weights are not kept in git; the command retrains them, identically on the machine "
+                "that made them, within run-to-run noise elsewhere)."
             )
         check = json.loads((path / "warmup.json").read_text()).get("sft_check", {})
         if check.get("plateaued") is False:  # the protocol's plateau evidence: no run from this start counts

@@ -626,7 +626,7 @@ def _tiny_plateau_config() -> DemoConfig:
     return config
 
 
-def test_plateau_warmup_without_decay_keeps_the_best_checkpoint_as_it_is(tmp_path, capsys):
+def test_plateau_warmup_without_decay_keeps_the_best_checkpoint_as_it_is(tmp_path, capsys, monkeypatch):
     """``--warmup_decay_steps 0`` (the paper's SFT selection: the best validation checkpoint, appendix C.3) saves the
     best checkpoint's weights unchanged; with a decay they move. At these sizes every validation score is 0, so the
     best checkpoint is the step-0 one, the initial weights. The flag is recorded in the command, and bad values are
@@ -652,12 +652,31 @@ def test_plateau_warmup_without_decay_keeps_the_best_checkpoint_as_it_is(tmp_pat
         and "as it is (no decay)" in no_decay["plateau"]["rule"]
     )
     assert no_decay["config"]["warmup_decay_steps"] == 0
+    # Without a decay the final policy is the best step's: no extra curve point after the stop step.
+    assert no_decay["curve_on_first_problems"][-1][0] <= no_decay["plateau"]["stop_step"]
+    # The CLI hands the flag on, after the quick sizes (which would set 10) and only when given.
+    import mcadvantage.demo.make_warmup as make_warmup_module
+
+    seen = []
+
+    def capture(config, output_dir, **kwargs):
+        seen.append(config.warmup_decay_steps)
+        return {"held_out_accuracy": 0.0, "eval_problems": 1, "seconds": 0.0}
+
+    monkeypatch.setattr(make_warmup_module, "make_warmup", capture)
+    for extra in ([], ["--quick"]):
+        for decay in ([], ["--warmup_decay_steps", "0"], ["--warmup_decay_steps", "100"]):
+            make_warmup_main(
+                ["--warmup_schedule", "plateau", *extra, *decay, "--output_dir", str(tmp_path / "cli")]
+            )
+    assert seen == [100, 0, 100, 10, 0, 100]
     for argv, message in (
         (
             ["--warmup_schedule", "plateau", "--warmup_decay_steps", "-1"],
             "--warmup_decay_steps must be >= 0, got -1",
         ),
         (["--warmup_decay_steps", "0"], "--warmup_decay_steps belongs to the plateau schedule"),
+        (["--warmup_decay_steps", "100"], "--warmup_decay_steps belongs to the plateau schedule"),
     ):
         with pytest.raises(SystemExit):
             make_warmup_main([*argv, "--output_dir", str(tmp_path / "refused")])

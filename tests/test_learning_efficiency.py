@@ -348,11 +348,16 @@ def test_an_unshipped_start_is_refused_with_its_command_until_trained_and_then_u
     ):
         le.shared_start_dir("slip_plateau")
     start.mkdir()
-    (start / "warmup.json").write_text("{}")
-    # A fresh clone: the committed warmup.json without the git-ignored weights is refused the same way.
-    with pytest.raises(SystemExit, match=r"run `python -m make_it` first \(its weights are not kept in git"):
+    (start / "warmup.json").write_text(json.dumps({"command": "python -m make_it --threads 1"}))
+    # A fresh clone: the committed warmup.json without the git-ignored weights is refused, naming the recorded
+    # command (thread count included); so is a warm-up still under way (weights saved, resume state not yet removed).
+    with pytest.raises(SystemExit, match=r"run `python -m make_it --threads 1` first and let it finish"):
         le.shared_start_dir("slip_plateau")
     (start / "model.safetensors").write_bytes(b"")
+    (start / "resume_state.pt").write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"run `python -m make_it --threads 1` first and let it finish"):
+        le.shared_start_dir("slip_plateau")
+    (start / "resume_state.pt").unlink()
     assert le.shared_start_dir("slip_plateau") == start
     # A start that failed the plateau check is refused, with its numbers (the shipped slip warm-up did).
     check = {

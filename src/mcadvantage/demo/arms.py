@@ -109,9 +109,10 @@ def train_warmup_policy(
             state_path=Path(save_dir) / RESUME_FILE,
             resume=resume,
         )
+        # The final policy's point after the curve; without a decay it is the best step's own point, already there.
         curve = record["held_out"] + (
             [(float(record["stop_step"] + config.warmup_decay_steps), record["final_held_out"])]
-            if "final_held_out" in record
+            if "final_held_out" in record and config.warmup_decay_steps
             else []
         )
         if schedule_record is not None:

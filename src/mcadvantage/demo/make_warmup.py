@@ -248,9 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--warmup_decay_steps",
         type=int,
-        default=DemoConfig.warmup_decay_steps,
-        help="plateau schedule: steps of linear learning-rate decay from the best checkpoint (0: the best "
-        "validation checkpoint as it is, the paper's SFT selection, appendix C.3)",
+        default=None,
+        help=f"plateau schedule: steps of linear learning-rate decay from the best checkpoint (default "
+        f"{DemoConfig.warmup_decay_steps}, --quick 10; 0: the best validation checkpoint as it is, the paper's SFT "
+        "selection, appendix C.3)",
     )
     parser.add_argument(
         "--sft_check_steps",
@@ -279,11 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}.")
-    if args.warmup_decay_steps < 0:
+    if args.warmup_decay_steps is not None and args.warmup_decay_steps < 0:
         parser.error(
             f"--warmup_decay_steps must be >= 0, got {args.warmup_decay_steps} (0 keeps the best checkpoint as it is)."
         )
-    if args.warmup_decay_steps != DemoConfig.warmup_decay_steps and args.warmup_schedule != "plateau":
+    if args.warmup_decay_steps is not None and args.warmup_schedule != "plateau":
         parser.error("--warmup_decay_steps belongs to the plateau schedule; add --warmup_schedule plateau.")
     if args.resume and args.warmup_schedule != "plateau":
         parser.error(
@@ -295,7 +296,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup_steps=args.warmup_steps,
         warmup_schedule=args.warmup_schedule,
         warmup_patience=args.warmup_patience,
-        warmup_decay_steps=args.warmup_decay_steps,
     )
     config = replace(config, **TASK_PRESETS[args.task])
     if args.flaw is not None:
@@ -304,8 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.apply_quick()
         config.quick = True
         config.warmup_steps = args.warmup_steps if args.warmup_steps != DemoConfig.warmup_steps else 20
-        if args.warmup_decay_steps != DemoConfig.warmup_decay_steps:  # an explicit value beats the quick size
-            config.warmup_decay_steps = args.warmup_decay_steps
+
+    if args.warmup_decay_steps is not None:  # after the quick sizes: an explicit value beats them
+        config.warmup_decay_steps = args.warmup_decay_steps
     try:
         meta = make_warmup(
             config, args.output_dir, sft_check_steps=args.sft_check_steps, task=args.task, resume=args.resume

@@ -326,9 +326,10 @@ def _warmup_length(meta: dict[str, Any]) -> str:
     """How long a shipped warm-up trained, from its warmup.json."""
     if "plateau" in meta:
         plateau = meta["plateau"]
+        decay = meta["config"]["warmup_decay_steps"]
         return (
-            f"trained to a plateau: best of {plateau['stop_step']} supervised steps at step {plateau['best_step']}, "
-            f"then {meta['config']['warmup_decay_steps']} decay steps"
+            f"trained to a plateau: best of {plateau['stop_step']} supervised steps at step {plateau['best_step']}"
+            + (f", then {decay} decay steps" if decay else ", kept as it is (no decay)")
         )
     return f"{meta['config']['warmup_steps']} supervised steps"
 

@@ -208,7 +208,7 @@ def shared_start_dir(task: str) -> Path:
                 "finish (the weights are not kept in git; the command retrains them, identically on the machine "
                 "that made them, within run-to-run noise elsewhere)."
             )
-        check = json.loads((path / "warmup.json").read_text()).get("sft_check", {})
+        check = json.loads(meta_path.read_text()).get("sft_check", {})
         if check.get("plateaued") is False:  # the protocol's plateau evidence: no run from this start counts
             raise SystemExit(
                 f"--task {task}: the warm-up in {path} failed the plateau check (held-out "

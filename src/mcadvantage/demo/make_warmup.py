@@ -28,7 +28,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.config import FLAWS, TASK_PRESETS, DemoConfig, build_data, warmup_settings
+from mcadvantage.demo.config import (
+    FLAWS,
+    TASK_PRESETS,
+    DemoConfig,
+    build_data,
+    validate_config,
+    warmup_settings,
+)
 from mcadvantage.demo.run import _quiet_libraries
 
 __all__ = ["InterruptedWarmup", "make_warmup", "main"]
@@ -280,10 +287,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}.")
-    if args.warmup_decay_steps is not None and args.warmup_decay_steps < 0:
-        parser.error(
-            f"--warmup_decay_steps must be >= 0, got {args.warmup_decay_steps} (0 keeps the best checkpoint as it is)."
-        )
     if args.warmup_decay_steps is not None and args.warmup_schedule != "plateau":
         parser.error("--warmup_decay_steps belongs to the plateau schedule; add --warmup_schedule plateau.")
     if args.resume and args.warmup_schedule != "plateau":
@@ -307,6 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.warmup_decay_steps is not None:  # after the quick sizes: an explicit value beats them
         config.warmup_decay_steps = args.warmup_decay_steps
+    try:
+        validate_config(config)  # the demo's one definition of every setting's valid range
+    except SystemExit as invalid:
+        parser.error(str(invalid))
     try:
         meta = make_warmup(
             config, args.output_dir, sft_check_steps=args.sft_check_steps, task=args.task, resume=args.resume

@@ -196,19 +196,17 @@ def shared_start_dir(task: str) -> Path:
         # fresh clone has warmup.json (the committed evidence) without the weights (git-ignored), so both must be
         # there and no warm-up may be under way (a regeneration saves the weights before its plateau check).
         meta_path = path / "warmup.json"
-        if (
-            not (meta_path.exists() and (path / "model.safetensors").exists())
-            or (path / RESUME_FILE).exists()
-        ):
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+        if meta is None or not (path / "model.safetensors").exists() or (path / RESUME_FILE).exists():
             # The command that made the kept evidence, thread count included, retrains the same policy on one
             # machine; on another the weights differ within run-to-run noise (make_warmup's docstring).
-            recorded = json.loads(meta_path.read_text()).get("command") if meta_path.exists() else None
+            recorded = (meta or {}).get("command")
             raise SystemExit(
                 f"--task {task} starts from the warm-up in {path}: run `{recorded or command}` first and let it "
                 "finish (the weights are not kept in git; the command retrains them, identically on the machine "
                 "that made them, within run-to-run noise elsewhere)."
             )
-        check = json.loads(meta_path.read_text()).get("sft_check", {})
+        check = meta.get("sft_check", {})
         if check.get("plateaued") is False:  # the protocol's plateau evidence: no run from this start counts
             raise SystemExit(
                 f"--task {task}: the warm-up in {path} failed the plateau check (held-out "

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -145,6 +146,77 @@ def _evaluator(config: Any, eval_set: list, tokenizer: Any):
     return evaluate
 
 
+TEMPERATURE_SUFFIX = re.compile(r"^(?P<arm>.+)_t(?P<t>[0-9]+(?:\.[0-9]+)?)$")
+
+
+def split_temperature(arm_name: str) -> tuple[str, float | None]:
+    """``"ppo_t1.0"`` -> ``("ppo", 1.0)``: an arm trained and sampled at another temperature than the task's (the
+    paper-claims protocol's temperature arms); ``("ppo", None)`` for a plain arm name."""
+    match = TEMPERATURE_SUFFIX.match(arm_name)
+    if match is None:
+        return arm_name, None
+    temperature = float(match["t"])
+    if not temperature > 0:
+        raise SystemExit(f"arm {arm_name!r}: the temperature after '_t' must be > 0, got {temperature}.")
+    return match["arm"], temperature
+
+
+def kl_to_start(
+    model: Any,
+    start: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+) -> float:
+    """Monte Carlo estimate of the sequence-level KL(pi || pi_start) of the sampling distributions (logits divided by
+    ``temperature``, as in training): one response per prompt sampled from ``model``, the mean over prompts of the
+    summed ``log pi - log pi_start`` of its tokens (an unbiased estimate). The sampling runs under a forked RNG
+    seeded with ``seed``, so measuring leaves the training run's random stream untouched and the same model gives the
+    same estimate."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            out = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            prompt_len = enc["input_ids"].shape[1]
+            completion = out[:, prompt_len:]
+            # A response's tokens: up to and including its first EOS (generate pads after it).
+            is_eos = completion == tokenizer.eos_token_id
+            after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+            completion_mask = ~after_eos
+            attention = torch.cat([enc["attention_mask"], completion_mask.long()], dim=1)
+            positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+
+            def token_logprobs(m: Any) -> torch.Tensor:
+                logits = m(input_ids=out, attention_mask=attention, position_ids=positions).logits
+                logits = logits[:, prompt_len - 1 : -1].float() / temperature
+                return torch.log_softmax(logits, dim=-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+
+            diff = (token_logprobs(model) - token_logprobs(start)) * completion_mask
+            return float(diff.sum(dim=1).mean())
+    finally:
+        tokenizer.padding_side = old_side
+        model.train(was_training)
+
+
 def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8")
@@ -247,6 +319,7 @@ def _shared_start(task: str, seed: int, seed_dir: Path) -> dict:
 
 
 MATCHED_TO = "vineppo_k4"  # the arm whose sampling budget grpo_matched gets
+KL_SEED = 20_241_002  # the KL measurement's own random stream (kl_to_start)
 
 
 def measured_cost_ratio() -> float:
@@ -325,9 +398,21 @@ def resolve_arm(arm_name: str, seed_dir: Path, config: Any) -> tuple[str, dict[s
 
 
 def run_arm_process(
-    task: str, seed: int, arm_name: str, root: Path, eval_every: int, sft_steps: int, threads: int = 2
+    task: str,
+    seed: int,
+    arm_name: str,
+    root: Path,
+    eval_every: int,
+    sft_steps: int,
+    threads: int = 2,
+    kl_prompts: int = 0,
+    rl_steps: int | None = None,
 ) -> None:
-    """Run one arm (``--worker``): records appended to ``<arm>.jsonl``, ``<arm>.done.json`` at the end."""
+    """Run one arm (``--worker``): records appended to ``<arm>.jsonl``, ``<arm>.done.json`` at the end.
+
+    ``kl_prompts`` > 0 adds ``kl_to_start`` to every record (:func:`kl_to_start` on the first ``kl_prompts``
+    held-out prompts); ``rl_steps`` overrides the task's number of RL steps; an arm name ending in ``_t<T>`` trains
+    and samples at temperature ``T``."""
     import torch
 
     from mcadvantage.demo.arms import ArmRecord, run_rl_arm
@@ -346,25 +431,52 @@ def run_arm_process(
     if arm_name == "warmup":
         return
     config = task_config(task, seed)
+    base_arm, temperature = split_temperature(arm_name)
+    if temperature is not None:
+        config = replace(config, temperature=temperature)
+    if rl_steps is not None:
+        config = replace(config, rl_steps=rl_steps)
     data = task_data(task, seed)
     policy_dir = seed_dir / "warmup_policy"
-    resolved, matching = resolve_arm(arm_name, seed_dir, config)
+    resolved, matching = resolve_arm(base_arm, seed_dir, config)
     spec = parse_arm(resolved)
 
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    evaluate = _evaluator(config, data.eval_set, AutoTokenizer.from_pretrained(policy_dir))
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    accuracy_of = _evaluator(config, data.eval_set, tokenizer)
+    extras: dict[str, float] = {}  # what the last evaluation measured besides accuracy, for its record
+    if kl_prompts > 0:
+        start_model = AutoModelForCausalLM.from_pretrained(policy_dir).eval()
+        kl_set = [p.prompt for p in data.eval_set[:kl_prompts]]
+
+    def evaluate(model: Any) -> float:
+        if kl_prompts > 0:
+            extras["kl_to_start"] = kl_to_start(
+                model,
+                start_model,
+                tokenizer,
+                kl_set,
+                temperature=config.temperature,
+                max_new_tokens=config.max_completion_length,
+                seed=KL_SEED,
+            )
+        return accuracy_of(model)
+
     log_path = seed_dir / f"{arm_name}.jsonl"
     log_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from the warm-up
 
     def on_record(record: ArmRecord) -> None:
-        row = asdict(record) | {"arm": arm_name, "task": task}
+        row = asdict(record) | {"arm": arm_name, "task": task} | extras
+        extras.clear()
         with log_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         print(
             f"[{task} seed {seed} {arm_name}] step {record.step}: accuracy {record.accuracy:.3f}", flush=True
         )
 
+    if kl_prompts > 0:
+        extras["kl_to_start"] = 0.0  # the starting policy itself
     on_record(ArmRecord(arm_name, seed, 0, warm["accuracy"], 0.0, 0.0))
     t0 = time.perf_counter()
     extra: dict[str, Any] = {}
@@ -436,6 +548,8 @@ def run_arm_process(
             "sampled_tokens": records[-1].sampled_tokens,
             "train_seconds": records[-1].train_seconds,
             "process_seconds": time.perf_counter() - t0,
+            "temperature": config.temperature,
+            "torch_threads": torch.get_num_threads(),
             **matching,
             **extra,
         },
@@ -782,6 +896,18 @@ def main(argv: list[str] | None = None) -> int:
         help="the results markers' name in --doc (one page can hold one block per task: "
         "`<!-- NAME results: start -->`)",
     )
+    parser.add_argument(
+        "--kl_prompts",
+        type=int,
+        default=0,
+        help="at every evaluation also estimate KL(policy || start) on this many held-out prompts (0: no)",
+    )
+    parser.add_argument(
+        "--rl_steps",
+        type=int,
+        default=None,
+        help="RL steps per arm (default: the task's, 40 for the regime tasks)",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("SEED", "ARM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     root = Path(args.root)
@@ -794,13 +920,20 @@ def main(argv: list[str] | None = None) -> int:
             args.eval_every,
             args.sft_steps,
             args.threads,
+            args.kl_prompts,
+            args.rl_steps,
         )
         return 0
+    if args.kl_prompts < 0:
+        raise SystemExit(f"--kl_prompts must be >= 0 (0 measures no KL), got {args.kl_prompts}.")
+    if args.rl_steps is not None and args.rl_steps < 1:
+        raise SystemExit(f"--rl_steps must be >= 1 (or left out for the task's), got {args.rl_steps}.")
     from mcadvantage.demo.config import parse_arm
 
     for arm in args.arms:
-        if arm not in ("grpo_matched", "grpo_matched_cost"):
-            parse_arm(arm)  # fail before hours of runs, not after
+        base_arm = split_temperature(arm)[0]
+        if base_arm not in ("grpo_matched", "grpo_matched_cost"):
+            parse_arm(base_arm)  # fail before hours of runs, not after
     command = "python benchmarks/learning_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if not args.report:
         if args.task in SHARED_START_TASKS:
@@ -827,6 +960,9 @@ def main(argv: list[str] | None = None) -> int:
                     str(args.sft_steps),
                     "--threads",
                     str(args.threads),
+                    "--kl_prompts",
+                    str(args.kl_prompts),
+                    *(["--rl_steps", str(args.rl_steps)] if args.rl_steps is not None else []),
                     "--worker",
                     str(seed),
                     arm,

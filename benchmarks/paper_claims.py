@@ -624,12 +624,53 @@ def render_page(result: dict) -> str:
         ratio = s1["seconds_per_run_ratio"]
         lines += [
             "",
+            "The curves, held-out accuracy against KL to the start (the accuracy-KL frontier) and against training "
+            "accuracy (generalization): `benchmarks/results/paper_claims_stage1.png`.",
+            "",
             f"Cost per run: VinePPO's training seconds over PPO's, on one CPU thread, {ratio['ratio']:.2f}x "
             f"{_fmt_ci(ratio['ci95'], '.2f')}; the cost model's GPU estimate (r = {cm['r']}) "
             f"{cm['vineppo_over_ppo']:.2f}x.",
             "",
         ]
     return "\n".join(lines)
+
+
+FIGURE = RESULTS / "paper_claims_stage1.png"
+
+
+def plot_stage1(study: dict, path: Path = FIGURE) -> Path:
+    """Two panels from stage 1's mean curves: held-out accuracy against KL to the start (the accuracy-KL frontier,
+    Fig 6 of the paper) and against training accuracy (generalization, Fig C.4), one line per arm, every evaluation a
+    point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (frontier, general) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for i, (arm, points) in enumerate(study["curves"].items()):
+        colour = f"C{i}"
+        kl = [pt["kl_to_start"][0] for pt in points]
+        acc = [pt["accuracy"][0] for pt in points]
+        se = [pt["accuracy"][1] for pt in points]
+        frontier.errorbar(kl, acc, yerr=se, fmt="o-", color=colour, label=arm, capsize=2)
+        trained = [
+            (pt["training_accuracy"], pt["accuracy"][0])
+            for pt in points
+            if pt["training_accuracy"] is not None
+        ]
+        general.plot([t for t, _ in trained], [a for _, a in trained], "o-", color=colour, label=arm)
+    frontier.set_xlabel("KL(policy || start), nats per response (mean over seeds)")
+    frontier.set_ylabel("held-out accuracy (mean ± SE over 12 seeds)")
+    general.set_xlabel("training accuracy (mean reward of the 5 steps before)")
+    for ax in (frontier, general):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Stage 1 on {study['task']}: accuracy against KL and against training accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -643,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(json.dumps(result, indent=2, allow_nan=True), encoding="utf-8")
     os.replace(tmp, args.json)
     Path(args.page).write_text(render_page(result), encoding="utf-8")
+    if result["studies"]["stage1"]["complete"]:
+        print(f"wrote {plot_stage1(result['studies']['stage1'])}")
     for row in result["claims"]:
         print(f"{row['id']:<32} {row['verdict']:<20} {row['ours'][:90]}")
     print(f"wrote {args.json} and {args.page}")

@@ -149,6 +149,9 @@ def test_stage1_reads_nothing_until_complete_and_then_decides_by_the_protocol(tm
     rows = {k: bench.new_study_row(k, full, {"complete": False, "finished": {}, "runs_expected": 1})
             for k in ("stage1:accuracy", "stage1:steps", "stage1:seconds", "stage1:kl")}  # fmt: skip
     assert {r["verdict"] for r in rows.values()} == {"holds"}
+    page = bench.render_page({"claims": [], "studies": {"stage1": full}})
+    assert "| `ppo` | 10 | 0.705 ± 0.001 | 0.300 ± 0.000 | 0.500 | 16 | 1,000 |" in page
+    assert bench.plot_stage1(full, tmp_path / "stage1.png").stat().st_size > 0
 
 
 def statistics_mean(xs):

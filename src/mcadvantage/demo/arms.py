@@ -468,7 +468,7 @@ def run_rl_arm(
     trainer.train()
     model = trainer.model
     model.eval()
-    if callable(getattr(trainer.advantage_estimator, "state_dict", None)):
+    if trainer.advantage_estimator.has_state:
         # An estimator with its own state (the "ppo" arm's critic): keep the final policy and the critic together
         # for the diagnostics (benchmarks/credit_diagnostics.py --critic).
         final = Path(output_dir) / "final"

@@ -1,11 +1,11 @@
 """Advantage estimators behind one seam (see :mod:`mcadvantage.estimators.base`).
 
 Built in: ``"vineppo"`` (Monte Carlo step values, :class:`VinePPOEstimator`), ``"grpo"``
-(:class:`GRPOEstimator`), ``"rloo"`` (:class:`RLOOEstimator`) and ``"gae"`` (PPO's learned critic,
+(:class:`GRPOEstimator`), ``"rloo"`` (:class:`RLOOEstimator`), ``"gae"`` (PPO's learned critic,
 :class:`CriticEstimator`), ``"hybrid"`` (GRPO plus Monte Carlo step credit for degenerate groups within a token
 budget, :class:`HybridEstimator`) and ``"tree"`` (groups drawn as trees, step credit from their own leaves,
-:class:`TreeEstimator`). Register your own with
-:func:`register_advantage_estimator`.
+:class:`TreeEstimator`); ``BUILTIN_ESTIMATORS`` is their table. Every estimator subclasses
+:class:`AdvantageEstimator`, the contract; register your own with :func:`register_advantage_estimator`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import importlib
 from typing import Any
 
 from mcadvantage.estimators.base import (
+    BUILTIN_ESTIMATORS,
     AdvantageBatch,
     AdvantageEstimator,
     AdvantageResult,
     EstimatorContext,
+    as_advantage_estimator,
     available_advantage_estimators,
     build_advantage_estimator,
     check_finite_advantages,
@@ -41,10 +43,12 @@ _LAZY = {
 }
 
 __all__ = [
+    "BUILTIN_ESTIMATORS",
     "AdvantageBatch",
     "AdvantageEstimator",
     "AdvantageResult",
     "EstimatorContext",
+    "as_advantage_estimator",
     "available_advantage_estimators",
     "build_advantage_estimator",
     "check_finite_advantages",

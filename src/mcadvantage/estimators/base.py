@@ -11,35 +11,40 @@ estimators fit the same seam as reward-only baselines:
 The trainer (or any RL loop: verl, OpenRLHF, your own) builds the batch and the context, calls ``estimate``,
 whitens if asked, and logs the metrics under a prefix without knowing their keys. Nothing here imports TRL.
 
-A new estimator is one module plus one registry line::
+A new estimator is one class plus one registry line; :class:`AdvantageEstimator` declares every hook the trainer,
+the policy sampler and checkpointing read, with its default::
 
     @register_advantage_estimator("my_estimator")
-    class MyEstimator:
-        whiten_by_default = False
-        @classmethod
-        def from_config(cls, config): return cls()
+    class MyEstimator(AdvantageEstimator):
+        metric_prefix = "mine"
         def estimate(self, batch, context): ...
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
 from mcadvantage.core.advantages import masked_whiten
 from mcadvantage.samplers.base import Sampler
 
+if TYPE_CHECKING:
+    from mcadvantage.mc.tree import TreeSchedule
+
 __all__ = [
+    "BUILTIN_ESTIMATORS",
     "AdvantageBatch",
     "AdvantageEstimator",
     "AdvantageResult",
     "EstimatorContext",
     "MetricReduction",
+    "as_advantage_estimator",
     "available_advantage_estimators",
     "build_advantage_estimator",
     "check_finite_advantages",
@@ -288,40 +293,142 @@ class EstimatorContext:
         return cls(policy_sampler=fixed, reward_funcs=funcs, tokenizer=tokenizer, **kwargs)
 
 
-@runtime_checkable
-class AdvantageEstimator(Protocol):
-    """Turns a batch of graded responses into per-token advantages.
+class AdvantageEstimator:
+    """The estimator contract: the one place that declares what the trainer, the policy sampler and checkpointing
+    read from an estimator, with the default every hook takes when an estimator leaves it out.
+
+    Subclass it and implement :meth:`estimate` (and :meth:`from_config` when the estimator has settings); every
+    other hook has a default that suits a reward-only estimator without state. The built-in estimators subclass
+    it. A class written to the 0.1 protocol (a plain class with ``from_config`` and ``estimate``) still works:
+    :func:`register_advantage_estimator` and :func:`as_advantage_estimator` adapt it (see there).
+
+    Class attributes (read from the class when ``VinePPOConfig`` is built, and from the instance by the trainer):
 
     Attributes:
-        whiten_by_default: whether the trainer whitens this estimator's advantages when
-            ``whiten_advantages`` is left unset (VinePPO: yes, as the paper; GRPO/RLOO: no, their own
-            normalisation is part of the estimator).
-
-    Optional class attributes the trainer reads: ``metric_prefix`` (default ``"advantage"``), ``uses_rollouts``
-    (default True: evaluation batches then skip the estimator unless ``mc_estimate_on_eval``),
-    ``validate_config(config)`` and ``default_scale_rewards``.
+        name: the name it is registered under (set by :func:`register_advantage_estimator`; None: unregistered).
+        whiten_by_default: what ``whiten_advantages=None`` resolves to (VinePPO: True, as the paper; GRPO/RLOO:
+            False, their own normalisation is part of the estimator).
+        default_scale_rewards: what ``scale_rewards=None`` resolves to (GRPO's ``"group"`` for estimators built on
+            GRPO's advantage; ``"none"`` otherwise).
+        metric_prefix: the trainer logs the estimator's metrics as ``{metric_prefix}/{name}``.
+        uses_rollouts: True when ``estimate`` samples from the policy (costly): evaluation batches then skip it and
+            get zero advantages unless ``mc_estimate_on_eval=True``. False for estimators that only read the batch.
+        last_estimate: the local Monte Carlo estimate (:class:`~mcadvantage.mc.estimator.MCEstimate`) of the latest
+            batch, for estimators that keep one (the trainer's ``last_mc_estimate``); None otherwise.
+        last_rows: local batch indices of the responses in ``last_estimate`` (the trainer's ``last_mc_rows``).
     """
 
-    whiten_by_default: bool
+    name: ClassVar[str | None] = None
+    whiten_by_default: ClassVar[bool] = False
+    default_scale_rewards: ClassVar[str] = "none"
+    metric_prefix: ClassVar[str] = "advantage"
+    uses_rollouts: ClassVar[bool] = True
+    last_estimate: Any = None
+    last_rows: Sequence[int] = ()
 
     @classmethod
     def from_config(cls, config: Any) -> AdvantageEstimator:
-        """Build the estimator from a :class:`~mcadvantage.trainer.config.VinePPOConfig` (or any object with the same
-        fields)."""
-        ...
+        """Build the estimator from a :class:`~mcadvantage.trainer.config.VinePPOConfig` (or any object with the
+        same fields). Default: ``cls()``, for estimators without settings."""
+        return cls()
+
+    @staticmethod
+    def validate_config(config: Any) -> None:
+        """Refuse, when the config is built, settings that contradict the estimator (raise ``ValueError`` naming the
+        setting and the fix). Default: accept every config."""
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
-        """Advantages of the local responses. Collective: every process calls it for the same batch."""
-        ...
+        """Advantages of the local responses: ``(B, T)``, finite on ``token_mask``, zero on padding. Collective:
+        every process calls it for the same batch. Every estimator implements it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement estimate(batch, context), which every advantage estimator "
+            "must (return an AdvantageResult with (B, T) advantages)."
+        )
+
+    def tree_schedule(self, max_completion_length: int) -> TreeSchedule | None:
+        """How the trainer draws each training group as a tree (:mod:`mcadvantage.mc.tree`), or None to draw
+        independent responses (the default). Read by :func:`~mcadvantage.trainer.policy.draw_group_trees`."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The estimator's own state (e.g. a critic's weights) that every trainer checkpoint saves; an empty dict
+        saves nothing (the default). Values must load with ``torch.load(weights_only=True)``."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output when training resumes from a checkpoint. The default accepts only
+        the default's empty state: an estimator that overrides ``state_dict`` overrides this too."""
+        if state:
+            raise NotImplementedError(
+                f"{type(self).__name__} saved state (state_dict() returned {sorted(state)}) but does not implement "
+                "load_state_dict(state), so a resumed run would lose it. Define load_state_dict to restore it."
+            )
+
+    @property
+    def has_state(self) -> bool:
+        """Whether the estimator keeps state of its own (its class overrides :meth:`state_dict`): checkpoints then
+        carry it, and resuming from a checkpoint without it warns."""
+        return type(self).state_dict is not AdvantageEstimator.state_dict
+
+
+def _adapted_class(cls: type) -> type[AdvantageEstimator]:
+    """``cls`` itself when it subclasses :class:`AdvantageEstimator`; else (a class written to the 0.1 protocol)
+    a subclass of both, the same name, whose hooks ``cls`` leaves out take the contract's defaults (``cls``'s own
+    attributes come first). One adapted class per ``cls``."""
+    if issubclass(cls, AdvantageEstimator):
+        return cls
+    adapted = _ADAPTED.get(cls)
+    if adapted is None:
+        namespace = {
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+            "_adapted_from": cls,
+        }
+        adapted = _ADAPTED[cls] = type(cls.__name__, (cls, AdvantageEstimator), namespace)
+    return adapted
+
+
+# Adapted classes by the 0.1-protocol class they adapt, so adapting a class twice gives one class.
+_ADAPTED: dict[type, type[AdvantageEstimator]] = {}
+
+
+def as_advantage_estimator(estimator: Any) -> AdvantageEstimator:
+    """``estimator`` as an :class:`AdvantageEstimator`: itself when it is one; for an instance of a class written
+    to the 0.1 protocol (``estimate`` without the base class), a view of it through its adapted class (see
+    :func:`register_advantage_estimator`) that shares its attributes, so state it keeps (``last_rows``, a model)
+    is the instance's own and the hooks it leaves out take the contract's defaults.
+
+    Raises:
+        TypeError: when ``estimator`` has no ``estimate`` method, or keeps its attributes in ``__slots__`` (then
+            subclass :class:`AdvantageEstimator`).
+    """
+    if isinstance(estimator, AdvantageEstimator):
+        return estimator
+    if isinstance(estimator, type) or not callable(getattr(estimator, "estimate", None)):
+        raise TypeError(
+            f"advantage_estimator={estimator!r} is neither a registered name nor an estimator instance (an object "
+            "with estimate(batch, context)); subclass mcadvantage.AdvantageEstimator."
+        )
+    if not hasattr(estimator, "__dict__"):
+        raise TypeError(
+            f"advantage_estimator={estimator!r}: {type(estimator).__name__} keeps its attributes in __slots__, so it "
+            "cannot be adapted to the estimator contract; subclass mcadvantage.AdvantageEstimator."
+        )
+    view = object.__new__(_adapted_class(type(estimator)))
+    view.__dict__ = estimator.__dict__  # one attribute dict: the view and the instance are the same estimator
+    return view
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Registry
 # ---------------------------------------------------------------------------------------------------------------
 
-_REGISTRY: dict[str, type] = {}
-# Built-in estimators register themselves when their module is imported; listed here so lookups import them.
-_BUILTIN_MODULES = {
+_REGISTRY: dict[str, type[AdvantageEstimator]] = {}
+#: The built-in estimators, by name, with the module that registers each when imported: the one table the
+#: registry loads them from, and that the config's help, the trainer's docstring and the docs' lists are checked
+#: against (tests/estimators/test_contract.py).
+BUILTIN_ESTIMATORS: dict[str, str] = {
     "vineppo": ".vineppo",
     "grpo": ".baselines",
     "rloo": ".baselines",
@@ -331,48 +438,78 @@ _BUILTIN_MODULES = {
 }
 
 
-def register_advantage_estimator(name: str) -> Callable[[type], type]:
-    """Class decorator: make an estimator class available as ``advantage_estimator=name``.
+def _qualified(cls: type) -> str:
+    """``module.QualName`` of the class a user wrote (the 0.1-protocol class behind an adapted one)."""
+    origin = cls.__dict__.get("_adapted_from", cls)
+    return f"{origin.__module__}.{origin.__qualname__}"
+
+
+def register_advantage_estimator(name: str, *, replace: bool = False) -> Callable[[type], type]:
+    """Class decorator: make an estimator class available as ``advantage_estimator=name`` (case-insensitive).
+
+    The class should subclass :class:`AdvantageEstimator`. A class written to the 0.1 protocol (``from_config`` and
+    ``estimate`` only) is adapted: the decorator returns a subclass of it and of :class:`AdvantageEstimator`, of the
+    same name, so the hooks it leaves out take the contract's defaults.
+
+    Registration is by identity: registering the same class again under its name does nothing; another class under
+    a taken name raises, unless ``replace=True`` (e.g. re-running a notebook cell that defines the class).
 
     Raises:
-        ValueError: when ``name`` is taken by another class.
+        TypeError: when the class does not implement ``estimate``.
+        ValueError: when ``name`` is registered to another class and ``replace`` is False.
     """
     key = name.lower()
 
     def decorate(cls: type) -> type:
-        for method in ("from_config", "estimate"):
-            if not callable(getattr(cls, method, None)):
-                raise TypeError(
-                    f"register_advantage_estimator({name!r}): {cls.__name__} has no {method}(); an advantage "
-                    "estimator needs from_config(config) and estimate(batch, context)."
-                )
-        existing = _REGISTRY.get(key)
-        if existing is not None and existing.__qualname__ != cls.__qualname__:
-            raise ValueError(
-                f"advantage estimator {name!r} is already registered to {existing.__qualname__}; pick another "
-                "name for {cls.__qualname__}."
+        if not isinstance(cls, type):
+            raise TypeError(f"register_advantage_estimator({name!r}) decorates a class, not {cls!r}.")
+        adapted = _adapted_class(cls)
+        if adapted.estimate is AdvantageEstimator.estimate:
+            raise TypeError(
+                f"register_advantage_estimator({name!r}): {cls.__qualname__} has no estimate(); an advantage "
+                "estimator implements estimate(batch, context) (and from_config(config) when it has settings)."
             )
-        cls.name = key  # type: ignore[attr-defined]
-        _REGISTRY[key] = cls
-        return cls
+        builtin = BUILTIN_ESTIMATORS.get(key)
+        if (
+            builtin is not None
+        ):  # a built-in name is taken by the built-in, whether or not it was imported yet
+            importlib.import_module(builtin, __package__)
+        existing = _REGISTRY.get(key)
+        if existing is adapted:
+            return adapted
+        if existing is not None and not replace:
+            same_name = _qualified(existing) == _qualified(cls)
+            raise ValueError(
+                f"advantage estimator {name!r} is already registered to {_qualified(existing)}; {_qualified(cls)} is "
+                "a different class"
+                + (
+                    " of the same name (its definition ran twice: a re-run notebook cell, a module imported under "
+                    "two names)"
+                    if same_name
+                    else ""
+                )
+                + f". Register {cls.__qualname__} under another name, or pass "
+                f"register_advantage_estimator({name!r}, replace=True) to replace the registered class on purpose."
+            )
+        adapted.name = key
+        _REGISTRY[key] = adapted
+        return adapted
 
     return decorate
 
 
 def _load_builtins() -> None:
-    import importlib
-
-    for module in sorted(set(_BUILTIN_MODULES.values())):
+    for module in sorted(set(BUILTIN_ESTIMATORS.values())):
         importlib.import_module(module, __package__)
 
 
 def available_advantage_estimators() -> list[str]:
-    """Names accepted by ``VinePPOConfig.advantage_estimator``."""
+    """Names accepted by ``VinePPOConfig.advantage_estimator``: the built-ins and every registered one."""
     _load_builtins()
     return sorted(_REGISTRY)
 
 
-def get_advantage_estimator(name: str) -> type:
+def get_advantage_estimator(name: str) -> type[AdvantageEstimator]:
     """The estimator class registered as ``name`` (case-insensitive).
 
     Raises:
@@ -391,16 +528,12 @@ def get_advantage_estimator(name: str) -> type:
     return _REGISTRY[key]
 
 
-def build_advantage_estimator(spec: str | AdvantageEstimator, config: Any) -> AdvantageEstimator:
-    """An estimator instance from a registered name (built with ``from_config(config)``) or an instance."""
+def build_advantage_estimator(spec: str | Any, config: Any) -> AdvantageEstimator:
+    """An estimator instance from a registered name (built with ``from_config(config)``) or an instance
+    (through :func:`as_advantage_estimator`)."""
     if isinstance(spec, str):
         return get_advantage_estimator(spec).from_config(config)
-    if not callable(getattr(spec, "estimate", None)):
-        raise TypeError(
-            f"advantage_estimator={spec!r} is neither a registered name nor an object with estimate(batch, "
-            "context)."
-        )
-    return spec
+    return as_advantage_estimator(spec)
 
 
 def reduce_metrics(

@@ -19,6 +19,7 @@ import torch
 
 from mcadvantage.estimators.base import (
     AdvantageBatch,
+    AdvantageEstimator,
     AdvantageResult,
     EstimatorContext,
     combine_rewards,
@@ -115,7 +116,7 @@ def _group_metrics(rewards: torch.Tensor, group_size: int) -> dict[str, float]:
 
 
 @register_advantage_estimator("grpo")
-class GRPOEstimator:
+class GRPOEstimator(AdvantageEstimator):
     """GRPO (Shao et al., 2024) as TRL computes it: group-mean baseline, optional std scaling.
 
     Args:
@@ -164,7 +165,7 @@ class GRPOEstimator:
 
 
 @register_advantage_estimator("rloo")
-class RLOOEstimator:
+class RLOOEstimator(AdvantageEstimator):
     """RLOO (Ahmadian et al., 2024): leave-one-out baseline, as TRL's ``RLOOTrainer`` computes it (with
     ``normalize_advantages=False``; set ``whiten_advantages=True`` to normalise, token-weighted)."""
 

@@ -26,6 +26,7 @@ import torch
 from mcadvantage.core.advantages import clipped_value_loss, gae_advantages
 from mcadvantage.estimators.base import (
     AdvantageBatch,
+    AdvantageEstimator,
     AdvantageResult,
     EstimatorContext,
     register_advantage_estimator,
@@ -64,7 +65,7 @@ def _world() -> tuple[bool, int]:
 
 
 @register_advantage_estimator("gae")
-class CriticEstimator:
+class CriticEstimator(AdvantageEstimator):
     """PPO's advantages from a learned value model (GAE), trained alongside the policy.
 
     Args:

@@ -42,6 +42,7 @@ import torch
 
 from mcadvantage.estimators.base import (
     AdvantageBatch,
+    AdvantageEstimator,
     AdvantageResult,
     EstimatorContext,
     register_advantage_estimator,
@@ -80,7 +81,7 @@ def predicted_rollout_tokens(boundaries: list[int], num_rollouts: int) -> int:
 
 
 @register_advantage_estimator("hybrid")
-class HybridEstimator:
+class HybridEstimator(AdvantageEstimator):
     """GRPO's advantage, plus Monte Carlo step credit for degenerate groups within a token budget.
 
     Args:

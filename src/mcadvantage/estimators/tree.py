@@ -21,6 +21,7 @@ import torch
 
 from mcadvantage.estimators.base import (
     AdvantageBatch,
+    AdvantageEstimator,
     AdvantageResult,
     EstimatorContext,
     register_advantage_estimator,
@@ -32,7 +33,7 @@ __all__ = ["TreeEstimator"]
 
 
 @register_advantage_estimator("tree")
-class TreeEstimator:
+class TreeEstimator(AdvantageEstimator):
     """Step credit from tree-sampled groups (see the module docstring).
 
     Args:

@@ -19,6 +19,7 @@ from mcadvantage.core.prompts import check_prompt_fits
 from mcadvantage.core.settings import needed_completion_room, validate_mc_settings
 from mcadvantage.estimators.base import (
     AdvantageBatch,
+    AdvantageEstimator,
     AdvantageResult,
     EstimatorContext,
     register_advantage_estimator,
@@ -53,7 +54,7 @@ def check_token_level_loss(config: Any, method: str) -> None:
 
 
 @register_advantage_estimator("vineppo")
-class VinePPOEstimator:
+class VinePPOEstimator(AdvantageEstimator):
     """Monte Carlo step advantages (VinePPO).
 
     Args:

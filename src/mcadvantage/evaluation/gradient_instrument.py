@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import torch
 
 from mcadvantage.core.advantages import masked_whiten
-from mcadvantage.estimators.base import AdvantageBatch, EstimatorContext
+from mcadvantage.estimators.base import AdvantageBatch, EstimatorContext, as_advantage_estimator
 from mcadvantage.rewards.errors import call_reward_func
 from mcadvantage.samplers.base import RolloutRequest, Sampler
 
@@ -421,17 +421,18 @@ def estimator_gradient(
     valid tokens when ``whiten`` (None: the estimator's ``whiten_by_default``), and differentiate
     ``sum A log pi / completion tokens``."""
     start = time.perf_counter()
-    schedule_for = getattr(estimator, "tree_schedule", None)
+    estimator = as_advantage_estimator(estimator)
+    schedule = estimator.tree_schedule(task.max_completion_length)
     # A group drawn as a tree: its sampled tokens are what the tree generated, not its leaves' lengths.
-    if schedule_for is not None:
-        batch, tree_tokens = task.sample_trees(prompt_indices, schedule_for(task.max_completion_length))
+    if schedule is not None:
+        batch, tree_tokens = task.sample_trees(prompt_indices, schedule)
     else:
         batch, tree_tokens = task.sample_group(prompt_indices, group_size), None
     result = estimator.estimate(batch, task.context())
     mask = batch.completion_mask.bool()
     valid = mask if result.token_mask is None else (result.token_mask.bool() & mask)
     advantages = result.advantages.float() * valid
-    if whiten if whiten is not None else getattr(estimator, "whiten_by_default", False):
+    if whiten if whiten is not None else estimator.whiten_by_default:
         advantages = (
             masked_whiten(advantages, valid) if int(valid.sum()) >= 2 else torch.zeros_like(advantages)
         )

@@ -30,7 +30,10 @@ import struct
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mcadvantage.estimators.base import AdvantageEstimator
 
 __all__ = [
     "ESTIMATOR_STATE_FILE",
@@ -201,11 +204,10 @@ def verify_checkpoint(checkpoint: str | os.PathLike[str], *, suggest: bool = Tru
             fail(state, "has no global_step (not a trainer state)")
 
 
-def save_estimator_state(estimator: Any, checkpoint_dir: str | os.PathLike[str]) -> None:
+def save_estimator_state(estimator: AdvantageEstimator, checkpoint_dir: str | os.PathLike[str]) -> None:
     """Save ``estimator.state_dict()`` (estimators with state, e.g. the ``"gae"`` critic) to
     ``checkpoint_dir/advantage_estimator.pt``, whole or not at all: a run killed mid-save leaves no truncated file."""
-    state_dict = getattr(estimator, "state_dict", None)
-    state = state_dict() if state_dict is not None else None
+    state = estimator.state_dict()
     if state:
         import torch
 
@@ -215,11 +217,11 @@ def save_estimator_state(estimator: Any, checkpoint_dir: str | os.PathLike[str])
         os.replace(f"{file}.tmp", file)
 
 
-def load_estimator_state(estimator: Any, checkpoint_dir: str | os.PathLike[str]) -> None:
+def load_estimator_state(estimator: AdvantageEstimator, checkpoint_dir: str | os.PathLike[str]) -> None:
     """Restore the state :func:`save_estimator_state` wrote into ``checkpoint_dir``. An unreadable file raises
-    ``RuntimeError`` naming it; a missing one warns (the estimator's state starts afresh)."""
-    load = getattr(estimator, "load_state_dict", None)
-    if load is None:
+    ``RuntimeError`` naming it; a missing one warns (the estimator's state starts afresh). Estimators without state
+    of their own (:attr:`~mcadvantage.estimators.base.AdvantageEstimator.has_state` False) load nothing."""
+    if not estimator.has_state:
         return
     file = os.path.join(str(checkpoint_dir), ESTIMATOR_STATE_FILE)
     if not os.path.exists(file):
@@ -238,4 +240,4 @@ def load_estimator_state(estimator: Any, checkpoint_dir: str | os.PathLike[str])
             f"Cannot resume the {type(estimator).__name__}'s state: {file} cannot be read "
             f"({type(err).__name__}: {err}); it is probably truncated. Resume from an earlier checkpoint."
         ) from err
-    load(state)
+    estimator.load_state_dict(state)

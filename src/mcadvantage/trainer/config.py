@@ -316,9 +316,9 @@ class VinePPOConfig(GRPOConfig):
         estimator_cls = get_advantage_estimator(self.advantage_estimator)
         self.advantage_estimator = estimator_cls.name
         if self.scale_rewards is None:
-            self.scale_rewards = getattr(estimator_cls, "default_scale_rewards", "none")
+            self.scale_rewards = estimator_cls.default_scale_rewards
         if self.whiten_advantages is None:
-            self.whiten_advantages = bool(getattr(estimator_cls, "whiten_by_default", False))
+            self.whiten_advantages = bool(estimator_cls.whiten_by_default)
         super().__post_init__()
         self._validate_settings(estimator_cls)
 
@@ -364,9 +364,7 @@ class VinePPOConfig(GRPOConfig):
             )
 
         # Settings the chosen estimator contradicts (e.g. GRPO's reward scaling under Monte Carlo advantages).
-        validate = getattr(estimator_cls, "validate_config", None)
-        if validate is not None:
-            validate(self)
+        estimator_cls.validate_config(self)
 
     @classmethod
     def from_paper(cls, task: str, **overrides: Any) -> VinePPOConfig:

@@ -126,8 +126,8 @@ def draw_group_trees(
     (default :func:`policy_sampler`) yields the sampler; with ``main_only`` (a vLLM server, where only the main
     process holds one) the main process draws every process' trees and sends each its part.
     """
-    schedule_for = getattr(trainer.advantage_estimator, "tree_schedule", None)
-    if schedule_for is None:
+    schedule = trainer.advantage_estimator.tree_schedule(trainer.max_completion_length)
+    if schedule is None:
         return None
     # Imported here: evaluation imports this module and must not pull in torch (tests/test_evaluation.py).
     from accelerate.utils import broadcast_object_list, gather_object
@@ -135,7 +135,6 @@ def draw_group_trees(
     from mcadvantage.estimators.base import reduce_metrics
     from mcadvantage.mc.tree import draw_trees
 
-    schedule = schedule_for(trainer.max_completion_length)
     if len(prompt_ids) % num_generations:
         raise ValueError(
             f"advantage_estimator='tree': this process generates {len(prompt_ids)} responses, not a multiple of "

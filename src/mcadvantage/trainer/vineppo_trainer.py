@@ -208,12 +208,12 @@ class VinePPOTrainer(GRPOTrainerHooks):
     @property
     def last_mc_estimate(self) -> Any:
         """The local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (``"vineppo"``; else None)."""
-        return getattr(self.advantage_estimator, "last_estimate", None)
+        return self.advantage_estimator.last_estimate
 
     @property
     def last_mc_rows(self) -> list[int]:
         """Local batch indices of the responses in ``last_mc_estimate`` (the others got advantage 0)."""
-        return list(getattr(self.advantage_estimator, "last_rows", []))
+        return list(self.advantage_estimator.last_rows)
 
     def estimator_context(self) -> EstimatorContext:
         """What the estimator may use: the live policy's sampler, the graders, the segmenter, the collectives."""
@@ -271,14 +271,14 @@ class VinePPOTrainer(GRPOTrainerHooks):
         """Per-token advantages ``(B, T)`` of the local batch from the estimator, whitened across processes when
         ``whiten_advantages``. Collective: every process calls it."""
         mask = batch.completion_mask
-        samples = getattr(self.advantage_estimator, "uses_rollouts", True)
+        samples = self.advantage_estimator.uses_rollouts
         if batch.mode == "eval" and samples and not self.args.mc_estimate_on_eval:
             # Rollouts on evaluation batches multiply the cost of evaluation: off unless asked for.
             return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         result = self.advantage_estimator.estimate(batch, self.estimator_context())
         self.last_advantage_result = result
         metrics = reduce_metrics(gather_object([result.metrics]), result.metric_reductions)
-        prefix = getattr(self.advantage_estimator, "metric_prefix", "advantage")
+        prefix = self.advantage_estimator.metric_prefix
         self.log_metric_values(batch.mode, {f"{prefix}/{name}": value for name, value in metrics.items()})
 
         # The same step as every other caller of an estimator (verl's adapter included): finite check, whitening.

@@ -18,6 +18,10 @@ the policy sampler and checkpointing read, with its default::
     class MyEstimator(AdvantageEstimator):
         metric_prefix = "mine"
         def estimate(self, batch, context): ...
+
+Why this module is long: it is the whole seam in one file (the batch, the context, the result and the one step
+from result to loss advantages, the contract with every hook's default, the registry), so a reader who writes an
+estimator, or another RL loop that calls one, learns every part of the interface from one place.
 """
 
 from __future__ import annotations

@@ -492,7 +492,7 @@ def register_advantage_estimator(name: str, *, replace: bool = False) -> Callabl
                     if same_name
                     else ""
                 )
-                + f". Register {cls.__qualname__} under another name, or pass "
+                + f". Register {cls.__name__} under another name, or pass "
                 f"register_advantage_estimator({name!r}, replace=True) to replace the registered class on purpose."
             )
         adapted.name = key

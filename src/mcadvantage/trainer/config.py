@@ -42,8 +42,9 @@ class VinePPOConfig(GRPOConfig):
 
     Attributes:
         advantage_estimator (str): How advantages are computed: `"vineppo"` (Monte Carlo step values),
-            `"grpo"` (TRL's group-normalised advantages), `"rloo"` (leave-one-out), or any name registered with
-            :func:`~mcadvantage.register_advantage_estimator`. One flag switches the same trainer, data and
+            `"grpo"` (TRL's group-normalised advantages), `"rloo"` (leave-one-out), `"gae"` (PPO's learned critic),
+            `"hybrid"` (GRPO plus Monte Carlo credit for groups with equal rewards), `"tree"` (groups drawn as
+            trees), or any name registered with :func:`~mcadvantage.register_advantage_estimator`. One flag switches the same trainer, data and
             logging between VinePPO and its baselines. The Monte Carlo settings below apply to `"vineppo"`.
             Defaults to `"vineppo"`.
         gae_gamma (float), gae_lambda (float): With `advantage_estimator="gae"` (PPO's learned critic): GAE's
@@ -166,7 +167,8 @@ class VinePPOConfig(GRPOConfig):
         default="vineppo",
         metadata={
             "help": "How advantages are computed: 'vineppo' (Monte Carlo step values, default), 'grpo', 'rloo', "
-            "or any name registered with mcadvantage.register_advantage_estimator."
+            "'gae' (PPO's learned critic), 'hybrid' (GRPO plus Monte Carlo credit for groups with equal rewards), "
+            "'tree' (groups drawn as trees), or any name registered with mcadvantage.register_advantage_estimator."
         },
     )
 

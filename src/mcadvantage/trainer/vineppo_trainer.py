@@ -3,8 +3,8 @@
 TRL 1.16's ``GRPOTrainer`` already implements VinePPO's policy loss (PPO clipped surrogate over ``num_iterations``
 epochs, k3 KL to a reference model in the loss) and accepts per-token advantages ``(B, T)``. This module is only
 wiring: GRPO generates and grades the responses; the configured estimator (``args.advantage_estimator``:
-``"vineppo"``, ``"grpo"``, ``"rloo"`` or a registered one) turns them into per-token advantages, handed a sampler
-holding the current policy; the advantages are whitened across processes when asked and go to GRPO's loss. Every
+``"vineppo"``, ``"grpo"``, ``"rloo"``, ``"gae"``, ``"hybrid"``, ``"tree"`` or a registered one) turns them into
+per-token advantages, handed a sampler holding the current policy; the advantages are whitened across processes when asked and go to GRPO's loss. Every
 use of TRL internals lives in :mod:`mcadvantage.trainer.trl_compat`.
 """
 

@@ -104,7 +104,9 @@ def _state_equal(a, b) -> bool:
     return a == b
 
 
-def check_result(name: str, batch: AdvantageBatch, result: AdvantageResult, loss_advantages: torch.Tensor) -> None:
+def check_result(
+    name: str, batch: AdvantageBatch, result: AdvantageResult, loss_advantages: torch.Tensor
+) -> None:
     """The contract on one estimate: what ``estimate`` returned, and what the trainer made of it."""
     mask = batch.completion_mask.bool()
     advantages = result.advantages
@@ -131,7 +133,9 @@ def check_result(name: str, batch: AdvantageBatch, result: AdvantageResult, loss
         assert isinstance(key, str) and "/" not in key, f"{name}: metric name {key!r} must be a plain string"
         assert isinstance(value, float), f"{name}: metric {key!r} is {type(value).__name__}, not float"
     for key, how in result.metric_reductions.items():  # may name metrics a batch did not report
-        assert how in REDUCTIONS, f"{name}: metric {key!r} reduces by {how!r}, not one of {sorted(REDUCTIONS)}"
+        assert how in REDUCTIONS, (
+            f"{name}: metric {key!r} reduces by {how!r}, not one of {sorted(REDUCTIONS)}"
+        )
     # What reached the loss: the same (B, T), finite everywhere, zero on padding.
     assert tuple(loss_advantages.shape) == tuple(mask.shape)
     assert torch.isfinite(loss_advantages).all() and (loss_advantages[~mask] == 0).all()
@@ -167,7 +171,9 @@ def test_one_training_step_keeps_the_contract(name, tiny_model_dir, tmp_path):
         **EXTRA_SETTINGS.get(name, {}),
     )
     dataset = Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(4)]})
-    trainer = RecordingTrainer(model=str(tiny_model_dir), reward_funcs=vowel_share, args=args, train_dataset=dataset)
+    trainer = RecordingTrainer(
+        model=str(tiny_model_dir), reward_funcs=vowel_share, args=args, train_dataset=dataset
+    )
     trainer.recorded = []
     estimator = trainer.advantage_estimator
     assert isinstance(estimator, AdvantageEstimator) and estimator.name == name
@@ -178,7 +184,9 @@ def test_one_training_step_keeps_the_contract(name, tiny_model_dir, tmp_path):
     assert len(trainer.recorded) == 1, f"{name}: expected one generation batch, got {len(trainer.recorded)}"
     for batch, result, loss_advantages in trainer.recorded:
         lengths = batch.completion_mask.sum(dim=1)
-        assert bool((lengths < batch.completion_mask.shape[1]).any()), "no padding in the batch: nothing to check"
+        assert bool((lengths < batch.completion_mask.shape[1]).any()), (
+            "no padding in the batch: nothing to check"
+        )
         check_result(name, batch, result, loss_advantages)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)

@@ -61,7 +61,9 @@ def test_state_that_cannot_be_restored_is_refused_not_lost():
 
 
 def test_estimate_is_required():
-    with pytest.raises(TypeError, match=r"register_advantage_estimator\('test_no_estimate'\): .* has no estimate"):
+    with pytest.raises(
+        TypeError, match=r"register_advantage_estimator\('test_no_estimate'\): .* has no estimate"
+    ):
 
         @register_advantage_estimator("test_no_estimate")
         class Nothing(AdvantageEstimator):
@@ -109,7 +111,9 @@ def test_another_class_of_the_same_name_is_refused_with_the_fix():
 
 
 def test_a_builtin_name_is_taken_by_the_builtin():
-    with pytest.raises(ValueError, match=r"'grpo' is already registered to mcadvantage\.estimators\.baselines\."):
+    with pytest.raises(
+        ValueError, match=r"'grpo' is already registered to mcadvantage\.estimators\.baselines\."
+    ):
 
         @register_advantage_estimator("grpo")
         class MyGRPO(Zeros):
@@ -160,7 +164,11 @@ def test_an_unregistered_instance_of_the_old_protocol_is_viewed_through_the_cont
     estimator = build_advantage_estimator(original, None)
     assert isinstance(estimator, AdvantageEstimator) and isinstance(estimator, Counting)
     assert type(estimator).__name__ == "Counting"  # error messages name the user's class
-    assert (estimator.uses_rollouts, estimator.metric_prefix, estimator.has_state) == (False, "advantage", False)
+    assert (estimator.uses_rollouts, estimator.metric_prefix, estimator.has_state) == (
+        False,
+        "advantage",
+        False,
+    )
     estimator.estimate(None, None)
     assert original.calls == 1  # one estimator: the view shares the instance's attributes
     assert type(as_advantage_estimator(Counting())) is type(estimator)  # one adapted class per class
@@ -169,7 +177,9 @@ def test_an_unregistered_instance_of_the_old_protocol_is_viewed_through_the_cont
 
 
 def test_what_cannot_be_an_estimator_is_refused():
-    with pytest.raises(TypeError, match=r"advantage_estimator=42 is neither a registered name nor an estimator"):
+    with pytest.raises(
+        TypeError, match=r"advantage_estimator=42 is neither a registered name nor an estimator"
+    ):
         build_advantage_estimator(42, None)
     with pytest.raises(TypeError, match="neither a registered name nor an estimator instance"):
         build_advantage_estimator(Zeros, None)  # the class, not an instance
@@ -209,7 +219,9 @@ def _listed_in_every_hand_written_list() -> dict[str, set[str]]:
     howto = (ROOT / "docs" / "howto" / "custom-advantage-estimator.md").read_text(encoding="utf-8")
     design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
     config_entry = re.search(r"advantage_estimator \(str\):(.*?)\n {8}\w+ \(", VinePPOConfig.__doc__, re.S)
-    trainer_list = re.search(r"``args.advantage_estimator``:(.*?)registered one", vineppo_trainer.__doc__, re.S)
+    trainer_list = re.search(
+        r"``args.advantage_estimator``:(.*?)registered one", vineppo_trainer.__doc__, re.S
+    )
     return {
         "docs/howto/custom-advantage-estimator.md (the built-in list)": _quoted_names(
             re.search(r"\(([^()]*) built in\)", howto).group(1)
@@ -259,6 +271,7 @@ def test_no_estimator_attribute_is_read_with_a_default_outside_the_contract():
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if any(p.search(line) for p in patterns):
                 offending.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
-    assert not offending, "read the attribute from the estimator; its default belongs in AdvantageEstimator:\n" + (
-        "\n".join(offending)
+    assert not offending, (
+        "read the attribute from the estimator; its default belongs in AdvantageEstimator:\n"
+        + ("\n".join(offending))
     )

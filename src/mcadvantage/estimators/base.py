@@ -375,6 +375,10 @@ class AdvantageEstimator:
         return type(self).state_dict is not AdvantageEstimator.state_dict
 
 
+# Adapted classes by the 0.1-protocol class they adapt, so adapting a class twice gives one class.
+_ADAPTED: dict[type, type[AdvantageEstimator]] = {}
+
+
 def _adapted_class(cls: type) -> type[AdvantageEstimator]:
     """``cls`` itself when it subclasses :class:`AdvantageEstimator`; else (a class written to the 0.1 protocol)
     a subclass of both, the same name, whose hooks ``cls`` leaves out take the contract's defaults (``cls``'s own
@@ -391,10 +395,6 @@ def _adapted_class(cls: type) -> type[AdvantageEstimator]:
         }
         adapted = _ADAPTED[cls] = type(cls.__name__, (cls, AdvantageEstimator), namespace)
     return adapted
-
-
-# Adapted classes by the 0.1-protocol class they adapt, so adapting a class twice gives one class.
-_ADAPTED: dict[type, type[AdvantageEstimator]] = {}
 
 
 def as_advantage_estimator(estimator: Any) -> AdvantageEstimator:

@@ -1,76 +1,272 @@
 """One definition of every setting's validity: the Monte Carlo settings and the sampling settings.
 
-``VinePPOConfig``, ``MCValueEstimator`` and the three samplers all validate through these functions, so a
-setting is accepted or refused the same way wherever it is given; only the parameter names in the messages
-differ (``num_mc_rollouts`` in the config, ``num_rollouts`` in the estimator).
+:class:`MCSettings` is the one definition of the Monte Carlo settings: each field carries its default, its
+``VinePPOConfig`` field name and its help, and :func:`validate_mc_settings` is their one validator. The config's
+fields, the estimators that sample continuations (``vineppo``, ``hybrid``) and
+:class:`~mcadvantage.mc.estimator.MCValueEstimator` all read them from there, so a setting is accepted or refused
+the same way wherever it is given; only the parameter names in the messages differ (``num_mc_rollouts`` in the
+config, ``num_rollouts`` in the estimator). The three samplers validate through :func:`validate_sampling_settings`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 __all__ = [
     "ALLOCATIONS",
     "ROLLOUT_BUDGETS",
     "STEPS_AFTER_CAP",
+    "MCSettings",
+    "mc_config_names",
     "needed_completion_room",
+    "refuse_setting_assignment",
+    "setting_attribute",
     "validate_mc_settings",
     "validate_sampling_settings",
 ]
 
-#: How a Monte Carlo continuation's token budget is set (see ``VinePPOConfig.mc_rollout_budget``).
+logger = logging.getLogger(__name__)
+
+#: How a Monte Carlo continuation's token budget is set (see :attr:`MCSettings.rollout_budget`).
 ROLLOUT_BUDGETS = ("remaining", "fixed")
+#: How Monte Carlo rollouts are spread over states (see :attr:`MCSettings.allocation`).
+ALLOCATIONS = ("uniform", "variance")
+#: What steps past ``max_estimated_steps`` get (see :attr:`MCSettings.steps_after_cap`).
+STEPS_AFTER_CAP = ("merge", "zero", "spread")
+
+
+def _setting(default: Any, help: str, *, config: str | None = None) -> Any:
+    """One Monte Carlo setting: its default, the help of its config field, and the config field's name when it is
+    not ``mc_<name>``."""
+    return field(default=default, metadata={"help": help, "config": config})
+
+
+@dataclass(frozen=True)
+class MCSettings:
+    """The Monte Carlo settings, in one object: built once (from a ``VinePPOConfig`` with :meth:`from_config`, or
+    directly), validated when built, and passed whole to every estimator that samples continuations
+    (:class:`~mcadvantage.estimators.VinePPOEstimator`, :class:`~mcadvantage.estimators.HybridEstimator`,
+    :class:`~mcadvantage.mc.estimator.MCValueEstimator`).
+
+    Each field is also a ``VinePPOConfig`` field, ``mc_<name>`` (``num_rollouts`` is ``num_mc_rollouts``), with the
+    same default and the help given here (:func:`mc_config_names`). A setting that would have no effect where it is
+    given (``fixed_rollout_budget`` without ``rollout_budget="fixed"``, ``min_rollouts`` without
+    ``allocation="variance"``, ``steps_after_cap`` other than ``"merge"`` without ``max_estimated_steps``) is
+    refused, never ignored.
+
+    Attributes:
+        num_rollouts: ``K``, continuations sampled from every state to estimate its value (paper: 9; larger is
+            better, K=1 already beats PPO).
+        rollout_budget: token budget of a continuation from the state after ``b`` completion tokens:
+            ``"remaining"`` gives it ``max_completion_length - b`` tokens, so a continuation faces the same length
+            limit as the response it estimates (a state with no budget left is not sampled: its value is the reward
+            of the prefix itself, graded as a truncated response); ``"fixed"`` gives every continuation
+            ``fixed_rollout_budget`` tokens (the official code's choice: a fresh 1024-token budget). Either is
+            capped so prompt + prefix + continuation fit the policy's context.
+        fixed_rollout_budget: tokens per continuation with ``rollout_budget="fixed"`` (required there, refused
+            otherwise).
+        max_estimated_steps: estimate at most the first ``m`` states ``S_0..S_{m-1}`` of a response; what its later
+            steps get is ``steps_after_cap``'s choice. None: estimate every state.
+        truncated_reward: reward of a continuation that hit its token budget without EOS (and of an unsampled
+            no-budget state). None grades it with the reward functions like any other text; the official code
+            used 0.0. Never dropped either way.
+        steps_after_cap: what the steps past ``max_estimated_steps`` get: ``"merge"`` (one final step whose
+            advantage is ``R - V(S_{m-1})``, keeping the telescoping sum ``R - V(S_0)``), ``"zero"`` (advantage 0,
+            as the official code on GSM8K) or ``"spread"`` (keep ``max_estimated_steps`` states spread evenly by
+            token position over the response instead of the first ones, so cost follows the cap, not the number of
+            newlines).
+        reuse_samples: count *free samples* in every state's value: the other responses of the batch that pass
+            through the state (share its prompt, grading context and prefix tokens, and go on) and every rollout
+            that passes through it, leave-one-out (a response's own outcome never enters its own values, which
+            keeps the policy gradient unbiased). A state then gets only ``num_rollouts`` minus its free samples as
+            new rollouts. Needs ``rollout_budget="remaining"``. ``allocation="variance"`` always pools free samples.
+        allocation: ``"uniform"``: every state gets ``num_rollouts`` samples. ``"variance"``: a first wave tops
+            every state up to ``min_rollouts`` samples (free ones count), then the rollout tokens ``num_rollouts``
+            per state would cost are spent where they cut advantage error most
+            (:func:`~mcadvantage.mc.budget.allocate_rollouts`). A state's value mixes its first-wave and
+            second-wave means with a share fixed before any outcome is seen, so it is exactly unbiased whatever the
+            allocation decides and whatever is masked (see :mod:`mcadvantage.mc.budget`).
+        min_rollouts: the first wave of ``allocation="variance"``: samples (free ones included) every state has
+            before the rest of the budget is allocated.
+        min_step_tokens: merge steps shorter than this many tokens into the next one before estimating, so every
+            estimated segment covers at least that many tokens. None: keep every step.
+    """
+
+    num_rollouts: int = _setting(
+        9,
+        "K: continuations sampled from every state to estimate its value (VinePPO paper: 9).",
+        config="num_mc_rollouts",
+    )
+    rollout_budget: Literal["remaining", "fixed"] = _setting(
+        "remaining",
+        "Token budget of a Monte Carlo continuation: 'remaining' (max_completion_length minus the prefix length) "
+        "or 'fixed' (mc_fixed_rollout_budget tokens).",
+    )
+    fixed_rollout_budget: int | None = _setting(
+        None, "Tokens per continuation when mc_rollout_budget='fixed' (official code: 1024)."
+    )
+    max_estimated_steps: int | None = _setting(
+        None,
+        "Estimate at most the first m states of a response; mc_steps_after_cap says what later steps get "
+        "(official code: 26 states on GSM8K). None: estimate every state.",
+    )
+    truncated_reward: float | None = _setting(
+        None,
+        "Reward of a continuation that ran out of budget without EOS. None: grade it with the reward functions "
+        "(official code: 0.0).",
+    )
+    steps_after_cap: Literal["merge", "zero", "spread"] = _setting(
+        "merge",
+        "What steps past mc_max_estimated_steps get: 'merge' (one final step, R - V(S_{m-1})), 'zero' (advantage "
+        "0, the official code on GSM8K) or 'spread' (keep the cap's number of states, spread evenly over the "
+        "response).",
+    )
+    reuse_samples: bool = _setting(
+        False,
+        "Count the other responses and rollouts that pass through a state as samples of its value "
+        "(leave-one-out); new rollouts only top each state up to num_mc_rollouts samples.",
+    )
+    allocation: Literal["uniform", "variance"] = _setting(
+        "uniform",
+        "'uniform' (num_mc_rollouts samples per state) or 'variance' (the same rollout tokens, spent where they "
+        "cut advantage error most).",
+    )
+    min_rollouts: int = _setting(1, "mc_allocation='variance': samples every state gets in the first wave.")
+    min_step_tokens: int | None = _setting(
+        None, "Merge steps shorter than this many tokens into the next one. None: keep every step."
+    )
+
+    def __post_init__(self) -> None:
+        validate_mc_settings(**self.as_dict())
+        # Normalised once here, so every reader sees the same types (a reward of 0 is the float 0.0).
+        if self.truncated_reward is not None:
+            object.__setattr__(self, "truncated_reward", float(self.truncated_reward))
+        object.__setattr__(self, "reuse_samples", bool(self.reuse_samples))
+
+    @property
+    def pools_free_samples(self) -> bool:
+        """Whether the values pool free samples (the batch's other responses and every rollout through a state):
+        with ``reuse_samples`` and with ``allocation="variance"``."""
+        return self.reuse_samples or self.allocation == "variance"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings by name, in definition order (what is logged as the run's Monte Carlo settings)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def replace(self, **changes: Any) -> MCSettings:
+        """A copy with ``changes`` applied (and validated), refusing a name that is not a Monte Carlo setting."""
+        unknown = [name for name in changes if name not in _FIELD_NAMES]
+        if unknown:
+            raise TypeError(
+                f"{', '.join(sorted(unknown))} is not a Monte Carlo setting; the settings are "
+                f"{', '.join(_FIELD_NAMES)} (see mcadvantage.core.settings.MCSettings)."
+            )
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def check_completion_room(self, max_completion_length: int | None) -> None:
+        """Refuse ``rollout_budget="remaining"`` without a response budget to share (``max_completion_length``)."""
+        validate_mc_settings(**self.as_dict(), max_completion_length=max_completion_length)
+
+    @classmethod
+    def from_config(cls, config: Any) -> MCSettings:
+        """The settings of a ``VinePPOConfig`` (or any object with its field names), validated with the config's
+        names in the messages (including that ``rollout_budget="remaining"`` has a ``max_completion_length``)."""
+        values = {name: getattr(config, config_name) for name, config_name in mc_config_names().items()}
+        validate_mc_settings(
+            **values, max_completion_length=getattr(config, "max_completion_length", None), names="config"
+        )
+        settings = cls(**values)
+        logger.debug("Monte Carlo settings: %s", settings)
+        return settings
+
+    @classmethod
+    def config_field(cls, name: str) -> Any:
+        """The ``VinePPOConfig`` dataclass field of setting ``name``: its default and help from this definition."""
+        spec = _FIELDS[name]
+        return field(default=spec.default, metadata={"help": spec.metadata["help"]})
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(MCSettings)}
+_FIELD_NAMES = tuple(_FIELDS)
+
+
+def setting_attribute(owner: object, name: str) -> Any:
+    """``owner.<setting>`` for an object that holds its Monte Carlo settings as ``owner.settings`` (its
+    ``__getattr__``): the setting's value, so ``estimator.num_rollouts`` reads ``estimator.settings.num_rollouts``."""
+    settings = vars(owner).get("settings")
+    if isinstance(settings, MCSettings) and name in _FIELDS:
+        return getattr(settings, name)
+    raise AttributeError(f"{type(owner).__name__!r} object has no attribute {name!r}")
+
+
+def refuse_setting_assignment(owner: object, name: str) -> None:
+    """Refuse ``owner.<setting> = value`` (its ``__setattr__``): the value would be stored beside the settings the
+    estimator reads, and silently ignored."""
+    if name in _FIELDS:
+        owner_name = type(owner).__name__
+        raise AttributeError(
+            f"{owner_name}.{name} is read from its Monte Carlo settings, so setting it alone would be ignored; "
+            f"replace them whole: estimator.settings = estimator.settings.replace({name}=...)."
+        )
+
+
+def mc_config_names() -> dict[str, str]:
+    """Each Monte Carlo setting's ``VinePPOConfig`` field name: ``mc_<name>`` unless the definition names another."""
+    return {name: f.metadata["config"] or f"mc_{name}" for name, f in _FIELDS.items()}
+
 
 # Canonical setting -> the name a caller exposes (the estimator's own names are the canonical ones).
-_CONFIG_NAMES = {
-    "num_rollouts": "num_mc_rollouts",
-    "rollout_budget": "mc_rollout_budget",
-    "fixed_rollout_budget": "mc_fixed_rollout_budget",
-    "max_estimated_steps": "mc_max_estimated_steps",
-    "truncated_reward": "mc_truncated_reward",
-    "steps_after_cap": "mc_steps_after_cap",
-    "max_completion_length": "max_completion_length",
-    "reuse_samples": "mc_reuse_samples",
-    "allocation": "mc_allocation",
-    "min_rollouts": "mc_min_rollouts",
-    "min_step_tokens": "mc_min_step_tokens",
-}
+_CONFIG_NAMES = {**mc_config_names(), "max_completion_length": "max_completion_length"}
 
-#: How Monte Carlo rollouts are spread over states (see ``VinePPOConfig.mc_allocation``).
-ALLOCATIONS = ("uniform", "variance")
-#: What steps past ``max_estimated_steps`` get (see ``VinePPOConfig.mc_steps_after_cap``).
-STEPS_AFTER_CAP = ("merge", "zero", "spread")
+_UNCHECKED: Any = object()  # max_completion_length not given: the settings alone are checked
 
 
 def validate_mc_settings(
     *,
-    num_rollouts: int,
-    rollout_budget: str,
-    fixed_rollout_budget: int | None,
-    max_completion_length: int | None,
-    max_estimated_steps: int | None,
-    truncated_reward: float | None,
-    steps_after_cap: str = "merge",
-    reuse_samples: bool = False,
-    allocation: str = "uniform",
-    min_rollouts: int = 1,
-    min_step_tokens: int | None = None,
+    max_completion_length: int | None = _UNCHECKED,
     names: Mapping[str, str] | str | None = None,
+    **settings: Any,
 ) -> None:
-    """Refuse invalid or contradictory Monte Carlo settings, naming the parameter, its value and the fix.
+    """Refuse invalid or contradictory Monte Carlo settings, naming the parameter, its value and the fix: the one
+    validator of :class:`MCSettings` (which calls it when built).
 
     Args:
+        max_completion_length: the responses' token budget, which ``rollout_budget="remaining"`` needs; when not
+            given, only the settings themselves are checked.
         names: the caller's parameter names: ``"config"`` for ``VinePPOConfig``'s field names, a mapping from
             the canonical names above, or None for the canonical (``MCValueEstimator``) names.
+        **settings: :class:`MCSettings` fields; the ones left out take their defaults.
     Raises:
-        TypeError: ``num_rollouts`` is not an int.
+        TypeError: an unknown setting, or ``num_rollouts`` is not an int.
         ValueError: any other invalid value.
     """
     table = _CONFIG_NAMES if names == "config" else dict(names or {})
 
     def n(key: str) -> str:
         return table.get(key, key)
+
+    unknown = [key for key in settings if key not in _FIELDS]
+    if unknown:
+        raise TypeError(
+            f"{', '.join(sorted(unknown))} is not a Monte Carlo setting; the settings are "
+            f"{', '.join(n(k) for k in _FIELD_NAMES)}."
+        )
+    values = {name: settings.get(name, f.default) for name, f in _FIELDS.items()}
+    num_rollouts = values["num_rollouts"]
+    rollout_budget = values["rollout_budget"]
+    fixed_rollout_budget = values["fixed_rollout_budget"]
+    max_estimated_steps = values["max_estimated_steps"]
+    truncated_reward = values["truncated_reward"]
+    steps_after_cap = values["steps_after_cap"]
+    reuse_samples = values["reuse_samples"]
+    allocation = values["allocation"]
+    min_rollouts = values["min_rollouts"]
+    min_step_tokens = values["min_step_tokens"]
 
     if isinstance(num_rollouts, bool) or not isinstance(num_rollouts, int):
         raise TypeError(
@@ -106,7 +302,7 @@ def validate_mc_settings(
                 f"{rollout_budget!r} ignores it. Set {n('rollout_budget')}='fixed' to use it, or drop "
                 f"{n('fixed_rollout_budget')}."
             )
-        if max_completion_length is None or max_completion_length < 1:
+        if max_completion_length is not _UNCHECKED and (max_completion_length is None or max_completion_length < 1):
             raise ValueError(
                 f"{n('rollout_budget')}='remaining' needs {n('max_completion_length')} >= 1 (the budget "
                 f"continuations share with the response), got {max_completion_length!r}. Set it, or use "
@@ -128,6 +324,12 @@ def validate_mc_settings(
             f"{n('steps_after_cap')}='spread' spreads {n('max_estimated_steps')} states over each response, but "
             f"{n('max_estimated_steps')} is None. Set it (e.g. 8), or use {n('steps_after_cap')}='merge'."
         )
+    if steps_after_cap == "zero" and max_estimated_steps is None:
+        raise ValueError(
+            f"{n('steps_after_cap')}='zero' gives the steps past {n('max_estimated_steps')} advantage 0, but "
+            f"{n('max_estimated_steps')} is None (no cap), so it would change nothing. Set "
+            f"{n('max_estimated_steps')} (the official code: 26 on GSM8K), or use {n('steps_after_cap')}='merge'."
+        )
     if allocation not in ALLOCATIONS:
         raise ValueError(
             f"{n('allocation')}={allocation!r} is invalid. Use 'uniform' ({n('num_rollouts')} samples per state) "
@@ -142,6 +344,12 @@ def validate_mc_settings(
         raise ValueError(
             f"{n('min_rollouts')}={min_rollouts} exceeds {n('num_rollouts')}={num_rollouts}: the first wave "
             f"would spend more than the whole budget. Set {n('min_rollouts')} <= {n('num_rollouts')}."
+        )
+    if allocation != "variance" and min_rollouts != 1:
+        raise ValueError(
+            f"{n('min_rollouts')}={min_rollouts} is set but {n('allocation')}={allocation!r} ignores it (it sizes "
+            f"the first wave of {n('allocation')}='variance'). Set {n('allocation')}='variance' to use it, or "
+            f"drop {n('min_rollouts')}."
         )
     if reuse_samples and rollout_budget != "remaining":
         raise ValueError(
@@ -170,7 +378,7 @@ def needed_completion_room(
     the name of the setting that decides it (for error messages)."""
     room, name = int(max_completion_length or 0), "max_completion_length"
     if rollout_budget == "fixed" and fixed_rollout_budget is not None and fixed_rollout_budget > room:
-        room, name = int(fixed_rollout_budget), "mc_fixed_rollout_budget"
+        room, name = int(fixed_rollout_budget), mc_config_names()["fixed_rollout_budget"]
     return room, name
 
 

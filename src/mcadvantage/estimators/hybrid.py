@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from mcadvantage.core.settings import MCSettings
 from mcadvantage.estimators.base import (
     AdvantageBatch,
     AdvantageEstimator,
@@ -73,6 +74,10 @@ def _pooling(settings: dict[str, Any]) -> list[str]:
     ]
 
 
+#: The hybrid's Monte Carlo settings when none are given: K = 4 (GRPO's price is the point), fresh rollouts.
+_DEFAULT_SETTINGS = MCSettings(num_rollouts=4)
+
+
 def predicted_rollout_tokens(boundaries: list[int], num_rollouts: int) -> int:
     """Rollout tokens Monte Carlo credit is expected to cost for one response cut at ``boundaries``: ``K`` rollouts
     from every state, each as long as what is left of the response."""
@@ -88,10 +93,14 @@ class HybridEstimator(AdvantageEstimator):
         budget: extra sampled tokens allowed, as a fraction of the batch's response tokens (``hybrid_budget``).
         scale_rewards: GRPO's ``"group"``, ``"batch"`` or ``"none"`` (also scales the Monte Carlo credit, see the
             module docstring).
-        num_rollouts: K for the Monte Carlo credit (``num_mc_rollouts``).
+        num_rollouts: K for the Monte Carlo credit (``num_mc_rollouts``); None: ``settings``' (4 without them).
         step_segmenter: how responses are cut into steps (``step_segmenter``); the context's when None.
         seed: the order in which degenerate groups are offered the budget is a seeded shuffle.
-        monte_carlo: further :class:`~mcadvantage.estimators.VinePPOEstimator` options (``reuse_samples``, ...).
+        settings: the Monte Carlo settings, whole (:class:`~mcadvantage.core.settings.MCSettings`), honoured as
+            :class:`~mcadvantage.estimators.VinePPOEstimator` honours them (the step budget, the state cap and what
+            steps past it get, the rollout budget, the truncated reward); pooled values (``reuse_samples``,
+            ``allocation="variance"``) are refused. Default: their defaults with K = 4.
+        **monte_carlo: single settings by name (``max_estimated_steps=26``, ...), applied over ``settings``.
     """
 
     whiten_by_default = False
@@ -104,21 +113,20 @@ class HybridEstimator(AdvantageEstimator):
         *,
         budget: float = 0.1,
         scale_rewards: str = "group",
-        num_rollouts: int = 4,
+        num_rollouts: int | None = None,
         step_segmenter: Any = None,
         seed: int = 0,
+        settings: MCSettings | None = None,
         **monte_carlo: Any,
     ) -> None:
         if not budget >= 0:
             raise ValueError(
                 f"HybridEstimator: budget={budget} must be >= 0 (a fraction of the response tokens)."
             )
-        pooled = _pooling(
-            {
-                "reuse_samples": monte_carlo.get("reuse_samples", False),
-                "allocation": monte_carlo.get("allocation", "uniform"),
-            }
-        )
+        if num_rollouts is not None:
+            monte_carlo["num_rollouts"] = num_rollouts
+        settings = (settings if settings is not None else _DEFAULT_SETTINGS).replace(**monte_carlo)
+        pooled = _pooling({"reuse_samples": settings.reuse_samples, "allocation": settings.allocation})
         if pooled:
             raise ValueError(
                 f"HybridEstimator: {', '.join(pooled)} pools other responses' outcomes into the values, but the "
@@ -128,27 +136,26 @@ class HybridEstimator(AdvantageEstimator):
             )
         self.budget = float(budget)
         self.grpo = GRPOEstimator(scale_rewards=scale_rewards)
-        self.monte_carlo = VinePPOEstimator(
-            num_rollouts=num_rollouts, step_segmenter=step_segmenter, **monte_carlo
-        )
+        self.monte_carlo = VinePPOEstimator(settings=settings, step_segmenter=step_segmenter)
         self.rng = random.Random(seed)
         #: local rows that got Monte Carlo credit in the latest batch (in ``monte_carlo.last_estimate``'s order)
         self.last_rows: list[int] = []
 
+    @property
+    def settings(self) -> MCSettings:
+        """The Monte Carlo settings of the credit (those of :attr:`monte_carlo`)."""
+        return self.monte_carlo.settings
+
     @classmethod
     def from_config(cls, config: Any) -> HybridEstimator:
-        """Build the estimator from a ``VinePPOConfig`` (or any object with the same fields)."""
+        """Build the estimator from a ``VinePPOConfig`` (or any object with the same fields): every Monte Carlo
+        setting, whole."""
         return cls(
             budget=config.hybrid_budget,
             scale_rewards=config.scale_rewards,
-            num_rollouts=config.num_mc_rollouts,
             step_segmenter=config.step_segmenter,
             seed=config.seed,
-            rollout_budget=config.mc_rollout_budget,
-            fixed_rollout_budget=config.mc_fixed_rollout_budget,
-            truncated_reward=config.mc_truncated_reward,
-            reuse_samples=config.mc_reuse_samples,
-            min_step_tokens=config.mc_min_step_tokens,
+            settings=MCSettings.from_config(config),
         )
 
     @staticmethod
@@ -219,7 +226,7 @@ class HybridEstimator(AdvantageEstimator):
         for r in rows:
             cost = predicted_rollout_tokens(
                 segment_completion(segmenter, context.tokenizer, list(batch.completion_ids[r])),
-                self.monte_carlo.num_rollouts,
+                self.settings.num_rollouts,
             )
             if reserved + cost <= allowed:
                 reserved += cost

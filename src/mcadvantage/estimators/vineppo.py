@@ -16,7 +16,12 @@ from typing import Any
 import torch
 
 from mcadvantage.core.prompts import check_prompt_fits
-from mcadvantage.core.settings import needed_completion_room, validate_mc_settings
+from mcadvantage.core.settings import (
+    MCSettings,
+    needed_completion_room,
+    refuse_setting_assignment,
+    setting_attribute,
+)
 from mcadvantage.estimators.base import (
     AdvantageBatch,
     AdvantageEstimator,
@@ -58,22 +63,17 @@ class VinePPOEstimator(AdvantageEstimator):
     """Monte Carlo step advantages (VinePPO).
 
     Args:
-        num_rollouts: K, continuations per state (``VinePPOConfig.num_mc_rollouts``).
-        rollout_budget: ``"remaining"`` or ``"fixed"`` (``mc_rollout_budget``), as for
-            :class:`~mcadvantage.mc.estimator.MCValueEstimator`.
-        fixed_rollout_budget: tokens per continuation with ``"fixed"`` (``mc_fixed_rollout_budget``).
-        max_estimated_steps: estimate at most this many states per response (``mc_max_estimated_steps``).
-        truncated_reward: reward of a truncated continuation, None to grade it (``mc_truncated_reward``).
-        steps_after_cap: ``"merge"``, ``"zero"`` or ``"spread"``: what steps past ``max_estimated_steps`` get
-            (``mc_steps_after_cap``).
-        reuse_samples: pool free samples leave-one-out (``mc_reuse_samples``).
-        allocation: ``"uniform"`` or ``"variance"`` (``mc_allocation``).
-        min_rollouts: the first wave of ``"variance"`` (``mc_min_rollouts``).
-        min_step_tokens: merge steps shorter than this (``mc_min_step_tokens``).
+        settings: the Monte Carlo settings, whole (:class:`~mcadvantage.core.settings.MCSettings`: ``K``, the
+            rollout budget, the step budget, free samples, allocation, ...); ``from_config`` builds them from the
+            config's ``num_mc_rollouts`` and ``mc_*`` fields. Default: their defaults (K = 9, the paper's).
         step_segmenter: how responses are cut into steps (a name or a segmenter); the context's segmenter is
             used when None.
+        **setting_values: single settings by name (``num_rollouts=4``, ``reuse_samples=True``, ...: every
+            :class:`~mcadvantage.core.settings.MCSettings` field), applied over ``settings``.
 
     Attributes:
+        settings: the :class:`~mcadvantage.core.settings.MCSettings` every batch is estimated with
+            (``estimator.num_rollouts`` and the other setting names read them; replace them whole to change one).
         last_estimate: the local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (estimated
             responses only, in batch order; see ``last_rows``).
         last_rows: local batch indices of the responses in ``last_estimate``. Responses left out (empty,
@@ -85,69 +85,30 @@ class VinePPOEstimator(AdvantageEstimator):
     uses_rollouts = True
 
     def __init__(
-        self,
-        *,
-        num_rollouts: int = 9,
-        rollout_budget: str = "remaining",
-        fixed_rollout_budget: int | None = None,
-        max_estimated_steps: int | None = None,
-        truncated_reward: float | None = None,
-        steps_after_cap: str = "merge",
-        reuse_samples: bool = False,
-        allocation: str = "uniform",
-        min_rollouts: int = 1,
-        min_step_tokens: int | None = None,
-        step_segmenter: Any = None,
+        self, *, settings: MCSettings | None = None, step_segmenter: Any = None, **setting_values: Any
     ) -> None:
-        self.num_rollouts = num_rollouts
-        self.rollout_budget = rollout_budget
-        self.fixed_rollout_budget = fixed_rollout_budget
-        self.max_estimated_steps = max_estimated_steps
-        self.truncated_reward = truncated_reward
-        self.steps_after_cap = steps_after_cap
-        self.reuse_samples = reuse_samples
-        self.allocation = allocation
-        self.min_rollouts = min_rollouts
-        self.min_step_tokens = min_step_tokens
+        self.settings = (settings if settings is not None else MCSettings()).replace(**setting_values)
         self.segmenter = None if step_segmenter is None else get_segmenter(step_segmenter)
         self.last_estimate: MCEstimate | None = None
         self.last_rows: list[int] = []
 
+    def __getattr__(self, name: str) -> Any:
+        return setting_attribute(self, name)  # estimator.num_rollouts etc.: the settings' values
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        refuse_setting_assignment(self, name)  # a setting set on the estimator would be silently ignored
+        object.__setattr__(self, name, value)
+
     @classmethod
     def from_config(cls, config: Any) -> VinePPOEstimator:
         """Build the estimator from a ``VinePPOConfig`` (or any object with the same fields)."""
-        return cls(
-            num_rollouts=config.num_mc_rollouts,
-            rollout_budget=config.mc_rollout_budget,
-            fixed_rollout_budget=config.mc_fixed_rollout_budget,
-            max_estimated_steps=config.mc_max_estimated_steps,
-            truncated_reward=config.mc_truncated_reward,
-            steps_after_cap=config.mc_steps_after_cap,
-            reuse_samples=config.mc_reuse_samples,
-            allocation=config.mc_allocation,
-            min_rollouts=config.mc_min_rollouts,
-            min_step_tokens=config.mc_min_step_tokens,
-            step_segmenter=config.step_segmenter,
-        )
+        return cls(settings=MCSettings.from_config(config), step_segmenter=config.step_segmenter)
 
     @staticmethod
     def validate_config(config: Any) -> None:
         """Refuse invalid Monte Carlo settings, and GRPO settings that VinePPO would silently ignore or
         contradict."""
-        validate_mc_settings(
-            num_rollouts=config.num_mc_rollouts,
-            rollout_budget=config.mc_rollout_budget,
-            fixed_rollout_budget=config.mc_fixed_rollout_budget,
-            max_completion_length=config.max_completion_length,
-            max_estimated_steps=config.mc_max_estimated_steps,
-            truncated_reward=config.mc_truncated_reward,
-            steps_after_cap=config.mc_steps_after_cap,
-            reuse_samples=config.mc_reuse_samples,
-            allocation=config.mc_allocation,
-            min_rollouts=config.mc_min_rollouts,
-            min_step_tokens=config.mc_min_step_tokens,
-            names="config",
-        )
+        MCSettings.from_config(config)
         if not config.temperature > 0:
             raise ValueError(
                 f"temperature={config.temperature} is invalid for advantage_estimator='vineppo': Monte Carlo values "
@@ -178,7 +139,7 @@ class VinePPOEstimator(AdvantageEstimator):
         rewards = batch.rewards.cpu()
         mask = batch.completion_mask.detach().cpu()
         room, room_name = needed_completion_room(
-            context.max_completion_length, self.rollout_budget, self.fixed_rollout_budget
+            context.max_completion_length, self.settings.rollout_budget, self.settings.fixed_rollout_budget
         )
         trajectories: list[Trajectory] = []
         extras: list[Trajectory] = []
@@ -190,7 +151,7 @@ class VinePPOEstimator(AdvantageEstimator):
                 # free sample for the states it passes through (leaving masked or unscorable responses out would
                 # select the pool by outcome); unscorable counts 0, as an unscorable rollout does. Variance allocation
                 # pools the responses too, so it needs them as well.
-                if ids and (self.reuse_samples or self.allocation == "variance"):
+                if ids and self.settings.pools_free_samples:
                     extras.append(
                         self._trajectory(batch, i, None, context, reward if math.isfinite(reward) else 0.0)
                     )
@@ -260,21 +221,12 @@ class VinePPOEstimator(AdvantageEstimator):
             sampler,
             list(context.reward_funcs),
             context.tokenizer,
-            num_rollouts=self.num_rollouts,
+            settings=self.settings,
             reward_weights=list(context.reward_weights),
             max_completion_length=context.max_completion_length
-            if self.rollout_budget == "remaining"
+            if self.settings.rollout_budget == "remaining"
             else None,
-            rollout_budget=self.rollout_budget,  # type: ignore[arg-type]
-            fixed_rollout_budget=self.fixed_rollout_budget,
-            max_estimated_steps=self.max_estimated_steps,
-            truncated_reward=self.truncated_reward,
-            steps_after_cap=self.steps_after_cap,  # type: ignore[arg-type]
             context_length=context.context_length,
-            reuse_samples=self.reuse_samples,
-            allocation=self.allocation,  # type: ignore[arg-type]
-            min_rollouts=self.min_rollouts,
-            min_step_tokens=self.min_step_tokens,
         )
 
     def _run(

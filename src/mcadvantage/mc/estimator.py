@@ -16,14 +16,15 @@ How a call to :meth:`MCValueEstimator.estimate` runs (each stage a small pure he
 3. All rollouts are graded by the reward functions in one call per function (TRL signature,
    :func:`~mcadvantage.mc.rollouts.sample_and_grade`), on the full response text
    ``decode(prefix ids + continuation ids)``.
-4. :func:`~mcadvantage.mc.rollouts.average_values` (or, with free samples,
-   :func:`~mcadvantage.mc.pool.pooled_values`) gives each state its value;
-   :func:`~mcadvantage.core.advantages.step_advantages` and :func:`~mcadvantage.core.advantages.token_advantages`
-   give the advantages.
+4. :func:`~mcadvantage.mc.rollouts.average_values` (or, with free samples, the steps of
+   :mod:`~mcadvantage.mc.pool`) gives each state its value; :func:`credit` turns the values into advantages
+   (:func:`~mcadvantage.core.advantages.step_advantages`, :func:`~mcadvantage.core.advantages.token_advantages`).
 
 The stages live in their own modules, below this one: :mod:`~mcadvantage.mc.trajectory` (the input),
 :mod:`~mcadvantage.mc.planning`, :mod:`~mcadvantage.mc.rollouts`, :mod:`~mcadvantage.mc.pool` and
-:mod:`~mcadvantage.mc.budget`; this module wires them into :class:`MCValueEstimator`.
+:mod:`~mcadvantage.mc.budget`. Each takes and returns data; :class:`MCValueEstimator` calls them in order (it
+is the only caller: no stage calls back into it) and adds up what they cost in one :class:`MCStats` record. The
+settings come whole, as one :class:`~mcadvantage.core.settings.MCSettings`.
 
 Reproducibility: this module adds no randomness; the estimate is a deterministic function of the
 sampler's output (requests are issued in first-occurrence order). Seed the engine (e.g.
@@ -37,19 +38,28 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from mcadvantage.core.advantages import check_boundaries, step_advantages, token_advantages
-from mcadvantage.core.settings import validate_mc_settings
+from mcadvantage.core.settings import MCSettings, refuse_setting_assignment, setting_attribute
 from mcadvantage.mc.planning import StatePlan, estimated_boundaries, plan_states
-from mcadvantage.mc.pool import pooled_values
+from mcadvantage.mc.pool import (
+    SamplePool,
+    first_wave_counts,
+    first_wave_shares,
+    leave_one_out_values,
+    samples_used,
+    second_wave_counts,
+)
 from mcadvantage.mc.rollouts import (
     RewardFunc,
+    Wave,
+    WaveCounts,
     average_values,
     build_requests,
-    grade_rollouts,
+    rollout_token_budget,
     sample_and_grade,
 )
 from mcadvantage.mc.trajectory import Trajectory
@@ -58,7 +68,10 @@ from mcadvantage.samplers.base import Sampler
 __all__ = [
     "Trajectory",
     "MCEstimate",
+    "MCSettings",
+    "MCStats",
     "MCValueEstimator",
+    "credit",
     # re-exported from the stage modules (their 0.1 home was this module):
     "StatePlan",
     "plan_states",
@@ -66,6 +79,100 @@ __all__ = [
     "build_requests",
     "average_values",
 ]
+
+
+@dataclass
+class MCStats:
+    """What one :meth:`MCValueEstimator.estimate` call did, field by field (the keys of :attr:`MCEstimate.stats`).
+
+    Attributes:
+        requests: rollout requests sent to the sampler (unique states with budget left).
+        unsampled_states: unique states with no token budget left, graded directly.
+        rollouts: continuations sampled.
+        generated_tokens: tokens in all continuations.
+        truncated_rollouts: continuations that hit their budget before EOS.
+        unscorable_rollouts: rollouts for which every reward function returned None.
+        sampling_seconds, grading_seconds: wall time of the sampler calls and of the reward calls.
+        budget_tokens: with ``allocation="variance"``, the rollout tokens allowed (None otherwise).
+        free_samples: with free samples pooled (``reuse_samples`` or ``allocation="variance"``), samples of a
+            state's value that were not drawn for it, summed over unique states (None otherwise).
+        rollouts_saved: with free samples pooled, ``num_rollouts`` per sampled state minus the rollouts drawn.
+        trajectories: number of trajectories.
+        states: non-terminal states over all trajectories, before dedup.
+        unique_states: states left after dedup.
+        rollout_reward_sum, rollout_reward_count: running sum and count of the sampled continuations' rewards.
+        seconds: wall time of the call.
+    """
+
+    requests: int = 0
+    unsampled_states: int = 0
+    rollouts: int = 0
+    generated_tokens: int = 0
+    truncated_rollouts: int = 0
+    unscorable_rollouts: int = 0
+    sampling_seconds: float = 0.0
+    grading_seconds: float = 0.0
+    budget_tokens: float | None = None
+    free_samples: float | None = None
+    rollouts_saved: float | None = None
+    trajectories: int = 0
+    states: int = 0
+    unique_states: int = 0
+    rollout_reward_sum: float = 0.0
+    rollout_reward_count: int = 0
+    seconds: float = 0.0
+
+    def add(self, wave: WaveCounts) -> None:
+        """Add one wave's counts (rewards summed one by one, in the wave's order)."""
+        self.requests += wave.requests
+        self.unsampled_states += wave.unsampled_states
+        self.rollouts += wave.rollouts
+        self.generated_tokens += wave.generated_tokens
+        self.truncated_rollouts += wave.truncated_rollouts
+        self.unscorable_rollouts += wave.unscorable_rollouts
+        self.sampling_seconds += wave.sampling_seconds
+        self.grading_seconds += wave.grading_seconds
+        for reward in wave.rollout_rewards:
+            self.rollout_reward_sum += reward
+            self.rollout_reward_count += 1
+
+    @property
+    def dedup_ratio(self) -> float:
+        """``1 - unique_states / states``: the fraction of states (hence of rollouts) saved by dedup (0 when there
+        is no state)."""
+        return (1.0 - self.unique_states / self.states) if self.states else 0.0
+
+    @property
+    def rollout_reward_mean(self) -> float:
+        """Mean reward of the graded rollouts (NaN if none)."""
+        return self.rollout_reward_sum / self.rollout_reward_count if self.rollout_reward_count else math.nan
+
+    def as_dict(self) -> dict[str, float]:
+        """The statistics as logged (:attr:`MCEstimate.stats`): every count as a float, under the names the
+        metrics and the recorded benchmark logs use; the options' statistics only where the option is on."""
+        out = {
+            "requests": float(self.requests),
+            "unsampled_states": float(self.unsampled_states),
+            "rollouts": float(self.rollouts),
+            "generated_tokens": float(self.generated_tokens),
+            "truncated_rollouts": float(self.truncated_rollouts),
+            "unscorable_rollouts": float(self.unscorable_rollouts),
+            "sampling_seconds": self.sampling_seconds,
+            "grading_seconds": self.grading_seconds,
+        }
+        for key in ("budget_tokens", "free_samples", "rollouts_saved"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = float(value)
+        out.update(
+            trajectories=float(self.trajectories),
+            states=float(self.states),
+            unique_states=float(self.unique_states),
+            dedup_ratio=self.dedup_ratio,
+            rollout_reward_mean=self.rollout_reward_mean,
+            seconds=self.seconds,
+        )
+        return out
 
 
 @dataclass
@@ -80,26 +187,17 @@ class MCEstimate:
         step_advantages: per trajectory, ``[A_1, ..., A_n]`` with ``A_i = V(S_i) - V(S_{i-1})``.
         token_advantages: per trajectory, a float tensor of length ``len(completion_ids)``
             (not whitened).
-        stats: aggregate statistics of the call:
+        stats: aggregate statistics of the call, as floats (:meth:`MCStats.as_dict`; each key is described
+            there):
 
-            - ``trajectories``: number of trajectories;
-            - ``states``: non-terminal states over all trajectories, before dedup;
-            - ``unique_states``: states left after dedup;
-            - ``dedup_ratio``: ``1 - unique_states / states``, the fraction of states (hence of
-              rollouts) saved by dedup (0 when there is no state);
-            - ``requests``: rollout requests sent to the sampler (unique states with budget left);
-            - ``unsampled_states``: unique states with no token budget left, graded directly;
-            - ``rollouts``: continuations sampled (``requests * num_rollouts``);
-            - ``generated_tokens``: tokens in all continuations;
-            - ``truncated_rollouts``: continuations that hit their budget before EOS;
-            - ``unscorable_rollouts``: rollouts for which every reward function returned None;
-            - ``rollout_reward_mean``: mean reward of the graded rollouts (NaN if none);
-            - ``seconds``, ``sampling_seconds``, ``grading_seconds``: wall time of the call, of
-              the sampler calls and of the reward calls;
-            - with ``reuse_samples`` or ``allocation="variance"``: ``free_samples`` (samples of a state's value
-              that were not drawn for it: other responses and other states' rollouts through it, summed over
-              unique states) and ``rollouts_saved`` (``num_rollouts`` per sampled state minus the rollouts
-              drawn); with ``allocation="variance"`` also ``budget_tokens`` (the rollout tokens allowed).
+            - ``trajectories``, ``states``, ``unique_states``, ``dedup_ratio`` (``1 - unique_states / states``);
+            - ``requests``, ``unsampled_states``, ``rollouts`` (``requests * num_rollouts``),
+              ``generated_tokens``, ``truncated_rollouts``, ``unscorable_rollouts``, ``rollout_reward_mean``
+              (NaN if none);
+            - ``seconds``, ``sampling_seconds``, ``grading_seconds``: wall time of the call, of the sampler calls
+              and of the reward calls;
+            - with ``reuse_samples`` or ``allocation="variance"``: ``free_samples`` and ``rollouts_saved``; with
+              ``allocation="variance"`` also ``budget_tokens`` (the rollout tokens allowed).
         sample_counts: per trajectory, the number of samples behind each of its state values (leave-one-out with
             ``reuse_samples``: the response's own outcome is not counted).
     """
@@ -109,6 +207,32 @@ class MCEstimate:
     token_advantages: list[torch.Tensor]
     stats: dict[str, float]
     sample_counts: list[list[int]] = field(default_factory=list)
+
+
+def credit(
+    trajectories: Sequence[Trajectory], plan: StatePlan, state_values: Sequence[Sequence[float]], zero_after_cap: bool
+) -> tuple[list[list[float]], list[list[float]], list[torch.Tensor]]:
+    """The algorithm, once the states have values: per trajectory ``[V(S_0), ..., V(S_{n-1}), R]``, the step
+    advantages ``A_i = V(S_i) - V(S_{i-1})`` (with ``zero_after_cap``, the merged tail of a capped response gets
+    0, as in the official code) and every token of step ``i`` carrying ``A_i``.
+
+    Args:
+        state_values: per trajectory, the values of its estimated states ``S_0..S_{m-1}``.
+    Returns:
+        ``(values, step advantages, token advantages)`` per trajectory.
+    """
+    values: list[list[float]] = []
+    step_advs: list[list[float]] = []
+    token_advs: list[torch.Tensor] = []
+    for t, traj in enumerate(trajectories):
+        v = list(state_values[t]) + [float(traj.reward)]
+        a = step_advantages(v)
+        if plan.capped[t] and zero_after_cap:
+            a[-1] = 0.0  # the merged tail (steps m..n) gets no credit, as in the official code
+        values.append(v)
+        step_advs.append(a)
+        token_advs.append(token_advantages(a, plan.boundaries[t], len(traj.completion_ids)))
+    return values, step_advs, token_advs
 
 
 class MCValueEstimator:
@@ -123,45 +247,20 @@ class MCValueEstimator:
             trajectory's ``prompt`` is a message list.
         tokenizer: decodes ``prefix ids + continuation ids`` (``skip_special_tokens=True``) into the
             response text that is graded.
-        num_rollouts: ``K``, continuations per state (paper default 9).
+        settings: the Monte Carlo settings, whole (:class:`~mcadvantage.core.settings.MCSettings`; default: its
+            defaults, K = 9 as in the paper).
         reward_weights: weights of the reward functions (default all 1); rewards are combined as a
             weighted sum that skips None/NaN, like TRL's ``nansum``.
         max_completion_length: the training responses' token budget; required by
             ``rollout_budget="remaining"``, unused by ``"fixed"``.
-        rollout_budget: ``"remaining"`` (default): a continuation from a state whose completion
-            prefix has ``b`` tokens may add ``max_completion_length - b`` tokens, so a rollout is
-            a response the policy could have produced under the training budget. A state with no
-            budget left (only when a completion is longer than ``max_completion_length``) is not
-            sampled: its value is the reward of the prefix itself graded as a truncated response.
-            ``"fixed"``: every continuation gets a fresh ``fixed_rollout_budget`` tokens, as in the
-            official VinePPO code.
-        fixed_rollout_budget: the budget for ``rollout_budget="fixed"``.
-        max_estimated_steps: estimate at most the states ``S_0..S_{m-1}`` of a response; what its
-            steps ``m..n`` get is ``steps_after_cap``'s choice.
-        steps_after_cap: ``"merge"`` (default): steps ``m..n`` are merged into one final step with
-            advantage ``R - V(S_{m-1})``, keeping the telescoping sum ``R - V(S_0)``. ``"zero"``: they
-            get advantage 0, as the official VinePPO code did on GSM8K.
         context_length: the policy's context (prompt + completion); every continuation's budget is
             capped so it fits (the official code's ``min(1024, context - prefix)``). None: no cap.
-        truncated_reward: None (default): truncated continuations are graded like any other
-            response. A float: truncated continuations (and unsampled no-budget states) get this
-            reward without grading (the official code used 0.0). Never dropped either way.
-        reuse_samples: pool *free samples* into every state's value: the other responses of the batch that pass
-            through the state (share its prompt, grading context and prefix tokens, and go on) and every rollout
-            that passes through it. Leave-one-out: a response's own outcome never enters the values of its own
-            states. A state then gets only ``num_rollouts - free samples`` new rollouts (none when it has
-            enough). Needs ``rollout_budget="remaining"`` (responses and rollouts must share one token budget to
-            be draws of the same value).
-        allocation: ``"uniform"`` (default): every state gets ``num_rollouts`` samples. ``"variance"``: a first
-            wave tops every state up to ``min_rollouts`` samples, then the rollout tokens that ``num_rollouts``
-            per state would cost are spent where they reduce advantage error most
-            (:func:`~mcadvantage.mc.budget.allocate_rollouts`), at least one more rollout at every state with
-            fewer than ``num_rollouts`` first-wave samples and none at the others. A state's value is a fixed
-            mix of its first-wave and second-wave means, which keeps it exactly unbiased (see
-            :mod:`mcadvantage.mc.budget`).
-        min_rollouts: the first wave of ``allocation="variance"`` (free samples count toward it).
-        min_step_tokens: merge steps shorter than this many tokens before estimating (None: keep every step).
         show_progress: show a tqdm progress bar over the call's phases (sampling, grading).
+        **setting_values: single settings by name (``num_rollouts=4``, ``reuse_samples=True``, ...: every
+            :class:`~mcadvantage.core.settings.MCSettings` field), applied over ``settings``.
+
+    The settings are read as ``estimator.settings``; ``estimator.num_rollouts`` and the other setting names still
+    read them, and setting one of them on the estimator is refused (replace ``estimator.settings`` instead).
     """
 
     def __init__(
@@ -170,20 +269,12 @@ class MCValueEstimator:
         reward_funcs: RewardFunc | Sequence[RewardFunc],
         tokenizer: Any,
         *,
-        num_rollouts: int = 9,
+        settings: MCSettings | None = None,
         reward_weights: Sequence[float] | None = None,
         max_completion_length: int | None = None,
-        rollout_budget: Literal["remaining", "fixed"] = "remaining",
-        fixed_rollout_budget: int | None = None,
-        max_estimated_steps: int | None = None,
-        truncated_reward: float | None = None,
-        steps_after_cap: Literal["merge", "zero"] = "merge",
         context_length: int | None = None,
-        reuse_samples: bool = False,
-        allocation: Literal["uniform", "variance"] = "uniform",
-        min_rollouts: int = 1,
-        min_step_tokens: int | None = None,
         show_progress: bool = False,
+        **setting_values: Any,
     ) -> None:
         if not callable(getattr(sampler, "sample", None)):
             raise TypeError(
@@ -208,52 +299,40 @@ class MCValueEstimator:
                     f"reward_weights has {len(weights)} entries but there are {len(funcs)} reward "
                     "functions; pass one weight per function (or None for all 1)."
                 )
-        validate_mc_settings(
-            num_rollouts=num_rollouts,
-            rollout_budget=rollout_budget,
-            fixed_rollout_budget=fixed_rollout_budget,
-            max_completion_length=max_completion_length,
-            max_estimated_steps=max_estimated_steps,
-            truncated_reward=truncated_reward,
-            steps_after_cap=steps_after_cap,
-            reuse_samples=reuse_samples,
-            allocation=allocation,
-            min_rollouts=min_rollouts,
-            min_step_tokens=min_step_tokens,
-        )
+        settings = (settings if settings is not None else MCSettings()).replace(**setting_values)
+        settings.check_completion_room(max_completion_length)
         if context_length is not None and context_length < 2:
             raise ValueError(f"context_length={context_length!r} must be >= 2 (prompt + one token) or None.")
 
+        self.settings = settings
         self.sampler = sampler
         self.reward_funcs = funcs
         self.reward_weights = weights
         self.tokenizer = tokenizer
-        self.num_rollouts = num_rollouts
         self.max_completion_length = max_completion_length
-        self.rollout_budget = rollout_budget
-        self.fixed_rollout_budget = fixed_rollout_budget
-        self.max_estimated_steps = max_estimated_steps
-        self.truncated_reward = None if truncated_reward is None else float(truncated_reward)
-        self.steps_after_cap = steps_after_cap
         self.context_length = context_length
-        self.reuse_samples = bool(reuse_samples)
-        self.allocation = allocation
-        self.min_rollouts = min_rollouts
-        self.min_step_tokens = min_step_tokens
         self.show_progress = show_progress
+
+    def __getattr__(self, name: str) -> Any:
+        return setting_attribute(self, name)  # estimator.num_rollouts etc.: the settings' values
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        refuse_setting_assignment(self, name)  # a setting set on the estimator would be silently ignored
+        object.__setattr__(self, name, value)
 
     # -- budgets ---------------------------------------------------------------------------------
 
     def budget(self, prefix_len: int, prompt_len: int | None = None) -> int:
         """Max new tokens for a continuation from a state with ``prefix_len`` completion tokens (after a
-        ``prompt_len``-token prompt), capped so prompt + prefix + continuation fit in ``context_length``."""
-        if self.rollout_budget == "fixed":
-            tokens = int(self.fixed_rollout_budget)  # type: ignore[arg-type]
-        else:
-            tokens = int(self.max_completion_length) - prefix_len  # type: ignore[arg-type]
-        if self.context_length is not None and prompt_len is not None:
-            tokens = min(tokens, self.context_length - prompt_len - prefix_len)
-        return tokens
+        ``prompt_len``-token prompt), capped so prompt + prefix + continuation fit in ``context_length``
+        (:func:`~mcadvantage.mc.rollouts.rollout_token_budget`)."""
+        return rollout_token_budget(
+            self.settings,
+            prefix_len,
+            prompt_len,
+            max_completion_length=self.max_completion_length,
+            context_length=self.context_length,
+        )
 
     # -- validation ------------------------------------------------------------------------------
 
@@ -280,53 +359,38 @@ class MCValueEstimator:
                     "must be a number (map unscorable responses to a reward before estimating)."
                 )
 
-    # -- rollouts ---------------------------------------------------------------------------------
+    # -- one wave ---------------------------------------------------------------------------------
 
-    def _grade(
-        self,
-        items: list[tuple[Trajectory, list[int]]],
-        reward_kwargs: Mapping[str, Any],
-        progress: Any,
-    ) -> tuple[list[float], int]:
-        """Grade full responses with this estimator's reward functions
-        (:func:`~mcadvantage.mc.rollouts.grade_rollouts`)."""
-        return grade_rollouts(
-            items,
-            reward_kwargs,
-            progress,
-            tokenizer=self.tokenizer,
-            reward_funcs=self.reward_funcs,
-            reward_weights=self.reward_weights,
-        )
-
-    def _sample_and_grade(
+    def _wave(
         self,
         trajectories: Sequence[Trajectory],
         plan: StatePlan,
-        counts: Sequence[int],
         budgets: Sequence[int],
         reward_kwargs: Mapping[str, Any],
-        stats: dict[str, float],
+        stats: MCStats,
+        progress: Any,
         *,
+        counts: Sequence[int],
         grade_unsampled: bool,
-        progress: Any = None,
-    ) -> list[list[tuple[list[int], float]]]:
-        """One wave with this estimator's sampler, budget and graders
-        (:func:`~mcadvantage.mc.rollouts.sample_and_grade`)."""
-        return sample_and_grade(
+    ) -> Wave:
+        """Sample and grade one wave of ``counts[u]`` rollouts per unique state with this estimator's sampler and
+        reward functions (:func:`~mcadvantage.mc.rollouts.sample_and_grade`), and add what it cost to ``stats``."""
+        wave = sample_and_grade(
             trajectories,
             plan,
             counts,
             budgets,
             reward_kwargs,
-            stats,
             sampler=self.sampler,
-            budget=self.budget,
-            grade=self._grade,
-            truncated_reward=self.truncated_reward,
+            tokenizer=self.tokenizer,
+            reward_funcs=self.reward_funcs,
+            reward_weights=self.reward_weights,
+            truncated_reward=self.settings.truncated_reward,
             grade_unsampled=grade_unsampled,
             progress=progress,
         )
+        stats.add(wave.counts)
+        return wave
 
     # -- the estimate ----------------------------------------------------------------------------
 
@@ -353,118 +417,83 @@ class MCValueEstimator:
             An :class:`MCEstimate`.
         """
         start = time.perf_counter()
+        s = self.settings
         trajectories = list(trajectories)
         self._validate(trajectories)
         extra = list(extra_responses)
         if extra:
             self._validate(extra)
         plan = plan_states(
-            trajectories,
-            self.max_estimated_steps,
-            min_step_tokens=self.min_step_tokens,
-            steps_after_cap=self.steps_after_cap,
+            trajectories, s.max_estimated_steps, min_step_tokens=s.min_step_tokens, steps_after_cap=s.steps_after_cap
         )
         budgets = [self.budget(prefix_len, len(trajectories[t].prompt_ids)) for t, prefix_len in plan.unique]
         sampled = [b >= 1 for b in budgets]
-        pooled = self.reuse_samples or self.allocation == "variance"
-        stats: dict[str, float] = dict.fromkeys(
-            (
-                "requests",
-                "unsampled_states",
-                "rollouts",
-                "generated_tokens",
-                "truncated_rollouts",
-                "unscorable_rollouts",
-                "sampling_seconds",
-                "grading_seconds",
-                "rollout_reward_sum",
-                "rollout_reward_count",
-            ),
-            0.0,
-        )
+        stats = MCStats()
         kwargs = dict(reward_kwargs or {})
-        waves = 2 if self.allocation == "variance" else 1
+        waves = 2 if s.allocation == "variance" else 1
         progress = None
         if self.show_progress:
             from tqdm.auto import tqdm
 
             progress = tqdm(
                 total=waves * (1 + len(self.reward_funcs)),
-                desc=f"MC values ({sum(sampled)} states x {self.num_rollouts})",
+                desc=f"MC values ({sum(sampled)} states x {s.num_rollouts})",
                 unit="phase",
             )
-        try:
-            if not pooled:
-                # The paper's scheme: K fresh rollouts per state, nothing shared between states.
-                counts = [self.num_rollouts if ok else 0 for ok in sampled]
-                waves_out = self._sample_and_grade(
-                    trajectories,
-                    plan,
-                    counts,
-                    budgets,
-                    kwargs,
-                    stats,
-                    grade_unsampled=True,
-                    progress=progress,
-                )
-                state_values = average_values([[r for _, r in wave] for wave in waves_out])
-                state_counts = [len(wave) for wave in waves_out]
 
-                def value(t: int, u: int) -> float:
-                    return state_values[u]
+        try:
+            if not s.pools_free_samples:
+                # The paper's scheme: K fresh rollouts per state, nothing shared between states.
+                counts = [s.num_rollouts if ok else 0 for ok in sampled]
+                samples = self._wave(
+                    trajectories, plan, budgets, kwargs, stats, progress, counts=counts, grade_unsampled=True
+                ).samples
+                per_state = average_values([[r for _, r in state] for state in samples])
+                state_values = [[per_state[u] for u in states] for states in plan.state_index]
+                state_counts = [len(state) for state in samples]
             else:
-                value, state_counts = pooled_values(
-                    trajectories,
-                    extra,
-                    plan,
-                    sampled,
-                    stats,
-                    lambda counts, grade_unsampled: self._sample_and_grade(
-                        trajectories,
-                        plan,
-                        counts,
-                        budgets,
-                        kwargs,
-                        stats,
-                        grade_unsampled=grade_unsampled,
-                        progress=progress,
-                    ),
-                    num_rollouts=self.num_rollouts,
-                    allocation=self.allocation,
-                    min_rollouts=self.min_rollouts,
+                # Free samples: every response and rollout through a state is a draw of its value (leave-one-out).
+                pool = SamplePool(trajectories, plan)
+                pool.add_responses([*trajectories, *extra])
+                target = s.num_rollouts if s.allocation == "uniform" else s.min_rollouts
+                own_rollouts = first_wave_counts(pool, sampled, target)
+                first = self._wave(
+                    trajectories, plan, budgets, kwargs, stats, progress, counts=own_rollouts, grade_unsampled=True
                 )
+                pool.add_wave(trajectories, first.samples)
+                shares = first_wave_shares(pool, sampled, s.num_rollouts)
+                second_pool: SamplePool | None = None
+                if s.allocation == "variance":
+                    # The second wave is averaged apart, with the fixed shares (see mcadvantage.mc.budget).
+                    second, stats.budget_tokens = second_wave_counts(
+                        pool, plan, sampled, shares, s.num_rollouts, stats.generated_tokens
+                    )
+                    own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
+                    second_pool = pool.empty_like()
+                    late = self._wave(
+                        trajectories, plan, budgets, kwargs, stats, progress, counts=second, grade_unsampled=False
+                    )
+                    second_pool.add_wave(trajectories, late.samples)
+                state_counts = samples_used(pool, second_pool, shares)
+                stats.free_samples = float(
+                    sum(max(0, n - own) for n, own in zip(state_counts, own_rollouts, strict=True))
+                )
+                stats.rollouts_saved = float(s.num_rollouts * sum(sampled) - stats.rollouts)
+                state_values = leave_one_out_values(trajectories, plan, pool, second_pool, shares)
         finally:
             if progress is not None:
                 progress.close()
 
-        # Values and advantages.
-        values: list[list[float]] = []
-        step_advs: list[list[float]] = []
-        token_advs: list[torch.Tensor] = []
-        for t, traj in enumerate(trajectories):
-            v = [value(t, u) for u in plan.state_index[t]] + [float(traj.reward)]
-            a = step_advantages(v)
-            if plan.capped[t] and self.steps_after_cap == "zero":
-                a[-1] = 0.0  # the merged tail (steps m..n) gets no credit, as in the official code
-            values.append(v)
-            step_advs.append(a)
-            token_advs.append(token_advantages(a, plan.boundaries[t], len(traj.completion_ids)))
+        values, step_advs, token_advs = credit(trajectories, plan, state_values, s.steps_after_cap == "zero")
 
-        num_states = plan.num_states
-        num_unique = len(plan.unique)
-        reward_sum, reward_count = stats.pop("rollout_reward_sum"), stats.pop("rollout_reward_count")
-        stats.update(
-            trajectories=float(len(trajectories)),
-            states=float(num_states),
-            unique_states=float(num_unique),
-            dedup_ratio=(1.0 - num_unique / num_states) if num_states else 0.0,
-            rollout_reward_mean=reward_sum / reward_count if reward_count else math.nan,
-            seconds=time.perf_counter() - start,
-        )
+        stats.trajectories = len(trajectories)
+        stats.states = plan.num_states
+        stats.unique_states = len(plan.unique)
+        stats.seconds = time.perf_counter() - start
         return MCEstimate(
             values=values,
             step_advantages=step_advs,
             token_advantages=token_advs,
-            stats=stats,
+            stats=stats.as_dict(),
             sample_counts=[[state_counts[u] for u in states] for states in plan.state_index],
         )

@@ -2,17 +2,19 @@
 draw of its value, pooled leave-one-out.
 
 :class:`SamplePool` matches every path (a response or a rollout) to the states it passes through with a token trie
-per grading group, and keeps per state the samples' reward sum, count and lengths. :func:`pooled_values` runs the
-waves (top every state up, then, with ``allocation="variance"``, spend the rest of the token budget where
-:func:`~mcadvantage.mc.budget.allocate_rollouts` says) and returns each trajectory's leave-one-out values: a
-response's own outcome never enters the values of its own states. Why that, and the two-wave mix, are exactly
-unbiased: :mod:`mcadvantage.mc.budget`. Written by hand: no library pools Monte Carlo samples across states.
+per grading group, and keeps per state the samples' reward sum, count and lengths. The estimator runs the waves
+and these steps decide them: :func:`first_wave_counts` tops every state up, :func:`first_wave_shares` fixes each
+state's first-wave share, :func:`second_wave_counts` (``allocation="variance"``) spends the rest of the token budget
+where :func:`~mcadvantage.mc.budget.allocate_rollouts` says, and :func:`leave_one_out_values` gives each trajectory
+its values: a response's own outcome never enters the values of its own states. Why that, and the two-wave mix,
+are exactly unbiased: :mod:`mcadvantage.mc.budget`. Written by hand: no library pools Monte Carlo samples across
+states.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from mcadvantage.mc.budget import (
@@ -25,7 +27,16 @@ from mcadvantage.mc.budget import (
 from mcadvantage.mc.planning import StatePlan, grading_key
 from mcadvantage.mc.trajectory import Trajectory
 
-__all__ = ["VARIANCE_PRIOR_STRENGTH", "SamplePool", "advantage_weights", "pooled_values"]
+__all__ = [
+    "VARIANCE_PRIOR_STRENGTH",
+    "SamplePool",
+    "advantage_weights",
+    "first_wave_counts",
+    "first_wave_shares",
+    "leave_one_out_values",
+    "samples_used",
+    "second_wave_counts",
+]
 
 
 #: Pseudo-samples of the parent state's variance in a state's variance estimate (``allocation="variance"``).
@@ -101,7 +112,15 @@ class SamplePool:
             node = node.get(ids[depth])
             depth += 1
 
+    def add_responses(self, responses: Sequence[Trajectory]) -> None:
+        """Count every response (masked ones too: which responses are masked may depend on their outcomes) for the
+        states it passes through."""
+        for traj in responses:
+            self.add_path(traj, traj.completion_ids, float(traj.reward))
+
     def add_wave(self, trajectories: Sequence[Trajectory], wave: list[list[tuple[list[int], float]]]) -> None:
+        """Count a wave's samples (per unique state, ``(completion ids, reward)``) for every state they pass
+        through."""
         for u, samples in enumerate(wave):
             t, prefix_len = self.plan.unique[u]
             for ids, reward in samples:
@@ -132,82 +151,81 @@ class SamplePool:
         return out
 
 
-def pooled_values(
-    trajectories: Sequence[Trajectory],
-    extra: Sequence[Trajectory],
+def first_wave_counts(pool: SamplePool, sampled: Sequence[bool], target: int) -> list[int]:
+    """First-wave rollouts per state: what tops each sampled state up to ``target`` samples besides one response's
+    own outcome (``num_rollouts`` with free samples alone, ``min_rollouts`` under ``allocation="variance"``)."""
+    return [max(0, target - f) if ok else 0 for f, ok in zip(pool.others, sampled, strict=True)]
+
+
+def first_wave_shares(pool: SamplePool, sampled: Sequence[bool], num_rollouts: int) -> list[float]:
+    """Per state, the share of its first-wave mean in its value (:func:`~mcadvantage.mc.budget.first_wave_share`),
+    from its first-wave samples besides the response's own: counted by prefixes, never by outcomes. 1 for an
+    unsampled state."""
+    return [
+        first_wave_share(n, num_rollouts) if ok else 1.0 for n, ok in zip(pool.others, sampled, strict=True)
+    ]
+
+
+def second_wave_counts(
+    pool: SamplePool,
     plan: StatePlan,
     sampled: Sequence[bool],
-    stats: dict[str, float],
-    sample_wave: Callable[[Sequence[int], bool], list[list[tuple[list[int], float]]]],
-    *,
+    shares: Sequence[float],
     num_rollouts: int,
-    allocation: str,
-    min_rollouts: int,
-) -> tuple[Callable[[int, int], float], list[int]]:
-    """Free samples and/or variance allocation: pool every response and rollout through each state and top the
-    states up (first wave); with ``"variance"``, allocate the rest of the token budget (second wave). Returns the
-    leave-one-out value ``(trajectory, unique state) -> V`` and the samples behind each state's values.
+    generated_tokens: float,
+) -> tuple[list[int], float]:
+    """``allocation="variance"``: second-wave rollouts per state and the batch's rollout token budget (the tokens
+    ``num_rollouts`` rollouts per sampled state would cost). Every state whose value has a second-wave part
+    (share below 1) gets one; the budget left after the first wave's ``generated_tokens`` and those goes where
+    :func:`~mcadvantage.mc.budget.allocate_rollouts` says.
 
-    The second wave is kept apart: a state's value mixes its first-wave mean and its second-wave mean with the
-    fixed share :func:`~mcadvantage.mc.budget.first_wave_share`, so how many rollouts the allocation gave it
-    (which depends on outcomes) never reweights the outcomes it looked at (see :mod:`mcadvantage.mc.budget`).
-
-    ``sample_wave(counts, grade_unsampled)`` draws and grades one wave (the estimator's
-    :func:`~mcadvantage.mc.rollouts.sample_and_grade`, which adds to ``stats``); ``num_rollouts``, ``allocation``
-    and ``min_rollouts`` are the estimator's options.
+    The value's variance is ``a^2 var / n_1 + (1 - a)^2 var / n_2``: a second-wave rollout is worth ``(1 - a)^2`` of
+    an advantage token's error, and nothing at a state with ``a = 1``.
     """
-    pool = SamplePool(trajectories, plan)
-    for traj in [*trajectories, *extra]:
-        # Masked responses count too: which responses are masked may depend on their outcomes.
-        pool.add_path(traj, traj.completion_ids, float(traj.reward))
-    target = num_rollouts if allocation == "uniform" else min_rollouts
-    first = [max(0, target - f) if ok else 0 for f, ok in zip(pool.others, sampled, strict=True)]
-    own_rollouts = list(first)
+    need = [1 if a < 1.0 else 0 for a in shares]
+    costs = [pool.mean_remaining(u) for u in range(len(plan.unique))]
+    token_budget = num_rollouts * math.fsum(c for c, ok in zip(costs, sampled, strict=True) if ok)
+    extra = allocate_rollouts(
+        weights=[w * (1.0 - a) ** 2 for w, a in zip(advantage_weights(plan), shares, strict=True)],
+        variances=pool.variances(plan.parent, VARIANCE_PRIOR_STRENGTH),
+        counts=need,
+        costs=costs,
+        budget=max(
+            0.0,
+            token_budget - generated_tokens - math.fsum(c for c, n in zip(costs, need, strict=True) if n),
+        ),
+    )
+    return [a + b for a, b in zip(need, extra, strict=True)], token_budget
 
-    def wave(into: SamplePool, counts: Sequence[int], grade_unsampled: bool) -> None:
-        into.add_wave(trajectories, sample_wave(counts, grade_unsampled))
 
-    wave(pool, first, grade_unsampled=True)
-    # First-wave samples besides the response's own: counted by prefixes, never by outcomes.
-    others = pool.others
-    share = [first_wave_share(n, num_rollouts) if ok else 1.0 for n, ok in zip(others, sampled, strict=True)]
-    second_pool: SamplePool | None = None
-    if allocation == "variance":
-        second_pool = pool.empty_like()
-        # A state whose value has a second-wave part needs a second-wave sample.
-        need = [1 if a < 1.0 else 0 for a in share]
-        costs = [pool.mean_remaining(u) for u in range(len(plan.unique))]
-        token_budget = num_rollouts * math.fsum(c for c, ok in zip(costs, sampled, strict=True) if ok)
-        stats["budget_tokens"] = token_budget
-        # The value's variance is a^2 var / n_1 + (1 - a)^2 var / n_2: a second-wave rollout is worth
-        # (1 - a)^2 of an advantage token's error, and nothing at a state with a = 1.
-        extra_second = allocate_rollouts(
-            weights=[w * (1.0 - a) ** 2 for w, a in zip(advantage_weights(plan), share, strict=True)],
-            variances=pool.variances(plan.parent, VARIANCE_PRIOR_STRENGTH),
-            counts=need,
-            costs=costs,
-            budget=max(
-                0.0,
-                token_budget
-                - stats["generated_tokens"]
-                - math.fsum(c for c, n in zip(costs, need, strict=True) if n),
-            ),
-        )
-        second = [a + b for a, b in zip(need, extra_second, strict=True)]
-        own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
-        wave(second_pool, second, grade_unsampled=False)
-    used = [
-        n + (second_pool.count[u] if second_pool is not None and share[u] < 1.0 else 0)
-        for u, n in enumerate(others)
+def samples_used(first: SamplePool, second: SamplePool | None, shares: Sequence[float]) -> list[int]:
+    """Per state, the samples behind its values besides the response's own: the first wave's, plus the second
+    wave's where its value has a second-wave part."""
+    return [
+        n + (second.count[u] if second is not None and shares[u] < 1.0 else 0)
+        for u, n in enumerate(first.others)
     ]
-    stats["free_samples"] = float(sum(max(0, n - own) for n, own in zip(used, own_rollouts, strict=True)))
-    stats["rollouts_saved"] = num_rollouts * sum(sampled) - stats["rollouts"]
 
-    def value(t: int, u: int) -> float:
-        first_mean = leave_one_out_mean(pool.total[u], pool.count[u], float(trajectories[t].reward))
-        if second_pool is None:
-            return first_mean
-        second_mean = second_pool.total[u] / second_pool.count[u] if second_pool.count[u] else None
-        return two_wave_mean(first_mean, second_mean, share[u])
 
-    return value, used
+def leave_one_out_values(
+    trajectories: Sequence[Trajectory],
+    plan: StatePlan,
+    first: SamplePool,
+    second: SamplePool | None,
+    shares: Sequence[float],
+) -> list[list[float]]:
+    """Per trajectory, the values of its states ``S_0..S_{m-1}``: the leave-one-out mean of each state's first-wave
+    pool without the trajectory's own outcome, mixed with the second wave's mean by the fixed share when there is a
+    second wave (:func:`~mcadvantage.mc.budget.two_wave_mean`)."""
+    values: list[list[float]] = []
+    for t, states in enumerate(plan.state_index):
+        own = float(trajectories[t].reward)
+        row = []
+        for u in states:
+            first_mean = leave_one_out_mean(first.total[u], first.count[u], own)
+            if second is not None:
+                second_mean = second.total[u] / second.count[u] if second.count[u] else None
+                first_mean = two_wave_mean(first_mean, second_mean, shares[u])
+            row.append(first_mean)
+        values.append(row)
+    return values

@@ -1,11 +1,13 @@
 """The Monte Carlo estimator's I/O (stages 2-4 of :meth:`~mcadvantage.mc.estimator.MCValueEstimator.estimate`):
 rollout requests, one sampler call per wave, one call per reward function, and the values they give.
 
-:func:`build_requests` turns every unique state with budget left into one
-:class:`~mcadvantage.samplers.RolloutRequest`; :func:`sample_and_grade` sends them all in ONE ``sampler.sample``
-call (:func:`validate_samples` checks the answer) and grades every rollout with :func:`grade_rollouts`, one call
-per reward function (TRL signature), on the full response text ``decode(prefix ids + continuation ids)``;
-:func:`average_values` gives each state its value (the paper's scheme, without free samples).
+:func:`rollout_token_budget` says how many tokens a continuation from a state may add; :func:`build_requests` turns
+every unique state with budget left into one :class:`~mcadvantage.samplers.RolloutRequest`;
+:func:`sample_and_grade` sends them all in ONE ``sampler.sample`` call (:func:`validate_samples` checks the answer)
+and grades every rollout with :func:`grade_rollouts`, one call per reward function (TRL signature), on the full
+response text ``decode(prefix ids + continuation ids)``, and returns a :class:`Wave`: the samples and what they
+cost (:class:`WaveCounts`); :func:`average_values` gives each state its value (the paper's scheme, without free
+samples). Each step takes and returns data; the estimator calls them in order.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from mcadvantage.core.settings import MCSettings
 from mcadvantage.core.text import decode_batch, is_conversational
 from mcadvantage.mc.planning import StatePlan
 from mcadvantage.mc.trajectory import Trajectory
@@ -22,34 +26,94 @@ from mcadvantage.rewards.errors import call_reward_func
 from mcadvantage.samplers.base import Continuation, RolloutRequest, Sampler
 
 __all__ = [
-    "Grader",
     "RewardFunc",
+    "Wave",
+    "WaveCounts",
     "average_values",
     "build_requests",
     "grade_rollouts",
+    "rollout_token_budget",
     "sample_and_grade",
     "validate_samples",
 ]
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
-#: ``(items, reward_kwargs, progress) -> (rewards, unscorable count)``: grades ``(trajectory, completion ids)``
-#: pairs.
-Grader = Callable[[list[tuple[Trajectory, list[int]]], Mapping[str, Any], Any], tuple[list[float], int]]
+
+@dataclass
+class WaveCounts:
+    """What one wave of rollouts cost and saw (added up by the estimator into its
+    :class:`~mcadvantage.mc.estimator.MCStats`).
+
+    Attributes:
+        requests: rollout requests sent to the sampler.
+        unsampled_states: states with no token budget left, graded as their own (truncated) prefix.
+        rollouts: continuations sampled.
+        generated_tokens: tokens in all continuations.
+        truncated_rollouts: continuations that hit their budget before EOS.
+        unscorable_rollouts: graded items for which every reward function returned None.
+        sampling_seconds, grading_seconds: wall time of the sampler call and of the reward calls.
+        rollout_rewards: the reward of every sampled continuation, in the order they are summed (those given
+            ``truncated_reward`` first, then the graded ones): the rollout reward mean is their running sum.
+    """
+
+    requests: int = 0
+    unsampled_states: int = 0
+    rollouts: int = 0
+    generated_tokens: int = 0
+    truncated_rollouts: int = 0
+    unscorable_rollouts: int = 0
+    sampling_seconds: float = 0.0
+    grading_seconds: float = 0.0
+    rollout_rewards: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Wave:
+    """One wave's samples and their counts.
+
+    Attributes:
+        samples: per unique state, its samples as ``(completion ids, reward)``: the full response (the state's
+            prefix plus the continuation), or the prefix alone for an unsampled no-budget state.
+        counts: what the wave cost (:class:`WaveCounts`).
+    """
+
+    samples: list[list[tuple[list[int], float]]]
+    counts: WaveCounts
+
+
+def rollout_token_budget(
+    settings: MCSettings,
+    prefix_len: int,
+    prompt_len: int | None,
+    *,
+    max_completion_length: int | None,
+    context_length: int | None,
+) -> int:
+    """Max new tokens for a continuation from a state with ``prefix_len`` completion tokens after a
+    ``prompt_len``-token prompt: ``max_completion_length - prefix_len`` (``rollout_budget="remaining"``) or
+    ``fixed_rollout_budget`` (``"fixed"``), capped so prompt + prefix + continuation fit in ``context_length``
+    (no cap when either is None). Below 1: the state is not sampled."""
+    if settings.rollout_budget == "fixed":
+        tokens = int(settings.fixed_rollout_budget)  # type: ignore[arg-type]
+    else:
+        tokens = int(max_completion_length) - prefix_len  # type: ignore[arg-type]
+    if context_length is not None and prompt_len is not None:
+        tokens = min(tokens, context_length - prompt_len - prefix_len)
+    return tokens
 
 
 def build_requests(
     trajectories: Sequence[Trajectory],
     plan: StatePlan,
     num_rollouts: int | Sequence[int],
-    budget: Callable[[int, int], int],
+    budgets: Sequence[int],
 ) -> tuple[list[RolloutRequest], list[int | None]]:
     """One request of ``num_rollouts`` samples per unique state with budget left.
 
     Args:
         num_rollouts: samples per state, one number for all or one per unique state (0: no request).
-        budget: ``(completion-prefix length, prompt length)`` -> max new tokens for a continuation from that
-            state.
+        budgets: per unique state, the max new tokens of a continuation from it (:func:`rollout_token_budget`).
 
     Returns:
         ``(requests, request_of_state)``: ``request_of_state[u]`` is the index of unique state
@@ -60,7 +124,7 @@ def build_requests(
     request_of_state: list[int | None] = []
     for u, (t, prefix_len) in enumerate(plan.unique):
         traj = trajectories[t]
-        max_tokens = budget(prefix_len, len(traj.prompt_ids))
+        max_tokens = int(budgets[u])
         n = num_rollouts if isinstance(num_rollouts, int) else int(num_rollouts[u])
         if max_tokens < 1 or n < 1:
             request_of_state.append(None)
@@ -184,30 +248,28 @@ def sample_and_grade(
     counts: Sequence[int],
     budgets: Sequence[int],
     reward_kwargs: Mapping[str, Any],
-    stats: dict[str, float],
     *,
     sampler: Sampler,
-    budget: Callable[[int, int], int],
-    grade: Grader,
+    tokenizer: Any,
+    reward_funcs: Sequence[RewardFunc],
+    reward_weights: Sequence[float],
     truncated_reward: float | None,
     grade_unsampled: bool,
     progress: Any = None,
-) -> list[list[tuple[list[int], float]]]:
-    """One wave: ``counts[u]`` continuations from every unique state ``u`` with budget left, in ONE sampler
-    call, graded in one call per reward function. With ``grade_unsampled``, states without budget are graded
-    as their own (truncated) prefix. Adds to ``stats``; returns per state its samples as ``(completion ids,
-    reward)`` (the full response: the state's prefix plus the continuation).
-
-    ``budget`` is :meth:`~mcadvantage.mc.estimator.MCValueEstimator.budget`; ``grade`` grades a list of
-    ``(trajectory, completion ids)`` (:func:`grade_rollouts` with the estimator's reward functions);
-    ``truncated_reward`` is the estimator's option."""
-    requests, request_of_state = build_requests(trajectories, plan, counts, budget)
+) -> Wave:
+    """One wave: ``counts[u]`` continuations from every unique state ``u`` with budget left (``budgets[u] >= 1``,
+    :func:`rollout_token_budget`), in ONE sampler call, graded in one call per reward function
+    (:func:`grade_rollouts`). With ``grade_unsampled``, states without budget are graded as their own (truncated)
+    prefix. ``truncated_reward`` (:attr:`~mcadvantage.core.settings.MCSettings.truncated_reward`) replaces the
+    grade of a truncated continuation. Returns the samples per state and what the wave cost."""
+    tally = WaveCounts()
+    requests, request_of_state = build_requests(trajectories, plan, counts, budgets)
 
     t0 = time.perf_counter()
     samples: list[list[Continuation]] = []
     if requests:
         samples = validate_samples(requests, sampler.sample(requests))
-    stats["sampling_seconds"] += time.perf_counter() - t0
+    tally.sampling_seconds = time.perf_counter() - t0
     if progress is not None:
         progress.update(1)
 
@@ -221,7 +283,7 @@ def sample_and_grade(
         if r is None:
             if grade_unsampled and budgets[u] < 1:
                 # No budget left: the prefix itself is the (truncated) response.
-                stats["unsampled_states"] += 1
+                tally.unsampled_states += 1
                 if truncated_reward is not None:
                     out[u].append((prefix, truncated_reward))
                 else:
@@ -229,26 +291,31 @@ def sample_and_grade(
                     slots.append(u)
             continue
         for cont in samples[r]:
-            stats["generated_tokens"] += len(cont.token_ids)
-            stats["truncated_rollouts"] += bool(cont.truncated)
-            stats["rollouts"] += 1
+            tally.generated_tokens += len(cont.token_ids)
+            tally.truncated_rollouts += bool(cont.truncated)
+            tally.rollouts += 1
             ids = prefix + list(cont.token_ids)
             if cont.truncated and truncated_reward is not None:
                 out[u].append((ids, truncated_reward))
-                stats["rollout_reward_sum"] += truncated_reward
-                stats["rollout_reward_count"] += 1
+                tally.rollout_rewards.append(truncated_reward)
             else:
                 to_grade.append((traj, ids))
                 slots.append(u)
-    stats["requests"] += len(requests)
+    tally.requests = len(requests)
 
     t0 = time.perf_counter()
-    graded, unscorable = grade(to_grade, reward_kwargs, progress)
-    stats["grading_seconds"] += time.perf_counter() - t0
-    stats["unscorable_rollouts"] += unscorable
+    graded, unscorable = grade_rollouts(
+        to_grade,
+        reward_kwargs,
+        progress,
+        tokenizer=tokenizer,
+        reward_funcs=reward_funcs,
+        reward_weights=reward_weights,
+    )
+    tally.grading_seconds = time.perf_counter() - t0
+    tally.unscorable_rollouts = unscorable
     for u, (_, ids), reward in zip(slots, to_grade, graded, strict=True):
         out[u].append((ids, reward))
         if request_of_state[u] is not None:
-            stats["rollout_reward_sum"] += reward
-            stats["rollout_reward_count"] += 1
-    return out
+            tally.rollout_rewards.append(reward)
+    return Wave(samples=out, counts=tally)

@@ -343,7 +343,7 @@ def replay_overhead(tokenizer: Any, args: argparse.Namespace, repeats: int) -> d
     budget_total = args.replay_completion_tokens
     batch = make_batch(tokenizer, replay_args, args.seed + 1)
     plan = plan_states(batch)
-    requests, _ = build_requests(batch, plan, args.num_rollouts, lambda b, _prompt_len: budget_total - b)
+    requests, _ = build_requests(batch, plan, args.num_rollouts, [budget_total - b for _, b in plan.unique])
     rng = random.Random(args.seed)
     samples = [
         [Continuation(tuple(rng.choices(range(4, len(tokenizer)), k=r.max_tokens)), True) for _ in range(r.n)]
@@ -469,7 +469,7 @@ def main() -> None:
     batch = make_batch(tokenizer, args, args.seed)
     plan = plan_states(batch)
     requests, _ = build_requests(
-        batch, plan, args.num_rollouts, lambda b, _prompt_len: args.max_completion_length - b
+        batch, plan, args.num_rollouts, [args.max_completion_length - b for _, b in plan.unique]
     )
     workload = {
         "trajectories": len(batch),

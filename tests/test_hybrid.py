@@ -215,6 +215,7 @@ def test_monte_carlo_values_are_unbiased_and_blind_to_the_own_outcome_on_the_exa
     assert sum(1 for e in errors if e) > 100  # most batches credited some responses
     assert abs(_z(errors)) < 5 and abs(_z(covariances)) < 5, (_z(errors), _z(covariances))
     pooled = HybridEstimator(budget=1.0, num_rollouts=2, step_segmenter=characters)
-    pooled.monte_carlo.reuse_samples = True  # what the hybrid refuses: outcomes chosen as all equal, pooled
+    # What the hybrid refuses (outcomes chosen as all equal, pooled), forced past its check:
+    pooled.monte_carlo.settings = pooled.settings.replace(reuse_samples=True)
     pooled_errors, pooled_covariances = _value_errors(task, pooled, 150)
     assert _z(pooled_errors) < -5 and _z(pooled_covariances) > 5, (_z(pooled_errors), _z(pooled_covariances))

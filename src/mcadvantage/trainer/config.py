@@ -16,6 +16,8 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from mcadvantage.core.settings import MCSettings
+
 
 def _bf16_available() -> bool:
     """True when a CUDA device with native bfloat16 support is visible (the only case where ``bf16=None``
@@ -67,8 +69,18 @@ class VinePPOConfig(GRPOConfig):
         tree_depths (list[int] | None): With `"tree"`: the completion token depth where each level branches (the
             first is `0`, the prompt; strictly increasing, below `max_completion_length`). `None` (default) spreads
             them over the first half of `max_completion_length`.
-        num_mc_rollouts (int): K, the number of continuations sampled from every state to estimate its value
-            (paper: 9; larger is better, K=1 already beats PPO). Defaults to `9`.
+        num_mc_rollouts (int), mc_rollout_budget (str), mc_fixed_rollout_budget (int | None),
+        mc_max_estimated_steps (int | None), mc_truncated_reward (float | None), mc_steps_after_cap (str),
+        mc_min_step_tokens (int | None), mc_reuse_samples (bool), mc_allocation (str), mc_min_rollouts (int): The
+            Monte Carlo settings of the estimators that sample continuations (`"vineppo"`, `"hybrid"`): the fields
+            of :class:`~mcadvantage.core.settings.MCSettings` under their config names (`num_rollouts` is
+            `num_mc_rollouts`, any other `x` is `mc_x`), with its defaults, help and meaning, validated by it and
+            passed to the estimator whole (`MCSettings.from_config(config)`). In short: K continuations per state
+            (paper: 9), their token budget (`"remaining"` of `max_completion_length`, or `"fixed"` at
+            `mc_fixed_rollout_budget`), a cap on the estimated states and what later steps get (`"merge"`, `"zero"`
+            as the official code on GSM8K, `"spread"`), the reward of a truncated continuation, merging short
+            steps, free samples and variance allocation (see docs/howto/cheaper-monte-carlo.md). A setting that
+            would have no effect (e.g. `mc_min_rollouts` without `mc_allocation="variance"`) is refused.
         step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
             (paper Appendix B MATH rules: newlines and sentence ends, never inside a math expression, long parts
             split again), `"gsm8k"` (one step per line, the final `#### N` line joins the last step), `"newline"`
@@ -76,40 +88,6 @@ class VinePPOConfig(GRPOConfig):
             callable `text -> list[str]` whose parts concatenate back to `text`. `"math"` is the default because
             it also cuts long responses without newlines into several steps; use `"gsm8k"` for GSM8K-style data.
             Defaults to `"math"`.
-        mc_rollout_budget (str): Token budget of a continuation from the state after `b` completion tokens:
-            `"remaining"` gives it `max_completion_length - b` tokens, so a continuation faces the same length
-            limit as the response it estimates; `"fixed"` gives every continuation `mc_fixed_rollout_budget`
-            tokens (the official code's choice: a fresh 1024-token budget). Defaults to `"remaining"`.
-        mc_fixed_rollout_budget (int | None): Budget per continuation with `mc_rollout_budget="fixed"` (required
-            there, rejected otherwise). Defaults to `None`.
-        mc_max_estimated_steps (int | None): Estimate at most the first `m` states of a response; its later steps
-            are merged into one final step whose advantage is `R - V(S_{m-1})` (the official code used 25 on GSM8K
-            and gave later steps 0). Defaults to `None`.
-        mc_truncated_reward (float | None): Reward of a continuation that hit its token budget without EOS. `None`
-            (default) grades it with the reward functions like any other text; the official code used `0.0`.
-            Defaults to `None`.
-        mc_steps_after_cap (str): What the steps past `mc_max_estimated_steps` get: `"merge"` (one final step
-            whose advantage is `R - V(S_{m-1})`, keeping the telescoping sum) or `"zero"` (advantage 0, as the
-            official code on GSM8K). `"spread"` keeps `mc_max_estimated_steps` states spread evenly by token
-            position over the response instead of the first ones, so cost follows the cap, not the number of
-            newlines. Defaults to `"merge"`.
-        mc_min_step_tokens (int | None): Merge steps shorter than this many tokens into the next one before
-            estimating, so every estimated segment covers at least that many tokens. `None` (default) keeps every
-            step. Defaults to `None`.
-        mc_reuse_samples (bool): Count free samples in every state's value: the other responses of the batch that
-            pass through the state and every rollout that passes through it, leave-one-out (a response's own
-            outcome never enters its own values, which keeps the policy gradient unbiased). A state then gets only
-            `num_mc_rollouts` minus its free samples as new rollouts; the prompt state of a group of 8 responses
-            needs none for K <= 7. Needs `mc_rollout_budget="remaining"`. Defaults to `False`.
-        mc_allocation (str): `"uniform"` (default): every state gets `num_mc_rollouts` samples. `"variance"`: a
-            first wave tops every state up to `mc_min_rollouts` samples, then the rollout tokens `num_mc_rollouts`
-            per state would cost are spent where they cut advantage error most (by estimated variance, shrunk
-            toward the parent state's, and by how many advantage tokens the state's value enters). A state's value
-            mixes its first-wave and second-wave means with a share fixed before any outcome is seen, so it is
-            exactly unbiased whatever the allocation decides and whatever is masked (see `mcadvantage.mc.budget`;
-            its cost in tokens is measured in `docs/benchmarks.md`). Defaults to `"uniform"`.
-        mc_min_rollouts (int): The first wave of `mc_allocation="variance"`: samples (free ones included) every
-            state has before the rest of the budget is allocated. Defaults to `1`.
         truncated_completion_reward (float | None): Reward of a training response that hit
             `max_completion_length` without EOS: every reward function's score for it is replaced by this value
             (with one reward function of weight 1, its reward is this value), whatever the text contains. `None`
@@ -213,12 +191,7 @@ class VinePPOConfig(GRPOConfig):
     )
 
     # ---- Monte Carlo value estimation ---------------------------------------------------------------------
-    num_mc_rollouts: int = field(
-        default=9,
-        metadata={
-            "help": "K: continuations sampled from every state to estimate its value (VinePPO paper: 9)."
-        },
-    )
+    num_mc_rollouts: int = MCSettings.config_field("num_rollouts")
     step_segmenter: Callable[[str], list[str]] | str | None = field(
         default="math",
         metadata={
@@ -226,63 +199,15 @@ class VinePPOConfig(GRPOConfig):
             "StepSegmenter instance or a picklable callable text -> list[str]."
         },
     )
-    mc_rollout_budget: str = field(
-        default="remaining",
-        metadata={
-            "help": "Token budget of a Monte Carlo continuation: 'remaining' (max_completion_length minus the "
-            "prefix length) or 'fixed' (mc_fixed_rollout_budget tokens)."
-        },
-    )
-    mc_fixed_rollout_budget: int | None = field(
-        default=None,
-        metadata={"help": "Tokens per continuation when mc_rollout_budget='fixed' (official code: 1024)."},
-    )
-    mc_max_estimated_steps: int | None = field(
-        default=None,
-        metadata={
-            "help": "Estimate at most the first m states of a response; later steps merge into one final step "
-            "(official code: 25 on GSM8K). None: estimate every state."
-        },
-    )
-    mc_truncated_reward: float | None = field(
-        default=None,
-        metadata={
-            "help": "Reward of a continuation that ran out of budget without EOS. None: grade it with the reward "
-            "functions (official code: 0.0)."
-        },
-    )
-    mc_steps_after_cap: str = field(
-        default="merge",
-        metadata={
-            "help": "What steps past mc_max_estimated_steps get: 'merge' (one final step, R - V(S_{m-1})), "
-            "'zero' (advantage 0, the official code on GSM8K) or 'spread' (keep the cap's number of states, spread "
-            "evenly over the response)."
-        },
-    )
-    mc_min_step_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Merge steps shorter than this many tokens into the next one. None: keep every step."
-        },
-    )
-    mc_reuse_samples: bool = field(
-        default=False,
-        metadata={
-            "help": "Count the other responses and rollouts that pass through a state as samples of its value "
-            "(leave-one-out); new rollouts only top each state up to num_mc_rollouts samples."
-        },
-    )
-    mc_allocation: str = field(
-        default="uniform",
-        metadata={
-            "help": "'uniform' (num_mc_rollouts samples per state) or 'variance' (the same rollout tokens, spent "
-            "where they cut advantage error most)."
-        },
-    )
-    mc_min_rollouts: int = field(
-        default=1,
-        metadata={"help": "mc_allocation='variance': samples every state gets in the first wave."},
-    )
+    mc_rollout_budget: str = MCSettings.config_field("rollout_budget")
+    mc_fixed_rollout_budget: int | None = MCSettings.config_field("fixed_rollout_budget")
+    mc_max_estimated_steps: int | None = MCSettings.config_field("max_estimated_steps")
+    mc_truncated_reward: float | None = MCSettings.config_field("truncated_reward")
+    mc_steps_after_cap: str = MCSettings.config_field("steps_after_cap")
+    mc_min_step_tokens: int | None = MCSettings.config_field("min_step_tokens")
+    mc_reuse_samples: bool = MCSettings.config_field("reuse_samples")
+    mc_allocation: str = MCSettings.config_field("allocation")
+    mc_min_rollouts: int = MCSettings.config_field("min_rollouts")
     truncated_completion_reward: float | None = field(
         default=None,
         metadata={

@@ -302,7 +302,9 @@ def validate_mc_settings(
                 f"{rollout_budget!r} ignores it. Set {n('rollout_budget')}='fixed' to use it, or drop "
                 f"{n('fixed_rollout_budget')}."
             )
-        if max_completion_length is not _UNCHECKED and (max_completion_length is None or max_completion_length < 1):
+        if max_completion_length is not _UNCHECKED and (
+            max_completion_length is None or max_completion_length < 1
+        ):
             raise ValueError(
                 f"{n('rollout_budget')}='remaining' needs {n('max_completion_length')} >= 1 (the budget "
                 f"continuations share with the response), got {max_completion_length!r}. Set it, or use "

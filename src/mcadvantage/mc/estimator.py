@@ -210,7 +210,10 @@ class MCEstimate:
 
 
 def credit(
-    trajectories: Sequence[Trajectory], plan: StatePlan, state_values: Sequence[Sequence[float]], zero_after_cap: bool
+    trajectories: Sequence[Trajectory],
+    plan: StatePlan,
+    state_values: Sequence[Sequence[float]],
+    zero_after_cap: bool,
 ) -> tuple[list[list[float]], list[list[float]], list[torch.Tensor]]:
     """The algorithm, once the states have values: per trajectory ``[V(S_0), ..., V(S_{n-1}), R]``, the step
     advantages ``A_i = V(S_i) - V(S_{i-1})`` (with ``zero_after_cap``, the merged tail of a capped response gets
@@ -424,7 +427,10 @@ class MCValueEstimator:
         if extra:
             self._validate(extra)
         plan = plan_states(
-            trajectories, s.max_estimated_steps, min_step_tokens=s.min_step_tokens, steps_after_cap=s.steps_after_cap
+            trajectories,
+            s.max_estimated_steps,
+            min_step_tokens=s.min_step_tokens,
+            steps_after_cap=s.steps_after_cap,
         )
         budgets = [self.budget(prefix_len, len(trajectories[t].prompt_ids)) for t, prefix_len in plan.unique]
         sampled = [b >= 1 for b in budgets]
@@ -458,7 +464,14 @@ class MCValueEstimator:
                 target = s.num_rollouts if s.allocation == "uniform" else s.min_rollouts
                 own_rollouts = first_wave_counts(pool, sampled, target)
                 first = self._wave(
-                    trajectories, plan, budgets, kwargs, stats, progress, counts=own_rollouts, grade_unsampled=True
+                    trajectories,
+                    plan,
+                    budgets,
+                    kwargs,
+                    stats,
+                    progress,
+                    counts=own_rollouts,
+                    grade_unsampled=True,
                 )
                 pool.add_wave(trajectories, first.samples)
                 shares = first_wave_shares(pool, sampled, s.num_rollouts)
@@ -471,7 +484,14 @@ class MCValueEstimator:
                     own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
                     second_pool = pool.empty_like()
                     late = self._wave(
-                        trajectories, plan, budgets, kwargs, stats, progress, counts=second, grade_unsampled=False
+                        trajectories,
+                        plan,
+                        budgets,
+                        kwargs,
+                        stats,
+                        progress,
+                        counts=second,
+                        grade_unsampled=False,
                     )
                     second_pool.add_wave(trajectories, late.samples)
                 state_counts = samples_used(pool, second_pool, shares)

@@ -28,7 +28,10 @@ from mcadvantage.testing import characters, toy_gradient_task  # noqa: E402
 CASES: dict[str, tuple[dict, dict]] = {
     "num_rollouts": ({}, {"num_rollouts": 3}),
     "rollout_budget": ({}, {"rollout_budget": "fixed", "fixed_rollout_budget": 1}),
-    "fixed_rollout_budget": ({"rollout_budget": "fixed", "fixed_rollout_budget": 3}, {"fixed_rollout_budget": 1}),
+    "fixed_rollout_budget": (
+        {"rollout_budget": "fixed", "fixed_rollout_budget": 3},
+        {"fixed_rollout_budget": 1},
+    ),
     "max_estimated_steps": ({}, {"max_estimated_steps": 1}),
     # A truncated continuation needs a budget shorter than what is left of the response.
     "truncated_reward": ({"rollout_budget": "fixed", "fixed_rollout_budget": 1}, {"truncated_reward": 0.5}),
@@ -98,7 +101,9 @@ def test_changing_a_setting_changes_the_advantages_or_is_refused(name, setting, 
     for settings in (base, {**base, **change}):
         try:
             built.append(build_advantage_estimator(name, _config(name, settings, tmp_path)))
-        except ValueError as err:  # refused: the message names a config field it was given and says what to do
+        except (
+            ValueError
+        ) as err:  # refused: the message names a config field it was given and says what to do
             assert any(mc_config_names()[key] in str(err) for key in settings), err
             assert "Set " in str(err), err
             return
@@ -136,7 +141,9 @@ def test_a_setting_set_on_the_estimator_alone_is_refused():
 
     estimator = VinePPOEstimator(num_rollouts=3)
     assert estimator.num_rollouts == 3  # the old attribute names still read the settings
-    with pytest.raises(AttributeError, match=r"VinePPOEstimator.reuse_samples is read from its Monte Carlo settings"):
+    with pytest.raises(
+        AttributeError, match=r"VinePPOEstimator.reuse_samples is read from its Monte Carlo settings"
+    ):
         estimator.reuse_samples = True
     with pytest.raises(TypeError, match=r"reuse_sample is not a Monte Carlo setting"):
         VinePPOEstimator(reuse_sample=True)

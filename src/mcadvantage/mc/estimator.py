@@ -93,8 +93,8 @@ class MCEstimate:
         step_advantages: per trajectory, ``[A_1, ..., A_n]`` with ``A_i = V(S_i) - V(S_{i-1})``.
         token_advantages: per trajectory, a float tensor of length ``len(completion_ids)``
             (not whitened).
-        stats: aggregate statistics of the call, as floats (:meth:`~mcadvantage.mc.stats.MCStats.as_dict`; each key is described
-            there):
+        stats: aggregate statistics of the call, as floats (:meth:`~mcadvantage.mc.stats.MCStats.as_dict`; each
+            key is described there):
 
             - ``trajectories``, ``states``, ``unique_states``, ``dedup_ratio`` (``1 - unique_states / states``);
             - ``requests``, ``unsampled_states``, ``rollouts`` (``requests * num_rollouts``),

@@ -69,18 +69,6 @@ class VinePPOConfig(GRPOConfig):
         tree_depths (list[int] | None): With `"tree"`: the completion token depth where each level branches (the
             first is `0`, the prompt; strictly increasing, below `max_completion_length`). `None` (default) spreads
             them over the first half of `max_completion_length`.
-        num_mc_rollouts (int), mc_rollout_budget (str), mc_fixed_rollout_budget (int | None),
-        mc_max_estimated_steps (int | None), mc_truncated_reward (float | None), mc_steps_after_cap (str),
-        mc_min_step_tokens (int | None), mc_reuse_samples (bool), mc_allocation (str), mc_min_rollouts (int): The
-            Monte Carlo settings of the estimators that sample continuations (`"vineppo"`, `"hybrid"`): the fields
-            of :class:`~mcadvantage.core.settings.MCSettings` under their config names (`num_rollouts` is
-            `num_mc_rollouts`, any other `x` is `mc_x`), with its defaults, help and meaning, validated by it and
-            passed to the estimator whole (`MCSettings.from_config(config)`). In short: K continuations per state
-            (paper: 9), their token budget (`"remaining"` of `max_completion_length`, or `"fixed"` at
-            `mc_fixed_rollout_budget`), a cap on the estimated states and what later steps get (`"merge"`, `"zero"`
-            as the official code on GSM8K, `"spread"`), the reward of a truncated continuation, merging short
-            steps, free samples and variance allocation (see docs/howto/cheaper-monte-carlo.md). A setting that
-            would have no effect (e.g. `mc_min_rollouts` without `mc_allocation="variance"`) is refused.
         step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
             (paper Appendix B MATH rules: newlines and sentence ends, never inside a math expression, long parts
             split again), `"gsm8k"` (one step per line, the final `#### N` line joins the last step), `"newline"`
@@ -104,6 +92,18 @@ class VinePPOConfig(GRPOConfig):
             because it multiplies the cost of evaluation; evaluation batches then carry zero advantages, so the
             eval loss is only the KL term and the reward metrics are the useful evaluation signal. Defaults to
             `False`.
+
+    **The Monte Carlo settings** (`num_mc_rollouts` and the `mc_*` fields, except `mc_max_batch_sequences` and
+    `mc_estimate_on_eval`, which belong to the trainer) are the fields of :class:`~mcadvantage.core.settings.MCSettings`
+    under their config names (`num_rollouts` is `num_mc_rollouts`, any other `x` is `mc_x`), with its defaults, help
+    and meaning: `num_mc_rollouts` (K continuations per state, paper: 9), `mc_rollout_budget` and
+    `mc_fixed_rollout_budget` (their token budget: `"remaining"` of `max_completion_length`, or `"fixed"`),
+    `mc_max_estimated_steps` and `mc_steps_after_cap` (a cap on the estimated states and what later steps get:
+    `"merge"`, `"zero"` as the official code on GSM8K, `"spread"`), `mc_truncated_reward`, `mc_min_step_tokens`,
+    `mc_reuse_samples`, `mc_allocation` and `mc_min_rollouts` (see docs/howto/cheaper-monte-carlo.md). They are
+    validated by it and passed whole (`MCSettings.from_config(config)`) to the estimators that sample continuations
+    (`"vineppo"`, `"hybrid"`). A setting that would have no effect where it is given (e.g. `mc_min_rollouts` without
+    `mc_allocation="variance"`) is refused.
 
     **A drop-in for** :class:`trl.GRPOConfig`: every GRPO field keeps GRPOConfig's default, so swapping
     ``GRPOConfig(...)`` for ``VinePPOConfig(...)`` changes the advantage and nothing else. The paper's PPO settings

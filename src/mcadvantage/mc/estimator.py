@@ -23,8 +23,9 @@ How a call to :meth:`MCValueEstimator.estimate` runs (each stage a small pure he
 The stages live in their own modules, below this one: :mod:`~mcadvantage.mc.trajectory` (the input),
 :mod:`~mcadvantage.mc.planning`, :mod:`~mcadvantage.mc.rollouts`, :mod:`~mcadvantage.mc.pool` and
 :mod:`~mcadvantage.mc.budget`. Each takes and returns data; :class:`MCValueEstimator` calls them in order (it
-is the only caller: no stage calls back into it) and adds up what they cost in one :class:`~mcadvantage.mc.stats.MCStats` record. The
-settings come whole, as one :class:`~mcadvantage.core.settings.MCSettings`.
+is the only caller: no stage calls back into it) and adds up what they cost in one
+:class:`~mcadvantage.mc.stats.MCStats` record. The settings come whole, as one
+:class:`~mcadvantage.core.settings.MCSettings`.
 
 Reproducibility: this module adds no randomness; the estimate is a deterministic function of the
 sampler's output (requests are issued in first-occurrence order). Seed the engine (e.g.

@@ -47,7 +47,7 @@ class VinePPOConfig(GRPOConfig):
             `"grpo"` (TRL's group-normalised advantages), `"rloo"` (leave-one-out), `"gae"` (PPO's learned critic),
             `"hybrid"` (GRPO plus Monte Carlo credit for groups with equal rewards), `"tree"` (groups drawn as
             trees), or any name registered with :func:`~mcadvantage.register_advantage_estimator`. One flag switches the same trainer, data and
-            logging between VinePPO and its baselines. The Monte Carlo settings below apply to `"vineppo"`.
+            logging between VinePPO and its baselines. The Monte Carlo settings apply to `"vineppo"` and `"hybrid"`.
             Defaults to `"vineppo"`.
         gae_gamma (float), gae_lambda (float): With `advantage_estimator="gae"` (PPO's learned critic): GAE's
             discount and parameter. Default to the paper's `1.0` and `1.0` (then `A_t = R - V(s_t)`).

@@ -20,10 +20,21 @@ Written by hand because TRL neither checks for infinite rewards nor says which r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["RewardFunctionError", "call_reward_func", "check_finite_rewards", "describe_row", "reward_error"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "RewardFunctionError",
+    "call_reward_func",
+    "check_finite_reward_table",
+    "check_finite_rewards",
+    "describe_row",
+    "locate_reward_error",
+    "reward_error",
+]
 
 # Per-row keyword arguments a reward function receives besides the dataset columns; shared (not per row) ones
 # such as TRL's trainer_state or log_extra are passed unchanged when a call is repeated row by row.
@@ -150,3 +161,63 @@ def call_reward_func(
         rewards, func_name, where=where, prompts=kwargs.get("prompts"), completions=kwargs.get("completions")
     )
     return rewards
+
+
+def check_finite_reward_table(
+    rewards_per_func: torch.Tensor,
+    func_names: Sequence[str],
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    *,
+    process_index: int,
+) -> None:
+    """Raise :class:`RewardFunctionError` at the first ``inf`` / ``-inf`` of a training batch's rewards, reward
+    functions and reward models alike. NaN stays TRL's "unscorable".
+
+    Args:
+        rewards_per_func: ``(N, F)`` rewards of every process' responses (process 0's rows first, each process
+            holding ``len(prompts)`` rows), one column per reward function.
+        func_names: the reward functions' names, one per column.
+        prompts, completions: this process' rows, quoted when the infinite reward is one of them.
+        process_index: this process' index; a row of another process is named by its process.
+    """
+    import torch
+
+    infinite = torch.isinf(rewards_per_func)
+    if not bool(infinite.any()):
+        return
+    row, column = (int(i) for i in infinite.nonzero()[0])
+    name = func_names[column]
+    local = len(prompts)
+    process, local_row = divmod(row, local) if local else (0, row)
+    where = (
+        describe_row(prompts, completions, local_row) if process == process_index else f"on process {process}"
+    )
+    raise RewardFunctionError(
+        f"reward function {name!r} returned {float(rewards_per_func[row, column])} for row {row} of the training "
+        f"batch ({where}). An infinite reward cannot be averaged into values or advantages and would turn the "
+        "weights to NaN. Return a finite reward, or None (NaN) for a response that cannot be scored (it then gets "
+        "advantage 0, as in TRL).",
+        func_name=name,
+        row=row,
+    )
+
+
+def locate_reward_error(
+    reward_funcs: Iterable[tuple[Callable[..., Any], str]], kwargs: dict[str, Any], *, where: str
+) -> RewardFunctionError | None:
+    """After a batched reward call raised: the :class:`RewardFunctionError` of the first of ``reward_funcs`` that
+    raises when called again with ``kwargs`` (naming its first failing row, :func:`reward_error`), or None when
+    none does (the error was not a reward function's own).
+
+    Args:
+        reward_funcs: ``(function, name)`` pairs, the functions that can be called again synchronously.
+        kwargs: the keyword arguments the batch was graded with.
+        where: what was graded, for the message (e.g. ``"training responses"``).
+    """
+    for func, name in reward_funcs:
+        try:
+            func(**kwargs)
+        except Exception as err:  # noqa: BLE001 - the user's function failing is what we look for
+            return reward_error(func, name, err, kwargs, where=where)
+    return None

@@ -21,6 +21,13 @@ What is used, and why:
 - ``_tag_names`` / ``_name``: the model-card tags and trainer name.
 - ``Trainer._save_checkpoint`` / ``_get_output_dir`` and ``Trainer._load_optimizer_and_scheduler``: extended to
   save the advantage estimator's own state (the ``"gae"`` critic) in every checkpoint and restore it on resume.
+- ``GRPOTrainer.training_step`` and ``Trainer.train``: extended with the run's guards.
+
+Only compatibility lives here: accessors, and overrides that adapt TRL's data and call a named product function.
+What the product decides (the non-finite step guard and checkpoint verification:
+:mod:`mcadvantage.trainer.guards`; which reward function failed on which row, infinite rewards, the reward of a
+truncated response: :mod:`mcadvantage.rewards`) lives, and is tested, in those modules. What this module relies on
+in TRL is pinned by ``tests/trainer/test_trl_pins.py``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from trl import GRPOTrainer
 
 from mcadvantage.core.versions import check_version_range
 from mcadvantage.estimators.base import AdvantageBatch
+from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
+from mcadvantage.rewards.truncation import score_truncated_responses, truncated_responses
+from mcadvantage.trainer.guards import checkpoint_to_resume, refuse_nonfinite_step
 
 __all__ = [
     "SUPPORTED_TRL",
@@ -97,49 +107,26 @@ class GRPOTrainerHooks(GRPOTrainer):
     def load_estimator_state(self, checkpoint_dir: str) -> None:
         """Restore the advantage estimator's own state from a checkpoint directory."""
 
-    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
-        """GRPO's training step, refusing to let a non-finite loss or gradient reach the optimizer.
+    # -- TRL's methods, each a call-through to the product function named in its docstring -------------------
 
-        ``Trainer`` steps the optimizer after the micro-batches' backward passes whatever their values; one NaN
-        gradient turns every weight NaN and the run goes on (logging a loss of 0 or NaN). Here a non-finite loss or
-        gradient stops training with ``FloatingPointError`` before that step: the weights stay those of the last
-        optimizer step, and the last checkpoint is intact."""
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        """GRPO's training step, then :func:`~mcadvantage.trainer.guards.refuse_nonfinite_step`: a non-finite loss
+        or gradient raises ``FloatingPointError`` before the optimizer step."""
         loss = super().training_step(model, inputs, num_items_in_batch)
-        problem = None
-        if not bool(torch.isfinite(loss.detach()).all()):
-            problem = f"the loss is {float(loss.detach().float().mean())}"
-        else:
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads)).all()):
-                problem = "a gradient is not finite"
-        if problem is not None:
-            model.zero_grad(set_to_none=True)
-            raise FloatingPointError(
-                f"Training diverged at global step {self.state.global_step}: {problem}, so the optimizer step was not "
-                "taken (the weights are those of the last step; the last checkpoint is intact). Common causes: a "
-                f"learning rate too high for this model (learning_rate={self.args.learning_rate}), several PPO epochs "
-                f"on one batch (num_iterations={self.args.num_iterations}), or non-finite inputs. Lower the learning "
-                "rate or resume from the last checkpoint with other settings."
-            )
+        refuse_nonfinite_step(
+            loss,
+            model,
+            global_step=self.state.global_step,
+            learning_rate=self.args.learning_rate,
+            num_iterations=self.args.num_iterations,
+        )
         return loss
 
     def train(self, resume_from_checkpoint: Any = None, trial: Any = None, **kwargs: Any) -> Any:
-        """``Trainer.train``, checking the checkpoint's files first when resuming: an empty, truncated or corrupted
-        file (a run killed while saving) raises :class:`~mcadvantage.trainer.checkpoints.CheckpointError` naming it and an
-        earlier complete checkpoint, before anything is loaded or written."""
-        if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
-            from transformers.trainer_utils import get_last_checkpoint
-
-            from mcadvantage.trainer.checkpoints import verify_checkpoint
-
-            if resume_from_checkpoint is True:
-                resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-                if resume_from_checkpoint is None:
-                    raise ValueError(f"No checkpoint to resume from in output_dir={self.args.output_dir!r}.")
-            verify_checkpoint(resume_from_checkpoint)
-        elif resume_from_checkpoint is False:
-            resume_from_checkpoint = None
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+        """``Trainer.train``, resuming only from a checkpoint whose files
+        :func:`~mcadvantage.trainer.guards.checkpoint_to_resume` verified (before anything is loaded or written)."""
+        checkpoint = checkpoint_to_resume(resume_from_checkpoint, self.args.output_dir)
+        return super().train(resume_from_checkpoint=checkpoint, trial=trial, **kwargs)
 
     def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
         # Called on every resume path (plain, DeepSpeed, FSDP), unlike _load_from_checkpoint.
@@ -157,27 +144,31 @@ class GRPOTrainerHooks(GRPOTrainer):
         super()._save_checkpoint(model, trial)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """GRPO's grading of the training responses, kept for the estimator, after the product checks:
+        :func:`~mcadvantage.rewards.errors.locate_reward_error` when GRPO's call raised,
+        :func:`~mcadvantage.rewards.errors.check_finite_reward_table`, and ``truncated_completion_reward``
+        (:func:`~mcadvantage.rewards.truncation.score_truncated_responses`)."""
         try:
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         except Exception as err:
-            located = self._locate_reward_error(inputs, prompts, completions, completion_ids_list)
+            kwargs = self.reward_call_kwargs(inputs, prompts, completions, completion_ids_list)
+            located = locate_reward_error(self.synchronous_reward_funcs(), kwargs, where="training responses")
             if located is None:  # not a synchronous reward function's own error: GRPO's error as it was
                 raise
             raise located from err
-        self._check_finite_response_rewards(rewards_per_func, prompts, completions)
+        check_finite_reward_table(
+            rewards_per_func,
+            self.reward_func_names,
+            prompts,
+            completions,
+            process_index=self.accelerator.process_index,
+        )
         value = getattr(self.args, "truncated_completion_reward", None)
         if value is not None:
-            # A response cut at max_completion_length scores `value` on every reward function, whatever it
-            # contains (the official VinePPO code gave it 0). Truncated exactly as GRPO counts it: the last token is
-            # neither EOS nor padding. Rewards are gathered over processes, so the mask is too.
-            stop = {*self.eos_token_ids, getattr(self.processing_class, "pad_token_id", None)}
-            local = torch.tensor(
-                [not ids or int(ids[-1]) not in stop for ids in completion_ids_list],
-                device=rewards_per_func.device,
-            )
-            truncated = self.accelerator.gather(local)
-            rewards_per_func = rewards_per_func.clone()
-            rewards_per_func[truncated] = float(value)
+            # Rewards are gathered over processes, so the truncation mask is too.
+            local = truncated_responses(completion_ids_list, self.stop_token_ids())
+            truncated = self.accelerator.gather(torch.tensor(local, device=rewards_per_func.device))
+            rewards_per_func = score_truncated_responses(rewards_per_func, truncated, value)
         self._mcadvantage_captured = {
             "inputs": inputs,
             "prompts": prompts,
@@ -186,56 +177,29 @@ class GRPOTrainerHooks(GRPOTrainer):
         }
         return rewards_per_func
 
-    def _reward_call_kwargs(self, inputs, prompts, completions, completion_ids_list) -> dict[str, Any]:
+    def reward_call_kwargs(self, inputs, prompts, completions, completion_ids_list) -> dict[str, Any]:
         """The keyword arguments GRPO calls reward functions with (its logging hooks replaced by no-ops)."""
         keys = [key for key in inputs[0] if key not in ("prompt", "completion", "completion_ids")]
         kwargs = {key: [example[key] for example in inputs] for key in keys}
         kwargs.update(self.rollout_reward_kwargs())
         return dict(prompts=prompts, completions=completions, completion_ids=completion_ids_list, **kwargs)
 
-    def _locate_reward_error(self, inputs, prompts, completions, completion_ids_list) -> Exception | None:
-        """After GRPO's reward call raised: the :class:`~mcadvantage.rewards.errors.RewardFunctionError` naming the
-        synchronous reward function that raises on this batch and its first failing row (None if none does)."""
+    def synchronous_reward_funcs(self) -> list[tuple[Any, str]]:
+        """``(function, name)`` of the reward functions GRPO calls synchronously in this process (not reward
+        models, not async functions): those that can be called again to find which one fails."""
         from torch import nn
         from trl.trainer.utils import is_async_callable
 
-        from mcadvantage.rewards.errors import reward_error
+        return [
+            (func, name)
+            for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True)
+            if not isinstance(func, nn.Module) and not is_async_callable(func)
+        ]
 
-        kwargs = self._reward_call_kwargs(inputs, prompts, completions, completion_ids_list)
-        for func, name in zip(self.reward_funcs, self.reward_func_names, strict=True):
-            if isinstance(func, nn.Module) or is_async_callable(func):
-                continue
-            try:
-                func(**kwargs)
-            except Exception as err:  # noqa: BLE001 - the user's function failing is what we look for
-                return reward_error(func, name, err, kwargs, where="training responses")
-        return None
-
-    def _check_finite_response_rewards(self, rewards_per_func: torch.Tensor, prompts, completions) -> None:
-        """Raise :class:`~mcadvantage.rewards.errors.RewardFunctionError` at the first ``inf`` / ``-inf`` reward of
-        the (all-process) batch: reward functions and reward models alike. NaN stays TRL's "unscorable"."""
-        from mcadvantage.rewards.errors import RewardFunctionError, describe_row
-
-        infinite = torch.isinf(rewards_per_func)
-        if not bool(infinite.any()):
-            return
-        row, column = (int(i) for i in infinite.nonzero()[0])
-        name = self.reward_func_names[column]
-        local = len(prompts)
-        process, local_row = divmod(row, local) if local else (0, row)
-        where = (
-            describe_row(prompts, completions, local_row)
-            if process == self.accelerator.process_index
-            else f"on process {process}"
-        )
-        raise RewardFunctionError(
-            f"reward function {name!r} returned {float(rewards_per_func[row, column])} for row {row} of the training "
-            f"batch ({where}). An infinite reward cannot be averaged into values or advantages and would turn the "
-            "weights to NaN. Return a finite reward, or None (NaN) for a response that cannot be scored (it then gets "
-            "advantage 0, as in TRL).",
-            func_name=name,
-            row=row,
-        )
+    def stop_token_ids(self) -> set[int | None]:
+        """The tokens that end a response as GRPO counts it (EOS tokens and padding): a response whose last token
+        is none of them was cut at ``max_completion_length``."""
+        return {*self.eos_token_ids, getattr(self.processing_class, "pad_token_id", None)}
 
     def draw_group_trees(
         self, prompt_ids: list[list[int]], num_generations: int

@@ -180,7 +180,7 @@ def test_compute_loss_still_takes_one_advantage_per_response(grpo):
         "GRPOTrainer._compute_loss's conditional unsqueeze: (B,) advantages no longer equal the same value "
         "on every token",
         f"{COMPAT} GRPOTrainerHooks._generate_and_score_completions and the 'grpo'/'rloo' estimators "
-        "(src/mcadvantage/estimators/grpo.py), whose (B, T) rows must equal TRL's own advantages",
+        "(src/mcadvantage/estimators/baselines.py), whose (B, T) rows must equal TRL's own advantages",
     )
 
 
@@ -233,7 +233,7 @@ def test_off_policy_mask_of_constant_rows_equals_grpo_sequence_mask():
     assert sequence.shape == (2, 1) and torch.equal(tokens, sequence.expand(2, 4)), trl_changed(
         "GRPOTrainer.get_off_policy_mask: its (B, 1) result for one advantage per response no longer equals the "
         "token-wise result of the same advantage on every token",
-        "src/mcadvantage/estimators/grpo.py (the 'grpo' estimator must keep equal to TRL's GRPO) and "
+        "src/mcadvantage/estimators/baselines.py (the 'grpo' estimator must keep equal to TRL's GRPO) and "
         f"{COMPAT} GRPOTrainerHooks",
     )
 

@@ -518,6 +518,12 @@ def test_trainer_attributes_mcadvantage_reads(grpo):
     assert not missing, trl_changed(
         f"GRPOTrainer's attributes: {sorted(missing)} gone", f"{COMPAT} {missing}"
     )
+    # GRPO counts a response as truncated when its last token is neither one of eos_token_ids nor padding
+    # (mask_truncated_completions); truncated_completion_reward must count the same responses.
+    assert grpo.processing_class.eos_token_id in list(grpo.eos_token_ids), trl_changed(
+        "GRPOTrainer.eos_token_ids (no longer the end-of-sequence ids a response ends with)",
+        f"{COMPAT} GRPOTrainerHooks.stop_token_ids",
+    )
     assert isinstance(GRPOTrainer._tag_names, list) and isinstance(GRPOTrainer._name, str), trl_changed(
         "GRPOTrainer's _tag_names / _name class attributes (model-card tags)",
         f"{COMPAT} GRPOTrainerHooks._tag_names",

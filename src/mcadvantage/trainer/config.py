@@ -306,10 +306,22 @@ class VinePPOConfig(GRPOConfig):
         and on GSM8K at most 26 estimated states with advantage 0 after them. See docs/fidelity.md for what
         still differs from the official implementation.
 
+        **The rollout budget follows the response budget.** The paper gave responses and rollouts the same 1,024
+        tokens, so the preset's ``mc_fixed_rollout_budget`` is ``max_completion_length``: with
+        ``max_completion_length=24`` every rollout gets a fresh 24 tokens, not 1,024. Set
+        ``mc_fixed_rollout_budget`` yourself to decouple the two, or ``mc_rollout_budget="remaining"`` to give
+        each rollout what is left of the response's budget (the preset then sets no fixed budget). A model whose
+        context is shorter than a prompt plus ``max_completion_length`` is refused when the trainer starts, with
+        the largest ``max_completion_length`` that fits; pass that here and the rollout budget follows it. Every
+        rollout is also capped by the context at sampling time (``min(budget, context - prefix)``, as the
+        official code).
+
         Args:
             task: ``"math"`` or ``"gsm8k"``.
             **overrides: any ``VinePPOConfig`` field (``output_dir`` is required by ``TrainingArguments``;
                 hardware settings such as ``per_device_train_batch_size``, ``use_vllm`` or ``bf16`` belong here).
+                Each wins over the preset, and the preset's derived settings (the rollout budget, gradient
+                accumulation, ``max_steps``) follow it.
         Raises:
             ValueError: an unknown task, or a batch geometry that cannot make a 64-episode minibatch.
         """
@@ -336,13 +348,18 @@ class VinePPOConfig(GRPOConfig):
             "num_mc_rollouts": 9,
             "step_segmenter": key,
             "mc_rollout_budget": "fixed",
-            "mc_fixed_rollout_budget": 1024,
             "mc_truncated_reward": 0.0,
             "truncated_completion_reward": 0.0,
         }
         if key == "gsm8k":
             settings.update(mc_max_estimated_steps=26, mc_steps_after_cap="zero")
         settings.update(overrides)
+        # The official code gave every rollout a fresh budget equal to the responses' (both 1,024). A preset budget
+        # fixed at 1,024 would ignore a user's smaller max_completion_length and then make the trainer refuse
+        # prompts that leave fewer than 1,024 positions free; so it follows max_completion_length, unless the user
+        # sets the rollout budget (or a budget kind that takes none) themselves.
+        if "mc_fixed_rollout_budget" not in overrides and settings["mc_rollout_budget"] == "fixed":
+            settings["mc_fixed_rollout_budget"] = settings["max_completion_length"]
         per_device = int(settings.get("per_device_train_batch_size", 8))
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if "gradient_accumulation_steps" not in overrides:

@@ -88,21 +88,161 @@ def test_docs_build_strict(tmp_path):
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
 
-    import mcadvantage
-
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     missing = [
-        name
-        for name in mcadvantage.__all__
-        if name != "__version__" and not re.search(rf'id="mcadvantage\.[\w.]*\.{name}"', api)
+        f"{package}.{name}"
+        for package, names in _public_names().items()
+        for name in names
+        if not re.search(rf'id="mcadvantage\.[\w.]*\.{name}"', api)
     ]
-    assert not missing, f"public names without an entry in the API reference (docs/api.md): {missing}"
+    assert not missing, f"public names without a rendered entry in the API reference (docs/api.md): {missing}"
     # Sphinx roles in docstrings are turned into links by docs/_hooks/rst_roles.py; none may leak through.
     leaked = re.findall(r":(?:class|func|meth|mod|data|attr):<code>[^<]*", api)
     assert not leaked, f"unrendered Sphinx roles on the API page: {leaked[:5]}"
     # The concepts page shows the figure, and the figure ships with the site.
     assert "figures/vineppo.svg" in (site / "concepts" / "index.html").read_text(encoding="utf-8")
     assert (site / "figures" / "vineppo.svg").is_file()
+    # The Changelog page is CHANGELOG.md as it is now (included at build time by docs/_hooks/changelog.py).
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    page = (site / "changelog" / "index.html").read_text(encoding="utf-8")
+    for heading in re.findall(r"^## \[([^\]]+)\]", changelog, re.M)[:3]:
+        assert f"[{heading}]" in page, (
+            f"CHANGELOG.md's section [{heading}] is not on the site's Changelog page"
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What a user navigates: the site's order, the changelog, an API entry for every public name
+# --------------------------------------------------------------------------------------------------------------
+
+#: The site's top-level navigation, in a reader's order.
+NAV_SECTIONS = ["Get started", "How-to guides", "Concepts", "Results", "API reference", "Changelog"]
+
+
+def _nav() -> list[Any]:
+    yaml = pytest.importorskip("yaml")
+
+    class _Loader(yaml.SafeLoader):
+        """Accepts the ``!!python/name:`` tags some mkdocs.yml options use, without importing anything."""
+
+    _Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+    return yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=_Loader)["nav"]
+
+
+def _nav_pages(nav: Any) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in _nav_pages(value)]
+    return [page for item in nav for page in _nav_pages(item)]
+
+
+def test_navigation_reads_in_a_users_order():
+    nav = _nav()
+    assert [next(iter(item)) for item in nav] == NAV_SECTIONS, "mkdocs.yml's top-level nav"
+    pages = _nav_pages(nav)
+    assert pages[0] == "index.md" and pages[-2:] == ["api.md", "changelog.md"]
+    assert len(pages) == len(set(pages)), "a page is listed twice in mkdocs.yml's nav"
+    # Every page is reachable from the navigation (mkdocs only warns about the others).
+    on_disk = {str(p.relative_to(DOCS)) for p in _pages()}
+    assert on_disk <= set(pages), f"pages missing from mkdocs.yml's nav: {sorted(on_disk - set(pages))}"
+
+
+def _changelog_hook() -> Any:
+    pytest.importorskip("mkdocs")
+    spec = importlib.util.spec_from_file_location("_changelog_hook", DOCS / "_hooks" / "changelog.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_changelog_page_includes_the_changelog_without_copying_it():
+    hook = _changelog_hook()
+    page = (DOCS / "changelog.md").read_text(encoding="utf-8")
+    assert page.strip() == hook.MARKER, "docs/changelog.md holds only the include marker; edit CHANGELOG.md"
+    # Repository-relative links work on the site: into docs/ relative to the page, other files as their path.
+    text = (
+        "See [the design](docs/design.md#the-seam-advantage-estimators), [examples](examples/README.md), "
+        "[TRL](https://github.com/huggingface/trl), [below](#fixed) and ![a figure](docs/figures/vineppo.svg)."
+    )
+    assert hook.include_changelog(f"{hook.MARKER}\n", text) == (
+        "See [the design](design.md#the-seam-advantage-estimators), examples (`examples/README.md`), "
+        "[TRL](https://github.com/huggingface/trl), [below](#fixed) and ![a figure](docs/figures/vineppo.svg).\n"
+    )
+    with pytest.raises(Exception, match="must contain the line"):
+        hook.include_changelog("no marker here", text)
+
+
+def _public_names() -> dict[str, list[str]]:
+    """Every public name: ``mcadvantage.__all__`` and the ``__all__`` of each subpackage that declares one."""
+    import pkgutil
+
+    import mcadvantage
+
+    packages = ["mcadvantage"] + [
+        f"mcadvantage.{info.name}" for info in pkgutil.iter_modules(mcadvantage.__path__) if info.ispkg
+    ]
+    names = {}
+    for package in packages:
+        exported = getattr(importlib.import_module(package), "__all__", None)
+        if exported is not None:
+            names[package] = [name for name in exported if name != "__version__"]
+    return names
+
+
+def _resolve(identifier: str) -> Any:
+    """The object a ``::: identifier`` directive of docs/api.md documents (the longest importable module prefix,
+    then attributes)."""
+    parts = identifier.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(identifier)
+
+
+def _api_entries() -> dict[str, Any]:
+    """``identifier -> object`` for every entry of docs/api.md: each ``::: identifier`` directive and, where its
+    options list ``members``, each listed member (a module directive without a list documents its ``__all__``)."""
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    entries: dict[str, Any] = {}
+    for match in re.finditer(r"^::: ([\w.]+)\n((?:[ \t]+\S.*\n)*)", text, re.M):
+        identifier, options = match.groups()
+        entries[identifier] = obj = _resolve(identifier)
+        listed = re.search(r"members:\s*\[([^\]]*)\]", options)
+        members = [m.strip() for m in listed.group(1).split(",") if m.strip()] if listed else []
+        if not listed and inspect.ismodule(obj):
+            members = list(getattr(obj, "__all__", []))
+        for member in members:
+            entries[f"{identifier}.{member}"] = _resolve(f"{identifier}.{member}")
+    return entries
+
+
+def test_every_public_name_has_an_api_entry():
+    """Each name of ``mcadvantage.__all__`` and of every subpackage's ``__all__`` is documented on the API page
+    (docs/api.md), as the object it is (a re-export counts once), and every entry there exists."""
+    pytest.importorskip("trl")  # VinePPOTrainer / VinePPOConfig import TRL
+    try:
+        entries = _api_entries()
+    except (ImportError, AttributeError) as err:
+        pytest.fail(f"docs/api.md documents something that does not exist: {err!r}")
+    documented = {id(obj) for obj in entries.values()}
+    public = _public_names()
+    assert "mcadvantage" in public and len(public) >= 4, sorted(public)
+    missing = [
+        f"{package}.{name}"
+        for package, names in public.items()
+        for name in names
+        if id(getattr(importlib.import_module(package), name)) not in documented
+    ]
+    assert not missing, (
+        "public names without an entry in docs/api.md (add a `::: module.Name` line under the right heading):\n"
+        + "\n".join(missing)
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------

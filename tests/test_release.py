@@ -5,16 +5,23 @@ type-hinted signatures.
 The build runs without network (``--no-isolation``) with the setuptools of the running environment, and the
 wheel is installed with ``--no-deps --no-index`` into a venv that inherits no site-packages: ``import
 mcadvantage`` must work there because it imports neither torch, TRL nor vLLM (public names load lazily).
+
+A user's install is tested too: the wheel goes into a fresh venv that sees the running environment's packages
+(torch, TRL, ...: nothing is downloaded) but not the repository, and the README's quickstart runs there on the
+tiny policy the wheel ships, as does ``python -m mcadvantage.demo --help``. The metadata a package index shows is
+checked field by field (``twine check`` too, when twine is installed).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
@@ -225,6 +232,200 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(dists, tmp_path):
         cwd=tmp_path,
     )
     assert out.split() == ["2", "1.0"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# As a user gets it: the README quickstart from the installed wheel, the demo's entry point, the index's metadata
+# --------------------------------------------------------------------------------------------------------------
+
+#: What the quickstart test changes in the README's snippet, and nothing else: the model becomes the tiny policy the
+#: wheel ships, and the config gets a one-step CPU run sized for it. ``dataset`` (the snippet's only free name) is
+#: four of the demo's arithmetic problems.
+README_MODEL = 'model="realtreetune/rho-1b-sft-GSM8K"'
+README_CONFIG = "VinePPOConfig("
+QUICKSTART_PREAMBLE = """\
+from datasets import Dataset
+from mcadvantage.demo.config import shipped_warmup_dir
+
+SHIPPED_POLICY = str(shipped_warmup_dir("plateau"))
+TINY_RUN = dict(
+    max_steps=1, per_device_train_batch_size=4, num_generations=4, max_completion_length=48,
+    use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none", save_strategy="no", seed=0,
+)
+dataset = Dataset.from_list([
+    {"prompt": "Start with 12. Subtract 3, then double it. What is the result?\\n", "answer": "18"},
+    {"prompt": "Start with 7. Add 5, then halve it. What is the result?\\n", "answer": "6"},
+])
+"""
+
+
+def readme_quickstart() -> str:
+    """The README's first Python block: the quickstart a user reads on the package index."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"^```python\n(.*?)^```", text, re.M | re.S)
+    assert match, "README.md has no ```python block"
+    assert text[: match.start()].count("\n") < 40, (
+        "the quickstart is not on the README's first screen (40 lines)"
+    )
+    return match.group(1)
+
+
+def runnable_quickstart() -> str:
+    """The README's quickstart with the tiny policy and a one-step run swapped in (see :data:`README_MODEL`)."""
+    snippet = readme_quickstart()
+    assert snippet.count(README_MODEL) == 1, (
+        f"the README quickstart no longer has {README_MODEL}; update this test"
+    )
+    assert snippet.count(README_CONFIG) == 1 and "trainer.train()" in snippet, snippet
+    snippet = snippet.replace(README_MODEL, "model=SHIPPED_POLICY").replace(
+        README_CONFIG, "VinePPOConfig(**TINY_RUN, "
+    )
+    return QUICKSTART_PREAMBLE + snippet + "print('steps', trainer.state.global_step)\n"
+
+
+def test_the_readme_quickstart_is_the_snippet_the_wheel_test_runs():
+    """The substitution touches only the model and the run's size: everything else is the README's text."""
+    runnable = runnable_quickstart()
+    readme = readme_quickstart()
+    for line in readme.splitlines():
+        if README_MODEL not in line and README_CONFIG not in line:
+            assert line in runnable, line
+    assert "num_mc_rollouts=9" in runnable and 'step_segmenter="gsm8k"' in runnable
+
+
+def _user_environment(venv: Path) -> dict[str, str]:
+    """The environment of a user's shell: the venv first on PATH, nothing of this checkout on the import path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv), OMP_NUM_THREADS="1"
+    )
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # nothing to download
+    return env
+
+
+@pytest.fixture(scope="module")
+def user_venv(dists, tmp_path_factory) -> dict[str, Path]:
+    """A fresh venv holding the wheel; the running environment's packages (torch, TRL, ...) are visible through
+    a ``.pth`` line, as ``--system-site-packages`` would show a system Python's (this environment is itself a
+    venv, which ``--system-site-packages`` skips). Its ``.pth`` files are not run, so an editable install of this
+    checkout stays invisible."""
+    pytest.importorskip("trl")
+    home = tmp_path_factory.mktemp("user")
+    venv = home / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)])
+    python = venv / "bin" / "python"
+    env = _user_environment(venv)
+    site = Path(
+        _run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=home
+        ).strip()
+    )
+    inherited = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (site / "_inherited_packages.pth").write_text(
+        "".join(f"{path}\n" for path in inherited), encoding="utf-8"
+    )
+    proc = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check", "-q",
+         str(dists["wheel"])],
+        capture_output=True, text=True, env=env, cwd=home, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"python": python, "home": home, "env": env, "venv": venv}
+
+
+def _run_as_user(user_venv: dict[str, Path], *args: str, timeout: int = 600) -> str:
+    proc = subprocess.run(
+        [str(user_venv["python"]), *args],
+        capture_output=True,
+        text=True,
+        env=user_venv["env"],
+        cwd=user_venv["home"],  # not the checkout
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"{' '.join(args)[:200]} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    )
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_readme_quickstart_runs_from_the_installed_wheel(user_venv):
+    out = _run_as_user(
+        user_venv,
+        "-c",
+        "import mcadvantage, sys; print(mcadvantage.__file__); print(mcadvantage.__version__); "
+        "print(any(p.rstrip('/').endswith('/src') for p in sys.path))",
+    )
+    location, version, repo_on_path = out.splitlines()
+    assert location.startswith(str(user_venv["venv"])), f"mcadvantage imported from {location}, not the wheel"
+    assert str(ROOT) not in location and version == _version() and repo_on_path == "False"
+    script = user_venv["home"] / "quickstart.py"
+    script.write_text(runnable_quickstart(), encoding="utf-8")
+    out = _run_as_user(user_venv, str(script))
+    assert out.strip().splitlines()[-1] == "steps 1", out[-2000:]
+
+
+@pytest.mark.slow
+def test_demo_entry_point_runs_from_the_installed_wheel(user_venv):
+    out = _run_as_user(user_venv, "-m", "mcadvantage.demo", "--help", timeout=300)
+    assert out.startswith("usage:") and "--seed" in out, out[:500]
+
+
+def _metadata(wheel: Path) -> tuple[dict[str, list[str]], str]:
+    """The wheel's METADATA: ``field -> values`` and the long description (the body after the headers)."""
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        text = zf.read(name).decode("utf-8")
+    headers, _, body = text.partition("\n\n")
+    fields: dict[str, list[str]] = {}
+    for line in headers.splitlines():
+        key, _, value = line.partition(": ")
+        fields.setdefault(key, []).append(value)
+    return fields, body
+
+
+@pytest.mark.slow
+def test_package_index_metadata(dists):
+    """What a package index shows: the README as Markdown, the license, project links, classifiers whose Python
+    versions agree with requires-python."""
+    fields, body = _metadata(dists["wheel"])
+    assert fields["Description-Content-Type"] == ["text/markdown"]
+    assert body.strip() == (ROOT / "README.md").read_text(encoding="utf-8").strip(), (
+        "the long description is the README"
+    )
+    assert fields["License-Expression"] == ["Apache-2.0"] and fields["License-File"] == ["LICENSE"]
+    assert float(fields["Metadata-Version"][0]) >= 2.4  # PEP 639's license fields
+    urls = dict(value.split(", ", 1) for value in fields.get("Project-URL", []))
+    assert "Paper" in urls and all(url.startswith("https://") for url in urls.values()), urls
+    classifiers = fields["Classifier"]
+    versions = sorted(
+        tuple(map(int, c.rsplit(" ", 1)[1].split(".")))
+        for c in classifiers
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    )
+    (minimum,) = re.fullmatch(r">=(3\.\d+)", fields["Requires-Python"][0]).groups()
+    assert versions and versions[0] == tuple(map(int, minimum.split("."))), (versions, minimum)
+    assert versions == [(3, minor) for minor in range(versions[0][1], versions[-1][1] + 1)], (
+        "a gap in the versions"
+    )
+    assert not [c for c in classifiers if c.startswith("License ::")], (
+        "PEP 639: the license expression replaces it"
+    )
+    if importlib.util.find_spec("twine") is not None:
+        _run([sys.executable, "-m", "twine", "check", "--strict", str(dists["wheel"]), str(dists["sdist"])])
+
+
+@pytest.mark.slow
+def test_distribution_sizes(dists, record_property):
+    """The sizes a user downloads (printed with ``-rA``/``-s``, recorded as test properties): the wheel ships one tiny
+    checkpoint at most, so it stays small."""
+    sizes = {kind: dists[kind].stat().st_size for kind in ("wheel", "sdist")}
+    for kind, size in sizes.items():
+        record_property(f"{kind}_bytes", size)
+    print(
+        f"wheel {dists['wheel'].name}: {sizes['wheel']} bytes; sdist {dists['sdist'].name}: {sizes['sdist']} bytes"
+    )
+    assert sizes["wheel"] < 12 * 2**20 and sizes["sdist"] < 12 * 2**20, sizes
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -71,7 +71,9 @@ def _trainer(model_dir, args):
 
     from mcadvantage import GSM8KVerifier, VinePPOTrainer
 
-    rows = [{"prompt": f"Start with {n}. Add 3. What is the result?\n", "answer": str(n + 3)} for n in range(4)]
+    rows = [
+        {"prompt": f"Start with {n}. Add 3. What is the result?\n", "answer": str(n + 3)} for n in range(4)
+    ]
     return VinePPOTrainer(
         model=str(model_dir), reward_funcs=GSM8KVerifier(), args=args, train_dataset=Dataset.from_list(rows)
     )

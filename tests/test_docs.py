@@ -148,6 +148,17 @@ def test_navigation_reads_in_a_users_order():
     assert on_disk <= set(pages), f"pages missing from mkdocs.yml's nav: {sorted(on_disk - set(pages))}"
 
 
+def test_readme_first_screen_has_what_why_install_quickstart_and_results():
+    """What a visitor of the package index sees without scrolling (the first 40 lines of README.md)."""
+    screen = "\n".join((ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:40])
+    assert "drop-in" in screen and "TRL" in screen, "what the library is"
+    assert "**Why.**" in screen, "why it exists"
+    assert re.search(r"^pip install mcadvantage\b", screen, re.M), "how to install it"
+    assert re.search(r'^pip install "mcadvantage\[\w+\]"', screen, re.M) and "extras" in screen, "its extras"
+    assert "```python" in screen and "trainer.train()" in screen, "the quickstart"
+    assert "(docs/benchmarks.md" in screen and "**Results:**" in screen, "a link to the results"
+
+
 def _changelog_hook() -> Any:
     pytest.importorskip("mkdocs")
     spec = importlib.util.spec_from_file_location("_changelog_hook", DOCS / "_hooks" / "changelog.py")

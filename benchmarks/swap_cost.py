@@ -296,6 +296,12 @@ def train_side_by_side(
             if self.holding:  # the step is done, its logging too: the next arm's turn
                 self.holding = False
                 self.streams.save()
+                if baton.turn % len(arms) == len(arms) - 1:  # the round's last step
+                    print(
+                        f"round {baton.turn // len(arms) + 1}/{steps}: "
+                        + ", ".join(f"{arm} {records[arm][-1]['seconds']:.2f} s" for arm in arms),
+                        flush=True,
+                    )
                 baton.release()
 
     with tempfile.TemporaryDirectory(prefix="swap-cost-") as tmp:

@@ -275,13 +275,19 @@ def train_side_by_side(
             self.holding = True
             self.streams.restore()
             gc.collect()
-            self.start = {"rss": rss_mib(), "per_step": reset_peak_rss(), "time": time.perf_counter()}
+            self.start = {
+                "rss": rss_mib(),
+                "per_step": reset_peak_rss(),
+                "cpu": time.thread_time(),
+                "time": time.perf_counter(),
+            }
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
             seconds = time.perf_counter() - self.start["time"]
             records[self.arm].append(
                 {
                     "seconds": seconds,
+                    "cpu_seconds": time.thread_time() - self.start["cpu"],
                     "rss_at_start_mib": self.start["rss"],
                     "peak_rss_mib": peak_rss_mib(),
                     "peak_is_per_step": self.start["per_step"],
@@ -360,6 +366,7 @@ def summarize(
             "prompts_per_step": prompts[arm],
             "median_step_seconds": statistics.median(r["seconds"] for r in rows),
             "mean_step_seconds": statistics.fmean(r["seconds"] for r in rows),
+            "median_step_cpu_seconds": statistics.median(r["cpu_seconds"] for r in rows),
             "sampled_tokens_per_step": statistics.fmean(r.get("sampled_tokens", math.nan) for r in rows),
             "median_peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rows),
             "median_rise_in_step_mib": statistics.median(
@@ -370,12 +377,13 @@ def summarize(
     }
     comparisons = []
     for numerator, denominator, label in COMPARISONS:
-        paired = [
-            a["seconds"] / b["seconds"] for a, b in zip(timed[numerator], timed[denominator], strict=True)
-        ]
+        pairs = list(zip(timed[numerator], timed[denominator], strict=True))
+        paired = [a["seconds"] / b["seconds"] for a, b in pairs]
+        cpu = ratio_interval([a["cpu_seconds"] / b["cpu_seconds"] for a, b in pairs])
         comparisons.append(
             {"numerator": numerator, "denominator": denominator, "label": label, "per_round": paired}
             | ratio_interval(paired)
+            | {"cpu": cpu}
         )
     return {"arms": arms, "comparisons": comparisons}
 
@@ -497,19 +505,26 @@ def main(argv: list[str] | None = None) -> int:
         "grpo_matched": "trl.GRPOTrainer, vineppo's sampled tokens",
     }
     header = (
-        "| arm | trainer | prompts/step | s/step (median) | sampled tokens/step | peak RSS MiB | rise in step MiB |\n"
-        "|---|---|---:|---:|---:|---:|---:|"
+        "| arm | trainer | prompts/step | wall s/step (median) | CPU s/step (median) | sampled tokens/step "
+        "| peak RSS MiB | rise in step MiB |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|"
     )
     lines = [header]
     for arm, s in summary["arms"].items():
         lines.append(
             f"| {arm} | {trainers[arm]} | {s['prompts_per_step']} | {s['median_step_seconds']:.3f} | "
+            f"{s['median_step_cpu_seconds']:.3f} | "
             f"{s['sampled_tokens_per_step']:.0f} | {s['median_peak_rss_mib']:.0f} | {s['median_rise_in_step_mib']:.1f} |"
         )
     lines.append("")
     for c in summary["comparisons"]:
         interval = "n/a" if c["low"] is None else f"[{c['low']:.3f}, {c['high']:.3f}]"
-        lines.append(f"{c['label']}: {c['ratio']:.3f}, 95% CI {interval} ({c['n']} paired rounds)")
+        cpu = c["cpu"]
+        cpu_interval = "n/a" if cpu["low"] is None else f"[{cpu['low']:.3f}, {cpu['high']:.3f}]"
+        lines.append(
+            f"{c['label']}: wall {c['ratio']:.3f}, 95% CI {interval}; CPU {cpu['ratio']:.3f}, 95% CI "
+            f"{cpu_interval} ({c['n']} paired rounds)"
+        )
     lines.append(f"load before: {uptime_before}")
     lines.append(f"load after:  {uptime_after}")
     table = "\n".join(lines)

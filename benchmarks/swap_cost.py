@@ -25,11 +25,14 @@ All four trainers are built first (not timed) and train side by side in one proc
 baton lets exactly one trainer run a step while the others wait, so the run is ABCD, BCDA, CDAB, ... (the order
 rotates by one arm each round, so every arm takes every position equally often and a drift in machine load hits
 every arm alike). Each arm keeps its own random number streams across the switches, seeded as if it ran alone, so
-``grpo`` and ``swap`` sample the same responses. A step's wall time is taken between the ``on_step_begin`` and
-``on_step_end`` callbacks (generation, grading, the advantages, the optimizer step); the first ``--warmup-steps``
-rounds are left out (one-off costs). A comparison's ratio in one round is one arm's step time over the other's in
-that round (the same step of the same data); the reported ratio is the geometric mean over rounds with a 95%
-Student-t interval on the log ratios (paired by round). Memory: the process' peak resident set during an arm's step
+``grpo`` and ``swap`` start from the same state and sample the same responses at the first step (their paths drift
+apart after it, at the same tokens per step on average). A step's wall time is taken between the ``on_step_begin``
+and ``on_step_end`` callbacks (generation, grading, the advantages, the optimizer step), and so is its CPU time (the
+arm's thread: with ``--threads 1`` torch computes in the calling thread), which the load of a shared machine moves
+far less than wall time; the first ``--warmup-steps`` rounds are left out (one-off costs). A comparison's ratio in
+one round is one arm's step time over the other's in that round (the same step of the same data); the reported
+ratio is the geometric mean over rounds with a 95% Student-t interval on the log ratios (paired by round), for wall
+and for CPU time. Memory: the process' peak resident set during an arm's step
 (Linux ``VmHWM``, reset before each step through ``/proc/self/clear_refs``), with how far it rose above the
 resident set at the step's start (the arm's own working memory: every trainer's model stays resident throughout).
 

@@ -91,11 +91,11 @@ def test_quick_run_writes_the_reported_fields(tmp_path):
     assert "load average" in result["uptime_before"] and result["machine"]["torch_threads"] == 1
     arms = result["summary"]["arms"]
     assert set(arms) == {"grpo", "swap", "vineppo", "grpo_matched"}
-    # Every arm ran every step; the swap samples exactly what GRPO samples (same seed, same responses).
+    # Every arm ran every step, with its wall and CPU time; the swap's first step samples what GRPO's does (the same
+    # random state).
     assert {len(steps) for steps in result["steps"].values()} == {result["config"]["steps"]}
-    assert [s["sampled_tokens"] for s in result["steps"]["swap"]] == [
-        s["sampled_tokens"] for s in result["steps"]["grpo"]
-    ]
+    assert result["steps"]["swap"][0]["sampled_tokens"] == result["steps"]["grpo"][0]["sampled_tokens"]
+    assert all(0 < s["cpu_seconds"] and 0 < s["seconds"] for steps in result["steps"].values() for s in steps)
     assert (
         arms["grpo_matched"]["prompts_per_step"]
         == result["calibration"]["grpo_matched_prompts_per_step"]
@@ -103,5 +103,6 @@ def test_quick_run_writes_the_reported_fields(tmp_path):
     )
     for comparison in result["summary"]["comparisons"]:
         assert comparison["n"] == result["config"]["steps"] - result["config"]["warmup_steps"]
-        assert 0 < comparison["low"] <= comparison["ratio"] <= comparison["high"]
+        for measured in (comparison, comparison["cpu"]):
+            assert 0 < measured["low"] <= measured["ratio"] <= measured["high"]
     assert "the swap" in result["table"] and "95% CI" in proc.stdout

@@ -14,6 +14,7 @@ checked field by field (``twine check`` too, when twine is installed).
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import inspect
 import os
@@ -154,13 +155,19 @@ def test_wheel_contents_and_metadata(dists):
         "mcadvantage/trainer/vineppo_trainer.py",
         "mcadvantage/samplers/vllm_weights.py",
         "mcadvantage/demo/__main__.py",
-        "mcadvantage/demo/warmup_policy/model.safetensors",
-        "mcadvantage/demo/warmup_policy/warmup.json",
+        # The tiny policy the demo and the README quickstart test start from.
         "mcadvantage/demo/warmup_plateau/model.safetensors",
         "mcadvantage/demo/warmup_plateau/warmup.json",
         f"mcadvantage-{version}.dist-info/licenses/LICENSE",
     ):
         assert required in names, f"{required} missing from the wheel"
+    # Every package-data pattern of pyproject.toml ships something.
+    tomllib = pytest.importorskip("tomllib")
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    for pattern in package_data["package-data"]["mcadvantage"]:
+        assert fnmatch.filter(names, f"mcadvantage/{pattern}"), (
+            f"package-data {pattern!r} matches nothing in the wheel"
+        )
     assert not [n for n in names if n.split("/")[0] in ("tests", "benchmarks", "examples", "docs", "scripts")]
     assert f"Version: {version}" in metadata
     assert "License-Expression: Apache-2.0" in metadata

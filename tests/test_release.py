@@ -45,8 +45,10 @@ def _version() -> str:
     return match.group(1)
 
 
-def _run(cmd: list[str], cwd: Path | None = None, timeout: int = 600) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _run(
+    cmd: list[str], cwd: Path | None = None, timeout: int = 600, env: dict[str, str] | None = None
+) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, (
         f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     )
@@ -222,6 +224,7 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(dists, tmp_path):
             "print(mcadvantage.__file__)",
         ],
         cwd=tmp_path,  # not the checkout: the import must resolve to the installed wheel
+        env=_user_environment(venv),  # nor PYTHONPATH (a developer's shell may point it at src/)
     )
     version, heavy, location = out.splitlines()
     assert version == _version()
@@ -237,6 +240,7 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(dists, tmp_path):
             "print(len(steps), GSM8KVerifier().score(''.join(steps), '6'))",
         ],
         cwd=tmp_path,
+        env=_user_environment(venv),
     )
     assert out.split() == ["2", "1.0"]
 

@@ -13,8 +13,8 @@ rate, temperature, response length and batch layout per prompt:
 
 * ``grpo``: ``trl.GRPOTrainer`` with ``trl.GRPOConfig``, ``--prompts`` prompts x ``--generations`` responses a step;
 * ``swap``: ``VinePPOTrainer`` with ``VinePPOConfig(advantage_estimator="grpo")``, the same fields: the drop-in
-  swap a user makes before turning Monte Carlo credit on. The same seed samples the same responses, so both do the
-  same arithmetic and any difference in wall time is the subclass' own cost (target: ratio <= 1.02);
+  swap a user makes before turning Monte Carlo credit on. The advantages are GRPO's, so any difference in step time
+  is the subclass' own cost (target: ratio <= 1.02);
 * ``vineppo``: ``VinePPOTrainer`` with Monte Carlo step values (K = ``--num-mc-rollouts``), the same prompts;
 * ``grpo_matched``: ``trl.GRPOTrainer`` with as many prompts a step as give it ``vineppo``'s sampled tokens a step
   (responses plus Monte Carlo rollouts), measured in a short calibration run of both before the timed run; the same rule as
@@ -24,9 +24,11 @@ rate, temperature, response length and batch layout per prompt:
 All four trainers are built first (not timed) and train side by side in one process, one step at a time: a
 baton lets exactly one trainer run a step while the others wait, so the run is ABCD, BCDA, CDAB, ... (the order
 rotates by one arm each round, so every arm takes every position equally often and a drift in machine load hits
-every arm alike). Each arm keeps its own random number streams across the switches, seeded as if it ran alone, so
-``grpo`` and ``swap`` start from the same state and sample the same responses at the first step (their paths drift
-apart after it, at the same tokens per step on average). A step's wall time is taken between the ``on_step_begin``
+every arm alike). Each arm keeps its own random number streams across the switches, seeded as if it ran alone
+(Python, NumPy, torch CPU), and every arm draws the same prompts (TRL's sampler has its own seeded generator). The
+``grpo`` and ``swap`` arms do not sample identical responses even so (the recorded run's first steps differ by 3% in
+tokens; which draw differs was not traced), so a round pairs the same step of the same prompts, not identical work;
+their sampled tokens per step agree on average. A step's wall time is taken between the ``on_step_begin``
 and ``on_step_end`` callbacks (generation, grading, the advantages, the optimizer step), and so is its CPU time (the
 arm's thread: with ``--threads 1`` torch computes in the calling thread), which the load of a shared machine moves
 far less than wall time; the first ``--warmup-steps`` rounds are left out (one-off costs). A comparison's ratio in

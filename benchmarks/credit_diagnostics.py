@@ -30,6 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at the repository's root
+    sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--task",
         default="demo",
-        help="the study task whose held-out problems and response budget to use (mcadvantage.demo.config."
+        help="the study task whose held-out problems and response budget to use (testbed.tasks."
         "TASK_PRESETS: demo, long, slip, sign); give its policy with --model",
     )
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "credit_diagnostics.json"))
@@ -67,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.config import TASK_PRESETS, DemoConfig, held_out_problems, shipped_warmup_dir
+    from mcadvantage.demo.config import DemoConfig, shipped_warmup_dir
     from mcadvantage.evaluation.diagnostics import diagnose_credit
+    from testbed.tasks import TASK_PRESETS, held_out_problems
 
     if args.task not in TASK_PRESETS:
         parser.error(

@@ -17,7 +17,7 @@ Tasks:
   and all-fail groups are 3x as common as on the mixed prompts (H1 inside the demo task; docs/regime-protocol.md).
   ``--tasks demo_plateau_hard``.
 * ``demo_plateau``: the same on the warm-up trained to a plateau (``mcadvantage/demo/warmup_plateau``, made by
-  ``python -m mcadvantage.demo.make_warmup --warmup_schedule plateau``; docs/regime-protocol.md), with the estimators
+  ``python -m testbed.make_warmup --warmup_schedule plateau``; docs/regime-protocol.md), with the estimators
   of the regime study's arms (``PLATEAU_SPECS``). Not in the default ``--tasks``: ``--tasks demo_plateau``.
 
 Every estimator is measured with the same prompts per repeat (common random numbers). Costs are per batch: sampled
@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at the repository's root
+    sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "gradient_quality.json"
 
@@ -79,7 +81,7 @@ DEMO_SPECS = [
 
 
 def toy_task(pass_rates: list[float], seed: int) -> Any:
-    from mcadvantage.testing import toy_gradient_task
+    from testbed.toys import toy_gradient_task
 
     task, policy = toy_gradient_task(pass_rates, seed=seed)
     return task, policy.exact_gradient(), {"pass_rate": policy.exact_objective().item(), "reference": "exact"}
@@ -147,9 +149,10 @@ def demo_task(
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.config import DemoConfig, held_out_problems, shipped_warmup_dir
+    from mcadvantage.demo.config import DemoConfig, shipped_warmup_dir
     from mcadvantage.evaluation.gradient_instrument import CausalLMOracle, GradientTask
     from mcadvantage.tasks.segmentation import get_segmenter
+    from testbed.tasks import held_out_problems
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)

@@ -41,14 +41,17 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.config import TASK_PRESETS
-
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at the repository's root
+    sys.path.insert(0, str(ROOT))
+
+from testbed.tasks import TASK_PRESETS  # noqa: E402  (after the root is on sys.path)
+
 BENCHMARKS = ROOT / "benchmarks"
 RESULTS = ROOT / "benchmarks" / "results"
 
 # Task presets: DemoConfig overrides, fixed before the runs (see the protocol documents). The studies' tasks are
-# defined once, in mcadvantage.demo.config.TASK_PRESETS (make_warmup --task reads them too).
+# defined once, in testbed.tasks.TASK_PRESETS (python -m testbed.make_warmup --task reads them too).
 TASKS: dict[str, dict[str, Any]] = {
     **{name: dict(preset) for name, preset in TASK_PRESETS.items()},
     # Smoke runs and tests only: the demo's --quick sizes (numbers meaningless).
@@ -70,17 +73,17 @@ SHARED_START_TASKS = {"demo_plateau", "slip_plateau", "long_plateau", "sign_plat
 UNSHIPPED_STARTS: dict[str, tuple[Path, str]] = {
     "slip_plateau": (
         RESULTS / "regime" / "warmup_slip_plateau",
-        "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --flaw slip "
+        "python -m testbed.make_warmup --warmup_schedule plateau --flaw slip "
         "--output_dir benchmarks/results/regime/warmup_slip_plateau",
     ),
     "long_plateau": (
         RESULTS / "regime" / "warmup_long_plateau",
-        "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --task long "
+        "python -m testbed.make_warmup --warmup_schedule plateau --task long "
         "--output_dir benchmarks/results/regime/warmup_long_plateau",
     ),
     "sign_plateau": (
         RESULTS / "regime" / "warmup_sign_plateau",
-        "python -m mcadvantage.demo.make_warmup --warmup_schedule plateau --task sign "
+        "python -m testbed.make_warmup --warmup_schedule plateau --task sign "
         "--output_dir benchmarks/results/regime/warmup_sign_plateau",
     ),
 }
@@ -271,10 +274,14 @@ def shared_start_dir(task: str) -> Path:
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
         if meta is None or not (path / "model.safetensors").exists() or (path / RESUME_FILE).exists():
             # The command that made the kept evidence, thread count included, retrains the same policy on one
-            # machine; on another the weights differ within run-to-run noise (make_warmup's docstring).
+            # machine; on another the weights differ within run-to-run noise (make_warmup's docstring). Recorded
+            # before the testbed left the package, it names the old module: today's spelling runs the same flags.
+            from testbed.make_warmup import current_command
+
             recorded = (meta or {}).get("command")
             raise SystemExit(
-                f"--task {task} starts from the warm-up in {path}: run `{recorded or command}` first and let it "
+                f"--task {task} starts from the warm-up in {path}: run `{current_command(recorded or command)}` "
+                "first and let it "
                 "finish (the weights are not kept in git; the command retrains them, identically on the machine "
                 "that made them, within run-to-run noise elsewhere)."
             )
@@ -308,8 +315,12 @@ def _shared_start(task: str, seed: int, seed_dir: Path) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source).eval()
         accuracy = _evaluator(task_config(task, 0), task_data(task, 0).eval_set, tokenizer)(model)
+        # Recorded relative to src/ for a start the package ships (as every committed start.json of one says), to
+        # the repository's root otherwise (the testbed's and the regime study's).
         policy = (
-            source.relative_to(ROOT / "src") if task not in UNSHIPPED_STARTS else source.relative_to(ROOT)
+            source.relative_to(ROOT / "src")
+            if source.is_relative_to(ROOT / "src")
+            else source.relative_to(ROOT)
         )
         start = {"task": task, "policy": str(policy), "accuracy": accuracy}
         _write_json(start_path, start)

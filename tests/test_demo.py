@@ -15,21 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from mcadvantage.demo.config import TASK_PRESETS, DemoConfig, build_data, parse_args
+from mcadvantage.demo.config import DemoConfig, build_data, parse_args
 from mcadvantage.demo.report import ScoredResponse, advantage_colour, render_responses_html
 from mcadvantage.demo.run import _html_problems, accuracy_by_num_steps
-from mcadvantage.demo.task import (
-    Operation,
-    generate_problems,
-    make_problem,
-    random_slip,
-    sign_flip_solution,
-    skip_last_solution,
-    slip_solution,
-    to_rows,
-    with_lead_ins,
-)
+from mcadvantage.demo.task import Operation, generate_problems, make_problem, skip_last_solution, to_rows
 from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
+from testbed.tasks import TASK_PRESETS, random_slip, sign_flip_solution, slip_solution, with_lead_ins
 
 REPO = Path(__file__).resolve().parents[1]
 EQUATION = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")
@@ -584,7 +575,7 @@ def test_quick_plateau_warmup_writes_its_evidence(tmp_path):
         [
             sys.executable,
             "-m",
-            "mcadvantage.demo.make_warmup",
+            "testbed.make_warmup",
             "--quick",
             "--warmup_schedule",
             "plateau",
@@ -593,6 +584,7 @@ def test_quick_plateau_warmup_writes_its_evidence(tmp_path):
             "--output_dir",
             str(out),
         ],
+        cwd=REPO,  # python -m finds the research testbed at the repository's root
         capture_output=True,
         text=True,
         timeout=600,
@@ -634,8 +626,8 @@ def test_plateau_warmup_without_decay_keeps_the_best_checkpoint_as_it_is(tmp_pat
     import torch
 
     from mcadvantage.demo.arms import initial_policy, load_policy
-    from mcadvantage.demo.make_warmup import main as make_warmup_main
-    from mcadvantage.demo.make_warmup import make_warmup
+    from testbed.make_warmup import main as make_warmup_main
+    from testbed.make_warmup import make_warmup
 
     config = _tiny_plateau_config()
     initial = initial_policy(config)[0].state_dict()
@@ -655,7 +647,7 @@ def test_plateau_warmup_without_decay_keeps_the_best_checkpoint_as_it_is(tmp_pat
     # Without a decay the final policy is the best step's: no extra curve point after the stop step.
     assert no_decay["curve_on_first_problems"][-1][0] <= no_decay["plateau"]["stop_step"]
     # The CLI hands the flag on, after the quick sizes (which would set 10) and only when given.
-    import mcadvantage.demo.make_warmup as make_warmup_module
+    import testbed.make_warmup as make_warmup_module
 
     seen = []
 
@@ -693,7 +685,7 @@ def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path, capsys):
     import torch
 
     from mcadvantage.demo.arms import RESUME_FILE, resumable_step, train_warmup_policy
-    from mcadvantage.demo.make_warmup import main as make_warmup_main
+    from testbed.make_warmup import main as make_warmup_main
 
     config = _tiny_plateau_config()
     data = build_data(config)
@@ -740,12 +732,11 @@ def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path, capsys):
 def test_make_warmup_trains_a_study_task_from_its_preset(tmp_path):
     """``make_warmup --task long`` takes the long task's problems from ``TASK_PRESETS`` (5-8 operations, every
     demonstration eligible for the flaw) and records the command that made it."""
-    from mcadvantage.demo.config import TASK_PRESETS
-
     out = tmp_path / "long"
     proc = subprocess.run(
-        [sys.executable, "-m", "mcadvantage.demo.make_warmup", "--quick", "--task", "long", "--warmup_steps", "4",
+        [sys.executable, "-m", "testbed.make_warmup", "--quick", "--task", "long", "--warmup_steps", "4",
          "--sft_check_steps", "0", "--output_dir", str(out)],
+        cwd=REPO,  # python -m finds the research testbed at the repository's root
         capture_output=True,
         text=True,
         timeout=300,
@@ -764,12 +755,64 @@ def test_make_warmup_trains_a_study_task_from_its_preset(tmp_path):
 
 
 def test_each_schedule_has_its_own_shipped_checkpoint_dir():
+    """The plateau checkpoint (the demo's default start) ships in the package; the fixed one is the research
+    testbed's, beside src/ in the repository, and kept out of the wheel (pyproject.toml's package-data)."""
     from mcadvantage.demo.config import shipped_warmup_dir
 
-    assert shipped_warmup_dir().name == "warmup_policy" == shipped_warmup_dir("fixed").name
-    assert shipped_warmup_dir("plateau").name == "warmup_plateau"
+    assert shipped_warmup_dir() == shipped_warmup_dir("fixed") == REPO / "testbed" / "warmup_policy"
+    assert shipped_warmup_dir("plateau") == REPO / "src" / "mcadvantage" / "demo" / "warmup_plateau"
+    assert (shipped_warmup_dir("fixed") / "model.safetensors").is_file()
     with pytest.raises(ValueError, match="schedule must be one of"):
         shipped_warmup_dir("cosine")
+    package_data = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"demo/warmup_plateau/*"' in package_data and "warmup_policy" not in package_data
+
+
+def test_fixed_schedule_without_the_testbed_trains_its_warmup_and_says_so(tmp_path, monkeypatch, capsys):
+    """An installed package has no testbed/warmup_policy: ``--warmup_schedule fixed`` then trains the warm-up (as
+    for any settings without a checkpoint) and says why, instead of failing or starting from something else."""
+    import mcadvantage.demo.config as demo_config
+    import mcadvantage.demo.run as demo_run
+
+    monkeypatch.setitem(demo_config.SHIPPED_WARMUP_DIRS, "fixed", tmp_path / "absent")
+    config = parse_args(["--warmup_schedule", "fixed", "--output_dir", str(tmp_path / "out")])
+    assert demo_config.usable_shipped_warmup(config) is None
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_training(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr("mcadvantage.demo.arms.train_warmup_policy", stop_at_training)
+    with pytest.raises(Stop):
+        demo_run.run_demo(config)
+    assert f"no fixed-schedule warm-up checkpoint at {tmp_path / 'absent'}" in capsys.readouterr().out
+
+
+def test_demo_help_says_where_each_warmup_checkpoint_lives():
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcadvantage.demo", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = " ".join(proc.stdout.split())
+    assert "mcadvantage/demo/warmup_plateau" in text and "testbed/warmup_policy" in text
+
+
+def test_study_flaws_need_the_testbed_and_say_so(monkeypatch):
+    """Without the research testbed (an installed package) the studies' flaws and lead-ins are refused by name."""
+    import mcadvantage.demo.config as demo_config
+
+    monkeypatch.setattr(demo_config, "FLAWS", {"skip_last": demo_config.FLAWS["skip_last"]})
+    monkeypatch.setattr(demo_config, "VARIATIONS", {})
+    with pytest.raises(
+        SystemExit, match=r"--flaw must be one of 'skip_last', got 'sign' \(the studies' flaws"
+    ):
+        parse_args(["--flaw", "sign"])
+    with pytest.raises(SystemExit, match="--lead_ins is not available here"):
+        parse_args(["--lead_ins"])
+    with pytest.raises(ValueError, match="build_data: flaw='slip'.*testbed/tasks.py"):
+        build_data(DemoConfig(flaw="slip"))
 
 
 def test_shipped_plateau_checkpoint_passed_its_plateau_check():

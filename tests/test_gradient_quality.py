@@ -25,7 +25,8 @@ from mcadvantage.evaluation.gradient_instrument import (  # noqa: E402
     reference_gradient,
     weighted_logprob_gradient,
 )
-from mcadvantage.testing import TOY_LOGITS, build_char_tokenizer, characters, toy_gradient_task  # noqa: E402
+from mcadvantage.testing import build_char_tokenizer  # noqa: E402
+from testbed.toys import TOY_LOGITS, characters, toy_gradient_task  # noqa: E402
 
 P = [0.05, 0.3, 0.6, 0.9]
 LOGITS = TOY_LOGITS

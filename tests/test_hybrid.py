@@ -20,7 +20,7 @@ from mcadvantage.estimators import GRPOEstimator, HybridEstimator  # noqa: E402
 from mcadvantage.estimators.hybrid import degenerate_groups, predicted_rollout_tokens  # noqa: E402
 from mcadvantage.evaluation.gradient_instrument import GradientTask, estimator_gradient, gradient_metrics  # noqa: E402
 from mcadvantage.tasks.segmentation import segment_completion  # noqa: E402
-from mcadvantage.testing import characters, toy_gradient_task  # noqa: E402
+from testbed.toys import characters, toy_gradient_task  # noqa: E402
 
 LOW = [0.0, 0.05, 0.15, 0.4]
 

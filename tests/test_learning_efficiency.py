@@ -226,13 +226,14 @@ def test_warmup_is_bit_identical_on_one_machine(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "mcadvantage.demo.make_warmup",
+                "testbed.make_warmup",
                 "--quick",
                 "--warmup_steps",
                 "8",
                 "--output_dir",
                 str(tmp_path / name),
             ],
+            cwd=REPO,  # python -m finds the research testbed at the repository's root
             capture_output=True,
             text=True,
             timeout=300,

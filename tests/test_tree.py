@@ -20,7 +20,8 @@ from mcadvantage.estimators.base import EstimatorContext  # noqa: E402
 from mcadvantage.evaluation.gradient_instrument import estimator_gradient, gradient_metrics  # noqa: E402
 from mcadvantage.mc.tree import TreePath, TreeSchedule, draw_trees, tree_advantages, tree_node_values  # noqa: E402
 from mcadvantage.samplers.base import Continuation  # noqa: E402
-from mcadvantage.testing import StepTreeSampler, toy_gradient_task  # noqa: E402
+from mcadvantage.testing import StepTreeSampler  # noqa: E402
+from testbed.toys import toy_gradient_task  # noqa: E402
 
 
 def test_hand_computed_two_level_tree():

@@ -11,44 +11,79 @@ import argparse
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.task import (
-    ArithmeticProblem,
-    generate_problems,
-    random_slip,
-    sign_flip_solution,
-    skip_last_solution,
-    with_lead_ins,
-)
+from mcadvantage.demo.task import ArithmeticProblem, generate_problems, skip_last_solution
 
 __all__ = [
     "ArmSpec",
     "DemoConfig",
     "DemoData",
+    "FLAWS",
+    "Flaw",
     "MC_OPTION_SUFFIXES",
+    "VARIATIONS",
     "WARMUP_FIELDS",
     "warmup_settings",
     "arm_names",
     "build_data",
     "parse_args",
     "parse_arm",
+    "register_flaw",
+    "register_variation",
     "shipped_warmup_dir",
     "usable_shipped_warmup",
     "validate_config",
 ]
 
 
-#: What a flawed demonstration can get wrong (``DemoConfig.flaw``), as the demo's messages word it.
-FLAW_DESCRIPTIONS = {
-    "skip_last": "the last operation forgotten",
-    "slip": "one arithmetic slip at a random operation",
-    "sign": "the first subtraction before the last operation done as an addition",
+@dataclass(frozen=True)
+class Flaw:
+    """What a flawed demonstration gets wrong (a value of ``DemoConfig.flaw``)."""
+
+    #: how the demo's messages word it
+    description: str
+    #: ``(problem, the flaw's own random generator) -> the flawed solution``; None when this problem cannot have the
+    #: mistake (its demonstration then stays correct)
+    write: Callable[[ArithmeticProblem, random.Random], str | None]
+
+
+#: The flaws ``DemoConfig.flaw`` may name. The demo has one; the research testbed of the repository
+#: (``testbed/tasks.py``, not in the wheel) registers the studies' ``slip`` and ``sign`` with :func:`register_flaw`.
+FLAWS: dict[str, Flaw] = {
+    "skip_last": Flaw("the last operation forgotten", lambda problem, _rng: skip_last_solution(problem)),
 }
-FLAWS = tuple(FLAW_DESCRIPTIONS)
+#: Harmless variations of every demonstration, by the ``DemoConfig`` switch that turns one on: ``(solution, the
+#: variation's own random generator) -> solution``. The demo has none; the testbed registers ``lead_ins``.
+VARIATIONS: dict[str, Callable[[str, random.Random], str]] = {}
+#: What a flaw or variation the demo does not have needs (the messages of :func:`validate_config`).
+TESTBED_HINT = (
+    "the studies' flaws and variations live in the research testbed of the repository checkout (testbed/tasks.py, "
+    "not in the installed package): run from the checkout's root and `import testbed` first"
+)
+
+
+def register_flaw(name: str, flaw: Flaw) -> None:
+    """Make ``name`` a value of ``DemoConfig.flaw`` (the research testbed's flaws). Registering the same
+    :class:`Flaw` again is a no-op; a different one under a taken name is refused."""
+    if FLAWS.get(name, flaw) != flaw:
+        raise ValueError(f"register_flaw: the flaw {name!r} is already registered as {FLAWS[name]!r}.")
+    FLAWS[name] = flaw
+
+
+def register_variation(switch: str, vary: Callable[[str, random.Random], str]) -> None:
+    """Make the ``DemoConfig`` bool field ``switch`` apply ``vary`` to every demonstration (the testbed's
+    ``lead_ins``). Registering the same function again is a no-op; another one under a taken switch is refused."""
+    if switch not in {f.name for f in fields(DemoConfig)} or not isinstance(
+        getattr(DemoConfig, switch), bool
+    ):
+        raise ValueError(f"register_variation: {switch!r} is not a bool field of DemoConfig.")
+    if VARIATIONS.get(switch, vary) is not vary:
+        raise ValueError(f"register_variation: {switch!r} is already registered as {VARIATIONS[switch]!r}.")
+    VARIATIONS[switch] = vary
 
 
 @dataclass
@@ -69,12 +104,12 @@ class DemoConfig:
     warmup_problems: int = 30000
     flawed_demo_rate: float = 0.6
     flawed_demo_min_steps: int = 4
-    # What a flawed demonstration gets wrong: "skip_last" forgets the last operation; "slip" makes one
-    # arithmetic slip at a random operation and carries the wrong value on (a mistake mid-solution); "sign" adds
-    # at the first subtraction before the last operation (the same mistake mid-solution every time).
+    # What a flawed demonstration gets wrong (a key of FLAWS): "skip_last" forgets the last operation. The research
+    # testbed (testbed/tasks.py, repository only) adds "slip" (one arithmetic slip at a random operation, the wrong
+    # value carried on) and "sign" (an addition at the first subtraction before the last operation).
     flaw: str = "skip_last"
-    # Harmless variation: every demonstration's equation lines start with a random lead-in ("", "so ", "then ",
-    # "now "; mcadvantage.demo.task.with_lead_ins), choices that never change the answer.
+    # Harmless variation (the testbed's, testbed/tasks.py): every demonstration's equation lines start with a random
+    # lead-in ("", "so ", "then ", "now "), choices that never change the answer.
     lead_ins: bool = False
     rl_problems: int = 5000
     eval_problems: int = 600
@@ -143,6 +178,16 @@ class DemoConfig:
 
 #: The schedule of the warm-up ``python -m mcadvantage.demo`` starts from (without ``--quick``).
 DEMO_WARMUP_SCHEDULE = "plateau"
+#: What ``--help`` adds to a flag's default.
+FLAG_NOTES = {
+    "warmup_schedule": (
+        ". 'plateau' starts from the checkpoint shipped in the package (mcadvantage/demo/warmup_plateau); 'fixed' "
+        "starts from testbed/warmup_policy of a repository checkout, and where that is absent (an installed "
+        "package) trains the warm-up first (about 5 minutes)"
+    ),
+    "flaw": ". The research testbed of a repository checkout (testbed/tasks.py) adds 'slip' and 'sign'",
+    "lead_ins": " (the research testbed's, testbed/tasks.py: repository checkout only)",
+}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
@@ -157,10 +202,17 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
     for f in fields(DemoConfig):
         value = getattr(defaults, f.name)
         if isinstance(value, bool):
-            parser.add_argument(f"--{f.name}", action="store_true", help=f"{f.name} (flag)")
+            parser.add_argument(
+                f"--{f.name}", action="store_true", help=f"{f.name} (flag)" + FLAG_NOTES.get(f.name, "")
+            )
         else:
             shown = f"{DEMO_WARMUP_SCHEDULE} ({value} with --quick)" if f.name == "warmup_schedule" else value
-            parser.add_argument(f"--{f.name}", type=type(value), default=None, help=f"default: {shown}")
+            parser.add_argument(
+                f"--{f.name}",
+                type=type(value),
+                default=None,
+                help=f"default: {shown}" + FLAG_NOTES.get(f.name, ""),
+            )
     ns = parser.parse_args(argv)
     config = DemoConfig()
     if ns.quick:
@@ -220,7 +272,12 @@ def validate_config(config: DemoConfig) -> None:
     if not 0.0 <= config.flawed_demo_rate <= 1.0:
         raise SystemExit(f"--flawed_demo_rate must be in [0, 1], got {config.flawed_demo_rate}.")
     if config.flaw not in FLAWS:
-        raise SystemExit(f"--flaw must be one of {', '.join(map(repr, FLAWS))}, got {config.flaw!r}.")
+        raise SystemExit(
+            f"--flaw must be one of {', '.join(map(repr, FLAWS))}, got {config.flaw!r} ({TESTBED_HINT})."
+        )
+    for switch in ("lead_ins",):
+        if getattr(config, switch) and switch not in VARIATIONS:
+            raise SystemExit(f"--{switch} is not available here ({TESTBED_HINT}).")
     if config.flawed_demo_min_steps < 2:
         raise SystemExit(
             f"--flawed_demo_min_steps must be >= 2 (a flawed demonstration keeps at least one line before its "
@@ -334,25 +391,6 @@ def parse_arm(name: str) -> ArmSpec:
     )
 
 
-#: The studies' tasks as ``DemoConfig`` overrides (docs/learning-efficiency.md, docs/regime-protocol.md); the
-#: benchmarks and ``make_warmup --task`` read them from here.
-TASK_PRESETS: dict[str, dict[str, Any]] = {
-    # The demo task: 2-5 operations, 60% of the 4+ operation demonstrations forget the last operation.
-    "demo": {},
-    # Longer reasoning: 5-8 operations, the same flaw on 60% of all demonstrations (every problem has 5+).
-    # max_completion_length 88: the longest 8-operation prompt has 166 tokens and the model's context is 256 (the
-    # first run used 96, which TRL's prompt-length check refused; the longest solution is about 72 tokens).
-    "long": {"min_steps": 5, "max_steps": 8, "flawed_demo_min_steps": 5, "max_completion_length": 88},
-    # Where the mistakes sit: the demo's problems and flawed demonstrations (same problems, same count), but a
-    # flawed demonstration makes one arithmetic slip at a random operation instead of forgetting the last one.
-    "slip": {"flaw": "slip"},
-    # H2 with a flaw supervised training keeps: the demo's problems, but a flawed demonstration (60% of those with 3+
-    # operations) adds at its first subtraction before the last operation, and every demonstration's lines start with
-    # a random harmless lead-in. max_completion_length 88: lead-ins add up to 5 characters per line.
-    "sign": {"flaw": "sign", "lead_ins": True, "flawed_demo_min_steps": 3, "max_completion_length": 88},
-}
-
-
 @dataclass
 class DemoData:
     """The demo's problem sets. ``warmup`` holds ``(prompt, demonstration)`` pairs (some flawed, see
@@ -386,41 +424,32 @@ def build_data(config: DemoConfig) -> DemoData:
     validation_set = generate_problems(
         config.validation_problems, seed=6_000_007 * (config.seed + 1), exclude=taken, **kwargs
     )
+    if config.flaw not in FLAWS or any(getattr(config, s) and s not in VARIATIONS for s in ("lead_ins",)):
+        # refused by name before any work (validate_config words it as a flag, for the command line)
+        raise ValueError(
+            f"build_data: flaw={config.flaw!r} (known: {sorted(FLAWS)}), lead_ins={config.lead_ins} (known "
+            f"variations: {sorted(VARIATIONS)}): {TESTBED_HINT}."
+        )
     rng = random.Random(4_000_003 * (config.seed + 1))
-    # The slips' and lead-ins' own generators, so the default ("skip_last") data is unchanged by these options.
-    slip_rng = random.Random(5_000_003 * (config.seed + 1))
-    lead_in_rng = random.Random(7_000_003 * (config.seed + 1))
+    # The flaw's and the variation's own generators, so the default ("skip_last", no variation) data is unchanged by
+    # them (the testbed's slips draw from flaw_rng, its lead-ins from variation_rng).
+    flaw_rng = random.Random(5_000_003 * (config.seed + 1))
+    variation_rng = random.Random(7_000_003 * (config.seed + 1))
+    write_flaw = FLAWS[config.flaw].write
+    variations = [VARIATIONS[switch] for switch in ("lead_ins",) if getattr(config, switch)]
     warmup: list[tuple[str, str]] = []
     flawed = 0
     for p in warmup_set:
         # rng.random() is drawn for every problem so the flaw pattern does not depend on min_steps.
         flaw = rng.random() < config.flawed_demo_rate and p.num_steps >= config.flawed_demo_min_steps
-        solution = p.solution
-        if flaw and config.flaw == "slip":
-            solution = random_slip(p, slip_rng)
-        elif flaw and config.flaw == "sign":
-            solution = sign_flip_solution(p) or p.solution  # None: no subtraction to flip, left correct
-        elif flaw:
-            solution = skip_last_solution(p)
+        solution = (write_flaw(p, flaw_rng) or p.solution) if flaw else p.solution  # None: left correct
         flawed += solution != p.solution
-        if config.lead_ins:
-            solution = with_lead_ins(solution, lead_in_rng)
+        for vary in variations:
+            solution = vary(solution, variation_rng)
         warmup.append((p.prompt, solution))
     return DemoData(
         eval_set=eval_set, warmup=warmup, flawed=flawed, rl_set=rl_set, validation_set=validation_set
     )
-
-
-def held_out_problems(config: DemoConfig, count: int, *, min_operations: int = 0) -> list[ArithmeticProblem]:
-    """The first ``count`` held-out problems of ``config`` with at least ``min_operations`` operations (the
-    benchmarks' prompt sets; 5 operations: the plateau policy's hard prompts)."""
-    problems = [p for p in build_data(config).eval_set if p.num_steps >= min_operations][:count]
-    if len(problems) < count:
-        raise ValueError(
-            f"held_out_problems: count={count}, but the held-out set has only {len(problems)} problems with >= "
-            f"{min_operations} operations; ask for fewer."
-        )
-    return problems
 
 
 # Settings that decide the warm-up policy: the shipped checkpoint is used only when all of them equal the
@@ -465,18 +494,25 @@ def warmup_settings(config: DemoConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in names}
 
 
-#: Where the package keeps the demo's warm-up checkpoint of each schedule (seed 0, default settings).
-SHIPPED_WARMUP_DIRS = {"fixed": "warmup_policy", "plateau": "warmup_plateau"}
+#: The demo's warm-up checkpoint of each schedule (seed 0, default settings). The plateau one, the demo's default
+#: start, ships in the package. The fixed one (the 0.1 demo's, which the first studies start from) is kept out of the
+#: wheel, in the research testbed of a repository checkout (``testbed/warmup_policy``, beside ``src/``); where that
+#: is absent (an installed package), ``--warmup_schedule fixed`` trains it instead, as for any other settings.
+SHIPPED_WARMUP_DIRS = {
+    "fixed": Path(__file__).resolve().parents[3] / "testbed" / "warmup_policy",
+    "plateau": Path(__file__).resolve().parent / "warmup_plateau",
+}
 
 
 def shipped_warmup_dir(schedule: str = "fixed") -> Path:
-    """Where the package keeps the demo's warm-up checkpoint for ``schedule`` (trained by ``python -m
-    mcadvantage.demo.make_warmup [--warmup_schedule plateau]``, seed 0, default settings)."""
+    """Where the demo's warm-up checkpoint for ``schedule`` is kept (trained by ``python -m testbed.make_warmup
+    [--warmup_schedule plateau]`` in a repository checkout, seed 0, default settings; see
+    :data:`SHIPPED_WARMUP_DIRS`). The directory may be absent: the fixed one is not in the installed package."""
     if schedule not in SHIPPED_WARMUP_DIRS:
         raise ValueError(
             f"shipped_warmup_dir: schedule must be one of {sorted(SHIPPED_WARMUP_DIRS)}, got {schedule!r}."
         )
-    return Path(__file__).resolve().parent / SHIPPED_WARMUP_DIRS[schedule]
+    return SHIPPED_WARMUP_DIRS[schedule]
 
 
 def usable_shipped_warmup(config: DemoConfig) -> dict[str, Any] | None:

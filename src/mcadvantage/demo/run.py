@@ -10,9 +10,11 @@ Steps:
    demonstrations are imperfect on purpose, as real supervised data is: for problems with at least
    ``--flawed_demo_min_steps`` operations (default 4), a fraction ``--flawed_demo_rate`` (default 0.6) of
    the demonstrations forget the last operation and report the value before it
-   (:func:`~mcadvantage.demo.task.skip_last_solution`). The package ships this checkpoint for the default
-   settings and seed 0 (``mcadvantage/demo/warmup_policy``, made by ``python -m
-   mcadvantage.demo.make_warmup``); other settings, or ``--train_warmup``, train it here (about 5 minutes).
+   (:func:`~mcadvantage.demo.task.skip_last_solution`). The package ships the checkpoint of the default settings
+   and seed 0, trained to a plateau (``mcadvantage/demo/warmup_plateau``, made by ``python -m
+   testbed.make_warmup --warmup_schedule plateau`` in a repository checkout); ``--warmup_schedule fixed`` starts
+   from the 0.1 demo's checkpoint, which only a repository checkout has (``testbed/warmup_policy``). Other
+   settings, ``--train_warmup``, or a checkpoint that is not there train it here (about 5 minutes).
 2. Held-out greedy accuracy (problems with 2-5 operations, disjoint from every training prompt).
 3. Each arm of ``--arms`` (default ``grpo,vineppo``), one after another from the same starting policy
    with the same prompts, prompt order, batch layout, learning rate and temperature: the same
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from mcadvantage.demo.config import (
-    FLAW_DESCRIPTIONS,
+    FLAWS,
     DemoConfig,
     arm_names,
     build_data,
@@ -150,11 +152,20 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         warmup_curve = [tuple(point) for point in shipped["curve_on_first_problems"]]
         print(
             f"[demo] starting policy: the shipped warm-up checkpoint ({_warmup_length(shipped)}, seed "
-            f"{shipped['config']['seed']}; retrain it with --train_warmup or python -m mcadvantage.demo.make_warmup)",
+            f"{shipped['config']['seed']}; retrain it with --train_warmup, or python -m testbed.make_warmup in a "
+            "repository checkout)",
             flush=True,
         )
     else:
         from mcadvantage.testing import build_char_tokenizer
+
+        if not (config.train_warmup or config.quick or shipped_warmup_dir(config.warmup_schedule).exists()):
+            print(
+                f"[demo] no {config.warmup_schedule}-schedule warm-up checkpoint at "
+                f"{shipped_warmup_dir(config.warmup_schedule)} (the fixed one is kept in a repository checkout's "
+                "testbed/, not in the installed package): training the warm-up here",
+                flush=True,
+            )
 
         tokenizer = build_char_tokenizer()
         with tqdm(
@@ -181,7 +192,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     print(
         f"[demo] tiny Llama: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} CPU threads. "
         f"{len(data.warmup)} warm-up demonstrations ({data.flawed} of them flawed, in "
-        f"{config.flawed_demo_min_steps}+ operation problems: {FLAW_DESCRIPTIONS[config.flaw]}), "
+        f"{config.flawed_demo_min_steps}+ operation problems: {FLAWS[config.flaw].description}), "
         f"{len(data.rl_set)} RL prompts, "
         f"{len(eval_set)} held-out problems ({config.min_steps}-{config.max_steps} operations)",
         flush=True,
@@ -285,7 +296,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         + "; ".join(f"{r['accuracy_after']:.3f} after {r['label']}" for r in results.values())
         + f" ({n_eval} problems, binomial standard error about {_binomial_stderr(acc_before, n_eval):.3f})",
         "warm-up": f"{config.warmup_steps} steps x {config.warmup_batch_size} demonstrations, "
-        f"{data.flawed} of {len(data.warmup)} demonstrations flawed ({FLAW_DESCRIPTIONS[config.flaw]})",
+        f"{data.flawed} of {len(data.warmup)} demonstrations flawed ({FLAWS[config.flaw].description})",
         "RL": f"{config.rl_steps} steps x {batch} responses, temperature {config.temperature}, lr {config.rl_lr}; "
         "the arms differ only in the advantage",
     }

@@ -25,13 +25,9 @@ __all__ = [
     "ArithmeticProblem",
     "Operation",
     "generate_problems",
-    "LEAD_INS",
     "make_problem",
-    "sign_flip_solution",
     "skip_last_solution",
-    "slip_solution",
     "to_rows",
-    "with_lead_ins",
 ]
 
 
@@ -127,90 +123,6 @@ def skip_last_solution(problem: ArithmeticProblem) -> str:
         )
     lines = problem.solution.split("\n")[: problem.num_steps - 1]
     return "\n".join(lines) + f"\n#### {problem.values[-2]}"
-
-
-def slip_solution(problem: ArithmeticProblem, step: int, delta: int) -> str:
-    """A flawed reference solution with an arithmetic slip: the result of operation ``step`` (0-based) is
-    off by ``delta``, and every later operation is applied, correctly, to the wrong value, so the final
-    answer is wrong while only one line is. Where the demonstrations' mistakes sit decides how much a
-    per-step credit can localise them: a slip anywhere in the middle, unlike a forgotten last operation.
-
-    ``delta`` must be a multiple of ``2**h`` when ``h`` later operations halve (each halving halves the
-    error, which must stay even for the next one to be exact) and must keep the slipped value >= 0; both
-    are checked.
-    """
-    if not 0 <= step < problem.num_steps:
-        raise ValueError(f"slip_solution: step must be in [0, {problem.num_steps}), got {step}.")
-    if delta == 0:
-        raise ValueError("slip_solution: delta must be non-zero (a zero slip is the correct solution).")
-    unit = 2 ** sum(op.kind == "half" for op in problem.operations[step + 1 :])
-    if delta % unit:
-        raise ValueError(
-            f"slip_solution: delta must be a multiple of {unit} when {unit.bit_length() - 1} later operation(s) "
-            f"halve (got {delta}); otherwise a halving would be inexact."
-        )
-    values = problem.values
-    lines = [op.equation(v) for op, v in zip(problem.operations[:step], values[:step], strict=True)]
-    wrong = values[step + 1] + delta
-    if wrong < 0:
-        raise ValueError(f"slip_solution: the slipped value {wrong} is negative; pick another delta.")
-    op = problem.operations[step]
-    symbol = {"add": "+", "sub": "-", "mul": "*", "half": "/"}[op.kind]
-    lines.append(f"{values[step]}{symbol}{2 if op.kind == 'half' else op.operand}={wrong}")
-    value = wrong
-    for later in problem.operations[step + 1 :]:
-        lines.append(later.equation(value))
-        value = later.apply(value)
-    return "\n".join(lines) + f"\n#### {value}"
-
-
-def random_slip(problem: ArithmeticProblem, rng: random.Random) -> str:
-    """:func:`slip_solution` at a uniformly random operation with a random valid ``delta``: one of
-    {-2, -1, 1, 2}, times ``2**h`` when ``h`` later operations halve."""
-    step = rng.randrange(problem.num_steps)
-    unit = 2 ** sum(op.kind == "half" for op in problem.operations[step + 1 :])
-    candidates = (-2, 2) if unit > 1 else (-2, -1, 1, 2)
-    deltas = [d * (unit if unit > 1 else 1) // (2 if unit > 1 else 1) for d in candidates]
-    deltas = [d for d in deltas if problem.values[step + 1] + d >= 0]
-    return slip_solution(problem, step, rng.choice(deltas))
-
-
-def sign_flip_solution(problem: ArithmeticProblem) -> str | None:
-    """A flawed reference solution with a *systematic* mistake mid-solution: the first subtraction that is not
-    the last operation is done as an addition (``12+3=15`` where the prompt says "subtract 3"), and every later
-    operation is applied, correctly, to the wrong value. Unlike :func:`random_slip`, the mistake is the same
-    every time (always that subtraction, always that sign), so imitation learns to make it at the rate the
-    demonstrations make it rather than averaging it away; unlike :func:`skip_last_solution`, it sits before the
-    last line.
-
-    Returns None when the problem has no subtraction before its last operation, or when a later halving would
-    meet an odd value (the flipped chain would be inexact): such a problem keeps its correct solution.
-    """
-    step = next((i for i, op in enumerate(problem.operations[:-1]) if op.kind == "sub"), None)
-    if step is None:
-        return None
-    values = problem.values
-    lines = [op.equation(v) for op, v in zip(problem.operations[:step], values[:step], strict=True)]
-    operand = problem.operations[step].operand
-    value = values[step] + operand
-    lines.append(f"{values[step]}+{operand}={value}")
-    for later in problem.operations[step + 1 :]:
-        if later.kind == "half" and value % 2:
-            return None
-        lines.append(later.equation(value))
-        value = later.apply(value)
-    return "\n".join(lines) + f"\n#### {value}"
-
-
-#: Harmless variation (:func:`with_lead_ins`): words a solution line may start with; none changes the answer.
-LEAD_INS = ("", "so ", "then ", "now ")
-
-
-def with_lead_ins(solution: str, rng: random.Random) -> str:
-    """``solution`` with a random lead-in from :data:`LEAD_INS` before every equation line (not the ``####`` answer
-    line): choices that never change the outcome, over which an outcome-level reward spreads its credit."""
-    lines = solution.split("\n")
-    return "\n".join([rng.choice(LEAD_INS) + line for line in lines[:-1]] + lines[-1:])
 
 
 def _valid_operations(value: int, max_value: int) -> list[Operation]:

@@ -1,7 +1,10 @@
-"""Train the demo's warm-up checkpoint: ``python -m mcadvantage.demo.make_warmup --output_dir DIR``.
+"""Train a warm-up checkpoint of the demo or a study task: ``python -m testbed.make_warmup --output_dir DIR`` (run from
+the repository's root; the research testbed is not in the installed package).
 
-The repository ships the result for seed 0 in ``mcadvantage/demo/warmup_policy/`` (made with
-``python -m mcadvantage.demo.make_warmup --output_dir src/mcadvantage/demo/warmup_policy``), so the demo
+The package ships the demo's start for seed 0, trained to a plateau (``src/mcadvantage/demo/warmup_plateau/``, made with
+``python -m testbed.make_warmup --warmup_schedule plateau --sft_check_steps 400 --output_dir
+src/mcadvantage/demo/warmup_plateau``); the repository keeps the 0.1 demo's fixed-schedule one in
+``testbed/warmup_policy/`` (``python -m testbed.make_warmup --output_dir testbed/warmup_policy``). So the demo
 starts RL at once instead of spending five of its ten minutes on supervised training. Next to the weights
 it writes ``warmup.json``: the settings (the demo uses the checkpoint only when its own settings match),
 the held-out learning curve of the warm-up, the held-out accuracy, the torch version and the machine.
@@ -28,17 +31,25 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.config import (
-    FLAWS,
-    TASK_PRESETS,
-    DemoConfig,
-    build_data,
-    validate_config,
-    warmup_settings,
-)
+from mcadvantage.demo.config import FLAWS, DemoConfig, build_data, validate_config, warmup_settings
 from mcadvantage.demo.run import _quiet_libraries
+from testbed.tasks import TASK_PRESETS
 
-__all__ = ["InterruptedWarmup", "make_warmup", "main"]
+__all__ = ["COMMAND", "LEGACY_COMMAND", "InterruptedWarmup", "current_command", "make_warmup", "main"]
+
+#: How this module is run (what ``warmup.json`` records as its ``command``).
+COMMAND = "python -m testbed.make_warmup"
+#: The same command before the research testbed left the package (``command`` of checkpoints recorded until then).
+LEGACY_COMMAND = "python -m mcadvantage.demo.make_warmup"
+
+
+def current_command(recorded: str) -> str:
+    """The command that retrains a recorded warm-up today: a ``warmup.json`` ``command`` recorded when this module was
+    ``mcadvantage.demo.make_warmup`` runs as ``python -m testbed.make_warmup`` with the same flags (the recorded
+    string stays as the history of how the checkpoint was made)."""
+    if recorded.startswith(LEGACY_COMMAND + " ") or recorded == LEGACY_COMMAND:
+        return COMMAND + recorded[len(LEGACY_COMMAND) :]
+    return recorded
 
 
 class InterruptedWarmup(ValueError):
@@ -131,7 +142,7 @@ def make_warmup(
         "seconds": seconds,
         "torch": torch.__version__,
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
-        "command": f"python -m mcadvantage.demo.make_warmup --seed {config.seed} --output_dir {output_dir}"
+        "command": f"{COMMAND} --seed {config.seed} --output_dir {output_dir}"
         + (f" --warmup_schedule plateau --warmup_patience {config.warmup_patience}" if plateau else "")
         + (
             f" --warmup_decay_steps {config.warmup_decay_steps}"
@@ -222,13 +233,11 @@ def sft_check(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m mcadvantage.demo.make_warmup``."""
+    """Entry point of ``python -m testbed.make_warmup``."""
     import os
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see mcadvantage.demo.run.main
-    parser = argparse.ArgumentParser(
-        prog="python -m mcadvantage.demo.make_warmup", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -270,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--task",
         choices=sorted(TASK_PRESETS),
         default="demo",
-        help="the study task whose problems and demonstrations to train on (mcadvantage.demo.config.TASK_PRESETS)",
+        help="the study task whose problems and demonstrations to train on (testbed.tasks.TASK_PRESETS)",
     )
     parser.add_argument(
         "--flaw",

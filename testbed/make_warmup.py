@@ -31,8 +31,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.config import FLAWS, DemoConfig, build_data, validate_config, warmup_settings
+from mcadvantage.demo.config import DemoConfig, build_data, validate_config, warmup_settings
 from mcadvantage.demo.run import _quiet_libraries
+from mcadvantage.demo.task import FLAWS
 from testbed.tasks import TASK_PRESETS
 
 __all__ = ["COMMAND", "LEGACY_COMMAND", "InterruptedWarmup", "current_command", "make_warmup", "main"]

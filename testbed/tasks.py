@@ -2,8 +2,8 @@
 ``slip`` and ``sign`` flaws and the harmless lead-ins they add to the demo's data, and their held-out prompt sets.
 
 The demo (``mcadvantage.demo``) generates the arithmetic task and its one flaw, ``skip_last``; the studies vary it.
-Importing this module registers the variants with the demo's data builder (:func:`mcadvantage.demo.config.register_flaw`,
-:func:`~mcadvantage.demo.config.register_variation`), so ``DemoConfig(flaw="sign", lead_ins=True)`` builds the
+Importing this module registers the variants with the demo's data builder (:func:`mcadvantage.demo.task.register_flaw`,
+:func:`~mcadvantage.demo.task.register_variation`), so ``DemoConfig(flaw="sign", lead_ins=True)`` builds the
 ``sign`` task's demonstrations exactly as before the variants left the package (same generators, same draws).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from mcadvantage.demo.config import DemoConfig, Flaw, build_data, register_flaw, register_variation
-from mcadvantage.demo.task import ArithmeticProblem
+from mcadvantage.demo.config import DemoConfig, build_data
+from mcadvantage.demo.task import ArithmeticProblem, Flaw, register_flaw, register_variation
 
 __all__ = [
     "LEAD_INS",

@@ -790,6 +790,13 @@ def test_fixed_schedule_without_the_testbed_trains_its_warmup_and_says_so(tmp_pa
     assert f"no fixed-schedule warm-up checkpoint at {tmp_path / 'absent'}" in capsys.readouterr().out
 
 
+def test_switch_flags_reach_the_config():
+    """``--train_warmup`` (and every other bool flag) sets its field; they were parsed and then dropped."""
+    assert parse_args(["--train_warmup"]).train_warmup is True
+    assert parse_args([]).train_warmup is False
+    assert parse_args(["--quick", "--train_warmup"]).train_warmup is True
+
+
 def test_demo_help_says_where_each_warmup_checkpoint_lives():
     proc = subprocess.run(
         [sys.executable, "-m", "mcadvantage.demo", "--help"], capture_output=True, text=True, timeout=120

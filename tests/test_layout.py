@@ -3,6 +3,9 @@
 - every module's imports (function-level ones included: a lazy import is still a dependency) form no circle;
 - folder to folder, the imports are exactly the arrows of the package map in ``docs/design.md`` (so the map can
   neither go stale nor hide a dependency), and those arrows point one way only (layers);
+- the research testbed (``testbed/``, beside the package and not in the wheel) is one more layer on top: it imports
+  the package as the map says, nothing in the package imports it, and every benchmark script that imports it puts the
+  repository's root on ``sys.path`` first (the one mechanism ``docs/design.md`` names);
 - no module is over 500 lines unless its docstring says why (``Why this module is long:``);
 - every public name is importable from the place this file lists, and every 0.1-layout module path still imports
   as the same module object (``mcadvantage._moved``).
@@ -23,6 +26,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = SRC / "mcadvantage"
+TESTBED = ROOT / "testbed"
+BENCHMARKS = ROOT / "benchmarks"
 DESIGN = ROOT / "docs" / "design.md"
 MAX_LINES = 500
 LONG_REASON = "Why this module is long:"
@@ -92,9 +97,44 @@ def _folder(module: str) -> str:
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else parts[-1]
 
 
+def _imported_modules(path: Path) -> set[str]:
+    """Every module an ``import`` / absolute ``from ... import`` of ``path`` names (anywhere in the file)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def testbed_edges() -> set[str]:
+    """The package folders the research testbed imports from (``from mcadvantage import X`` counts as the module
+    that defines ``X``)."""
+    modules, lazy = _modules(), _lazy_table()
+    folders: set[str] = set()
+    for path in sorted(TESTBED.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "mcadvantage":
+                targets = [lazy.get(alias.name, "mcadvantage") for alias in node.names]
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").startswith("mcadvantage.")
+            ):
+                targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("mcadvantage.")]
+            folders.update(_folder(_owner(target, modules)) for target in targets if target != "mcadvantage")
+    return folders
+
+
 def folder_graph() -> dict[str, set[str]]:
-    """Folder (or top-level module) -> the folders it imports from, the facade and its helpers left out."""
-    edges: dict[str, set[str]] = {}
+    """Folder (or top-level module) -> the folders it imports from, the facade and its helpers left out; the research
+    testbed is the folder ``testbed``."""
+    edges: dict[str, set[str]] = {"testbed": testbed_edges()} if TESTBED.is_dir() else {}
     for module, targets in import_graph().items():
         if module == "mcadvantage" or module.startswith("mcadvantage._"):
             continue
@@ -319,3 +359,173 @@ def test_the_trainer_stays_thin_wiring():
     assert lines <= 300, (
         f"trainer/vineppo_trainer.py has {lines} lines; move what is not wiring to its own module"
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The research testbed: beside the package, on top of it, out of the wheel
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_the_package_never_imports_the_testbed():
+    """The wheel has no testbed/, so an import of it from the package would fail on every install."""
+    offenders = [
+        f"{name}: {sorted(m for m in _imported_modules(path) if m.split('.')[0] == 'testbed')}"
+        for name, path in _modules().items()
+        if any(m.split(".")[0] == "testbed" for m in _imported_modules(path))
+    ]
+    assert not offenders, f"the package imports the research testbed: {offenders}"
+
+
+def test_the_testbed_is_not_packaged():
+    """Only ``src/`` is searched for packages, and the package data names one checkpoint, the demo's."""
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    find = re.search(r"\[tool\.setuptools\.packages\.find\]\s*where\s*=\s*\[(.*?)\]", pyproject)
+    assert find and find.group(1).strip() == '"src"', "packages must be found in src/ only"
+    data = re.search(r"^mcadvantage\s*=\s*\[(.*?)\]", pyproject, re.M)
+    assert data and sorted(x.strip().strip('"') for x in data.group(1).split(",")) == [
+        "demo/warmup_plateau/*",
+        "py.typed",
+    ]
+    assert (
+        not (PACKAGE / "demo" / "warmup_policy").exists()
+        and not (PACKAGE / "demo" / "make_warmup.py").exists()
+    )
+
+
+def _puts_root_on_sys_path(tree: ast.Module) -> int | None:
+    """The line of the module-level ``sys.path.insert(0, str(ROOT))`` (inside an ``if``), with ``ROOT`` the
+    repository's root (``Path(__file__).resolve().parents[1]``), or None."""
+    root_assigned = any(
+        isinstance(node, ast.Assign)
+        and [getattr(t, "id", None) for t in node.targets] == ["ROOT"]
+        and ast.unparse(node.value) == "Path(__file__).resolve().parents[1]"
+        for node in tree.body
+    )
+    for node in tree.body:
+        for inner in ast.walk(node) if isinstance(node, ast.If) else ():
+            if isinstance(inner, ast.Call) and ast.unparse(inner) == "sys.path.insert(0, str(ROOT))":
+                return node.lineno if root_assigned else None
+    return None
+
+
+def test_benchmarks_that_import_the_testbed_put_the_root_on_sys_path_first():
+    """``python benchmarks/x.py`` has only ``benchmarks/`` on ``sys.path``: a script that imports the testbed must
+    add the repository's root before its first import of it."""
+    importers = []
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imports = [
+            node.lineno
+            for node in ast.walk(tree)
+            if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "testbed")
+            or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "testbed" for a in node.names))
+        ]
+        if not imports:
+            continue
+        importers.append(path.name)
+        line = _puts_root_on_sys_path(tree)
+        assert line is not None and line < min(imports), (
+            f"benchmarks/{path.name} imports testbed (line {min(imports)}) without first putting the repository's "
+            "root on sys.path: `if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))` after ROOT"
+        )
+    assert {"learning_efficiency.py", "gradient_quality.py", "credit_diagnostics.py"} <= set(importers)
+
+
+def test_tests_have_the_root_on_sys_path():
+    """pytest puts the repository's root on ``sys.path`` (``pythonpath``), so tests import ``testbed`` as the
+    benchmarks do."""
+    import sys
+
+    import testbed
+
+    assert str(ROOT) in {str(Path(p).resolve()) for p in sys.path if p}
+    assert Path(testbed.__file__).resolve() == TESTBED / "__init__.py"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Every documented command names a module or script that exists
+# --------------------------------------------------------------------------------------------------------------
+MODULE_COMMAND = re.compile(r"python3? -m ([A-Za-z_][\w.]*)")
+SCRIPT_COMMAND = re.compile(r"python3? ((?:benchmarks|examples|scripts|testbed)/[\w/.-]+\.py)")
+
+
+def _command_sources() -> list[Path]:
+    """Where commands are written for people to run: the docs, README, examples, scripts, benchmarks, the testbed and
+    the package's own docstrings and messages (CHANGELOG.md is history and left out)."""
+    paths = [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").rglob("*.md")),
+        *sorted((ROOT / "scripts").glob("*.sh")),
+    ]
+    for folder in ("examples", "benchmarks", "testbed", "src"):
+        paths += [p for p in sorted((ROOT / folder).rglob("*")) if p.suffix in (".py", ".md", ".sh")]
+    return paths
+
+
+def _recorded_commands() -> dict[str, str]:
+    """The ``command`` field of every committed JSON record (``file -> command``), as today's spelling runs it."""
+    import json
+    import subprocess
+
+    from testbed.make_warmup import current_command
+
+    listed = subprocess.run(
+        ["git", "ls-files", "*.json"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    commands = {}
+    for name in listed:
+        data = json.loads((ROOT / name).read_text(encoding="utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("command"), str):
+            commands[name] = current_command(data["command"])
+    return commands
+
+
+def _missing_targets(text: str) -> set[str]:
+    import importlib.util
+
+    missing = set()
+    for module in (
+        m.rstrip(".") for m in MODULE_COMMAND.findall(text)
+    ):  # "python -m testbed.<module>": testbed
+        if module in ("venv", "pip", "pytest", "vllm.entrypoints.openai.api_server", "build"):
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:
+            found = False
+        if not found:
+            missing.add(f"python -m {module}")
+    missing |= {
+        f"python {script}" for script in SCRIPT_COMMAND.findall(text) if not (ROOT / script).is_file()
+    }
+    return missing
+
+
+def test_documented_commands_name_modules_and_scripts_that_exist():
+    """``python -m X`` resolves (with the repository's root on sys.path, as when run from it) and ``python
+    path/x.py`` exists, in every doc, script and docstring, and in every committed record's ``command`` (a record
+    made before the testbed left the package runs today as :func:`testbed.make_warmup.current_command` says)."""
+    from testbed.make_warmup import LEGACY_COMMAND
+
+    problems = {}
+    for path in _command_sources():
+        text = path.read_text(encoding="utf-8")
+        if (
+            path == TESTBED / "make_warmup.py"
+        ):  # names the old spelling on purpose, to translate recorded commands
+            text = text.replace(f'"{LEGACY_COMMAND}"', "")
+        missing = _missing_targets(text)
+        if missing:
+            problems[str(path.relative_to(ROOT))] = sorted(missing)
+    for name, command in _recorded_commands().items():
+        missing = _missing_targets(command)
+        if missing:
+            problems[name] = sorted(missing)
+    assert not problems, f"commands naming modules or scripts that do not exist: {problems}"
+    # The check has power: the module the testbed replaced is gone, and an old record's command is translated.
+    assert _missing_targets("python -m mcadvantage.demo.make_warmup --seed 0") == {
+        "python -m mcadvantage.demo.make_warmup"
+    }
+    assert _missing_targets("python benchmarks/no_such_study.py") == {"python benchmarks/no_such_study.py"}
+    recorded = _recorded_commands()["benchmarks/results/regime/warmup_slip_plateau/warmup.json"]
+    assert recorded.startswith("python -m testbed.make_warmup --seed 0 --output_dir")

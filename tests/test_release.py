@@ -170,7 +170,21 @@ def test_wheel_contents_and_metadata(dists):
         assert fnmatch.filter(names, f"mcadvantage/{pattern}"), (
             f"package-data {pattern!r} matches nothing in the wheel"
         )
-    assert not [n for n in names if n.split("/")[0] in ("tests", "benchmarks", "examples", "docs", "scripts")]
+    assert not [
+        n
+        for n in names
+        if n.split("/")[0] in ("tests", "benchmarks", "examples", "docs", "scripts", "testbed")
+    ]
+    # The wheel holds the library and the demo: one checkpoint (the demo's), no warm-up making, no study tasks.
+    assert [n for n in names if n.endswith(".safetensors")] == [
+        "mcadvantage/demo/warmup_plateau/model.safetensors"
+    ]
+    assert "mcadvantage/demo/make_warmup.py" not in names
+    with zipfile.ZipFile(wheel) as zf:
+        unpacked = sum(info.file_size for info in zf.infolist())
+        library = b"".join(zf.read(n) for n in names if n.endswith(".py"))
+    assert unpacked <= 6_000_000, f"the wheel unpacks to {unpacked:,} bytes"
+    assert b"TASK_PRESETS" not in library and b"toy_gradient_task" not in library
     assert f"Version: {version}" in metadata
     assert "License-Expression: Apache-2.0" in metadata
     assert re.search(r"^Requires-Dist: trl<1\.17,>=1\.16$", metadata, re.M), "the TRL range must be pinned"

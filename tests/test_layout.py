@@ -529,3 +529,32 @@ def test_documented_commands_name_modules_and_scripts_that_exist():
     assert _missing_targets("python benchmarks/no_such_study.py") == {"python benchmarks/no_such_study.py"}
     recorded = _recorded_commands()["benchmarks/results/regime/warmup_slip_plateau/warmup.json"]
     assert recorded.startswith("python -m testbed.make_warmup --seed 0 --output_dir")
+
+
+# Test files that are about the repository rather than one package folder stay at tests/ itself.
+REPOSITORY_TESTS = {"test_docs.py", "test_examples.py", "test_layout.py", "test_release.py"}
+# Test folders for what lives beside the package: the benchmarks, and fault injection across the trainer's stack.
+BESIDE_THE_PACKAGE = {"benchmarks", "faults"}
+
+
+def test_tests_mirror_the_package():
+    """A module's tests are found by its path: tests/<folder>/ for src/mcadvantage/<folder>/, one basename each."""
+    tests = ROOT / "tests"
+    package_folders = {
+        p.name for p in (ROOT / "src" / "mcadvantage").iterdir() if (p / "__init__.py").exists()
+    }
+    misplaced = sorted(p.name for p in tests.glob("test_*.py") if p.name not in REPOSITORY_TESTS)
+    assert not misplaced, f"move these into tests/<package folder>/: {misplaced}"
+    unknown = sorted(
+        p.name
+        for p in tests.iterdir()
+        if p.is_dir()
+        and not p.name.startswith((".", "_"))
+        and p.name not in package_folders | BESIDE_THE_PACKAGE
+    )
+    assert not unknown, (
+        f"tests/ folders that mirror no package folder: {unknown} (package: {sorted(package_folders)})"
+    )
+    names = [p.name for p in tests.rglob("test_*.py")]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    assert not duplicates, f"test basenames must be unique across tests/ (pytest's import mode): {duplicates}"

@@ -1,6 +1,6 @@
 """A verl agent loop that generates from token ids (``raw_prompt_ids``): the Monte Carlo states are a prompt plus
 a partial response, which verl's single-turn loop (chat messages in ``raw_prompt``) cannot express. Registered
-for the rollout workers through config/agent_loops.yaml. tests/test_integration_verl.py runs it inside verl's own
+for the rollout workers through config/agent_loops.yaml. tests/integrations/test_integration_verl.py runs it inside verl's own
 ``AgentLoopWorker`` / ``AgentLoopManager`` code on CPU, with a stand-in LLM server; on verl's rollout servers it
 has not been run (that needs GPUs)."""
 

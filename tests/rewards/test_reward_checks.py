@@ -1,7 +1,7 @@
 """The reward checks the trainer applies to GRPO's grading of the training responses, as pure functions:
 infinite rewards (``check_finite_reward_table``), which reward function failed on which row
 (``locate_reward_error``), and the reward of a truncated response (``rewards.truncation``). End to end they are
-run by tests/test_nonfinite.py, tests/faults/ and tests/test_fidelity.py."""
+run by tests/trainer/test_nonfinite.py, tests/faults/ and tests/trainer/test_fidelity.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 ``max_completion_length`` (the paper gave responses and rollouts the same 1,024 tokens), so a run sized for a small
 model starts instead of being refused for a 1,024-token rollout budget the user never asked for.
 
-Table 1's values themselves are pinned in tests/test_fidelity.py; this file pins how overrides interact with them.
+Table 1's values themselves are pinned in tests/trainer/test_fidelity.py; this file pins how overrides interact with them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``mcadvantage.trainer.guards``: the non-finite step guard and the checkpoint check before resuming, as pure
-functions (the end-to-end runs are in tests/test_nonfinite.py and tests/faults/)."""
+functions (the end-to-end runs are in tests/trainer/test_nonfinite.py and tests/faults/)."""
 
 from __future__ import annotations
 

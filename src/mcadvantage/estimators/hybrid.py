@@ -20,7 +20,7 @@ one response at a time in a seeded random order, as long as the predicted rollou
 - **Values**: fresh rollouts only. Free samples (``mc_reuse_samples``) and ``mc_allocation="variance"`` pool the
   other responses' outcomes into a state's value, but the hybrid's responses are chosen *because* their group's
   outcomes are all equal: pooled, those outcomes would pull every value toward the group's outcome (measured in
-  ``tests/test_hybrid.py``). So both are refused. With fresh rollouts a state's value is unbiased given its prefix
+  ``tests/estimators/test_hybrid.py``). So both are refused. With fresh rollouts a state's value is unbiased given its prefix
   and independent of the response's own outcome, whatever was selected (tested on the exact toy).
 - **Scale**: Monte Carlo credit is in reward units; GRPO's is divided by the group's reward standard deviation.
   With ``scale_rewards="group"`` or ``"batch"`` the Monte Carlo credit is divided by the standard deviation of the

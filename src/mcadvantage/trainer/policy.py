@@ -129,7 +129,7 @@ def draw_group_trees(
     schedule = trainer.advantage_estimator.tree_schedule(trainer.max_completion_length)
     if schedule is None:
         return None
-    # Imported here: evaluation imports this module and must not pull in torch (tests/test_evaluation.py).
+    # Imported here: evaluation imports this module and must not pull in torch (tests/evaluation/test_pass_at_1.py).
     from accelerate.utils import broadcast_object_list, gather_object
 
     from mcadvantage.estimators.base import reduce_metrics

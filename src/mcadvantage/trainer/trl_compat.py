@@ -2,7 +2,7 @@
 
 TRL rewrites ``GRPOTrainer`` often and has deleted subclasses whose overrides drifted (huggingface/trl#7132,
 #6235), so the rest of mcadvantage touches only public TRL names; every private attribute or method it needs is
-used here, behind a public name, and ``tests/test_trl_compat.py`` fails if another module touches one. When TRL
+used here, behind a public name, and ``tests/trainer/test_trl_compat.py`` fails if another module touches one. When TRL
 ships an advantage hook (huggingface/trl#7291, #7298) the override below is what changes.
 
 What is used, and why:

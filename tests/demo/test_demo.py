@@ -22,7 +22,7 @@ from mcadvantage.demo.task import Operation, generate_problems, make_problem, sk
 from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
 from testbed.tasks import TASK_PRESETS, random_slip, sign_flip_solution, slip_solution, with_lead_ins
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EQUATION = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")
 
 # --------------------------------------------------------------------------------------------------

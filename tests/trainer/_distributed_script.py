@@ -1,4 +1,4 @@
-"""Helper for tests/test_trainer_distributed.py, run with ``python`` (one process) or
+"""Helper for tests/trainer/test_trainer_distributed.py, run with ``python`` (one process) or
 ``accelerate launch --cpu --num_processes 2`` (two gloo processes).
 
 Modes:

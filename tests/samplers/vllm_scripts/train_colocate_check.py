@@ -1,6 +1,6 @@
 """Subprocess check: ``VinePPOTrainer`` trains on a colocated CPU vLLM engine with real weight syncs.
 
-Run by ``tests/test_trainer_vllm.py`` with ``sys.executable`` and a one-process torch.distributed
+Run by ``tests/trainer/test_trainer_vllm.py`` with ``sys.executable`` and a one-process torch.distributed
 environment (TRL's colocate mode creates its ``vllm.LLM`` with the ``external_launcher`` executor).
 Trains a tiny Llama for a few steps with ``use_vllm=True, vllm_mode="colocate"``. Every time the
 trainer's Monte Carlo sampler is called (after TRL synced the policy into the engine for this step,

@@ -1,6 +1,6 @@
 """Subprocess check: PPO's learned critic (``advantage_estimator="gae"``) trains next to a colocated CPU vLLM engine.
 
-Run by ``tests/test_trainer_vllm.py`` like ``train_colocate_check.py`` (a one-process torch.distributed
+Run by ``tests/trainer/test_trainer_vllm.py`` like ``train_colocate_check.py`` (a one-process torch.distributed
 environment for TRL's colocate mode). Trains a tiny Llama for two steps with ``use_vllm=True,
 vllm_mode="colocate"`` and the critic, and writes what the trainer logged and what the critic did as JSON.
 """

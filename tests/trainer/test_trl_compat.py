@@ -12,7 +12,7 @@ import pytest
 trl = pytest.importorskip("trl")
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMPAT = REPO / "src" / "mcadvantage" / "trainer" / "trl_compat.py"
 # GRPO internals without a leading underscore that are still internals (the vLLM engine holder).
 UNDERSCORE_FREE_INTERNALS = {"vllm_generation"}

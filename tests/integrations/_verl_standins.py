@@ -1,6 +1,6 @@
 """CPU stand-ins for verl's rollout handle, and a verl training batch built with verl's own padding code.
 
-Used by tests/test_integration_verl.py and docs/howto/verl.md; importing this module needs verl.
+Used by tests/integrations/test_integration_verl.py and docs/howto/verl.md; importing this module needs verl.
 """
 
 from __future__ import annotations

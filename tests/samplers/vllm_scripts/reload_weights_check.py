@@ -1,6 +1,6 @@
 """Subprocess check for ``reload_vllm_weights``: does a running vLLM engine follow weight updates?
 
-Run by ``tests/test_vllm_sync.py`` with ``sys.executable`` (vLLM engines must be created under
+Run by ``tests/samplers/test_vllm_sync.py`` with ``sys.executable`` (vLLM engines must be created under
 ``if __name__ == "__main__":`` because vLLM may spawn workers). Loads a saved tiny model into a
 ``vllm.LLM`` and into transformers, then twice: takes an AdamW step on the transformers model,
 pushes the new weights into the engine with ``reload_vllm_weights`` and records both engines'

@@ -14,7 +14,7 @@ from _helpers import load_benchmark
 
 from mcadvantage.demo.config import ArmSpec, DemoConfig, parse_arm, shipped_warmup_dir, usable_shipped_warmup
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _benchmark():

@@ -116,7 +116,7 @@ def test_accelerate_launch_two_processes(tmp_path: Path):
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available")
     # Each rank joins a gloo group (so the caller has gloo's threads) and grades with its own grading
-    # process. Launched like tests/test_trainer_distributed.py: on a machine without GPUs `--multi_gpu`
+    # process. Launched like tests/trainer/test_trainer_distributed.py: on a machine without GPUs `--multi_gpu`
     # starts two CPU processes (`--cpu` would start only one); PartialState(cpu=True) then joins them.
     script = tmp_path / "ranks.py"
     script.write_text(

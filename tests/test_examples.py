@@ -305,8 +305,9 @@ def test_local_problems_are_formatted_and_long_prompts_dropped(examples, tmp_pat
 
 def test_prompt_limit_leaves_room_for_a_response_as_the_trainer_checks(examples, tmp_path, tiny_model_dir):
     """The examples drop prompts longer than the model's context minus the response room: the tiny model has 512
-    positions, so 512 - 1024 with the paper's fixed 1024-token rollout budget (no prompt fits), 512 - 16 with a
-    16-token budget or budgets from max_completion_length, 512 - 100 with a 100-token budget, and vLLM's context
+    positions, so 512 - 16 when the preset's fixed rollout budget follows --max_completion_length 16 (as
+    ``VinePPOConfig.from_paper`` does), 512 - 1024 with the paper's 1024-token budget given explicitly (no prompt
+    fits), 512 - 16 with budgets from max_completion_length, 512 - 100 with a 100-token budget, and vLLM's context
     caps it."""
     common = examples.common
     base = [
@@ -321,7 +322,8 @@ def test_prompt_limit_leaves_room_for_a_response_as_the_trainer_checks(examples,
     def limit(*extra: str) -> int | None:
         return common.prompt_token_limit(*_parse(examples, "gsm8k", tmp_path, *base, *extra))
 
-    assert limit() == 512 - 1024
+    assert limit() == 512 - 16
+    assert limit("--mc_fixed_rollout_budget", "1024") == 512 - 1024
     assert limit("--mc_rollout_budget", "remaining", "--mc_fixed_rollout_budget", "None") == 512 - 16
     assert limit("--mc_fixed_rollout_budget", "16") == 512 - 16
     assert limit("--mc_fixed_rollout_budget", "100") == 512 - 100
@@ -604,3 +606,23 @@ def test_restem_and_dpo_plus_examples_run_one_round(tmp_path, name):
     else:
         assert summary["pairs"] > 0 and summary["beta"] == 0.3 and summary["loss_type"] == ["sigmoid", "sft"]
         AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_the_rollout_budget_follows_max_completion_length_unless_given(examples, tmp_path):
+    """As ``VinePPOConfig.from_paper``: ``--max_completion_length 24`` gives rollouts 24 tokens, not the preset's
+    1,024; a budget given on the command line or in ``--config`` is kept."""
+    _, args, _ = _parse(examples, "gsm8k", tmp_path, "--max_completion_length", "24")
+    assert (args.mc_rollout_budget, args.mc_fixed_rollout_budget) == ("fixed", 24)
+    _, args, _ = _parse(
+        examples, "gsm8k", tmp_path, "--max_completion_length", "24", "--mc_fixed_rollout_budget", "64"
+    )
+    assert args.mc_fixed_rollout_budget == 64
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("mc_fixed_rollout_budget: 48\n")
+    _, args, _ = _parse(examples, "gsm8k", tmp_path, "--config", str(recipe), "--max_completion_length", "24")
+    assert args.mc_fixed_rollout_budget == 48
+    _, args, _ = _parse(examples, "gsm8k", tmp_path)
+    assert (args.max_completion_length, args.mc_fixed_rollout_budget) == (
+        1024,
+        1024,
+    )  # the paper's, untouched

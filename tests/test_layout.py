@@ -451,10 +451,12 @@ SCRIPT_COMMAND = re.compile(r"python3? ((?:benchmarks|examples|scripts|testbed)/
 
 def _command_sources() -> list[Path]:
     """Where commands are written for people to run: the docs, README, examples, scripts, benchmarks, the testbed and
-    the package's own docstrings and messages (CHANGELOG.md is history and left out)."""
+    the package's own docstrings and messages (history is left out: CHANGELOG.md, the research log, and the
+    migration guide, which names the 0.1 commands on purpose)."""
+    history = {"research-log.md", "migration-0.2.md"}
     paths = [
         ROOT / "README.md",
-        *sorted((ROOT / "docs").rglob("*.md")),
+        *sorted(p for p in (ROOT / "docs").rglob("*.md") if p.name not in history),
         *sorted((ROOT / "scripts").glob("*.sh")),
     ]
     for folder in ("examples", "benchmarks", "testbed", "src"):

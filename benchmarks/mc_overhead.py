@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -384,25 +383,11 @@ def _relative(path: Path) -> str:
 
 
 def machine() -> dict:
-    import torch
-    import transformers
+    if str(Path(__file__).parent) not in sys.path:  # a benchmark imported as a module, not run
+        sys.path.insert(0, str(Path(__file__).parent))
+    from _machine import machine_info
 
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "transformers": transformers.__version__,
-    }
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        if names:
-            info["cpu"] = names[0]
-    except OSError:
-        pass
+    info = machine_info()
     try:
         import vllm
 

@@ -48,7 +48,6 @@ import gc
 import json
 import math
 import os
-import platform
 import random
 import re
 import resource
@@ -414,30 +413,15 @@ def uptime() -> str:
 
 
 def machine(threads: int) -> dict[str, Any]:
-    import torch
-    import transformers
     import trl
+
+    if str(Path(__file__).parent) not in sys.path:  # a benchmark imported as a module, not run
+        sys.path.insert(0, str(Path(__file__).parent))
+    from _machine import machine_info
 
     import mcadvantage
 
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": threads,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "mcadvantage": mcadvantage.__version__,
-    }
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        if names:
-            info["cpu"] = names[0]
-    except OSError:
-        pass
-    return info
+    return machine_info(torch_threads=threads, trl=trl.__version__, mcadvantage=mcadvantage.__version__)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -123,3 +123,37 @@ def load_benchmark(name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+#: Scripts that drive a real vLLM engine in a fresh interpreter (tests/samplers/test_vllm_sync.py and
+#: tests/trainer/test_trainer_vllm.py).
+VLLM_SCRIPTS = Path(__file__).resolve().parent / "samplers" / "vllm_scripts"
+
+
+def run_vllm_script(script: str, args: list[str], *, timeout: float = 600) -> None:
+    """Run ``VLLM_SCRIPTS/<script>`` in a fresh interpreter with a one-process torch.distributed environment
+    (needed by the external_launcher executor TRL's colocate mode uses) and a 1 GiB KV cache."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    env = dict(os.environ)
+    env.update(
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        VLLM_CPU_KVCACHE_SPACE="1",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(VLLM_SCRIPTS / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"{script} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

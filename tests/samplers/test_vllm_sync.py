@@ -9,48 +9,13 @@ platform rejects).
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from _helpers import run_vllm_script
 
 from mcadvantage.samplers.vllm_weights import reload_vllm_weights
 from mcadvantage.trainer.trl_compat import install_layerwise_weight_sync, vllm_awake
-
-SCRIPTS = Path(__file__).parent / "vllm_scripts"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_vllm_script(script: str, args: list[str], *, timeout: float = 600) -> None:
-    """Run a vLLM script in a fresh interpreter with a one-process torch.distributed environment
-    (needed by the external_launcher executor TRL's colocate mode uses) and a 1 GiB KV cache."""
-    env = dict(os.environ)
-    env.update(
-        RANK="0",
-        WORLD_SIZE="1",
-        LOCAL_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        VLLM_CPU_KVCACHE_SPACE="1",
-    )
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"{script} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
 def _check_reload_record(record: dict) -> None:

@@ -17,10 +17,14 @@ import hashlib
 import json
 import os
 import string
+import sys
 from pathlib import Path
 
 import torch
-from _helpers import tiny_config
+
+# Run as a script, from tests/trainer/: the tests' shared helpers live one folder up.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _helpers import tiny_config  # noqa: E402
 
 from mcadvantage.samplers.base import Continuation, RolloutRequest
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_vllm_sync import run_vllm_script
+from _helpers import run_vllm_script
 
 MAX_STEPS = 3
 

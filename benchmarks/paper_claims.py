@@ -378,7 +378,7 @@ def _paired_verdict(test: dict, paper_direction: int) -> str:
     return "inconclusive"
 
 
-def _race_text(r: dict, unit: str) -> str:
+def _race_text(r: dict, unit: str, slow_name: str = "PPO") -> str:
     spec = ".0f" if unit == "steps" else ".0f"
     reached = f"VinePPO reached it in {r['fast_reached']}/{r['seeds']} seeds"
     mean = (
@@ -387,8 +387,8 @@ def _race_text(r: dict, unit: str) -> str:
         else f", at {r['fast_mean_where_reached']:{spec}} {unit} on average"
     )
     return (
-        f"{reached}{mean}; PPO at {r['slow_mean']:{spec}} {unit}. VinePPO first in {r['fast_first']} seeds, PPO in "
-        f"{r['slow_first']}, ties {r['ties']}"
+        f"{reached}{mean}; {slow_name} at {r['slow_mean']:{spec}} {unit}. VinePPO first in {r['fast_first']} seeds, "
+        f"{slow_name} in {r['slow_first']}, ties {r['ties']}"
     )
 
 
@@ -446,8 +446,7 @@ def new_study_row(kind: str, s1: dict, s2: dict) -> dict:
         unit = "steps" if kind.endswith("steps") else "s"
         ratio = r["slow_mean"] / r["fast_mean_where_reached"] if r["fast_reached"] else math.nan
         return {
-            "ours": _race_text(r, unit).replace("PPO", "GRPO").replace("VinePGRPO", "VinePPO")
-            + f" ({_p(r)}); ratio of means {ratio:.2f}x",
+            "ours": _race_text(r, unit, slow_name="GRPO") + f" ({_p(r)}); ratio of means {ratio:.2f}x",
             "ci": "sign test",
             "verdict": ("holds" if r["fast_first"] > r["slow_first"] else "does not hold")
             if r["p"] < ALPHA

@@ -465,7 +465,7 @@ def new_study_row(kind: str, s1: dict, s2: dict) -> dict:
             ),
             "ci": f"held-out SE {pts['vineppo_k4']['accuracy'][1]:.3f} / {pts['ppo']['accuracy'][1]:.3f}",
             "verdict": "see the curve",
-            "why": "descriptive: the curve below plots held-out against training accuracy at every evaluation",
+            "why": "descriptive: held-out and training accuracy at every evaluation are in the stage-1 table and plot",
         }
     if kind == "stage1:throughout":
         diffs = study["vineppo_minus_ppo_by_step"]

@@ -108,7 +108,7 @@ def _imported_modules(path: Path) -> set[str]:
     return names
 
 
-def testbed_edges() -> set[str]:
+def _testbed_edges() -> set[str]:
     """The package folders the research testbed imports from (``from mcadvantage import X`` counts as the module
     that defines ``X``)."""
     modules, lazy = _modules(), _lazy_table()
@@ -134,7 +134,7 @@ def testbed_edges() -> set[str]:
 def folder_graph() -> dict[str, set[str]]:
     """Folder (or top-level module) -> the folders it imports from, the facade and its helpers left out; the research
     testbed is the folder ``testbed``."""
-    edges: dict[str, set[str]] = {"testbed": testbed_edges()} if TESTBED.is_dir() else {}
+    edges: dict[str, set[str]] = {"testbed": _testbed_edges()} if TESTBED.is_dir() else {}
     for module, targets in import_graph().items():
         if module == "mcadvantage" or module.startswith("mcadvantage._"):
             continue

@@ -292,6 +292,7 @@ def _demo_trajectories(responses, tok, segmenter, trajectory_cls, segment_comple
 
 
 def run_point(task: dict[str, Any], family: str, k: int, repeat: int) -> dict[str, Any]:
+    from mcadvantage.core.settings import MCSettings
     from mcadvantage.mc.estimator import MCValueEstimator
     from mcadvantage.mc.planning import plan_states
 
@@ -309,7 +310,7 @@ def run_point(task: dict[str, Any], family: str, k: int, repeat: int) -> dict[st
     t0 = time.perf_counter()
     out = estimator.estimate(task["trajectories"])
     seconds = time.perf_counter() - t0
-    plan = plan_states(task["trajectories"], min_step_tokens=options.get("min_step_tokens"))
+    plan = plan_states(task["trajectories"], MCSettings(min_step_tokens=options.get("min_step_tokens")))
     responses = len(task["trajectories"])
     return {
         "family": family,

@@ -15,6 +15,7 @@ import statistics
 import pytest
 
 from mcadvantage import VinePPOConfig
+from mcadvantage.core.settings import MCSettings
 from mcadvantage.mc.budget import (
     allocate_rollouts,
     leave_one_out_mean,
@@ -112,9 +113,15 @@ def test_spread_boundaries_hand_cases():
 
 def test_estimated_boundaries_merge_then_cap():
     b = [0, 1, 5, 6, 10, 11, 20]
-    assert estimated_boundaries(b, None, min_step_tokens=3) == [0, 5, 10, 20]
-    assert estimated_boundaries(b, 2, min_step_tokens=3) == [0, 5, 20]  # head, tail merged
-    assert estimated_boundaries(b, 2, min_step_tokens=3, steps_after_cap="spread") == [0, 10, 20]
+    assert estimated_boundaries(b, MCSettings(min_step_tokens=3)) == [0, 5, 10, 20]
+    assert estimated_boundaries(b, MCSettings(max_estimated_steps=2, min_step_tokens=3)) == [
+        0,
+        5,
+        20,
+    ]  # head, tail merged
+    assert estimated_boundaries(
+        b, MCSettings(max_estimated_steps=2, min_step_tokens=3, steps_after_cap="spread")
+    ) == [0, 10, 20]
 
 
 def test_leave_one_out_mean():
@@ -210,7 +217,7 @@ def test_min_step_tokens_and_spread_cut_the_states_sampled(tok):
     est.estimate([t])
     # The boundary nearest to 5 / 2 = 2.5: 2 and 3 tie, the earlier wins.
     assert [len(r.prefix_ids) - 2 for r in sampler.calls[-1]] == [0, 2]
-    plan = plan_states([t], 2, steps_after_cap="spread")
+    plan = plan_states([t], MCSettings(max_estimated_steps=2, steps_after_cap="spread"))
     assert plan.capped == [True] and plan.boundaries == [[0, 2, 5]]
 
 

@@ -333,12 +333,7 @@ class MCValueEstimator:
         extra = list(extra_responses)
         if extra:
             self._validate(extra)
-        plan = plan_states(
-            trajectories,
-            s.max_estimated_steps,
-            min_step_tokens=s.min_step_tokens,
-            steps_after_cap=s.steps_after_cap,
-        )
+        plan = plan_states(trajectories, s)
         budgets = [self.budget(prefix_len, len(trajectories[t].prompt_ids)) for t, prefix_len in plan.unique]
         sampled = [b >= 1 for b in budgets]
         stats = MCStats()

@@ -13,35 +13,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from mcadvantage.core.settings import MCSettings
 from mcadvantage.mc.budget import merge_short_steps, spread_boundaries
 from mcadvantage.mc.trajectory import Trajectory
 
 __all__ = ["StatePlan", "estimated_boundaries", "grading_key", "plan_states"]
 
 
-def estimated_boundaries(
-    boundaries: Sequence[int],
-    max_estimated_steps: int | None,
-    *,
-    min_step_tokens: int | None = None,
-    steps_after_cap: str = "merge",
-) -> list[int]:
-    """Boundaries of the states that are estimated, after the step budget.
+def estimated_boundaries(boundaries: Sequence[int], settings: MCSettings) -> list[int]:
+    """Boundaries of the states that are estimated, after the step budget of ``settings``.
 
-    First steps shorter than ``min_step_tokens`` are merged (:func:`~mcadvantage.mc.budget.merge_short_steps`).
-    Then, with ``m = max_estimated_steps`` and ``n > m`` steps left: ``steps_after_cap="spread"`` keeps ``m``
-    states spread evenly by token position (:func:`~mcadvantage.mc.budget.spread_boundaries`); otherwise states
-    ``S_0 .. S_{m-1}`` are kept and steps ``m .. n`` form one final step (boundaries ``b_0 .. b_{m-1}, b_n``),
-    whose advantage is ``R - V(S_{m-1})``, so the telescoping sum ``R - V(S_0)`` is kept. (The official VinePPO
-    code instead gave the steps past its cap 0 advantage: ``"zero"``, applied by the estimator.)
+    First steps shorter than ``settings.min_step_tokens`` are merged
+    (:func:`~mcadvantage.mc.budget.merge_short_steps`). Then, with ``m = settings.max_estimated_steps`` and ``n > m``
+    steps left: ``steps_after_cap="spread"`` keeps ``m`` states spread evenly by token position
+    (:func:`~mcadvantage.mc.budget.spread_boundaries`); otherwise states ``S_0 .. S_{m-1}`` are kept and steps
+    ``m .. n`` form one final step (boundaries ``b_0 .. b_{m-1}, b_n``), whose advantage is ``R - V(S_{m-1})``, so
+    the telescoping sum ``R - V(S_0)`` is kept. (The official VinePPO code instead gave the steps past its cap 0
+    advantage: ``"zero"``, applied by the estimator.)
     """
-    b = merge_short_steps(boundaries, min_step_tokens)
-    n = len(b) - 1
-    if max_estimated_steps is None or n <= max_estimated_steps:
+    return _apply_cap(merge_short_steps(boundaries, settings.min_step_tokens), settings)
+
+
+def _apply_cap(b: list[int], settings: MCSettings) -> list[int]:
+    """The cap step of :func:`estimated_boundaries`, on boundaries whose short steps are already merged."""
+    cap = settings.max_estimated_steps
+    if cap is None or len(b) - 1 <= cap:
         return b
-    if steps_after_cap == "spread":
-        return spread_boundaries(b, max_estimated_steps)
-    return b[:max_estimated_steps] + [b[-1]]
+    if settings.steps_after_cap == "spread":
+        return spread_boundaries(b, cap)
+    return b[:cap] + [b[-1]]
 
 
 @dataclass
@@ -78,20 +78,16 @@ def grading_key(traj: Trajectory) -> str:
     return repr((traj.prompt, sorted(traj.fields.items(), key=lambda kv: kv[0])))
 
 
-def plan_states(
-    trajectories: Sequence[Trajectory],
-    max_estimated_steps: int | None = None,
-    *,
-    min_step_tokens: int | None = None,
-    steps_after_cap: str = "merge",
-) -> StatePlan:
+def plan_states(trajectories: Sequence[Trajectory], settings: MCSettings | None = None) -> StatePlan:
     """List the non-terminal states of every trajectory and deduplicate them.
 
     A state is identified by its prompt token ids, its completion-prefix token ids and its grading
     context (prompt and fields); identical states anywhere in the batch map to one unique state. The step
-    budget (``max_estimated_steps``, ``min_step_tokens``, ``steps_after_cap``) decides which boundaries are
-    states (:func:`estimated_boundaries`).
+    budget of ``settings`` (default: ``MCSettings()``, every step a state) decides which boundaries are states
+    (:func:`estimated_boundaries`).
     """
+    settings = settings or MCSettings()
+    cap = settings.max_estimated_steps
     key_to_index: dict[tuple[tuple[int, ...], tuple[int, ...], str], int] = {}
     unique: list[tuple[int, int]] = []
     parent: list[int | None] = []
@@ -99,10 +95,10 @@ def plan_states(
     all_boundaries: list[list[int]] = []
     capped: list[bool] = []
     for t, traj in enumerate(trajectories):
-        merged = merge_short_steps(traj.step_boundaries, min_step_tokens)
-        b = estimated_boundaries(merged, max_estimated_steps, steps_after_cap=steps_after_cap)
+        merged = merge_short_steps(traj.step_boundaries, settings.min_step_tokens)
+        b = _apply_cap(merged, settings)
         all_boundaries.append(b)
-        capped.append(max_estimated_steps is not None and len(merged) - 1 > max_estimated_steps)
+        capped.append(cap is not None and len(merged) - 1 > cap)
         prompt_key = tuple(traj.prompt_ids)
         gkey = grading_key(traj)
         idx: list[int] = []

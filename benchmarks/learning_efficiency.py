@@ -67,7 +67,10 @@ TASKS["slip_plateau"] = {**TASKS["slip"], "warmup_schedule": "plateau"}
 TASKS["long_plateau"] = {**TASKS["long"], "warmup_schedule": "plateau"}
 # `sign` (H2 with a systematic mid-solution flaw amid harmless lead-ins) from its own plateau warm-up, not shipped.
 TASKS["sign_plateau"] = {**TASKS["sign"], "warmup_schedule": "plateau"}
-SHARED_START_TASKS = {"demo_plateau", "slip_plateau", "long_plateau", "sign_plateau"}
+# The paper's supervised start (docs/paper-claims-protocol.md, stage 4): the demo task's plateau rule without the
+# final decay, so RL starts from the best validation checkpoint as the paper's SFT selection does (appendix C.3).
+TASKS["demo_sft"] = {"warmup_schedule": "plateau", "warmup_decay_steps": 0}
+SHARED_START_TASKS = {"demo_plateau", "slip_plateau", "long_plateau", "sign_plateau", "demo_sft"}
 #: shared-start tasks whose starting policy is not shipped: its directory (the checkpoint is git-ignored, its
 #: warmup.json and plateau_log.json are kept) and the command that trains it
 UNSHIPPED_STARTS: dict[str, tuple[Path, str]] = {
@@ -85,6 +88,11 @@ UNSHIPPED_STARTS: dict[str, tuple[Path, str]] = {
         RESULTS / "regime" / "warmup_sign_plateau",
         "python -m testbed.make_warmup --warmup_schedule plateau --task sign "
         "--output_dir benchmarks/results/regime/warmup_sign_plateau",
+    ),
+    "demo_sft": (
+        RESULTS / "regime" / "warmup_demo_sft",
+        "python -m testbed.make_warmup --seed 0 --output_dir benchmarks/results/regime/warmup_demo_sft "
+        "--warmup_schedule plateau --warmup_patience 8 --warmup_decay_steps 0 --threads 1",
     ),
 }
 DEFAULT_ARMS = [
@@ -229,10 +237,14 @@ def _write_json(path: Path, obj: Any) -> None:
 def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
     """Train (or reuse) the seed's warm-up policy; returns its metadata."""
     meta_path = seed_dir / "warmup.json"
+    if task in SHARED_START_TASKS:
+        # A clone has the seed's warmup.json (committed) without the copied weights (git-ignored): copy them again, so
+        # a new arm resumes on the recorded seeds.
+        if meta_path.exists() and (seed_dir / "warmup_policy" / "model.safetensors").exists():
+            return json.loads(meta_path.read_text())
+        return _shared_start(task, seed, seed_dir)
     if meta_path.exists():
         return json.loads(meta_path.read_text())
-    if task in SHARED_START_TASKS:
-        return _shared_start(task, seed, seed_dir)
     from mcadvantage.demo.arms import train_warmup_policy
     from mcadvantage.demo.config import build_data
     from mcadvantage.testing import build_char_tokenizer

@@ -389,6 +389,42 @@ def test_an_unshipped_start_is_refused_with_its_command_until_trained_and_then_u
     )
 
 
+def test_a_clone_resumes_a_shared_start_seed_by_copying_the_ignored_weights_again(tmp_path, monkeypatch):
+    le = _benchmark()
+
+    start = tmp_path / "warmup_sign_plateau"
+    start.mkdir()
+    (start / "warmup.json").write_text(json.dumps({"sft_check": {"plateaued": True}}))
+    (start / "model.safetensors").write_bytes(b"weights")
+    monkeypatch.setitem(le.UNSHIPPED_STARTS, "sign_plateau", (start, "python -m make_it"))
+    monkeypatch.setattr(le, "ROOT", tmp_path)
+    seed_dir = tmp_path / "runs" / "sign_plateau" / "seed3"
+    seed_dir.mkdir(parents=True)
+    # What a clone holds: the task's start.json and the seed's warmup.json are committed, the copied weights are not.
+    (seed_dir.parent / "start.json").write_text(json.dumps({"accuracy": 0.585, "policy": "warmup_sign_plateau"}))
+    committed = {"task": "sign_plateau", "seed": 3, "accuracy": 0.585, "shared_start": "warmup_sign_plateau"}
+    (seed_dir / "warmup.json").write_text(json.dumps(committed))
+    assert le.ensure_warmup("sign_plateau", 3, seed_dir) == committed
+    assert (seed_dir / "warmup_policy" / "model.safetensors").read_bytes() == b"weights"
+    assert json.loads((seed_dir / "warmup.json").read_text()) == committed  # the record is rewritten unchanged
+
+
+def test_the_supervised_start_task_is_the_demo_task_without_the_final_decay():
+    le = _benchmark()
+
+    sft, plateau = le.task_config("demo_sft", 4), le.task_config("demo_plateau", 4)
+    assert (sft.warmup_schedule, sft.warmup_decay_steps, plateau.warmup_decay_steps) == ("plateau", 0, 100)
+    assert {k: v for k, v in vars(sft).items() if k != "warmup_decay_steps"} == {
+        k: v for k, v in vars(plateau).items() if k != "warmup_decay_steps"
+    }
+    assert [p.prompt for p in le.task_data("demo_sft", 4).eval_set] == [
+        p.prompt for p in le.task_data("demo_plateau", 0).eval_set
+    ]
+    path, command = le.UNSHIPPED_STARTS["demo_sft"]
+    assert path.name == "warmup_demo_sft" and "--warmup_decay_steps 0" in command
+    assert f"--output_dir {path.relative_to(le.ROOT)}" in command
+
+
 def test_sampled_tokens_count_every_estimators_rollouts_and_a_trees_shared_prefixes_once():
     from mcadvantage.demo.arms import rollout_tokens
 

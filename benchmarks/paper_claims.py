@@ -46,8 +46,25 @@ STAGE2_COMMAND = (
     "--kl_prompts 128 --threads 1 --root benchmarks/results/paper_claims_runs --json /tmp/paper_claims_stage2.json "
     "--report_tasks demo_plateau"
 )
+STAGE3_COMMAND = (
+    "python benchmarks/learning_efficiency.py --task sign_plateau --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms ppo "
+    "--eval_every 20 --threads 1 --root benchmarks/results/learning_efficiency_runs --json /tmp/paper_claims_stage3.json "
+    "--report_tasks sign_plateau"
+)
+STAGE4_COMMAND = (
+    "python benchmarks/learning_efficiency.py --task demo_sft --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms grpo vineppo_k4 "
+    "grpo_matched grpo_matched_cost hybrid_b50 tree_d12 ppo --eval_every 20 --kl_prompts 128 --threads 1 --root "
+    "benchmarks/results/paper_claims_runs --json /tmp/paper_claims_stage4.json --report_tasks demo_sft"
+)
 SEEDS = list(range(12))
 TASK = "demo_plateau"
+STAGE3_TASK = "sign_plateau"
+#: ``grpo`` seed 0 rerun from the regenerated ``sign_plateau`` start (the amendment's check that it is the regime's)
+START_CHECK = RUNS / "sign_plateau_start_check"
+STAGE4_TASK = "demo_sft"
+STAGE4_ARMS = ("grpo", "vineppo_k4", "grpo_matched", "grpo_matched_cost", "hybrid_b50", "tree_d12", "ppo")
+REGIME_BASES = ("grpo_matched", "grpo")  # the regime study's rule: each arm against these, paired by seed
+REGIME_TESTS = RESULTS / "credit_at_grpo_price.json"  # the regime tasks' unadjusted p-values
 STAGE1_ARMS = ("grpo", "vineppo_k4", "ppo")
 TEMPERATURES = (0.6, 0.8, 1.0)
 DIVERGED_BELOW_START = 0.04  # the protocol's "diverges": last accuracy this far (2 SE) below the start's
@@ -185,6 +202,30 @@ def regime_reproduction(curves: dict[str, dict[int, list[dict]]]) -> dict:
     return {"checked": checked, "identical": matched, "mismatches": mismatches}
 
 
+def paired_finals(
+    curves: dict[str, dict[int, list[dict]]], arm: str, base: str, step: int, field: str = "accuracy"
+) -> dict:
+    """Paired t-test of ``arm`` minus ``base`` in ``field`` at ``step``, over the seeds both have."""
+    seeds = sorted(set(curves[arm]) & set(curves[base]))
+    return _stats().paired_t_test(
+        [at_step(curves[arm][s], step)[field] - at_step(curves[base][s], step)[field] for s in seeds]
+    )
+
+
+def against_ppo(curves: dict[str, dict[int, list[dict]]], last: int) -> tuple[dict, dict, dict, dict]:
+    """The protocol's M1-M4 for ``vineppo_k4`` against ``ppo``, Holm-adjusted over the four (stages 1 and 4)."""
+    m1 = paired_finals(curves, "vineppo_k4", "ppo", last)
+    m2 = race(curves, "vineppo_k4", "ppo", "ppo", "step")
+    m3 = race(curves, "vineppo_k4", "ppo", "ppo", "train_seconds")
+    m4 = paired_finals(curves, "vineppo_k4", "ppo", last, "kl_to_start")
+    for test, adjusted in zip(
+        (m1, m2, m3, m4), _stats().holm_adjust([m1["p"], m2["p"], m3["p"], m4["p"]]), strict=True
+    ):
+        test["p_holm"] = adjusted
+        test["rejects"] = adjusted < ALPHA
+    return m1, m2, m3, m4
+
+
 def stage1(root: Path = RUNS) -> dict:
     """The protocol's stage 1: VinePPO K = 4 against PPO (and GRPO) on ``demo_plateau``."""
     stats = _stats()
@@ -207,15 +248,7 @@ def stage1(root: Path = RUNS) -> dict:
     def finals(arm: str, field: str = "accuracy") -> list[float]:
         return [at_step(curves[arm][s], last)[field] for s in SEEDS]
 
-    m1 = stats.paired_t_test([a - b for a, b in zip(finals("vineppo_k4"), finals("ppo"), strict=True)])
-    m2 = race(curves, "vineppo_k4", "ppo", "ppo", "step")
-    m3 = race(curves, "vineppo_k4", "ppo", "ppo", "train_seconds")
-    kl_v, kl_p = finals("vineppo_k4", "kl_to_start"), finals("ppo", "kl_to_start")
-    m4 = stats.paired_t_test([a - b for a, b in zip(kl_v, kl_p, strict=True)])
-    holm = stats.holm_adjust([m1["p"], m2["p"], m3["p"], m4["p"]])
-    for test, adjusted in zip((m1, m2, m3, m4), holm, strict=True):
-        test["p_holm"] = adjusted
-        test["rejects"] = adjusted < ALPHA
+    m1, m2, m3, m4 = against_ppo(curves, last)
     vs_grpo = stats.paired_t_test([a - b for a, b in zip(finals("vineppo_k4"), finals("grpo"), strict=True)])
     ppo_vs_grpo = stats.paired_t_test([a - b for a, b in zip(finals("ppo"), finals("grpo"), strict=True)])
 
@@ -323,6 +356,7 @@ def stage2(root: Path = RUNS) -> dict:
     if not out["complete"]:
         return out
     rows, ps = [], []
+    out["last_step"] = curves[f"ppo_t{TEMPERATURES[0]}"][SEEDS[0]][-1]["step"]
     for t in TEMPERATURES:
         v, p = curves[f"vineppo_k4_t{t}"], curves[f"ppo_t{t}"]
         start = v[SEEDS[0]][0]["accuracy"]
@@ -350,6 +384,130 @@ def stage2(root: Path = RUNS) -> dict:
         row["test"]["p_holm"] = adjusted
     out["rows"] = rows
     return out
+
+
+def start_check(check_root: Path = START_CHECK, task: str = STAGE3_TASK) -> dict:
+    """Whether ``grpo`` rerun from the regenerated start equals the regime study's committed records of the same seed
+    at steps 20 and 40 (accuracy and sampled tokens): the amendment's check that the start is the regime's."""
+    checked = identical = 0
+    for seed, curve in load_curves(check_root, task, "grpo", SEEDS).items():
+        old = load_curves(REGIME_RUNS, task, "grpo", [seed]).get(seed)
+        for step in (20, 40):
+            checked += 1
+            if old is not None and all(
+                at_step(curve, step)[k] == at_step(old, step)[k] for k in ("accuracy", "sampled_tokens")
+            ):
+                identical += 1
+    return {"checked": checked, "identical": identical}
+
+
+def stage3(s1: dict, runs: Path | None = None, check_root: Path | None = None) -> dict:
+    """The protocol's stage 3: PPO on ``sign_plateau`` against the regime study's committed arms of the same seeds (M1,
+    Holm over stage 1's and this task's M1)."""
+    runs = REGIME_RUNS if runs is None else runs
+    check = start_check(START_CHECK if check_root is None else check_root)
+    curves = {
+        arm: load_curves(runs, STAGE3_TASK, arm, SEEDS)
+        for arm in ("ppo", "vineppo_k4", "grpo", "grpo_matched")
+    }
+    out: dict[str, Any] = {
+        "task": STAGE3_TASK,
+        "finished": {"ppo": len(curves["ppo"])},
+        "runs_expected": len(SEEDS),
+        "complete": len(curves["ppo"]) == len(SEEDS) and check["checked"] > 0,
+        "start_check": check,
+        "command": STAGE3_COMMAND,
+    }
+    if not out["complete"]:
+        return out
+    last = max(r["step"] for r in curves["ppo"][SEEDS[0]])
+    out["last_step"] = last
+    out["final_accuracy"] = {
+        arm: _mean_se([at_step(c[s], last)["accuracy"] for s in sorted(c)]) for arm, c in curves.items()
+    }
+    out["ppo_minus_grpo"] = paired_finals(curves, "ppo", "grpo", last)
+    out["ppo_minus_grpo_matched"] = paired_finals(curves, "ppo", "grpo_matched", last)
+    out["start_is_the_regimes"] = check["identical"] == check["checked"]
+    if not out[
+        "start_is_the_regimes"
+    ]:  # the protocol: then only new runs are compared, and VinePPO has none here
+        return out
+    m1 = paired_finals(curves, "vineppo_k4", "ppo", last)
+    family = [s1["m1_accuracy"]["p"], m1["p"]] if s1.get("complete") else [m1["p"]]
+    m1["p_holm"] = _stats().holm_adjust(family)[-1]
+    m1["holm_family"] = ["demo_plateau", STAGE3_TASK][-len(family) :]
+    out["m1_accuracy"] = m1
+    return out
+
+
+def _regime_family_p(arm: str, base: str, studies: dict) -> dict[str, float]:
+    """Unadjusted p-values of ``arm`` against ``base`` on the other regime tasks: the regime study's committed tests,
+    and for ``ppo`` this study's stage 1 (against ``grpo``) and stage 3."""
+    out = {}
+    for task, rows in json.loads(REGIME_TESTS.read_text())["learning"].items():
+        for row in rows:
+            if row["arm"] == arm and f"final_accuracy_vs_{base}" in row:
+                out[task] = row[f"final_accuracy_vs_{base}"]["p"]
+    if arm == "ppo":
+        s1, s3 = studies.get("stage1", {}), studies.get("stage3", {})
+        if base == "grpo" and s1.get("complete"):
+            out[TASK] = s1["ppo_minus_grpo"]["p"]
+        if s3.get("complete") and f"ppo_minus_{base}" in s3:
+            out[STAGE3_TASK] = s3[f"ppo_minus_{base}"]["p"]
+    return out
+
+
+def stage4(studies: dict, root: Path = RUNS) -> dict:
+    """The protocol's stage 4: the regime study's arms and PPO from the paper's supervised start (``demo_sft``): the
+    regime rule (each arm against ``grpo_matched`` and ``grpo``, Holm over the regime tasks) and stage 1's M1-M4."""
+    curves = {arm: load_curves(root, STAGE4_TASK, arm, SEEDS) for arm in STAGE4_ARMS}
+    out: dict[str, Any] = {
+        "task": STAGE4_TASK,
+        "arms": list(STAGE4_ARMS),
+        "finished": {arm: len(c) for arm, c in curves.items()},
+        "runs_expected": len(SEEDS) * len(STAGE4_ARMS),
+        "complete": all(len(c) == len(SEEDS) for c in curves.values()),
+        "command": STAGE4_COMMAND,
+    }
+    if not out["complete"]:
+        return out
+    last = max(r["step"] for r in curves["ppo"][SEEDS[0]])
+    start = json.loads((root / STAGE4_TASK / "start.json").read_text())["accuracy"]
+    m1, m2, m3, m4 = against_ppo(curves, last)
+    regime = []
+    for arm in STAGE4_ARMS:
+        for base in REGIME_BASES:
+            if arm == base:
+                continue
+            test = paired_finals(curves, arm, base, last)
+            family = {**_regime_family_p(arm, base, studies), STAGE4_TASK: test["p"]}
+            test["p_holm"] = _stats().holm_adjust(list(family.values()))[-1]
+            test["holm_family"] = list(family)
+            regime.append({"arm": arm, "base": base, "test": test})
+    out.update(
+        start_accuracy=start,
+        last_step=last,
+        final_accuracy={
+            arm: _mean_se([at_step(c[s], last)["accuracy"] for s in SEEDS]) for arm, c in curves.items()
+        },
+        final_kl={
+            arm: _mean_se([at_step(c[s], last)["kl_to_start"] for s in SEEDS]) for arm, c in curves.items()
+        },
+        train_seconds={
+            arm: statistics.fmean(at_step(c[s], last)["train_seconds"] for s in SEEDS)
+            for arm, c in curves.items()
+        },
+        m1_accuracy=m1,
+        m2_steps_to_ppo_peak=m2,
+        m3_seconds_to_ppo_peak=m3,
+        m4_kl=m4,
+        regime=regime,
+    )
+    return out
+
+
+def _mean_se(xs: list[float]) -> list[float]:
+    return [statistics.fmean(xs), statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.nan]
 
 
 # ---- rows ------------------------------------------------------------------------------------------------------
@@ -392,13 +550,14 @@ def _race_text(r: dict, unit: str, slow_name: str = "PPO") -> str:
     )
 
 
-def new_study_row(kind: str, s1: dict, s2: dict) -> dict:
-    """``ours``, ``ci`` and ``verdict`` of a row the paper-claims study measures (``kind``: which measure)."""
+def new_study_row(kind: str, studies: dict[str, dict]) -> dict:
+    """``ours``, ``ci`` and ``verdict`` of a row the paper-claims study measures (``kind``: ``stage:measure``;
+    ``studies``: each stage's result)."""
     stage, measure = kind.split(":")
-    study = s1 if stage == "stage1" else s2
-    if stage not in ("stage1", "stage2"):
+    if stage not in studies:
         return {"ours": "not measured yet (protocol " + stage + ")", "ci": "", "verdict": "not measured yet",
                 "why": f"the protocol's {stage} has not run"}  # fmt: skip
+    study = studies[stage]
     if not study["complete"]:
         done = sum(study["finished"].values())
         return {
@@ -406,6 +565,50 @@ def new_study_row(kind: str, s1: dict, s2: dict) -> dict:
             "ci": "",
             "verdict": "not measured yet",
             "why": f"the protocol reads {stage} only when all its runs have finished",
+        }
+    if stage == "stage4" and measure in ("accuracy", "steps", "seconds", "kl"):
+        row = new_study_row(
+            f"stage1:{measure}", {"stage1": study}
+        )  # the same measures, from the paper's start
+        resolution = "" if measure in ("accuracy", "kl") else "; evaluated every 20 steps"
+        return {
+            **row,
+            "why": row["why"] + f", from the paper's supervised start (`{STAGE4_TASK}`){resolution}",
+        }
+    if kind == "stage3:accuracy":
+        fa = study["final_accuracy"]
+        if not study["start_is_the_regimes"]:
+            c = study["start_check"]
+            return {
+                "ours": f"PPO {fa['ppo'][0]:.3f}; the regenerated start reproduced {c['identical']} of {c['checked']} "
+                "regime records, so VinePPO's committed runs are not comparable",
+                "ci": "",
+                "verdict": "inconclusive",
+                "why": "stage 3: the protocol compares only new runs when the start differs",
+            }
+        t = study["m1_accuracy"]
+        return {
+            "ours": f"`{STAGE3_TASK}`, step {study['last_step']}: VinePPO K=4 {fa['vineppo_k4'][0]:.3f}, PPO "
+            f"{fa['ppo'][0]:.3f}: {t['mean']:+.3f} ({_p(t)}); PPO minus GRPO {study['ppo_minus_grpo']['mean']:+.3f}",
+            "ci": _fmt_ci(t["ci95"]),
+            "verdict": _paired_verdict(t, +1),
+            "why": "stage 3, M1 paired by seed, Holm over the two tasks' M1",
+        }
+    if kind == "stage4:regime":
+        tests = {(r["arm"], r["base"]): r["test"] for r in study["regime"]}
+        t = tests[("vineppo_k4", "grpo_matched")]
+        fa = study["final_accuracy"]
+        others = ", ".join(
+            f"{arm} {tests[(arm, 'grpo_matched')]['mean']:+.3f} (Holm p {tests[(arm, 'grpo_matched')]['p_holm']:.3g})"
+            for arm in ("hybrid_b50", "tree_d12", "ppo")
+        )
+        return {
+            "ours": f"`{STAGE4_TASK}` (start {study['start_accuracy']:.3f}), step {study['last_step']}: VinePPO K=4 "
+            f"{fa['vineppo_k4'][0]:.3f}, GRPO at equal sampled tokens {fa['grpo_matched'][0]:.3f}: {t['mean']:+.3f} "
+            f"({_p(t)}); against the same GRPO: {others}",
+            "ci": _fmt_ci(t["ci95"]),
+            "verdict": _paired_verdict(t, +1),
+            "why": "stage 4, the regime rule: paired by seed, Holm over the regime tasks",
         }
     if kind == "stage1:accuracy":
         t = study["m1_accuracy"]
@@ -499,7 +702,7 @@ def new_study_row(kind: str, s1: dict, s2: dict) -> dict:
         t = hi["test"]
         holds = t["p_holm"] < ALPHA and t["mean"] > 0 and hi["diverged"]["ppo"] > hi["diverged"]["vineppo"]
         return {
-            "ours": f"T = 1.0, step 14: VinePPO {hi['vineppo']:.3f}, PPO {hi['ppo']:.3f}: {t['mean']:+.3f} ({_p(t)}); "
+            "ours": f"T = {hi['temperature']}, step {study['last_step']}: VinePPO {hi['vineppo']:.3f}, PPO {hi['ppo']:.3f}: {t['mean']:+.3f} ({_p(t)}); "
             f"diverged: VinePPO {hi['diverged']['vineppo']}/12, PPO {hi['diverged']['ppo']}/12",
             "ci": _fmt_ci(t["ci95"]),
             "verdict": "holds"
@@ -525,14 +728,15 @@ def existing_row(entry: dict) -> dict:
 
 def build(root: Path = RUNS) -> dict:
     catalogue = json.loads(CATALOGUE.read_text())
-    s1, s2 = stage1(root), stage2(root)
+    studies = {"stage1": stage1(root), "stage2": stage2(root)}
+    studies["stage3"] = stage3(studies["stage1"])
+    studies["stage4"] = stage4(studies, root)
+    commands = {stage: study["command"] for stage, study in studies.items()}
     claims = []
     for entry in catalogue["claims"]:
         if "measure" in entry:
-            row = new_study_row(entry["measure"], s1, s2)
-            command = {"stage1": STAGE1_COMMAND, "stage2": STAGE2_COMMAND}.get(
-                entry["measure"].split(":")[0], ""
-            )
+            row = new_study_row(entry["measure"], studies)
+            command = commands.get(entry["measure"].split(":")[0], "")
         elif "source" in entry:
             row = existing_row(entry)
             command = entry["command"]
@@ -554,7 +758,7 @@ def build(root: Path = RUNS) -> dict:
         "command": COMMAND,
         "protocol": "docs/paper-claims-protocol.md",
         "claims": claims,
-        "studies": {"stage1": s1, "stage2": s2},
+        "studies": studies,
     }
 
 
@@ -631,7 +835,96 @@ def render_page(result: dict) -> str:
             f"{cm['vineppo_over_ppo']:.2f}x.",
             "",
         ]
+    lines += render_later_stages(result["studies"])
     return "\n".join(lines)
+
+
+def _unfinished(study: dict) -> list[str]:
+    done = sum(study["finished"].values())
+    return [
+        f"Not all runs have finished ({done} of {study['runs_expected']}); the protocol reads nothing until they have.",
+        "",
+    ]
+
+
+def render_later_stages(studies: dict) -> list[str]:
+    """The detail sections of stages 2-4 (each only once its stage is complete)."""
+    lines: list[str] = []
+    s2 = studies.get("stage2")
+    if s2 is not None:
+        lines += ["## Stage 2 in detail: temperature", ""]
+        if not s2["complete"]:
+            lines += _unfinished(s2)
+        else:
+            lines += [
+                f"Held-out accuracy after {s2['last_step']} steps (a third of training), 12 paired seeds; a run diverges when it ends "
+                f"more than {DIVERGED_BELOW_START} below the start.",
+                "",
+                "| T | VinePPO | PPO | VinePPO minus PPO | 95% CI | p (Holm) | diverged VinePPO / PPO | KL VinePPO / PPO |",
+                "|---:|---:|---:|---:|---|---|---|---|",
+            ]
+            for row in s2["rows"]:
+                t = row["test"]
+                lines.append(
+                    f"| {row['temperature']} | {row['vineppo']:.3f} | {row['ppo']:.3f} | {t['mean']:+.3f} | "
+                    f"{_fmt_ci(t['ci95'])} | {t['p']:.3g} ({t['p_holm']:.3g}) | {row['diverged']['vineppo']} / "
+                    f"{row['diverged']['ppo']} | {row['kl']['vineppo']:.3f} / {row['kl']['ppo']:.3f} |"
+                )
+            lines.append("")
+    s3 = studies.get("stage3")
+    if s3 is not None:
+        lines += [f"## Stage 3 in detail: PPO on `{STAGE3_TASK}`", ""]
+        if not s3["complete"]:
+            lines += _unfinished(s3)
+        else:
+            c = s3["start_check"]
+            lines += [
+                f"Start check: `grpo` seed 0 rerun from the regenerated start reproduced {c['identical']} of "
+                f"{c['checked']} of the regime study's records (steps 20 and 40).",
+                "",
+                f"| arm | held-out accuracy at step {s3['last_step']} |",
+                "|---|---:|",
+            ]
+            lines += [f"| `{arm}` | {m:.3f} ± {se:.3f} |" for arm, (m, se) in s3["final_accuracy"].items()]
+            for name in ("ppo_minus_grpo", "ppo_minus_grpo_matched"):
+                t = s3[name]
+                lines.append("")
+                lines.append(
+                    f"{name.replace('_', ' ')}: {t['mean']:+.3f} {_fmt_ci(t['ci95'])}, p {t['p']:.3g}."
+                )
+            lines.append("")
+    s4 = studies.get("stage4")
+    if s4 is not None:
+        lines += [f"## Stage 4 in detail: the paper's supervised start (`{STAGE4_TASK}`)", ""]
+        if not s4["complete"]:
+            lines += _unfinished(s4)
+        else:
+            lines += [
+                f"RL from the best supervised checkpoint (held-out {s4['start_accuracy']:.3f}); at step {s4['last_step']}:",
+                "",
+                "| arm | held-out accuracy | KL to start | training s |",
+                "|---|---:|---:|---:|",
+            ]
+            for arm in s4["arms"]:
+                (m, se), (kl, kl_se) = s4["final_accuracy"][arm], s4["final_kl"][arm]
+                lines.append(
+                    f"| `{arm}` | {m:.3f} ± {se:.3f} | {kl:.3f} ± {kl_se:.3f} | {s4['train_seconds'][arm]:.0f} |"
+                )
+            lines += [
+                "",
+                "The regime rule, each arm against `grpo_matched` and `grpo` (paired t; Holm over the regime tasks named):",
+                "",
+                "| arm | against | difference | 95% CI | p | Holm p | family |",
+                "|---|---|---:|---|---:|---:|---|",
+            ]
+            for r in s4["regime"]:
+                t = r["test"]
+                lines.append(
+                    f"| `{r['arm']}` | `{r['base']}` | {t['mean']:+.3f} | {_fmt_ci(t['ci95'])} | {t['p']:.3g} | "
+                    f"{t['p_holm']:.3g} | {', '.join(t['holm_family'])} |"
+                )
+            lines.append("")
+    return lines
 
 
 FIGURE = RESULTS / "paper_claims_stage1.png"

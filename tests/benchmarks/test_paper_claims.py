@@ -87,6 +87,12 @@ def test_every_claim_has_a_verdict_and_the_ppo_rows_exist():
         "ppo_wallclock_to_peak",
         "ppo_kl_frontier",
         "ppo_temperature",
+        "ppo_accuracy_sign",
+        "sft_start_ppo_accuracy",
+        "sft_start_ppo_steps",
+        "sft_start_ppo_wallclock",
+        "sft_start_ppo_kl",
+        "sft_start_grpo_equal_compute",
     ):
         assert needed in measured
 
@@ -100,17 +106,19 @@ def test_sign_test_is_exact():
     assert bench.sign_test(2, 10) == bench.sign_test(10, 2)
 
 
-def _write_run(root: Path, seed: int, arm: str, curve: list[tuple[int, float, float, float]]) -> None:
-    seed_dir = root / "demo_plateau" / f"seed{seed}"
+def _write_run(
+    root: Path, seed: int, arm: str, curve: list[tuple[int, float, float, float]], task: str = "demo_plateau"
+) -> None:
+    seed_dir = root / task / f"seed{seed}"
     seed_dir.mkdir(parents=True, exist_ok=True)
     rows = [
         {"arm": arm, "seed": seed, "step": s, "accuracy": a, "sampled_tokens": 100.0 * s, "train_seconds": t,
-         "task": "demo_plateau", "kl_to_start": kl}
+         "task": task, "kl_to_start": kl}
         for s, a, t, kl in curve
     ]  # fmt: skip
     (seed_dir / f"{arm}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     logs = [{"step": float(s), "reward": 0.5, "completions/mean_length": 10.0} for s in range(1, 11)]
-    done = {"task": "demo_plateau", "seed": seed, "arm": arm, "steps": 10, "sampled_tokens": 1000.0,
+    done = {"task": task, "seed": seed, "arm": arm, "steps": 10, "sampled_tokens": 1000.0,
             "prompts_per_step": 4, "logs": logs}  # fmt: skip
     (seed_dir / f"{arm}.done.json").write_text(json.dumps(done))
 
@@ -126,9 +134,7 @@ def test_stage1_reads_nothing_until_complete_and_then_decides_by_the_protocol(tm
         )
     partial = bench.stage1(tmp_path)
     assert partial["complete"] is False and partial["finished"] == {"grpo": 11, "vineppo_k4": 11, "ppo": 11}
-    row = bench.new_study_row(
-        "stage1:accuracy", partial, {"complete": False, "finished": {}, "runs_expected": 1}
-    )
+    row = bench.new_study_row("stage1:accuracy", {"stage1": partial})
     assert row["verdict"] == "not measured yet" and "33 of 36" in row["ours"]
     seed = 11
     _write_run(tmp_path, seed, "grpo", [(0, 0.5, 0, 0), (5, 0.6, 5, 0.1), (10, 0.7, 10, 0.2)])
@@ -146,7 +152,7 @@ def test_stage1_reads_nothing_until_complete_and_then_decides_by_the_protocol(tm
     assert all(
         full[m]["rejects"] for m in ("m1_accuracy", "m2_steps_to_ppo_peak", "m3_seconds_to_ppo_peak", "m4_kl")
     )
-    rows = {k: bench.new_study_row(k, full, {"complete": False, "finished": {}, "runs_expected": 1})
+    rows = {k: bench.new_study_row(k, {"stage1": full})
             for k in ("stage1:accuracy", "stage1:steps", "stage1:seconds", "stage1:kl")}  # fmt: skip
     assert {r["verdict"] for r in rows.values()} == {"holds"}
     page = bench.render_page({"claims": [], "studies": {"stage1": full}})
@@ -163,4 +169,115 @@ def test_the_results_file_regenerates_from_the_committed_records():
     rebuilt = json.loads(json.dumps(bench.build(), allow_nan=True))
     assert json.dumps(rebuilt, sort_keys=True) == json.dumps(_result(), sort_keys=True), (
         "benchmarks/results/paper_claims.json is stale: run `python benchmarks/paper_claims.py`"
+    )
+
+
+def test_stage2_decides_at_the_hottest_temperature_and_counts_divergences(tmp_path):
+    bench = _bench()
+    for seed in range(12):
+        for t in bench.TEMPERATURES:
+            # PPO ends below the start (0.5 - 0.04) at T = 1.0 in every seed; VinePPO gains a little everywhere.
+            ppo_end = 0.40 + 0.001 * seed if t == 1.0 else 0.55
+            _write_run(
+                tmp_path, seed, f"ppo_t{t}", [(0, 0.5, 0, 0), (7, 0.5, 5, 0.1), (14, ppo_end, 10, 0.2)]
+            )
+            _write_run(
+                tmp_path, seed, f"vineppo_k4_t{t}", [(0, 0.5, 0, 0), (7, 0.55, 9, 0.1), (14, 0.6, 18, 0.1)]
+            )
+    s2 = bench.stage2(tmp_path)
+    assert s2["complete"] and s2["last_step"] == 14
+    hot = s2["rows"][-1]
+    assert hot["diverged"] == {"vineppo": 0, "ppo": 12} and hot["test"]["p_holm"] < 0.05
+    row = bench.new_study_row("stage2:temperature", {"stage2": s2})
+    assert row["verdict"] == "holds" and "T = 1.0, step 14" in row["ours"] and "PPO 12/12" in row["ours"]
+    page = "\n".join(bench.render_later_stages({"stage2": s2}))
+    assert "| 1.0 | 0.600 | 0.406 | +0.194 |" in page and "| 0 / 12 |" in page
+
+
+def _stage1_done(m1_p: float) -> dict:
+    return {"complete": True, "m1_accuracy": {"p": m1_p}, "ppo_minus_grpo": {"p": 0.5}}
+
+
+def test_stage3_checks_the_start_and_holms_over_the_two_tasks(tmp_path, monkeypatch):
+    bench = _bench()
+    regime, check = tmp_path / "regime", tmp_path / "check"
+    monkeypatch.setattr(bench, "REGIME_RUNS", regime)
+    for seed in range(12):
+        for arm, end in (("vineppo_k4", 0.80), ("grpo", 0.79), ("grpo_matched", 0.81)):
+            _write_run(
+                regime,
+                seed,
+                arm,
+                [(0, 0.5, 0, 0), (20, 0.7, 9, 0), (40, end + 0.001 * seed, 18, 0)],
+                "sign_plateau",
+            )
+    _write_run(check, 0, "grpo", [(0, 0.5, 0, 0), (20, 0.7, 3, 0), (40, 0.79, 7, 0)], "sign_plateau")
+    for seed in range(11):
+        _write_run(regime, seed, "ppo", [(0, 0.5, 0, 0), (20, 0.7, 9, 0), (40, 0.75, 18, 0)], "sign_plateau")
+    partial = bench.stage3(_stage1_done(0.8), regime, check)
+    assert not partial["complete"] and partial["start_check"] == {"checked": 2, "identical": 2}
+    _write_run(regime, 11, "ppo", [(0, 0.5, 0, 0), (20, 0.7, 9, 0), (40, 0.75, 18, 0)], "sign_plateau")
+    s3 = bench.stage3(_stage1_done(0.8), regime, check)
+    m1 = s3["m1_accuracy"]
+    assert m1["mean"] == pytest.approx(0.0555) and m1["holm_family"] == ["demo_plateau", "sign_plateau"]
+    assert m1["p_holm"] == pytest.approx(min(1.0, 2 * m1["p"]))  # the smaller of two p-values, doubled
+    row = bench.new_study_row("stage3:accuracy", {"stage3": s3})
+    assert row["verdict"] == "holds" and "PPO 0.750" in row["ours"]
+    # A start that does not reproduce the regime's records leaves VinePPO without comparable runs.
+    _write_run(check, 0, "grpo", [(0, 0.5, 0, 0), (20, 0.7, 3, 0), (40, 0.78, 7, 0)], "sign_plateau")
+    differs = bench.stage3(_stage1_done(0.8), regime, check)
+    assert differs["start_is_the_regimes"] is False and "m1_accuracy" not in differs
+    assert bench.new_study_row("stage3:accuracy", {"stage3": differs})["verdict"] == "inconclusive"
+
+
+def test_stage4_applies_the_regime_rule_and_stage1s_measures(tmp_path, monkeypatch):
+    bench = _bench()
+    tests = tmp_path / "credit.json"
+    regime_row = {
+        "arm": "vineppo_k4",
+        "final_accuracy_vs_grpo_matched": {"p": 0.001},
+        "final_accuracy_vs_grpo": {"p": 0.9},
+    }
+    tests.write_text(json.dumps({"learning": {"demo_plateau": [regime_row], "sign_plateau": [regime_row]}}))
+    monkeypatch.setattr(bench, "REGIME_TESTS", tests)
+    ends = {"grpo": 0.70, "vineppo_k4": 0.72, "grpo_matched": 0.74, "grpo_matched_cost": 0.73, "hybrid_b50": 0.71,
+            "tree_d12": 0.70, "ppo": 0.69}  # fmt: skip
+    for seed in range(12):
+        for arm, end in ends.items():
+            if arm == "ppo" and seed == 11:
+                continue
+            _write_run(
+                tmp_path,
+                seed,
+                arm,
+                [(0, 0.6, 0, 0), (20, 0.65, 9, 0.1), (40, end + 0.001 * (seed % 3), 18, 0.2)],
+                "demo_sft",
+            )
+    assert not bench.stage4({}, tmp_path)["complete"]
+    _write_run(
+        tmp_path, 11, "ppo", [(0, 0.6, 0, 0), (20, 0.65, 9, 0.1), (40, 0.69 + 0.002, 18, 0.2)], "demo_sft"
+    )
+    (tmp_path / "demo_sft" / "start.json").write_text(json.dumps({"accuracy": 0.6}))
+    s4 = bench.stage4({}, tmp_path)
+    regime = {(r["arm"], r["base"]): r["test"] for r in s4["regime"]}
+    assert len(regime) == 12  # 7 arms x 2 bases, less each base against itself
+    v = regime[("vineppo_k4", "grpo_matched")]
+    assert v["mean"] == pytest.approx(-0.02) and v["holm_family"] == [
+        "demo_plateau",
+        "sign_plateau",
+        "demo_sft",
+    ]
+    assert regime[("ppo", "grpo")]["holm_family"] == ["demo_sft"]  # no earlier PPO study was passed in
+    assert s4["m1_accuracy"]["mean"] == pytest.approx(0.72 - 0.69 + (0.001 * (11 % 3) - 0.002) / 12)
+    # Evaluated every 20 steps: VinePPO reaches PPO's peak (0.69 + a bit, at step 40) at step 40 too: ties.
+    assert s4["m2_steps_to_ppo_peak"]["ties"] == 12
+    studies = {"stage4": s4}
+    assert bench.new_study_row("stage4:regime", studies)["verdict"] == "does not hold"
+    accuracy = bench.new_study_row("stage4:accuracy", studies)
+    assert accuracy["verdict"] == "holds" and "supervised start (`demo_sft`)" in accuracy["why"]
+    assert "every 20 steps" in bench.new_study_row("stage4:steps", studies)["why"]
+    page = "\n".join(bench.render_later_stages(studies))
+    assert (
+        "| `vineppo_k4` | `grpo_matched` | -0.020 |" in page
+        and "demo_plateau, sign_plateau, demo_sft" in page
     )

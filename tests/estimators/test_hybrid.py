@@ -76,6 +76,23 @@ def test_only_degenerate_groups_get_monte_carlo_credit_within_the_budget():
         assert torch.allclose(result.advantages[i, : len(want)], want, atol=1e-6)
 
 
+def test_the_predicted_cost_counts_only_the_states_the_step_budget_keeps():
+    task = low_pass_task(seed=1)
+    batch = task.sample_group(list(range(16)), 8)
+    capped = HybridEstimator(budget=0.5, num_rollouts=2, step_segmenter=characters, max_estimated_steps=1)
+    assert capped.last_estimate is None
+    result = capped.estimate(batch, task.context())
+    rows = capped.last_rows
+    # One state per response (S_0), K = 2 rollouts as long as the response: not one state per character.
+    assert rows and result.metrics["predicted_tokens"] == sum(2 * len(batch.completion_ids[r]) for r in rows)
+    uncapped = HybridEstimator(budget=0.5, num_rollouts=2, step_segmenter=characters)
+    uncapped.estimate(batch, task.context())
+    assert len(rows) > len(uncapped.last_rows)  # the same budget buys more responses' credit
+    # The trainer's last_mc_estimate / last_mc_rows: the chosen responses' estimate, in last_rows' order.
+    assert capped.last_estimate is capped.monte_carlo.last_estimate
+    assert len(capped.last_estimate.token_advantages) == len(rows)
+
+
 @pytest.mark.slow
 def test_the_hybrids_bias_is_measured_on_the_exact_toy():
     """The docstring states the hybrid is biased (groups are picked by their outcomes). Measured here (seed 2,

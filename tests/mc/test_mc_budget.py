@@ -124,6 +124,36 @@ def test_estimated_boundaries_merge_then_cap():
     ) == [0, 10, 20]
 
 
+def test_the_0_1_spelling_of_the_step_budget_still_works():
+    """0.1's ``estimated_boundaries`` / ``plan_states`` took the step budget as loose arguments and ``build_requests``
+    a budget function; those calls (re-exported from ``mcadvantage.mc.estimator``, their 0.1 home) still work."""
+    from mcadvantage.mc.estimator import build_requests as reexported_build_requests
+    from mcadvantage.mc.estimator import estimated_boundaries as reexported
+
+    b = [0, 1, 5, 6, 10, 11, 20]
+    assert reexported(b, 2, min_step_tokens=3) == estimated_boundaries(
+        b, MCSettings(max_estimated_steps=2, min_step_tokens=3)
+    )
+    assert estimated_boundaries(b, 2, min_step_tokens=3, steps_after_cap="spread") == [0, 10, 20]
+    assert estimated_boundaries(b) == b
+    t = Trajectory(
+        prompt_ids=[1, 2], completion_ids=[3, 4, 5, 6, 7], step_boundaries=[0, 1, 2, 3, 5], reward=0.0
+    )
+    assert (
+        plan_states([t], max_estimated_steps=2).boundaries
+        == plan_states([t], MCSettings(max_estimated_steps=2)).boundaries
+        == [[0, 1, 5]]
+    )
+    with pytest.raises(TypeError, match=r"give the step budget once, in settings"):
+        plan_states([t], MCSettings(), max_estimated_steps=2)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['num_rollouts'\]"):
+        estimated_boundaries(b, num_rollouts=2)
+    plan = plan_states([t])
+    as_list = reexported_build_requests([t], plan, 2, [3, 2, 1, 0])
+    as_function = reexported_build_requests([t], plan, 2, lambda prefix_len, prompt_len: 3 - prefix_len)
+    assert as_list == as_function and as_list[1] == [0, 1, 2, None]
+
+
 def test_leave_one_out_mean():
     assert leave_one_out_mean(3.0, 4, 1.0) == pytest.approx(2 / 3)
     assert leave_one_out_mean(3.0, 4, None) == 0.75

@@ -155,7 +155,7 @@ class MCSettings:
         return self.reuse_samples or self.allocation == "variance"
 
     def as_dict(self) -> dict[str, Any]:
-        """The settings by name, in definition order (what is logged as the run's Monte Carlo settings)."""
+        """The settings by name, in definition order."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def replace(self, **changes: Any) -> MCSettings:

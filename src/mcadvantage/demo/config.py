@@ -368,6 +368,14 @@ def build_data(config: DemoConfig) -> DemoData:
     """Generate the held-out, warm-up and RL sets (each from its own seed derived from
     ``config.seed``; disjoint prompts) and the warm-up demonstrations, flawed at
     ``config.flawed_demo_rate`` for problems with ``>= config.flawed_demo_min_steps`` operations."""
+    if config.flaw not in FLAWS or any(
+        getattr(config, s) and s not in VARIATIONS for s in VARIATION_SWITCHES
+    ):
+        # refused by name before any work (validate_config words it as a flag, for the command line)
+        raise ValueError(
+            f"build_data: flaw={config.flaw!r} (known: {sorted(FLAWS)}), lead_ins={config.lead_ins} (known "
+            f"variations: {sorted(VARIATIONS)}): {TESTBED_HINT}."
+        )
     kwargs = {"min_steps": config.min_steps, "max_steps": config.max_steps}
     eval_set = generate_problems(config.eval_problems, seed=1_000_003 * (config.seed + 1), **kwargs)
     taken = {p.prompt for p in eval_set}
@@ -383,14 +391,6 @@ def build_data(config: DemoConfig) -> DemoData:
     validation_set = generate_problems(
         config.validation_problems, seed=6_000_007 * (config.seed + 1), exclude=taken, **kwargs
     )
-    if config.flaw not in FLAWS or any(
-        getattr(config, s) and s not in VARIATIONS for s in VARIATION_SWITCHES
-    ):
-        # refused by name before any work (validate_config words it as a flag, for the command line)
-        raise ValueError(
-            f"build_data: flaw={config.flaw!r} (known: {sorted(FLAWS)}), lead_ins={config.lead_ins} (known "
-            f"variations: {sorted(VARIATIONS)}): {TESTBED_HINT}."
-        )
     rng = random.Random(4_000_003 * (config.seed + 1))
     # The flaw's and the variation's own generators, so the default ("skip_last", no variation) data is unchanged by
     # them (the testbed's slips draw from flaw_rng, its lead-ins from variation_rng).

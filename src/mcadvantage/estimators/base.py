@@ -302,7 +302,8 @@ class AdvantageEstimator:
     read from an estimator, with the default every hook takes when an estimator leaves it out.
 
     Subclass it and implement :meth:`estimate` (and :meth:`from_config` when the estimator has settings); every
-    other hook has a default that suits a reward-only estimator without state. The built-in estimators subclass
+    other hook has a default that suits an estimator without state; a reward-only estimator (one that samples
+    nothing) also sets ``uses_rollouts = False``, so evaluation batches get its advantages. The built-in estimators subclass
     it. A class written to the 0.1 protocol (a plain class with ``from_config`` and ``estimate``) still works:
     :func:`register_advantage_estimator` and :func:`as_advantage_estimator` adapt it (see there).
 

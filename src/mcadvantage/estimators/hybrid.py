@@ -10,7 +10,8 @@ one response at a time in a seeded random order, as long as the predicted rollou
 
 - **Budget**: ``budget`` is a fraction of the batch's sampled response tokens (``hybrid_budget``: 0.1 = at most
   about 10% more sampled tokens than GRPO), masked responses included: they were sampled too. The prediction is
-  ``K x (response length - state position)`` summed over a response's states; the measured rollout tokens are
+  ``K x (response length - state position)`` summed over the states the credit estimates (after the step budget:
+  ``mc_min_step_tokens``, ``mc_max_estimated_steps``); the measured rollout tokens are
   logged (``hybrid/generated_tokens``). At budget 0 nothing is sampled and the advantages are GRPO's, exactly.
 - **Masked responses** (a zero ``completion_mask`` row, e.g. TRL's ``mask_truncated_completions``): the seeded
   order and the budget are decided as if nothing were masked, and a masked response that is chosen keeps its share
@@ -50,6 +51,7 @@ from mcadvantage.estimators.base import (
 )
 from mcadvantage.estimators.baselines import GRPOEstimator, nanstd
 from mcadvantage.estimators.vineppo import VinePPOEstimator
+from mcadvantage.mc.planning import estimated_boundaries
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["HybridEstimator", "degenerate_groups", "predicted_rollout_tokens"]
@@ -142,6 +144,11 @@ class HybridEstimator(AdvantageEstimator):
         self.last_rows: list[int] = []
 
     @property
+    def last_estimate(self) -> Any:
+        """The Monte Carlo estimate of the latest batch's chosen responses (``last_rows``, in that order), or None."""
+        return self.monte_carlo.last_estimate if self.last_rows else None
+
+    @property
     def settings(self) -> MCSettings:
         """The Monte Carlo settings of the credit (those of :attr:`monte_carlo`)."""
         return self.monte_carlo.settings
@@ -224,9 +231,10 @@ class HybridEstimator(AdvantageEstimator):
         chosen_rows: list[int] = []
         reserved = spent = 0
         for r in rows:
+            # the states the credit will estimate (the step budget applied), not every step of the response
+            boundaries = segment_completion(segmenter, context.tokenizer, list(batch.completion_ids[r]))
             cost = predicted_rollout_tokens(
-                segment_completion(segmenter, context.tokenizer, list(batch.completion_ids[r])),
-                self.settings.num_rollouts,
+                estimated_boundaries(boundaries, self.settings), self.settings.num_rollouts
             )
             if reserved + cost <= allowed:
                 reserved += cost

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mcadvantage.core.settings import MCSettings
 from mcadvantage.mc.budget import merge_short_steps, spread_boundaries
@@ -20,8 +21,35 @@ from mcadvantage.mc.trajectory import Trajectory
 __all__ = ["StatePlan", "estimated_boundaries", "grading_key", "plan_states"]
 
 
-def estimated_boundaries(boundaries: Sequence[int], settings: MCSettings) -> list[int]:
-    """Boundaries of the states that are estimated, after the step budget of ``settings``.
+#: The step budget's loose arguments of 0.1's ``plan_states`` / ``estimated_boundaries`` (now fields of MCSettings).
+_LEGACY_STEP_BUDGET = ("max_estimated_steps", "min_step_tokens", "steps_after_cap")
+
+
+def _step_budget(caller: str, settings: MCSettings | int | None, legacy: dict[str, Any]) -> MCSettings:
+    """``settings``, or the MCSettings that 0.1's spelling (``max_estimated_steps`` in its place, ``min_step_tokens``
+    and ``steps_after_cap`` by keyword) stands for, so 0.1 calls keep working."""
+    unknown = sorted(set(legacy) - set(_LEGACY_STEP_BUDGET))
+    if unknown:
+        raise TypeError(
+            f"{caller}() got unexpected keyword arguments {unknown}; pass settings=MCSettings(...)."
+        )
+    if isinstance(settings, MCSettings):
+        if legacy:
+            raise TypeError(
+                f"{caller}(): give the step budget once, in settings (settings.replace({', '.join(legacy)}=...)), "
+                f"not also as {sorted(legacy)}."
+            )
+        return settings
+    if settings is not None:  # 0.1: max_estimated_steps in settings' place
+        legacy = {"max_estimated_steps": settings, **legacy}
+    return MCSettings(**legacy)
+
+
+def estimated_boundaries(
+    boundaries: Sequence[int], settings: MCSettings | int | None = None, **legacy: Any
+) -> list[int]:
+    """Boundaries of the states that are estimated, after the step budget of ``settings`` (default: every step; 0.1's
+    ``estimated_boundaries(boundaries, max_estimated_steps, min_step_tokens=..., steps_after_cap=...)`` still works).
 
     First steps shorter than ``settings.min_step_tokens`` are merged
     (:func:`~mcadvantage.mc.budget.merge_short_steps`). Then, with ``m = settings.max_estimated_steps`` and ``n > m``
@@ -31,6 +59,7 @@ def estimated_boundaries(boundaries: Sequence[int], settings: MCSettings) -> lis
     the telescoping sum ``R - V(S_0)`` is kept. (The official VinePPO code instead gave the steps past its cap 0
     advantage: ``"zero"``, applied by the estimator.)
     """
+    settings = _step_budget("estimated_boundaries", settings, legacy)
     return _apply_cap(merge_short_steps(boundaries, settings.min_step_tokens), settings)
 
 
@@ -78,15 +107,17 @@ def grading_key(traj: Trajectory) -> str:
     return repr((traj.prompt, sorted(traj.fields.items(), key=lambda kv: kv[0])))
 
 
-def plan_states(trajectories: Sequence[Trajectory], settings: MCSettings | None = None) -> StatePlan:
+def plan_states(
+    trajectories: Sequence[Trajectory], settings: MCSettings | int | None = None, **legacy: Any
+) -> StatePlan:
     """List the non-terminal states of every trajectory and deduplicate them.
 
     A state is identified by its prompt token ids, its completion-prefix token ids and its grading
     context (prompt and fields); identical states anywhere in the batch map to one unique state. The step
     budget of ``settings`` (default: ``MCSettings()``, every step a state) decides which boundaries are states
-    (:func:`estimated_boundaries`).
+    (:func:`estimated_boundaries`; 0.1's loose arguments still work there and here).
     """
-    settings = settings or MCSettings()
+    settings = _step_budget("plan_states", settings, legacy)
     cap = settings.max_estimated_steps
     key_to_index: dict[tuple[tuple[int, ...], tuple[int, ...], str], int] = {}
     unique: list[tuple[int, int]] = []

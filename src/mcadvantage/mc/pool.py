@@ -74,7 +74,8 @@ class SamplePool:
         self.count = [0] * size
         self.remaining = [0.0] * size
         # Every sample's outcome, for the allocation's variance estimates. The allocation may look at the responses'
-        # outcomes too: it only sets the size of the second wave, which is averaged apart (see pooled_values).
+        # outcomes too: it only sets the size of the second wave, which is averaged apart (see
+        # mcadvantage.mc.budget.two_wave_mean).
         self.rewards: list[list[float]] = [[] for _ in range(size)]
 
     def empty_like(self) -> SamplePool:

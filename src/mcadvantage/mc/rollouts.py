@@ -107,13 +107,14 @@ def build_requests(
     trajectories: Sequence[Trajectory],
     plan: StatePlan,
     num_rollouts: int | Sequence[int],
-    budgets: Sequence[int],
+    budgets: Sequence[int] | Callable[[int, int], int],
 ) -> tuple[list[RolloutRequest], list[int | None]]:
     """One request of ``num_rollouts`` samples per unique state with budget left.
 
     Args:
         num_rollouts: samples per state, one number for all or one per unique state (0: no request).
-        budgets: per unique state, the max new tokens of a continuation from it (:func:`rollout_token_budget`).
+        budgets: per unique state, the max new tokens of a continuation from it (:func:`rollout_token_budget`); or,
+            as in 0.1, a function ``(completion-prefix length, prompt length) -> max new tokens``.
 
     Returns:
         ``(requests, request_of_state)``: ``request_of_state[u]`` is the index of unique state
@@ -122,6 +123,9 @@ def build_requests(
     """
     requests: list[RolloutRequest] = []
     request_of_state: list[int | None] = []
+    if callable(budgets):  # 0.1's spelling
+        budget_of = budgets
+        budgets = [budget_of(prefix_len, len(trajectories[t].prompt_ids)) for t, prefix_len in plan.unique]
     for u, (t, prefix_len) in enumerate(plan.unique):
         traj = trajectories[t]
         max_tokens = int(budgets[u])

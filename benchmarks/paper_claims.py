@@ -847,83 +847,105 @@ def _unfinished(study: dict) -> list[str]:
     ]
 
 
+def _table(header: list[str], align: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table: ``align`` per column is ``"l"`` or ``"r"``."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|",
+        *("| " + " | ".join(cells) + " |" for cells in rows),
+        "",
+    ]
+
+
+def _stage2_section(s2: dict) -> list[str]:
+    rows = [
+        [
+            f"{row['temperature']}",
+            f"{row['vineppo']:.3f}",
+            f"{row['ppo']:.3f}",
+            f"{row['test']['mean']:+.3f}",
+            _fmt_ci(row["test"]["ci95"]),
+            f"{row['test']['p']:.3g} ({row['test']['p_holm']:.3g})",
+            f"{row['diverged']['vineppo']} / {row['diverged']['ppo']}",
+            f"{row['kl']['vineppo']:.3f} / {row['kl']['ppo']:.3f}",
+        ]
+        for row in s2["rows"]
+    ]
+    header = ["T", "VinePPO", "PPO", "VinePPO minus PPO", "95% CI", "p (Holm)", "diverged VinePPO / PPO",
+              "KL VinePPO / PPO"]  # fmt: skip
+    return [
+        f"Held-out accuracy after {s2['last_step']} steps (a third of training), 12 paired seeds; a run diverges "
+        f"when it ends more than {DIVERGED_BELOW_START} below the start.",
+        "",
+        *_table(header, list("rrrrllll"), rows),
+    ]
+
+
+def _stage3_section(s3: dict) -> list[str]:
+    c = s3["start_check"]
+    lines = [
+        f"Start check: `grpo` seed 0 rerun from the regenerated start reproduced {c['identical']} of {c['checked']} "
+        "of the regime study's records (steps 20 and 40).",
+        "",
+        *_table(
+            ["arm", f"held-out accuracy at step {s3['last_step']}"],
+            ["l", "r"],
+            [[f"`{arm}`", f"{m:.3f} ± {se:.3f}"] for arm, (m, se) in s3["final_accuracy"].items()],
+        ),
+    ]
+    for name in ("ppo_minus_grpo", "ppo_minus_grpo_matched"):
+        t = s3[name]
+        lines += [f"{name.replace('_', ' ')}: {t['mean']:+.3f} {_fmt_ci(t['ci95'])}, p {t['p']:.3g}.", ""]
+    return lines
+
+
+def _stage4_section(s4: dict) -> list[str]:
+    arms = [
+        [
+            f"`{arm}`",
+            "{:.3f} ± {:.3f}".format(*s4["final_accuracy"][arm]),
+            "{:.3f} ± {:.3f}".format(*s4["final_kl"][arm]),
+            f"{s4['train_seconds'][arm]:.0f}",
+        ]
+        for arm in s4["arms"]
+    ]
+    regime = [
+        [
+            f"`{r['arm']}`",
+            f"`{r['base']}`",
+            f"{r['test']['mean']:+.3f}",
+            _fmt_ci(r["test"]["ci95"]),
+            f"{r['test']['p']:.3g}",
+            f"{r['test']['p_holm']:.3g}",
+            ", ".join(r["test"]["holm_family"]),
+        ]
+        for r in s4["regime"]
+    ]
+    return [
+        f"RL from the best supervised checkpoint (held-out {s4['start_accuracy']:.3f}); at step {s4['last_step']}:",
+        "",
+        *_table(["arm", "held-out accuracy", "KL to start", "training s"], list("lrrr"), arms),
+        "The regime rule, each arm against `grpo_matched` and `grpo` (paired t; Holm over the regime tasks named):",
+        "",
+        *_table(["arm", "against", "difference", "95% CI", "p", "Holm p", "family"], list("llrlrrl"), regime),
+    ]
+
+
+#: the detail section of each later stage: its title and how its complete result is rendered
+LATER_STAGES = {
+    "stage2": ("Stage 2 in detail: temperature", _stage2_section),
+    "stage3": (f"Stage 3 in detail: PPO on `{STAGE3_TASK}`", _stage3_section),
+    "stage4": (f"Stage 4 in detail: the paper's supervised start (`{STAGE4_TASK}`)", _stage4_section),
+}
+
+
 def render_later_stages(studies: dict) -> list[str]:
     """The detail sections of stages 2-4 (each only once its stage is complete)."""
     lines: list[str] = []
-    s2 = studies.get("stage2")
-    if s2 is not None:
-        lines += ["## Stage 2 in detail: temperature", ""]
-        if not s2["complete"]:
-            lines += _unfinished(s2)
-        else:
-            lines += [
-                f"Held-out accuracy after {s2['last_step']} steps (a third of training), 12 paired seeds; a run diverges when it ends "
-                f"more than {DIVERGED_BELOW_START} below the start.",
-                "",
-                "| T | VinePPO | PPO | VinePPO minus PPO | 95% CI | p (Holm) | diverged VinePPO / PPO | KL VinePPO / PPO |",
-                "|---:|---:|---:|---:|---|---|---|---|",
-            ]
-            for row in s2["rows"]:
-                t = row["test"]
-                lines.append(
-                    f"| {row['temperature']} | {row['vineppo']:.3f} | {row['ppo']:.3f} | {t['mean']:+.3f} | "
-                    f"{_fmt_ci(t['ci95'])} | {t['p']:.3g} ({t['p_holm']:.3g}) | {row['diverged']['vineppo']} / "
-                    f"{row['diverged']['ppo']} | {row['kl']['vineppo']:.3f} / {row['kl']['ppo']:.3f} |"
-                )
-            lines.append("")
-    s3 = studies.get("stage3")
-    if s3 is not None:
-        lines += [f"## Stage 3 in detail: PPO on `{STAGE3_TASK}`", ""]
-        if not s3["complete"]:
-            lines += _unfinished(s3)
-        else:
-            c = s3["start_check"]
-            lines += [
-                f"Start check: `grpo` seed 0 rerun from the regenerated start reproduced {c['identical']} of "
-                f"{c['checked']} of the regime study's records (steps 20 and 40).",
-                "",
-                f"| arm | held-out accuracy at step {s3['last_step']} |",
-                "|---|---:|",
-            ]
-            lines += [f"| `{arm}` | {m:.3f} ± {se:.3f} |" for arm, (m, se) in s3["final_accuracy"].items()]
-            for name in ("ppo_minus_grpo", "ppo_minus_grpo_matched"):
-                t = s3[name]
-                lines.append("")
-                lines.append(
-                    f"{name.replace('_', ' ')}: {t['mean']:+.3f} {_fmt_ci(t['ci95'])}, p {t['p']:.3g}."
-                )
-            lines.append("")
-    s4 = studies.get("stage4")
-    if s4 is not None:
-        lines += [f"## Stage 4 in detail: the paper's supervised start (`{STAGE4_TASK}`)", ""]
-        if not s4["complete"]:
-            lines += _unfinished(s4)
-        else:
-            lines += [
-                f"RL from the best supervised checkpoint (held-out {s4['start_accuracy']:.3f}); at step {s4['last_step']}:",
-                "",
-                "| arm | held-out accuracy | KL to start | training s |",
-                "|---|---:|---:|---:|",
-            ]
-            for arm in s4["arms"]:
-                (m, se), (kl, kl_se) = s4["final_accuracy"][arm], s4["final_kl"][arm]
-                lines.append(
-                    f"| `{arm}` | {m:.3f} ± {se:.3f} | {kl:.3f} ± {kl_se:.3f} | {s4['train_seconds'][arm]:.0f} |"
-                )
-            lines += [
-                "",
-                "The regime rule, each arm against `grpo_matched` and `grpo` (paired t; Holm over the regime tasks named):",
-                "",
-                "| arm | against | difference | 95% CI | p | Holm p | family |",
-                "|---|---|---:|---|---:|---:|---|",
-            ]
-            for r in s4["regime"]:
-                t = r["test"]
-                lines.append(
-                    f"| `{r['arm']}` | `{r['base']}` | {t['mean']:+.3f} | {_fmt_ci(t['ci95'])} | {t['p']:.3g} | "
-                    f"{t['p_holm']:.3g} | {', '.join(t['holm_family'])} |"
-                )
-            lines.append("")
+    for stage, (title, section) in LATER_STAGES.items():
+        if stage in studies:
+            study = studies[stage]
+            lines += [f"## {title}", "", *(section(study) if study["complete"] else _unfinished(study))]
     return lines
 
 

@@ -428,10 +428,8 @@ def stage3(s1: dict, runs: Path | None = None, check_root: Path | None = None) -
     out["ppo_minus_grpo"] = paired_finals(curves, "ppo", "grpo", last)
     out["ppo_minus_grpo_matched"] = paired_finals(curves, "ppo", "grpo_matched", last)
     out["start_is_the_regimes"] = check["identical"] == check["checked"]
-    if not out[
-        "start_is_the_regimes"
-    ]:  # the protocol: then only new runs are compared, and VinePPO has none here
-        return out
+    if not out["start_is_the_regimes"]:
+        return out  # the protocol: then only new runs are compared, and VinePPO has none here
     m1 = paired_finals(curves, "vineppo_k4", "ppo", last)
     family = [s1["m1_accuracy"]["p"], m1["p"]] if s1.get("complete") else [m1["p"]]
     m1["p_holm"] = _stats().holm_adjust(family)[-1]

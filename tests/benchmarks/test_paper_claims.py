@@ -192,6 +192,17 @@ def test_stage2_decides_at_the_hottest_temperature_and_counts_divergences(tmp_pa
     assert row["verdict"] == "holds" and "T = 1.0, step 14" in row["ours"] and "PPO 12/12" in row["ours"]
     page = "\n".join(bench.render_later_stages({"stage2": s2}))
     assert "| 1.0 | 0.600 | 0.406 | +0.194 |" in page and "| 0 / 12 |" in page
+    # Nobody diverges and the two end level: the interval excludes the gap a diverged PPO run would leave.
+    for seed in range(12):
+        _write_run(
+            tmp_path,
+            seed,
+            "ppo_t1.0",
+            [(0, 0.5, 0, 0), (7, 0.55, 5, 0.1), (14, 0.6 - 0.001 * (seed % 2), 10, 0.2)],
+        )
+    level = bench.new_study_row("stage2:temperature", {"stage2": bench.stage2(tmp_path)})
+    assert level["verdict"] == "does not hold" and "PPO diverged in 0 of 12 seeds" in level["why"]
+    assert "gap of at least 0.140" in level["why"]  # VinePPO 0.600 less (0.5 - 0.04)
 
 
 def _stage1_done(m1_p: float) -> dict:

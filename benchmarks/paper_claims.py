@@ -468,10 +468,12 @@ def stage4(studies: dict, root: Path = RUNS) -> dict:
         "complete": all(len(c) == len(SEEDS) for c in curves.values()),
         "command": STAGE4_COMMAND,
     }
+    start_file = root / STAGE4_TASK / "start.json"  # written when the first run starts
+    if start_file.exists():
+        out["start_accuracy"] = json.loads(start_file.read_text())["accuracy"]
     if not out["complete"]:
         return out
     last = max(r["step"] for r in curves["ppo"][SEEDS[0]])
-    start = json.loads((root / STAGE4_TASK / "start.json").read_text())["accuracy"]
     m1, m2, m3, m4 = against_ppo(curves, last)
     regime = []
     for arm in STAGE4_ARMS:
@@ -484,7 +486,6 @@ def stage4(studies: dict, root: Path = RUNS) -> dict:
             test["holm_family"] = list(family)
             regime.append({"arm": arm, "base": base, "test": test})
     out.update(
-        start_accuracy=start,
         last_step=last,
         final_accuracy={
             arm: _mean_se([at_step(c[s], last)["accuracy"] for s in SEEDS]) for arm, c in curves.items()
@@ -970,7 +971,13 @@ def render_later_stages(studies: dict) -> list[str]:
     for stage, (title, section) in LATER_STAGES.items():
         if stage in studies:
             study = studies[stage]
-            lines += [f"## {title}", "", *(section(study) if study["complete"] else _unfinished(study))]
+            lines += [f"## {title}", ""]
+            if study["complete"]:
+                lines += section(study)
+                continue
+            if "start_accuracy" in study:
+                lines += [f"The start's held-out accuracy: {study['start_accuracy']:.3f}.", ""]
+            lines += _unfinished(study)
     return lines
 
 

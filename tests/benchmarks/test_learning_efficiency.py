@@ -401,12 +401,15 @@ def test_a_clone_resumes_a_shared_start_seed_by_copying_the_ignored_weights_agai
     seed_dir = tmp_path / "runs" / "sign_plateau" / "seed3"
     seed_dir.mkdir(parents=True)
     # What a clone holds: the task's start.json and the seed's warmup.json are committed, the copied weights are not.
-    (seed_dir.parent / "start.json").write_text(json.dumps({"accuracy": 0.585, "policy": "warmup_sign_plateau"}))
+    (seed_dir.parent / "start.json").write_text(
+        json.dumps({"accuracy": 0.585, "policy": "warmup_sign_plateau"})
+    )
     committed = {"task": "sign_plateau", "seed": 3, "accuracy": 0.585, "shared_start": "warmup_sign_plateau"}
     (seed_dir / "warmup.json").write_text(json.dumps(committed))
     assert le.ensure_warmup("sign_plateau", 3, seed_dir) == committed
     assert (seed_dir / "warmup_policy" / "model.safetensors").read_bytes() == b"weights"
-    assert json.loads((seed_dir / "warmup.json").read_text()) == committed  # the record is rewritten unchanged
+    # The record is rewritten unchanged.
+    assert json.loads((seed_dir / "warmup.json").read_text()) == committed
 
 
 def test_the_supervised_start_task_is_the_demo_task_without_the_final_decay():

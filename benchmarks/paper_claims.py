@@ -252,15 +252,12 @@ def stage1(root: Path = RUNS) -> dict:
     vs_grpo = stats.paired_t_test([a - b for a, b in zip(finals("vineppo_k4"), finals("grpo"), strict=True)])
     ppo_vs_grpo = stats.paired_t_test([a - b for a, b in zip(finals("ppo"), finals("grpo"), strict=True)])
 
-    def mean_se(xs: list[float]) -> list[float]:
-        return [statistics.fmean(xs), statistics.stdev(xs) / math.sqrt(len(xs))]
-
     curve_means = {
         arm: [
             {
                 "step": step,
-                "accuracy": mean_se([at_step(curves[arm][s], step)["accuracy"] for s in SEEDS]),
-                "kl_to_start": mean_se([at_step(curves[arm][s], step)["kl_to_start"] for s in SEEDS]),
+                "accuracy": _mean_se([at_step(curves[arm][s], step)["accuracy"] for s in SEEDS]),
+                "kl_to_start": _mean_se([at_step(curves[arm][s], step)["kl_to_start"] for s in SEEDS]),
                 "train_seconds": statistics.fmean(
                     at_step(curves[arm][s], step)["train_seconds"] for s in SEEDS
                 ),
@@ -289,8 +286,8 @@ def stage1(root: Path = RUNS) -> dict:
     out.update(
         last_step=last,
         eval_steps=steps,
-        final_accuracy={arm: mean_se(finals(arm)) for arm in STAGE1_ARMS},
-        final_kl={arm: mean_se(finals(arm, "kl_to_start")) for arm in STAGE1_ARMS},
+        final_accuracy={arm: _mean_se(finals(arm)) for arm in STAGE1_ARMS},
+        final_kl={arm: _mean_se(finals(arm, "kl_to_start")) for arm in STAGE1_ARMS},
         m1_accuracy=m1,
         m2_steps_to_ppo_peak=m2,
         m3_seconds_to_ppo_peak=m3,
@@ -439,11 +436,11 @@ def stage3(s1: dict, runs: Path | None = None, check_root: Path | None = None) -
     return out
 
 
-def _regime_family_p(arm: str, base: str, studies: dict) -> dict[str, float]:
-    """Unadjusted p-values of ``arm`` against ``base`` on the other regime tasks: the regime study's committed tests,
-    and for ``ppo`` this study's stage 1 (against ``grpo``) and stage 3."""
+def _regime_family_p(arm: str, base: str, studies: dict, regime_tests: dict) -> dict[str, float]:
+    """Unadjusted p-values of ``arm`` against ``base`` on the other regime tasks: the regime study's committed tests
+    (``regime_tests``, the ``learning`` part of ``REGIME_TESTS``), and for ``ppo`` this study's stages 1 and 3."""
     out = {}
-    for task, rows in json.loads(REGIME_TESTS.read_text())["learning"].items():
+    for task, rows in regime_tests.items():
         for row in rows:
             if row["arm"] == arm and f"final_accuracy_vs_{base}" in row:
                 out[task] = row[f"final_accuracy_vs_{base}"]["p"]
@@ -475,13 +472,14 @@ def stage4(studies: dict, root: Path = RUNS) -> dict:
         return out
     last = max(r["step"] for r in curves["ppo"][SEEDS[0]])
     m1, m2, m3, m4 = against_ppo(curves, last)
+    regime_tests = json.loads(REGIME_TESTS.read_text())["learning"]
     regime = []
     for arm in STAGE4_ARMS:
         for base in REGIME_BASES:
             if arm == base:
                 continue
             test = paired_finals(curves, arm, base, last)
-            family = {**_regime_family_p(arm, base, studies), STAGE4_TASK: test["p"]}
+            family = {**_regime_family_p(arm, base, studies, regime_tests), STAGE4_TASK: test["p"]}
             test["p_holm"] = _stats().holm_adjust(list(family.values()))[-1]
             test["holm_family"] = list(family)
             regime.append({"arm": arm, "base": base, "test": test})

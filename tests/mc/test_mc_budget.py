@@ -146,8 +146,8 @@ def test_the_0_1_spelling_of_the_step_budget_still_works():
     )
     with pytest.raises(TypeError, match=r"give the step budget once, in settings"):
         plan_states([t], MCSettings(), max_estimated_steps=2)
-    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['num_rollouts'\]"):
-        estimated_boundaries(b, num_rollouts=2)
+    with pytest.raises(TypeError, match=r"rollouts is not a Monte Carlo setting"):
+        estimated_boundaries(b, rollouts=2)
     plan = plan_states([t])
     as_list = reexported_build_requests([t], plan, 2, [3, 2, 1, 0])
     as_function = reexported_build_requests([t], plan, 2, lambda prefix_len, prompt_len: 3 - prefix_len)

@@ -21,18 +21,9 @@ from mcadvantage.mc.trajectory import Trajectory
 __all__ = ["StatePlan", "estimated_boundaries", "grading_key", "plan_states"]
 
 
-#: The step budget's loose arguments of 0.1's ``plan_states`` / ``estimated_boundaries`` (now fields of MCSettings).
-_LEGACY_STEP_BUDGET = ("max_estimated_steps", "min_step_tokens", "steps_after_cap")
-
-
 def _step_budget(caller: str, settings: MCSettings | int | None, legacy: dict[str, Any]) -> MCSettings:
-    """``settings``, or the MCSettings that 0.1's spelling (``max_estimated_steps`` in its place, ``min_step_tokens``
-    and ``steps_after_cap`` by keyword) stands for, so 0.1 calls keep working."""
-    unknown = sorted(set(legacy) - set(_LEGACY_STEP_BUDGET))
-    if unknown:
-        raise TypeError(
-            f"{caller}() got unexpected keyword arguments {unknown}; pass settings=MCSettings(...)."
-        )
+    """``settings``, or the MCSettings that 0.1's loose arguments stand for (``max_estimated_steps`` in its place, the
+    other settings by keyword), so 0.1 calls keep working; MCSettings itself validates the names and values."""
     if isinstance(settings, MCSettings):
         if legacy:
             raise TypeError(
@@ -42,7 +33,7 @@ def _step_budget(caller: str, settings: MCSettings | int | None, legacy: dict[st
         return settings
     if settings is not None:  # 0.1: max_estimated_steps in settings' place
         legacy = {"max_estimated_steps": settings, **legacy}
-    return MCSettings(**legacy)
+    return MCSettings().replace(**legacy)
 
 
 def estimated_boundaries(

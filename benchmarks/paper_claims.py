@@ -535,7 +535,7 @@ def _paired_verdict(test: dict, paper_direction: int) -> str:
 
 
 def _race_text(r: dict, unit: str, slow_name: str = "PPO") -> str:
-    spec = ".0f" if unit == "steps" else ".0f"
+    spec = ".0f"  # whole steps and whole seconds
     reached = f"VinePPO reached it in {r['fast_reached']}/{r['seeds']} seeds"
     mean = (
         ""
@@ -543,7 +543,8 @@ def _race_text(r: dict, unit: str, slow_name: str = "PPO") -> str:
         else f", at {r['fast_mean_where_reached']:{spec}} {unit} on average"
     )
     return (
-        f"{reached}{mean}; {slow_name} at {r['slow_mean']:{spec}} {unit}. VinePPO first in {r['fast_first']} seeds, "
+        f"{reached}{mean}; {slow_name} at {r['slow_mean']:{spec}} {unit}. VinePPO first in {r['fast_first']} "
+        f"seed{'' if r['fast_first'] == 1 else 's'}, "
         f"{slow_name} in {r['slow_first']}, ties {r['ties']}"
     )
 

@@ -468,9 +468,9 @@ def run_rl_arm(
     trainer.train()
     model = trainer.model
     model.eval()
-    if trainer.advantage_estimator.has_state:
-        # An estimator with its own state (the "ppo" arm's critic): keep the final policy and the critic together
-        # for the diagnostics (benchmarks/credit_diagnostics.py --critic).
+    if arm.advantage_estimator == "gae":
+        # The "ppo" arm's critic: keep the final policy and the critic together for the diagnostics
+        # (benchmarks/credit_diagnostics.py --critic).
         final = Path(output_dir) / "final"
         trainer.save_model(str(final))
         trainer.save_estimator_state(str(final))

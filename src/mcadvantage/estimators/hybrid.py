@@ -32,6 +32,9 @@ one response at a time in a seeded random order, as long as the predicted rollou
   ``-V(S_0)``: the estimator pushes down the steps that lost value, a signal GRPO's expectation does not contain.
   It is a different estimator of the policy gradient, not an unbiased one.
 - **Processes**: each process selects among the degenerate groups of its own rows, with its own budget.
+- **Resuming**: the seeded order's position is the estimator's state (:meth:`HybridEstimator.state_dict`), so a
+  single-process run resumed from a checkpoint offers the budget in the order the uninterrupted run would have. The
+  main process saves it; in a multi-process run every process resumes from the main process's position.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ from mcadvantage.estimators.baselines import GRPOEstimator, nanstd
 from mcadvantage.estimators.vineppo import VinePPOEstimator
 from mcadvantage.mc.planning import estimated_boundaries
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
+
+# random.Random's state format (CPython's Mersenne Twister: 624 words and a position)
+_RNG_STATE_VERSION = 3
 
 __all__ = ["HybridEstimator", "degenerate_groups", "predicted_rollout_tokens"]
 
@@ -142,6 +148,24 @@ class HybridEstimator(AdvantageEstimator):
         self.rng = random.Random(seed)
         #: local rows that got Monte Carlo credit in the latest batch (in ``monte_carlo.last_estimate``'s order)
         self.last_rows: list[int] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position of the seeded order (``random.Random``'s Mersenne Twister state as an int64 tensor), so a
+        resumed run continues the order instead of replaying it from the start."""
+        version, internal, gauss_next = self.rng.getstate()
+        if version != _RNG_STATE_VERSION or gauss_next is not None:  # shuffle never draws a Gaussian
+            raise RuntimeError(f"HybridEstimator: unexpected random.Random state version {version}.")
+        return {"order_rng_state": torch.tensor(internal, dtype=torch.int64)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (a checkpoint of a resumed run)."""
+        if set(state) != {"order_rng_state"}:
+            raise ValueError(
+                f"HybridEstimator.load_state_dict: the state has keys {sorted(state)}, expected ['order_rng_state'] "
+                "(a HybridEstimator.state_dict()); it was saved by another estimator."
+            )
+        internal = tuple(int(x) for x in state["order_rng_state"].tolist())
+        self.rng.setstate((_RNG_STATE_VERSION, internal, None))
 
     @property
     def last_estimate(self) -> Any:

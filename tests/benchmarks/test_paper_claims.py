@@ -292,3 +292,25 @@ def test_stage4_applies_the_regime_rule_and_stage1s_measures(tmp_path, monkeypat
         "| `vineppo_k4` | `grpo_matched` | -0.020 |" in page
         and "demo_plateau, sign_plateau, demo_sft" in page
     )
+
+
+def test_the_quiet_retiming_is_used_only_when_it_reproduces_the_decision_records(tmp_path):
+    bench = _bench()
+    decision = {arm: {} for arm in bench.RETIME_ARMS}
+    for seed in range(12):
+        for arm, seconds in (("vineppo_k4", 30.0), ("ppo", 20.0)):
+            curve = [(0, 0.6, 0, 0), (20, 0.65, seconds / 2, 0.1), (40, 0.7, seconds, 0.2)]
+            _write_run(tmp_path, seed, arm, curve, "demo_sft")
+            decision[arm][seed] = bench.load_curves(tmp_path, "demo_sft", arm, [seed])[seed]
+            # the decision run was slowed by load; the re-timed one is not
+            decision[arm][seed] = [dict(r, train_seconds=3 * r["train_seconds"]) for r in decision[arm][seed]]
+    r = bench.retime(decision, tmp_path)
+    assert r["complete"] and r["identical"]
+    assert r["seconds_per_run_ratio"]["ratio"] == pytest.approx(1.5)
+    assert r["train_seconds"]["ppo"][0] == pytest.approx(20.0)
+    assert r["seconds_to_ppo_peak"]["slow_first"] == 12  # both reach 0.7 at step 40; PPO in fewer seconds
+    assert "1.50x" in "\n".join(bench._retime_section(r))
+    decision["ppo"][5][2] = dict(decision["ppo"][5][2], accuracy=0.71)  # a re-run that is not the same run
+    differs = bench.retime(decision, tmp_path)
+    assert not differs["identical"] and differs["mismatches"] == ["ppo seed 5 step 40"]
+    assert "seconds_per_run_ratio" not in differs and "not used" in bench._retime_text(differs)

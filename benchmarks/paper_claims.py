@@ -1023,7 +1023,8 @@ def _retime_section(r: dict) -> list[str]:
     lines = [
         "**Quiet re-timing (post hoc, descriptive).** The training seconds above carry the load of other work on the "
         "same cores (the protocol's amendment of 2026-11-26 06:23 UTC names the runs). `vineppo_k4` and `ppo` were run "
-        f"again, all 12 seeds, with nothing else on the machine: `{r['command']}`.",
+        "again, all 12 seeds, two at a time as before, with no other runs on the machine (one 30-second test run "
+        f"overlapped the first re-timed runs): `{r['command']}`.",
         "",
     ]
     if not r["identical"]:

@@ -314,3 +314,17 @@ def test_the_quiet_retiming_is_used_only_when_it_reproduces_the_decision_records
     differs = bench.retime(decision, tmp_path)
     assert not differs["identical"] and differs["mismatches"] == ["ppo seed 5 step 40"]
     assert "seconds_per_run_ratio" not in differs and "not used" in bench._retime_text(differs)
+
+
+def test_the_summary_quotes_the_studies_once_all_four_are_complete():
+    bench = _bench()
+    result = _result()
+    summary = "\n".join(bench._summary(result))
+    s4 = result["studies"]["stage4"]["m1_accuracy"]
+    assert (
+        f"{s4['mean']:+.3f} [{s4['ci95'][0]:+.3f}, {s4['ci95'][1]:+.3f}] from the paper's kind of start"
+        in summary
+    )
+    unfinished = json.loads(json.dumps(result))
+    unfinished["studies"]["stage4"]["complete"] = False
+    assert bench._summary(unfinished) == []

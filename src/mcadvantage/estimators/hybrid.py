@@ -154,7 +154,10 @@ class HybridEstimator(AdvantageEstimator):
         resumed run continues the order instead of replaying it from the start."""
         version, internal, gauss_next = self.rng.getstate()
         if version != _RNG_STATE_VERSION or gauss_next is not None:  # shuffle never draws a Gaussian
-            raise RuntimeError(f"HybridEstimator: unexpected random.Random state version {version}.")
+            raise RuntimeError(
+                f"HybridEstimator cannot save its order: random.Random's state has version {version} and a pending "
+                f"Gaussian {gauss_next!r}; this Python's format (version {_RNG_STATE_VERSION}, none pending) is expected."
+            )
         return {"order_rng_state": torch.tensor(internal, dtype=torch.int64)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -565,6 +565,11 @@ def _fmt_ci(ci: list[float], spec: str = "+.3f") -> str:
     return f"[{ci[0]:{spec}}, {ci[1]:{spec}}]"
 
 
+def _ratio_text(ratio: dict) -> str:
+    """A per-run cost ratio and its interval: ``1.22x [1.19, 1.25]``."""
+    return f"{ratio['ratio']:.2f}x {_fmt_ci(ratio['ci95'], '.2f')}"
+
+
 def _p(test: dict) -> str:
     holm = f", Holm {test['p_holm']:.3g}" if "p_holm" in test else ""
     return f"p {test['p']:.3g}{holm}"
@@ -579,15 +584,14 @@ def _paired_verdict(test: dict, paper_direction: int) -> str:
 
 
 def _race_text(r: dict, unit: str, slow_name: str = "PPO") -> str:
-    spec = ".0f"  # whole steps and whole seconds
     reached = f"VinePPO reached it in {r['fast_reached']}/{r['seeds']} seeds"
     mean = (
         ""
         if math.isnan(r["fast_mean_where_reached"])
-        else f", at {r['fast_mean_where_reached']:{spec}} {unit} on average"
+        else f", at {r['fast_mean_where_reached']:.0f} {unit} on average"
     )
     return (
-        f"{reached}{mean}; {slow_name} at {r['slow_mean']:{spec}} {unit}. VinePPO first in {r['fast_first']} "
+        f"{reached}{mean}; {slow_name} at {r['slow_mean']:.0f} {unit}. VinePPO first in {r['fast_first']} "
         f"seed{'' if r['fast_first'] == 1 else 's'}, "
         f"{slow_name} in {r['slow_first']}, ties {r['ties']}"
     )
@@ -602,7 +606,7 @@ def _retime_text(r: dict) -> str:
     ratio = r["seconds_per_run_ratio"]
     return (
         f". Re-timed on a quiet machine (post hoc, descriptive): {_race_text(r['seconds_to_ppo_peak'], 's')}; "
-        f"a VinePPO run takes {ratio['ratio']:.2f}x [{ratio['ci95'][0]:.2f}, {ratio['ci95'][1]:.2f}] a PPO run"
+        f"a VinePPO run takes {_ratio_text(ratio)} a PPO run"
     )
 
 
@@ -877,8 +881,8 @@ def _summary(result: dict) -> list[str]:
         + rows["value_ranking_mc"]["ours"].split(": ", 1)[1]
         + "). But with the paper's gamma = lambda = 1, PPO's "
         "advantage at a token is the response's return minus the critic's value there: the critic acts only as a "
-        "baseline, so its errors add variance but, in expectation, no bias, and every response is still pushed by whether it solved "
-        "the problem. Our responses have only a few steps, so step values have little to add beyond that outcome. "
+        "baseline, so its errors add variance but, in expectation, no bias, and every response is still pushed by "
+        "whether it solved the problem. Our responses have only a few steps, so step values have little to add beyond that outcome. "
         "What does help here is more prompts: GRPO given VinePPO's sampled tokens is ahead of both (VinePPO minus it "
         f"{diff(matched[('vineppo_k4', 'grpo_matched')])} from the supervised start; PPO minus it "
         f"{diff(matched[('ppo', 'grpo_matched')])}, and on `{STAGE3_TASK}` {diff(s3['ppo_minus_grpo_matched'])}).",
@@ -955,8 +959,8 @@ def render_page(result: dict) -> str:
             "The curves, held-out accuracy against KL to the start (the accuracy-KL frontier) and against training "
             "accuracy (generalization): `benchmarks/results/paper_claims_stage1.png`.",
             "",
-            f"Cost per run: VinePPO's training seconds over PPO's, on one CPU thread, {ratio['ratio']:.2f}x "
-            f"{_fmt_ci(ratio['ci95'], '.2f')}; the cost model's GPU estimate (r = {cm['r']}) "
+            f"Cost per run: VinePPO's training seconds over PPO's, on one CPU thread, {_ratio_text(ratio)}; "
+            f"the cost model's GPU estimate (r = {cm['r']}) "
             f"{cm['vineppo_over_ppo']:.2f}x.",
             "",
         ]
@@ -1080,7 +1084,7 @@ def _retime_section(r: dict) -> list[str]:
         "Accuracy, KL and sampled tokens equal the stage-4 records at every evaluation of every run.",
         "",
         *_table(["arm", "training s per 40-step run"], list("lr"), rows),
-        f"A VinePPO run takes {ratio['ratio']:.2f}x [{ratio['ci95'][0]:.2f}, {ratio['ci95'][1]:.2f}] a PPO run "
+        f"A VinePPO run takes {_ratio_text(ratio)} a PPO run "
         f"(paired by seed). To PPO's peak: {_race_text(to_peak, 's')} (sign test p {to_peak['p']:.3g}, descriptive).",
         "",
     ]

@@ -167,8 +167,7 @@ class HybridEstimator(AdvantageEstimator):
                 f"HybridEstimator.load_state_dict: the state has keys {sorted(state)}, expected ['order_rng_state'] "
                 "(a HybridEstimator.state_dict()); it was saved by another estimator."
             )
-        internal = tuple(int(x) for x in state["order_rng_state"].tolist())
-        self.rng.setstate((_RNG_STATE_VERSION, internal, None))
+        self.rng.setstate((_RNG_STATE_VERSION, tuple(state["order_rng_state"].tolist()), None))
 
     @property
     def last_estimate(self) -> Any:

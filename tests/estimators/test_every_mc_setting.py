@@ -20,7 +20,11 @@ pytest.importorskip("trl")
 
 from mcadvantage import VinePPOConfig  # noqa: E402
 from mcadvantage.core.settings import MCSettings, mc_config_names  # noqa: E402
-from mcadvantage.estimators import available_advantage_estimators, build_advantage_estimator  # noqa: E402
+from mcadvantage.estimators import (  # noqa: E402
+    available_advantage_estimators,
+    build_advantage_estimator,
+    get_advantage_estimator,
+)
 from testbed.toys import characters, toy_gradient_task  # noqa: E402
 
 #: setting -> (a base where it applies, the change). The change is one setting, plus the companion a value needs
@@ -54,17 +58,26 @@ LOW = [0.0, 0.05, 0.15, 0.4]  # the toy's pass rates: most groups of 8 all fail 
 
 def _config(name: str, settings: dict, tmp_path) -> VinePPOConfig:
     names = mc_config_names()
+    own = {
+        "step_segmenter": characters,
+        "hybrid_budget": 100.0,  # every degenerate response gets Monte Carlo credit
+        "num_mc_rollouts": 2,
+        **{names[key]: value for key, value in settings.items()},
+    }
+    reads = set(get_advantage_estimator(name).config_fields)
+    # The base settings go only to the estimators that read them (another estimator's setting is refused); the
+    # settings under test go to every estimator, so one that does not read them must refuse them.
+    tested = {names[key] for key in settings}
+    given = {key: value for key, value in own.items() if key in reads or key in tested}
     return VinePPOConfig(
         output_dir=str(tmp_path),
         report_to="none",
         use_cpu=True,
         advantage_estimator=name,
-        step_segmenter=characters,
         temperature=1.0,
         num_generations=8,
         max_completion_length=8,
-        hybrid_budget=100.0,  # every degenerate response gets Monte Carlo credit
-        **{"num_mc_rollouts": 2, **{names[key]: value for key, value in settings.items()}},
+        **given,
     )
 
 
@@ -91,11 +104,10 @@ def test_changing_a_setting_changes_the_advantages_or_is_refused(name, setting, 
     base, change = CASES[setting]
     default = build_advantage_estimator(name, _config(name, {}, tmp_path))
     if _mc_settings(default) is None:
-        # An estimator that samples no continuations takes no Monte Carlo setting: its from_config reads none of
-        # them (they are the 'vineppo'/'hybrid' fields of the config, as tree_branching is the tree's).
+        # An estimator that samples no continuations reads no Monte Carlo setting, so it refuses one, naming it.
         assert not hasattr(default, "monte_carlo")
-        changed = build_advantage_estimator(name, _config(name, {**base, **change}, tmp_path))
-        assert _mc_settings(changed) is None
+        with pytest.raises(ValueError, match=rf"advantage_estimator={name!r} does not read it.*Drop"):
+            _config(name, {**base, **change}, tmp_path)
         return
     built = []
     for settings in (base, {**base, **change}):

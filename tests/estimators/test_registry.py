@@ -5,17 +5,19 @@ attribute read with a default outside the contract."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import mcadvantage  # noqa: E402
 from mcadvantage.estimators import (  # noqa: E402
     BUILTIN_ESTIMATORS,
     AdvantageEstimator,
     AdvantageResult,
+    DrawsTrees,
+    KeepsMonteCarloEstimate,
     as_advantage_estimator,
     available_advantage_estimators,
     build_advantage_estimator,
@@ -37,14 +39,17 @@ class Zeros(AdvantageEstimator):
 # ---------------------------------------------------------------------------------------------------- defaults
 
 
-def test_the_contract_defaults_are_the_ones_the_trainer_used_to_assume():
+def test_the_contract_defaults_suit_a_reward_only_estimator():
     estimator = Zeros.from_config(None)
     assert isinstance(estimator, Zeros) and Zeros.name is None  # unregistered
     assert (Zeros.whiten_by_default, Zeros.default_scale_rewards) == (False, "none")
-    assert (estimator.metric_prefix, estimator.uses_rollouts) == ("advantage", True)
-    assert estimator.last_estimate is None and list(estimator.last_rows) == []
+    # Most built-ins read only the batch, so that is the default: evaluation batches get its advantages.
+    assert (estimator.metric_prefix, estimator.uses_rollouts) == ("advantage", False)
+    assert (Zeros.config_fields, Zeros.config_rules) == ((), ())
     assert Zeros.validate_config(object()) is None
-    assert estimator.tree_schedule(64) is None
+    # Monte Carlo-only and tree-only members are optional capabilities, not part of the contract.
+    assert not isinstance(estimator, (KeepsMonteCarloEstimate, DrawsTrees))
+    assert not hasattr(estimator, "last_estimate") and not hasattr(estimator, "tree_schedule")
     assert estimator.state_dict() == {} and not estimator.has_state
     estimator.load_state_dict({})  # the default's empty state loads
 
@@ -147,7 +152,9 @@ def test_a_class_written_to_the_old_protocol_is_adapted_when_registered():
     assert Legacy.whiten_by_default and Legacy.default_scale_rewards == "none"  # its own, then the defaults
     built = build_advantage_estimator("test_legacy_protocol", None)
     assert isinstance(built, Legacy) and built.scale == 2.0
-    assert (built.metric_prefix, built.uses_rollouts, built.tree_schedule(8)) == ("legacy", True, None)
+    # The 0.1 protocol's default stays: an adapted class samples (evaluation batches skip it) unless it says not.
+    assert (built.metric_prefix, built.uses_rollouts) == ("legacy", True)
+    assert not isinstance(built, DrawsTrees)
 
 
 def test_an_unregistered_instance_of_the_old_protocol_is_viewed_through_the_contract():
@@ -197,10 +204,6 @@ def test_what_cannot_be_an_estimator_is_refused():
 # ------------------------------------------------------------------------------------- one table of built-ins
 
 
-def _quoted_names(text: str) -> set[str]:
-    return set(re.findall(r"""["'](\w+)["']""", text))
-
-
 def test_the_builtin_table_is_what_the_package_registers():
     registered = {
         name
@@ -208,44 +211,63 @@ def test_the_builtin_table_is_what_the_package_registers():
         if get_advantage_estimator(name).__module__.startswith("mcadvantage.estimators.")
     }
     assert registered == set(BUILTIN_ESTIMATORS)
-    for name, module in BUILTIN_ESTIMATORS.items():
-        assert get_advantage_estimator(name).__module__ == f"mcadvantage.estimators{module}"
+    for name, row in BUILTIN_ESTIMATORS.items():
+        assert get_advantage_estimator(name).__module__ == f"mcadvantage.estimators{row.module}"
+        assert row.summary and not row.summary.endswith(".")
 
 
-def _listed_in_every_hand_written_list() -> dict[str, set[str]]:
-    from mcadvantage.trainer import vineppo_trainer
+def test_every_list_of_builtins_is_made_from_the_table(monkeypatch):
+    """The config's help and the docs' lists come from the table: a new row appears in each without an edit."""
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    try:
+        import estimators as docs_hook
+    finally:
+        sys.path.pop(0)
+    from mcadvantage.estimators import registry
     from mcadvantage.trainer.config import VinePPOConfig
 
-    howto = (ROOT / "docs" / "howto" / "custom-advantage-estimator.md").read_text(encoding="utf-8")
-    design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
-    config_entry = re.search(r"advantage_estimator \(str\):(.*?)\n {8}\w+ \(", VinePPOConfig.__doc__, re.S)
-    trainer_list = re.search(
-        r"``args.advantage_estimator``:(.*?)registered one", vineppo_trainer.__doc__, re.S
-    )
-    return {
-        "docs/howto/custom-advantage-estimator.md (the built-in list)": _quoted_names(
-            re.search(r"\(([^()]*) built in\)", howto).group(1)
-        ),
-        "docs/design.md (the seam's registry line)": _quoted_names(
-            next(line for line in design.splitlines() if "registry:" in line)
-        ),
-        "docs/design.md (the package map's estimators/ line)": set(
-            re.findall(r"\w+", next(line for line in design.splitlines() if line.startswith("estimators/")))
-        ),
-        "VinePPOConfig advantage_estimator help": _quoted_names(
-            VinePPOConfig.__dataclass_fields__["advantage_estimator"].metadata["help"]
-        ),
-        "VinePPOConfig docstring (advantage_estimator)": _quoted_names(config_entry.group(1)),
-        "mcadvantage.trainer.vineppo_trainer docstring": _quoted_names(trainer_list.group(1)),
-        "mcadvantage.estimators docstring": _quoted_names(mcadvantage.estimators.__doc__),
+    help_text = VinePPOConfig.__dataclass_fields__["advantage_estimator"].metadata["help"]
+    assert all(f"{name!r}" in help_text for name in BUILTIN_ESTIMATORS)
+    table = docs_hook.table_markdown()
+    for name, row in BUILTIN_ESTIMATORS.items():
+        assert f'`"{name}"`' in docs_hook.names_markdown() and row.summary in table
+    # A scratch row (registered to an existing class) shows up in every generated list.
+    scratch = registry.BuiltinEstimator(".baselines", "a scratch row for this test")
+    monkeypatch.setitem(registry.BUILTIN_ESTIMATORS, "scratch_row", scratch)
+    monkeypatch.setitem(registry._REGISTRY, "scratch_row", get_advantage_estimator("rloo"))
+    assert "'scratch_row' (a scratch row for this test)" in registry.estimator_choices_text()
+    assert '`"scratch_row"`' in docs_hook.names_markdown() and "a scratch row" in docs_hook.table_markdown()
+
+
+def test_the_docs_pages_use_the_generated_lists_not_hand_written_ones():
+    """Each page that lists the built-ins holds a marker the docs hook fills; no page spells the six names by hand."""
+    pages = {
+        "docs/howto/custom-advantage-estimator.md": "<!-- builtin-estimators: names -->",
+        "docs/howto/choose-an-estimator.md": "<!-- builtin-estimators: table -->",
     }
+    for page, marker in pages.items():
+        assert marker in (ROOT / page).read_text(encoding="utf-8"), f"{page} lacks {marker}"
+    hand_written = re.compile(r'`"vineppo"`, `"grpo"`, `"rloo"`')
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "docs").rglob("*.md"))
+        if hand_written.search(path.read_text(encoding="utf-8"))
+    ]
+    assert not offenders, f"hand-written lists of the built-ins (use the hook's markers): {offenders}"
 
 
-@pytest.mark.parametrize("where", list(_listed_in_every_hand_written_list()))
-def test_every_hand_written_list_names_every_builtin(where):
-    listed = _listed_in_every_hand_written_list()[where]
-    missing = sorted(set(BUILTIN_ESTIMATORS) - listed)
-    assert not missing, f"{where} omits the built-in estimators {missing} (table: estimators/base.py)"
+def test_the_config_docstring_has_a_section_per_estimator_naming_its_fields():
+    from mcadvantage.trainer.config import VinePPOConfig
+
+    doc = VinePPOConfig.__doc__
+    for name in BUILTIN_ESTIMATORS:
+        match = re.search(rf'\*\*`"{name}"`\*\*(.*?)(?=\n\n)', doc, re.S)
+        assert match, f"VinePPOConfig's docstring has no section for {name!r}"
+        section = match.group(1)
+        for field_name in get_advantage_estimator(name).config_fields:
+            if field_name.startswith("mc_") or field_name == "num_mc_rollouts":
+                continue  # the hybrid's section refers to VinePPO's Monte Carlo settings as a whole
+            assert f"`{field_name}`" in section, f"{name!r}'s section does not name {field_name}"
 
 
 # ------------------------------------------------------------------------------- no defaults outside the contract
@@ -266,7 +288,8 @@ def test_no_estimator_attribute_is_read_with_a_default_outside_the_contract():
     ]
     offending = []
     for path in sorted(SRC.rglob("*.py")):
-        if path == SRC / "estimators" / "base.py":
+        # the contract, the registry's adaptation of 0.1-protocol classes, and the public contract check
+        if path in (SRC / "estimators" / "base.py", SRC / "estimators" / "registry.py", SRC / "testing.py"):
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if any(p.search(line) for p in patterns):

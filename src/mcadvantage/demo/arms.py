@@ -356,10 +356,14 @@ def rl_training_args(config: DemoConfig, arm: ArmSpec, output_dir: str | Path) -
     prompts per step. Every RL arm shares everything else (seed, learning rate, temperature, batch
     layout per prompt), so the data order is the same: TRL's sampler draws prompts from ``seed``."""
     from mcadvantage import VinePPOConfig
+    from mcadvantage.estimators import get_advantage_estimator
 
     if arm.kind != "rl":
         raise ValueError(f"rl_training_args: arm {arm.name!r} is not an RL arm.")
     prompts = arm.prompts_per_step or config.prompts_per_step
+    # The demo's K and segmenter go to the estimators that read them (another estimator would refuse them).
+    reads = get_advantage_estimator(arm.advantage_estimator).config_fields
+    shared = {"num_mc_rollouts": arm.num_mc_rollouts or config.num_mc_rollouts, "step_segmenter": "gsm8k"}
     return VinePPOConfig(
         output_dir=str(output_dir),
         advantage_estimator=arm.advantage_estimator,
@@ -371,8 +375,7 @@ def rl_training_args(config: DemoConfig, arm: ArmSpec, output_dir: str | Path) -
         gradient_accumulation_steps=1,
         num_generations=config.num_generations,
         num_iterations=config.num_iterations,
-        num_mc_rollouts=arm.num_mc_rollouts or config.num_mc_rollouts,
-        step_segmenter="gsm8k",
+        **{name: value for name, value in shared.items() if name in reads},
         temperature=config.temperature,
         top_p=1.0,
         beta=config.beta,

@@ -1,11 +1,11 @@
-"""Advantage estimators behind one seam (see :mod:`mcadvantage.estimators.base`).
+"""Advantage estimators behind one seam: the contract (:mod:`mcadvantage.estimators.base`), what flows through it
+(:mod:`~mcadvantage.estimators.batch`), the shared config rules (:mod:`~mcadvantage.estimators.rules`) and the
+registry with the one table of built-ins, ``BUILTIN_ESTIMATORS`` (:mod:`~mcadvantage.estimators.registry`).
 
-Built in: ``"vineppo"`` (Monte Carlo step values, :class:`VinePPOEstimator`), ``"grpo"``
-(:class:`GRPOEstimator`), ``"rloo"`` (:class:`RLOOEstimator`), ``"gae"`` (PPO's learned critic,
-:class:`CriticEstimator`), ``"hybrid"`` (GRPO plus Monte Carlo step credit for degenerate groups within a token
-budget, :class:`HybridEstimator`) and ``"tree"`` (groups drawn as trees, step credit from their own leaves,
-:class:`TreeEstimator`); ``BUILTIN_ESTIMATORS`` is their table. Every estimator subclasses
-:class:`AdvantageEstimator`, the contract; register your own with :func:`register_advantage_estimator`.
+The built-in classes: :class:`VinePPOEstimator`, :class:`GRPOEstimator`, :class:`RLOOEstimator`,
+:class:`CriticEstimator`, :class:`HybridEstimator` and :class:`TreeEstimator`. Every estimator subclasses
+:class:`AdvantageEstimator`; register your own with :func:`register_advantage_estimator` and check it with
+:func:`mcadvantage.testing.check_advantage_estimator`.
 """
 
 from __future__ import annotations
@@ -13,22 +13,28 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mcadvantage.estimators.base import (
-    BUILTIN_ESTIMATORS,
+from mcadvantage.estimators.base import AdvantageEstimator, DrawsTrees, KeepsMonteCarloEstimate
+from mcadvantage.estimators.batch import (
     AdvantageBatch,
-    AdvantageEstimator,
     AdvantageResult,
     EstimatorContext,
-    as_advantage_estimator,
-    available_advantage_estimators,
-    build_advantage_estimator,
     check_finite_advantages,
     combine_rewards,
     finalize_advantages,
-    get_advantage_estimator,
     reduce_metrics,
-    register_advantage_estimator,
     sequence_to_token_advantages,
+)
+from mcadvantage.estimators.registry import (
+    BUILTIN_ESTIMATORS,
+    ENTRY_POINT_GROUP,
+    BuiltinEstimator,
+    as_advantage_estimator,
+    available_advantage_estimators,
+    build_advantage_estimator,
+    estimator_choices_text,
+    estimators_reading,
+    get_advantage_estimator,
+    register_advantage_estimator,
 )
 
 _LAZY = {
@@ -44,15 +50,21 @@ _LAZY = {
 
 __all__ = [
     "BUILTIN_ESTIMATORS",
+    "ENTRY_POINT_GROUP",
     "AdvantageBatch",
     "AdvantageEstimator",
     "AdvantageResult",
+    "BuiltinEstimator",
+    "DrawsTrees",
     "EstimatorContext",
+    "KeepsMonteCarloEstimate",
     "as_advantage_estimator",
     "available_advantage_estimators",
     "build_advantage_estimator",
     "check_finite_advantages",
     "combine_rewards",
+    "estimator_choices_text",
+    "estimators_reading",
     "finalize_advantages",
     "get_advantage_estimator",
     "reduce_metrics",

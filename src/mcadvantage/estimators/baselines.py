@@ -17,15 +17,16 @@ from typing import Any
 
 import torch
 
-from mcadvantage.estimators.base import (
+from mcadvantage.estimators.base import AdvantageEstimator
+from mcadvantage.estimators.batch import (
     AdvantageBatch,
-    AdvantageEstimator,
     AdvantageResult,
     EstimatorContext,
     combine_rewards,
-    register_advantage_estimator,
     sequence_to_token_advantages,
 )
+from mcadvantage.estimators.registry import register_advantage_estimator
+from mcadvantage.estimators.rules import no_reward_scaling, summed_rewards
 
 __all__ = ["GRPOEstimator", "RLOOEstimator", "grpo_advantages", "rloo_advantages", "nanstd"]
 
@@ -125,7 +126,6 @@ class GRPOEstimator(AdvantageEstimator):
     """
 
     whiten_by_default = False
-    uses_rollouts = False  # cheap: evaluation batches get their advantages too, as in TRL
     #: ``VinePPOConfig.scale_rewards`` when left unset: GRPO's own default.
     default_scale_rewards = "group"
 
@@ -170,17 +170,8 @@ class RLOOEstimator(AdvantageEstimator):
     ``normalize_advantages=False``; set ``whiten_advantages=True`` to normalise, token-weighted)."""
 
     whiten_by_default = False
-    uses_rollouts = False  # cheap: evaluation batches get their advantages too, as in TRL
-
-    @staticmethod
-    def validate_config(config: Any) -> None:
-        """Refuse GRPO reward-scaling settings, which RLOO's leave-one-out advantages would ignore."""
-        if config.scale_rewards != "none" or config.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                f"scale_rewards={config.scale_rewards!r} / multi_objective_aggregation="
-                f"{config.multi_objective_aggregation!r} shape GRPO's advantages, not RLOO's. Set scale_rewards='none' "
-                "and multi_objective_aggregation='sum_then_normalize' (whiten_advantages=True normalises RLOO's)."
-            )
+    # Reward scaling and per-function normalisation shape GRPO's advantages, not RLOO's.
+    config_rules = (no_reward_scaling, summed_rewards)
 
     @classmethod
     def from_config(cls, config: Any) -> RLOOEstimator:

@@ -24,14 +24,10 @@ from typing import Any
 import torch
 
 from mcadvantage.core.advantages import clipped_value_loss, gae_advantages
-from mcadvantage.estimators.base import (
-    AdvantageBatch,
-    AdvantageEstimator,
-    AdvantageResult,
-    EstimatorContext,
-    register_advantage_estimator,
-)
-from mcadvantage.estimators.vineppo import check_token_level_loss
+from mcadvantage.estimators.base import AdvantageEstimator
+from mcadvantage.estimators.batch import AdvantageBatch, AdvantageResult, EstimatorContext
+from mcadvantage.estimators.registry import register_advantage_estimator
+from mcadvantage.estimators.rules import no_reward_scaling, summed_rewards, token_level_loss
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["CriticEstimator", "value_model_from_policy"]
@@ -92,8 +88,17 @@ class CriticEstimator(AdvantageEstimator):
 
     whiten_by_default = True
     metric_prefix = "critic"
-    # No rollouts: the trainer calls it on evaluation batches too, where it predicts without training.
-    uses_rollouts = False
+    # No rollouts (uses_rollouts stays False): the trainer calls it on evaluation batches too, where it predicts
+    # without training.
+    config_fields = (
+        "gae_gamma",
+        "gae_lambda",
+        "critic_value_clip",
+        "critic_learning_rate",
+        "critic_model",
+        "step_segmenter",
+    )
+    config_rules = (no_reward_scaling, summed_rewards, token_level_loss)
 
     def __init__(
         self,
@@ -157,7 +162,7 @@ class CriticEstimator(AdvantageEstimator):
 
     @staticmethod
     def validate_config(config: Any) -> None:
-        """Refuse invalid critic settings, and GRPO settings that would discard the critic's per-token advantages."""
+        """Refuse invalid critic settings."""
         for name in ("gae_gamma", "gae_lambda"):
             value = getattr(config, name)
             if not 0.0 <= value <= 1.0:
@@ -171,12 +176,6 @@ class CriticEstimator(AdvantageEstimator):
                 f"critic_learning_rate={config.critic_learning_rate} is invalid: it must be > 0, or None for the "
                 "policy's learning_rate."
             )
-        if config.scale_rewards != "none":
-            raise ValueError(
-                f"scale_rewards={config.scale_rewards!r} scales GRPO's group advantages, which the critic's GAE "
-                "replaces. Set scale_rewards='none' (whiten_advantages=True normalises PPO's advantages)."
-            )
-        check_token_level_loss(config, "PPO")
 
     # -- the critic -------------------------------------------------------------------------------------------
 

@@ -45,15 +45,12 @@ from typing import Any
 import torch
 
 from mcadvantage.core.settings import MCSettings
-from mcadvantage.estimators.base import (
-    AdvantageBatch,
-    AdvantageEstimator,
-    AdvantageResult,
-    EstimatorContext,
-    register_advantage_estimator,
-)
+from mcadvantage.estimators.base import AdvantageEstimator
 from mcadvantage.estimators.baselines import GRPOEstimator, nanstd
-from mcadvantage.estimators.vineppo import VinePPOEstimator
+from mcadvantage.estimators.batch import AdvantageBatch, AdvantageResult, EstimatorContext
+from mcadvantage.estimators.registry import register_advantage_estimator
+from mcadvantage.estimators.rules import sampled_continuations, summed_rewards, token_level_loss
+from mcadvantage.estimators.vineppo import MONTE_CARLO_CONFIG_FIELDS, VinePPOEstimator
 from mcadvantage.mc.planning import estimated_boundaries
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
@@ -115,6 +112,9 @@ class HybridEstimator(AdvantageEstimator):
     metric_prefix = "hybrid"
     uses_rollouts = True
     default_scale_rewards = "group"
+    config_fields = ("hybrid_budget", *MONTE_CARLO_CONFIG_FIELDS)
+    # GRPO's reward scaling is welcome here (it scales the Monte Carlo credit too, see the module docstring).
+    config_rules = (sampled_continuations, summed_rewards, token_level_loss)
 
     def __init__(
         self,
@@ -199,12 +199,6 @@ class HybridEstimator(AdvantageEstimator):
                 f"hybrid_budget={config.hybrid_budget} is invalid: it is the extra sampled tokens allowed as a fraction "
                 "of the batch's response tokens, so >= 0 (0 is GRPO exactly; 0.1 allows about 10% more)."
             )
-        if config.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                f"multi_objective_aggregation={config.multi_objective_aggregation!r} is not supported by "
-                "advantage_estimator='hybrid' (its Monte Carlo values are means of the weighted reward sum). Set "
-                "multi_objective_aggregation='sum_then_normalize'."
-            )
         pooled = _pooling(
             {"mc_reuse_samples": config.mc_reuse_samples, "mc_allocation": config.mc_allocation}
         )
@@ -215,7 +209,7 @@ class HybridEstimator(AdvantageEstimator):
                 "are all equal, which would pull every value toward that outcome. Set mc_reuse_samples=False and "
                 "mc_allocation='uniform'."
             )
-        VinePPOEstimator.validate_config(_WithoutScaling(config))
+        VinePPOEstimator.validate_config(config)
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
         """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
@@ -292,17 +286,6 @@ class HybridEstimator(AdvantageEstimator):
         )
         reductions.update(predicted_tokens="sum", responses_estimated="sum")
         return AdvantageResult(advantages=advantages, metrics=metrics, metric_reductions=reductions)
-
-
-class _WithoutScaling:
-    """A config view with ``scale_rewards="none"``, to reuse VinePPO's checks of the Monte Carlo settings (the
-    hybrid applies GRPO's scaling itself)."""
-
-    def __init__(self, config: Any) -> None:
-        self._config = config
-
-    def __getattr__(self, name: str) -> Any:
-        return "none" if name == "scale_rewards" else getattr(self._config, name)
 
 
 def _sub_batch(batch: AdvantageBatch, rows: list[int]) -> AdvantageBatch:

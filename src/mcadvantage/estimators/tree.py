@@ -19,14 +19,10 @@ from typing import Any
 
 import torch
 
-from mcadvantage.estimators.base import (
-    AdvantageBatch,
-    AdvantageEstimator,
-    AdvantageResult,
-    EstimatorContext,
-    register_advantage_estimator,
-)
-from mcadvantage.estimators.vineppo import check_token_level_loss
+from mcadvantage.estimators.base import AdvantageEstimator
+from mcadvantage.estimators.batch import AdvantageBatch, AdvantageResult, EstimatorContext
+from mcadvantage.estimators.registry import register_advantage_estimator
+from mcadvantage.estimators.rules import no_reward_scaling, summed_rewards, token_level_loss
 from mcadvantage.mc.tree import TreePath, TreeSchedule, tree_advantages
 
 __all__ = ["TreeEstimator"]
@@ -43,8 +39,10 @@ class TreeEstimator(AdvantageEstimator):
     """
 
     whiten_by_default = True
-    uses_rollouts = False  # the credit comes from the group itself: evaluation batches get advantages too
+    # uses_rollouts stays False: the credit comes from the group itself, so evaluation batches get advantages too.
     metric_prefix = "tree"
+    config_fields = ("tree_branching", "tree_depths")
+    config_rules = (no_reward_scaling, summed_rewards, token_level_loss)
 
     def __init__(self, *, branching: tuple[int, ...] | list[int] = (4, 2), depths: Any = None) -> None:
         self.branching = tuple(int(b) for b in branching)
@@ -60,9 +58,8 @@ class TreeEstimator(AdvantageEstimator):
 
     @staticmethod
     def validate_config(config: Any) -> None:
-        """Settings the tree needs: a group size equal to the branching's product, token-level loss, and whole
-        groups in every process' generation batch (a tree is drawn by one process)."""
-        check_token_level_loss(config, "Tree credit")
+        """Settings the tree needs: a group size equal to the branching's product and whole groups in every
+        process' generation batch (a tree is drawn by one process)."""
         size = math.prod(config.tree_branching)
         if size != config.num_generations:
             raise ValueError(

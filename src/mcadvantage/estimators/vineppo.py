@@ -18,44 +18,30 @@ import torch
 from mcadvantage.core.prompts import check_prompt_fits
 from mcadvantage.core.settings import (
     MCSettings,
+    mc_config_names,
     needed_completion_room,
     refuse_setting_assignment,
     setting_attribute,
 )
-from mcadvantage.estimators.base import (
-    AdvantageBatch,
-    AdvantageEstimator,
-    AdvantageResult,
-    EstimatorContext,
-    register_advantage_estimator,
+from mcadvantage.estimators.base import AdvantageEstimator
+from mcadvantage.estimators.batch import AdvantageBatch, AdvantageResult, EstimatorContext
+from mcadvantage.estimators.registry import register_advantage_estimator
+from mcadvantage.estimators.rules import (
+    no_reward_scaling,
+    sampled_continuations,
+    summed_rewards,
+    token_level_loss,
 )
 from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["VinePPOEstimator"]
 
-#: TRL loss types that aggregate the PPO-clip surrogate token by token; "dapo" (the default) is VinePPO's.
-TOKEN_LEVEL_CLIP_LOSSES = ("dapo", "bnpo", "dr_grpo", "grpo")
-
 # Dataset columns that GRPO itself consumes; every other column is passed to the reward functions.
 _NON_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
 
-
-def check_token_level_loss(config: Any, method: str) -> None:
-    """Refuse GRPO loss settings that would average away per-token advantages (``method`` names the estimator
-    in the message)."""
-    if config.loss_type not in TOKEN_LEVEL_CLIP_LOSSES:
-        raise ValueError(
-            f"loss_type={config.loss_type!r} is not a token-level PPO-clip loss, so it would not use {method}'s "
-            f"per-token advantages as the paper does. Use one of {list(TOKEN_LEVEL_CLIP_LOSSES)} "
-            "('dapo', the default, is the paper's token-weighted mean)."
-        )
-    if config.importance_sampling_level != "token":
-        raise ValueError(
-            f"importance_sampling_level={config.importance_sampling_level!r} averages the ratio over the "
-            f"sequence, which discards {method}'s per-token credit in the clipping. Set "
-            "importance_sampling_level='token'."
-        )
+#: The config fields the Monte Carlo estimators read: every Monte Carlo setting and the segmenter.
+MONTE_CARLO_CONFIG_FIELDS = (*mc_config_names().values(), "step_segmenter")
 
 
 @register_advantage_estimator("vineppo")
@@ -83,6 +69,8 @@ class VinePPOEstimator(AdvantageEstimator):
     whiten_by_default = True
     metric_prefix = "mc"
     uses_rollouts = True
+    config_fields = MONTE_CARLO_CONFIG_FIELDS
+    config_rules = (sampled_continuations, no_reward_scaling, summed_rewards, token_level_loss)
 
     def __init__(
         self, *, settings: MCSettings | None = None, step_segmenter: Any = None, **setting_values: Any
@@ -106,30 +94,8 @@ class VinePPOEstimator(AdvantageEstimator):
 
     @staticmethod
     def validate_config(config: Any) -> None:
-        """Refuse invalid Monte Carlo settings, and GRPO settings that VinePPO would silently ignore or
-        contradict."""
+        """Refuse invalid or contradictory Monte Carlo settings (with the config's field names)."""
         MCSettings.from_config(config)
-        if not config.temperature > 0:
-            raise ValueError(
-                f"temperature={config.temperature} is invalid for advantage_estimator='vineppo': Monte Carlo values "
-                "average continuations sampled from the policy, and at temperature 0 every one of the "
-                f"num_mc_rollouts={config.num_mc_rollouts} continuations from a state is the same greedy text (an "
-                "estimate of nothing; transformers refuses temperature 0 when sampling). Use a temperature > 0 (the "
-                "paper: 0.6)."
-            )
-        if config.scale_rewards != "none":
-            raise ValueError(
-                f"scale_rewards={config.scale_rewards!r} contradicts VinePPO: it scales GRPO's group advantages, "
-                "which VinePPOTrainer replaces with Monte Carlo advantages. Set scale_rewards='none' and use "
-                "whiten_advantages=True to normalise the advantages (or advantage_estimator='grpo' for GRPO)."
-            )
-        if config.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                f"multi_objective_aggregation={config.multi_objective_aggregation!r} is not supported: VinePPO's "
-                "values are means of the weighted sum of raw rewards, so group-normalising each reward function "
-                "first has no Monte Carlo equivalent. Set multi_objective_aggregation='sum_then_normalize'."
-            )
-        check_token_level_loss(config, "VinePPO")
 
     # -- the seam ---------------------------------------------------------------------------------------------
 

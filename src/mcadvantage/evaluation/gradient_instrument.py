@@ -47,7 +47,9 @@ from typing import Any, Protocol
 import torch
 
 from mcadvantage.core.advantages import masked_whiten
-from mcadvantage.estimators.base import AdvantageBatch, EstimatorContext, as_advantage_estimator
+from mcadvantage.estimators.base import DrawsTrees
+from mcadvantage.estimators.batch import AdvantageBatch, EstimatorContext
+from mcadvantage.estimators.registry import as_advantage_estimator
 from mcadvantage.rewards.errors import call_reward_func
 from mcadvantage.samplers.base import RolloutRequest, Sampler
 
@@ -422,7 +424,9 @@ def estimator_gradient(
     ``sum A log pi / completion tokens``."""
     start = time.perf_counter()
     estimator = as_advantage_estimator(estimator)
-    schedule = estimator.tree_schedule(task.max_completion_length)
+    schedule = (
+        estimator.tree_schedule(task.max_completion_length) if isinstance(estimator, DrawsTrees) else None
+    )
     # A group drawn as a tree: its sampled tokens are what the tree generated, not its leaves' lengths.
     if schedule is not None:
         batch, tree_tokens = task.sample_trees(prompt_indices, schedule)

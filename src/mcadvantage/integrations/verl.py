@@ -40,7 +40,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 from mcadvantage.core.versions import check_version_range
-from mcadvantage.estimators.base import AdvantageBatch, EstimatorContext, finalize_advantages
+from mcadvantage.estimators.batch import AdvantageBatch, EstimatorContext, finalize_advantages
 from mcadvantage.estimators.vineppo import VinePPOEstimator
 from mcadvantage.samplers.base import Continuation, RolloutRequest
 

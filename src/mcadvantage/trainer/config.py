@@ -11,12 +11,19 @@ import math
 import os
 import pickle
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from trl import GRPOConfig
 
 from mcadvantage.core.settings import MCSettings
+from mcadvantage.estimators.base import AdvantageEstimator
+from mcadvantage.estimators.registry import (
+    available_advantage_estimators,
+    estimator_choices_text,
+    estimators_reading,
+    get_advantage_estimator,
+)
 
 
 def _bf16_available() -> bool:
@@ -35,100 +42,79 @@ class VinePPOConfig(GRPOConfig):
     r"""Configuration for :class:`~mcadvantage.trainer.vineppo_trainer.VinePPOTrainer` (VinePPO, arXiv 2410.01679).
 
     A :class:`trl.GRPOConfig` (every GRPO / ``TrainingArguments`` field works, and ``HfArgumentParser`` turns it
-    into command-line flags) plus the Monte Carlo value-estimation settings below.
+    into command-line flags) plus the settings of the advantage estimators. Every GRPO field keeps GRPOConfig's
+    default, so swapping ``GRPOConfig(...)`` for ``VinePPOConfig(...)`` changes the advantage and nothing else;
+    :meth:`VinePPOConfig.from_paper` sets the paper's runs in one call.
 
-    VinePPO keeps PPO's clipped objective but replaces the critic: each response is cut into reasoning steps,
-    the value of the state before each step is the mean reward of ``num_mc_rollouts`` continuations sampled
-    from it with the current policy, and every token of step ``i`` gets the advantage
-    ``V(S_i) - V(S_{i-1})`` (the last step gets ``R - V(S_{n-1})``).
+    **Each estimator owns its settings.** `advantage_estimator` picks the estimator (`"vineppo"` by default; the
+    built-ins are listed in the field's help, made from :data:`~mcadvantage.estimators.BUILTIN_ESTIMATORS`), and each
+    estimator declares the fields it reads (its ``config_fields``). A field that another estimator reads and the
+    chosen one does not is refused when it is not at its default, naming the field, the estimator and the fix,
+    instead of being silently ignored. The sections below list each estimator's fields; every field's help says
+    what it does.
+
+    Settings of every estimator (read by the trainer):
 
     Attributes:
-        advantage_estimator (str): How advantages are computed: `"vineppo"` (Monte Carlo step values),
-            `"grpo"` (TRL's group-normalised advantages), `"rloo"` (leave-one-out), `"gae"` (PPO's learned critic),
-            `"hybrid"` (GRPO plus Monte Carlo credit for groups with equal rewards), `"tree"` (groups drawn as
-            trees), or any name registered with :func:`~mcadvantage.register_advantage_estimator`. One flag switches the same trainer, data and
-            logging between VinePPO and its baselines. The Monte Carlo settings apply to `"vineppo"` and `"hybrid"`.
-            Defaults to `"vineppo"`.
-        gae_gamma (float), gae_lambda (float): With `advantage_estimator="gae"` (PPO's learned critic): GAE's
-            discount and parameter. Default to the paper's `1.0` and `1.0` (then `A_t = R - V(s_t)`).
-        critic_value_clip (float): With `"gae"`: PPO's value clipping of the critic's loss. Defaults to `0.2`.
-        critic_learning_rate (float | None): With `"gae"`: the critic's AdamW learning rate. `None` (default) uses
-            `learning_rate`.
-        critic_model (str | None): With `"gae"`: a model id or directory for a separate value model (loaded with
-            a one-output token-classification head). `None` (default) copies the policy's weights and swaps the
-            language-model head for a scalar head, as the paper did.
-        hybrid_budget (float): With `advantage_estimator="hybrid"` (GRPO's advantage, plus Monte Carlo step credit for
-            the responses of groups whose rewards are all equal): the extra sampled tokens allowed per batch, as a
-            fraction of its sampled response tokens (masked ones included, so masking does not change which other
-            responses get Monte Carlo credit). `0` gives GRPO exactly. Its values use fresh rollouts only:
-            `mc_reuse_samples` and `mc_allocation="variance"` are refused (its responses are chosen by outcome).
-            Defaults to `0.1`.
-        tree_branching (list[int]): With `advantage_estimator="tree"` (each group drawn as a tree that branches at
-            token depths; step credit from its own leaves, no rollouts): children per level. Their product must equal
-            `num_generations`; each is at least 2. Defaults to `[4, 2]`.
-        tree_depths (list[int] | None): With `"tree"`: the completion token depth where each level branches (the
-            first is `0`, the prompt; strictly increasing, below `max_completion_length`). `None` (default) spreads
-            them over the first half of `max_completion_length`.
-        step_segmenter (str | Callable[[str], list[str]]): How a response is cut into reasoning steps: `"math"`
-            (paper Appendix B MATH rules: newlines and sentence ends, never inside a math expression, long parts
-            split again), `"gsm8k"` (one step per line, the final `#### N` line joins the last step), `"newline"`
-            (one step per line), a :class:`~mcadvantage.tasks.segmentation.StepSegmenter` instance or any picklable
-            callable `text -> list[str]` whose parts concatenate back to `text`. `"math"` is the default because
-            it also cuts long responses without newlines into several steps; use `"gsm8k"` for GSM8K-style data.
-            Defaults to `"math"`.
+        advantage_estimator (str): How advantages are computed: a built-in name, or any name registered with
+            :func:`~mcadvantage.register_advantage_estimator` or an installed package's entry points. Defaults to
+            `"vineppo"`.
+        whiten_advantages (bool | None): Whiten the per-token advantages (zero mean, unit variance over the valid
+            tokens of the generation batch, all-reduced across ranks). `None` resolves to the estimator's default
+            (on for `"vineppo"`, `"gae"` and `"tree"`; off for `"grpo"`, `"rloo"` and `"hybrid"`, so they equal
+            their own normalisation). Defaults to `None`.
         truncated_completion_reward (float | None): Reward of a training response that hit
-            `max_completion_length` without EOS: every reward function's score for it is replaced by this value
-            (with one reward function of weight 1, its reward is this value), whatever the text contains. `None`
-            grades it like any response; the official code gave it 0, even with a `\boxed{}` answer before the
-            cut. Unlike `mask_truncated_completions`, the response still trains (with a low reward). Defaults to
-            `None`.
-        mc_max_batch_sequences (int): With the transformers sampler, the most sequences generated in one
-            `generate` call (memory bound). Defaults to `256`.
-        whiten_advantages (bool | None): Whiten the per-token advantages (zero mean, unit variance over all
-            completion tokens of the generation batch, statistics all-reduced across data-parallel ranks). `None`
-            resolves to the estimator's default: on for `"vineppo"` (as the paper), off for `"grpo"` and `"rloo"`
-            (so they equal TRL's own advantages). Defaults to `None`.
-        mc_estimate_on_eval (bool): Also run the Monte Carlo estimation on evaluation batches. Off by default
-            because it multiplies the cost of evaluation; evaluation batches then carry zero advantages, so the
-            eval loss is only the KL term and the reward metrics are the useful evaluation signal. Defaults to
-            `False`.
+            `max_completion_length` without EOS: every reward function's score for it is replaced by this value.
+            `None` grades it like any response; the official code gave it 0. Unlike `mask_truncated_completions`,
+            the response still trains (with a low reward). Defaults to `None`.
+        mc_max_batch_sequences (int): With the transformers sampler (Monte Carlo rollouts, trees, and
+            ``policy_sampler`` for evaluation), the most sequences generated in one `generate` call (memory bound).
+            Defaults to `256`.
+        mc_estimate_on_eval (bool): Also run an estimator that samples continuations (`uses_rollouts`, e.g.
+            `"vineppo"`, `"hybrid"`) on evaluation batches; refused for the others, which estimate evaluation
+            batches anyway. Off by default because it multiplies the cost of evaluation. Defaults to `False`.
+        scale_rewards (str | None): GRPO's reward scaling. `None` resolves to the estimator's
+            ``default_scale_rewards``: `"group"` (GRPO's) for `"grpo"` and `"hybrid"`, `"none"` for the rest,
+            which refuse any other value (reward scaling shapes only GRPO's advantages).
 
-    **The Monte Carlo settings** (`num_mc_rollouts` and the `mc_*` fields, except `mc_max_batch_sequences` and
-    `mc_estimate_on_eval`, which belong to the trainer) are the fields of :class:`~mcadvantage.core.settings.MCSettings`
-    under their config names (`num_rollouts` is `num_mc_rollouts`, any other `x` is `mc_x`), with its defaults, help
-    and meaning: `num_mc_rollouts` (K continuations per state, paper: 9), `mc_rollout_budget` and
-    `mc_fixed_rollout_budget` (their token budget: `"remaining"` of `max_completion_length`, or `"fixed"`),
-    `mc_max_estimated_steps` and `mc_steps_after_cap` (a cap on the estimated states and what later steps get:
-    `"merge"`, `"zero"` as the official code on GSM8K, `"spread"`), `mc_truncated_reward`, `mc_min_step_tokens`,
-    `mc_reuse_samples`, `mc_allocation` and `mc_min_rollouts` (see docs/howto/cheaper-monte-carlo.md). They are
-    validated by it and passed whole (`MCSettings.from_config(config)`) to the estimators that sample continuations
-    (`"vineppo"`, `"hybrid"`). A setting that would have no effect where it is given (e.g. `mc_min_rollouts` without
-    `mc_allocation="variance"`) is refused.
+    **`"vineppo"`** (Monte Carlo step values): `num_mc_rollouts` (K continuations per state, paper: 9),
+    `mc_rollout_budget` and `mc_fixed_rollout_budget`, `mc_max_estimated_steps` and `mc_steps_after_cap`,
+    `mc_truncated_reward`, `mc_min_step_tokens`, `mc_reuse_samples`, `mc_allocation` and `mc_min_rollouts` (the
+    Monte Carlo settings: the fields of :class:`~mcadvantage.core.settings.MCSettings` under their config names,
+    with its defaults, help and validation; see docs/howto/cheaper-monte-carlo.md), and `step_segmenter`: how a
+    response is cut into reasoning steps, `"math"` (paper Appendix B rules, the default), `"gsm8k"` (one step per
+    line, the final `#### N` line joins the last step), `"newline"`, a
+    :class:`~mcadvantage.tasks.segmentation.StepSegmenter` or any picklable callable `text -> list[str]` whose parts
+    concatenate back to `text`. Each token of step `i` gets `V(S_i) - V(S_{i-1})`, with `V(S_i)` the mean reward
+    of K continuations sampled from the state before step `i`.
 
-    **A drop-in for** :class:`trl.GRPOConfig`: every GRPO field keeps GRPOConfig's default, so swapping
-    ``GRPOConfig(...)`` for ``VinePPOConfig(...)`` changes the advantage and nothing else. The paper's PPO settings
-    (Table 1 and the official code: `temperature=0.6`, `top_p=0.9`, `beta=1e-4`, `num_iterations=2`,
-    `max_completion_length=1024`, K = 9 with fresh 1,024-token rollouts, ...) come in one call from
-    :meth:`VinePPOConfig.from_paper`, or field by field. (Until the unreleased changes the class itself defaulted to
-    those five values; pass them explicitly to keep the old behaviour.) The only defaults that differ from GRPOConfig:
+    **`"grpo"`** and **`"rloo"`**: no settings of their own (`"grpo"` reads GRPO's `scale_rewards` and
+    `multi_objective_aggregation`; `"rloo"` refuses both).
 
-    - `scale_rewards=None` resolves to `"none"` (GRPO: `"group"`) except under `advantage_estimator="grpo"`,
-      where it resolves to GRPO's `"group"`: reward scaling shapes only GRPO's advantages, which VinePPO and
-      RLOO replace (`whiten_advantages` is VinePPO's normalisation); `"group"` or `"batch"` with them is
-      rejected as contradictory.
-    - `bf16=None` resolves to True only on a CUDA GPU with bfloat16 support and to False elsewhere (GRPO
-      turns bf16 on whenever fp16 is off, which slows CPU runs). Set it explicitly on other accelerators.
+    **`"gae"`** (PPO's learned critic): `gae_gamma` and `gae_lambda` (GAE's discount and parameter, the paper's
+    `1.0` and `1.0`, then `A_t = R - V(s_t)`), `critic_value_clip` (PPO's value clipping, `0.2`),
+    `critic_learning_rate` (`None`: the policy's `learning_rate`), `critic_model` (`None`: a copy of the policy
+    with a scalar head, as the paper), and `step_segmenter` (for the reported step values).
 
-    GRPO defaults that already match VinePPO: `learning_rate=1e-6`, `epsilon=0.2` (clip),
-    `num_generations=8` responses per prompt, and `loss_type="dapo"`: the clipped surrogate is summed over
-    tokens and divided by the number of completion tokens in the whole (accumulated, all-rank) batch, i.e. a
-    token-weighted mean like the paper's PPO loss, independent of how the batch is split into micro-batches.
-    `"bnpo"` (token mean per micro-batch, what the official code did), `"dr_grpo"` and `"grpo"` (per-sequence
-    mean) are also accepted; other loss types are rejected. Remaining Table 1 settings are not defaults here
-    because they depend on the user's hardware: 64 prompts x 8 responses per iteration
-    (`generation_batch_size=512`), minibatch 64, weight decay 0, grad clip 1.0 (`max_grad_norm`, TRL's default),
-    warmup 3% (`warmup_ratio=0.03`). `gradient_checkpointing` stays on (GRPO's default) for memory; turn it off
-    for tiny models on CPU.
+    **`"hybrid"`** (GRPO plus Monte Carlo step credit for the responses of groups whose rewards all tie):
+    `hybrid_budget` (the extra sampled tokens per batch as a fraction of its sampled response tokens, masked ones
+    included; `0` is GRPO exactly; default `0.1`) and every `"vineppo"` setting above (`step_segmenter` included), except the pooled values
+    (`mc_reuse_samples`, `mc_allocation="variance"`), which it refuses: its responses are chosen by outcome.
+
+    **`"tree"`** (each group drawn as a tree that branches at token depths; step credit from its own leaves, no
+    rollouts): `tree_branching` (children per level, each >= 2, product `num_generations`; default `[4, 2]`) and
+    `tree_depths` (the completion token depth of each level, first `0`, increasing; `None` spreads them over the
+    first half of `max_completion_length`).
+
+    **Defaults that differ from GRPOConfig**: `scale_rewards` (above), and `bf16=None`, which resolves to True only
+    on a CUDA GPU with bfloat16 support (GRPO turns bf16 on whenever fp16 is off, which slows CPU runs). GRPO's
+    defaults that already match the paper: `learning_rate=1e-6`, `epsilon=0.2`, `num_generations=8`, and
+    `loss_type="dapo"` (the clipped surrogate summed over tokens and divided by the completion tokens of the whole
+    accumulated batch: the paper's token-weighted mean). The per-token estimators (`"vineppo"`, `"gae"`,
+    `"hybrid"`, `"tree"`) also accept `"bnpo"`, `"dr_grpo"` and `"grpo"` and refuse other loss types (rule
+    :func:`~mcadvantage.estimators.rules.token_level_loss`). The paper's other PPO settings (`temperature=0.6`,
+    `top_p=0.9`, `beta=1e-4`, `num_iterations=2`, `max_completion_length=1024`, K = 9, ...) come from
+    :meth:`VinePPOConfig.from_paper`.
     """
 
     # ---- GRPO's settings keep GRPOConfig's defaults (the paper's come from VinePPOConfig.from_paper) ----------
@@ -144,9 +130,9 @@ class VinePPOConfig(GRPOConfig):
     advantage_estimator: str = field(
         default="vineppo",
         metadata={
-            "help": "How advantages are computed: 'vineppo' (Monte Carlo step values, default), 'grpo', 'rloo', "
-            "'gae' (PPO's learned critic), 'hybrid' (GRPO plus Monte Carlo credit for groups with equal rewards), "
-            "'tree' (groups drawn as trees), or any name registered with mcadvantage.register_advantage_estimator."
+            "help": f"How advantages are computed: {estimator_choices_text()}; or any name registered with "
+            "mcadvantage.register_advantage_estimator or an installed package's entry points. Each estimator reads "
+            "its own settings below; another estimator's setting is refused."
         },
     )
 
@@ -235,8 +221,6 @@ class VinePPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        from mcadvantage.estimators import get_advantage_estimator
-
         # Resolve bf16 before GRPOConfig does: it would turn bf16 on unconditionally (slow on CPU).
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_available()
@@ -290,8 +274,29 @@ class VinePPOConfig(GRPOConfig):
                 f"mc_max_batch_sequences={self.mc_max_batch_sequences} is invalid. Set it >= 1 (default 256)."
             )
 
-        # Settings the chosen estimator contradicts (e.g. GRPO's reward scaling under Monte Carlo advantages).
+        self._refuse_settings_the_estimator_ignores(estimator_cls)
+        # Rules shared by several estimators (a token-level loss, no reward scaling, ...), then the estimator's own.
+        for rule in estimator_cls.config_rules:
+            rule(self, estimator_cls.name)
         estimator_cls.validate_config(self)
+
+    def _refuse_settings_the_estimator_ignores(self, estimator_cls: type[AdvantageEstimator]) -> None:
+        """Refuse a non-default value of a setting that another estimator reads and the chosen one does not: it
+        would be silently ignored."""
+        reads = set(estimator_cls.config_fields)
+        for name in sorted(estimator_owned_fields(type(self)) - reads):
+            if _differs_from_default(self, name):
+                readers = estimators_reading(name)
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is set, but advantage_estimator={estimator_cls.name!r} does not "
+                    f"read it (it is a setting of {_quoted_or(readers)}), so it would be ignored. Drop {name}, or "
+                    f"choose advantage_estimator={_quoted_or(readers)}."
+                )
+        if self.mc_estimate_on_eval and not estimator_cls.uses_rollouts:
+            raise ValueError(
+                f"mc_estimate_on_eval=True changes nothing under advantage_estimator={estimator_cls.name!r}: it "
+                "samples no continuations, so evaluation batches get its advantages anyway. Drop mc_estimate_on_eval."
+            )
 
     @classmethod
     def from_paper(cls, task: str, **overrides: Any) -> VinePPOConfig:
@@ -360,6 +365,11 @@ class VinePPOConfig(GRPOConfig):
         # sets the rollout budget (or a budget kind that takes none) themselves.
         if "mc_fixed_rollout_budget" not in overrides and settings["mc_rollout_budget"] == "fixed":
             settings["mc_fixed_rollout_budget"] = settings["max_completion_length"]
+        # The preset sets only what the chosen estimator reads (the Monte Carlo settings are VinePPO's and the
+        # hybrid's, the segmenter also the critic's): another estimator would refuse them as ignored.
+        reads = set(get_advantage_estimator(settings["advantage_estimator"]).config_fields)
+        for name in estimator_owned_fields(cls) - reads - set(overrides):
+            settings.pop(name, None)
         per_device = int(settings.get("per_device_train_batch_size", 8))
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if "gradient_accumulation_steps" not in overrides:
@@ -377,6 +387,34 @@ class VinePPOConfig(GRPOConfig):
             )
             settings["max_steps"] = _PAPER_ITERATIONS[key] * steps_per_iteration
         return cls(**settings)
+
+
+def estimator_owned_fields(config_cls: type) -> set[str]:
+    """The fields of ``config_cls`` that some registered estimator declares in its ``config_fields``: each is
+    refused, when not at its default, under an estimator that does not read it."""
+    declared = {
+        name
+        for est in available_advantage_estimators()
+        for name in get_advantage_estimator(est).config_fields
+    }
+    return declared & {f.name for f in fields(config_cls)}
+
+
+def _default_of(config: Any, name: str) -> Any:
+    spec = next(f for f in fields(config) if f.name == name)
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
+
+
+def _differs_from_default(config: Any, name: str) -> bool:
+    value, default = getattr(config, name), _default_of(config, name)
+    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+        return list(value) != list(default)  # a tuple from the command line equals the default list
+    return value != default
+
+
+def _quoted_or(names: list[str]) -> str:
+    quoted = [repr(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
 # Table 1 of the paper: PPO iterations per task, episodes per iteration, minibatch size.

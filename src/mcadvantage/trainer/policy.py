@@ -126,13 +126,16 @@ def draw_group_trees(
     (default :func:`policy_sampler`) yields the sampler; with ``main_only`` (a vLLM server, where only the main
     process holds one) the main process draws every process' trees and sends each its part.
     """
-    schedule = trainer.advantage_estimator.tree_schedule(trainer.max_completion_length)
-    if schedule is None:
+    from mcadvantage.estimators.base import DrawsTrees
+
+    estimator = trainer.advantage_estimator
+    if not isinstance(estimator, DrawsTrees):
         return None
+    schedule = estimator.tree_schedule(trainer.max_completion_length)
     # Imported here: evaluation imports this module and must not pull in torch (tests/evaluation/test_pass_at_1.py).
     from accelerate.utils import broadcast_object_list, gather_object
 
-    from mcadvantage.estimators.base import reduce_metrics
+    from mcadvantage.estimators.batch import reduce_metrics
     from mcadvantage.mc.tree import draw_trees
 
     if len(prompt_ids) % num_generations:

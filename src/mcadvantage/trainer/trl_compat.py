@@ -42,7 +42,7 @@ from packaging.version import Version
 from trl import GRPOTrainer
 
 from mcadvantage.core.versions import check_version_range
-from mcadvantage.estimators.base import AdvantageBatch
+from mcadvantage.estimators.batch import AdvantageBatch
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
 from mcadvantage.rewards.truncation import score_truncated_responses, truncated_responses
 from mcadvantage.trainer.guards import checkpoint_to_resume, refuse_nonfinite_step

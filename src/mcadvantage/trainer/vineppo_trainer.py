@@ -2,8 +2,8 @@
 
 TRL 1.16's ``GRPOTrainer`` already implements VinePPO's policy loss (PPO clipped surrogate over ``num_iterations``
 epochs, k3 KL to a reference model in the loss) and accepts per-token advantages ``(B, T)``. This module is only
-wiring: GRPO generates and grades the responses; the configured estimator (``args.advantage_estimator``:
-``"vineppo"``, ``"grpo"``, ``"rloo"``, ``"gae"``, ``"hybrid"``, ``"tree"`` or a registered one) turns them into
+wiring: GRPO generates and grades the responses; the configured estimator (``args.advantage_estimator``: a built-in
+of :data:`~mcadvantage.estimators.BUILTIN_ESTIMATORS` or a registered one) turns them into
 per-token advantages, handed a sampler holding the current policy; the advantages are whitened across processes when asked and go to GRPO's loss. Every
 use of TRL internals lives in :mod:`mcadvantage.trainer.trl_compat`.
 """
@@ -27,7 +27,8 @@ from mcadvantage.estimators import (
     build_advantage_estimator,
     reduce_metrics,
 )
-from mcadvantage.estimators.base import AdvantageEstimator, finalize_advantages
+from mcadvantage.estimators.base import AdvantageEstimator, KeepsMonteCarloEstimate
+from mcadvantage.estimators.batch import finalize_advantages
 from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
 from mcadvantage.tasks.segmentation import get_segmenter
@@ -207,13 +208,17 @@ class VinePPOTrainer(GRPOTrainerHooks):
 
     @property
     def last_mc_estimate(self) -> Any:
-        """The local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (``"vineppo"``; else None)."""
-        return self.advantage_estimator.last_estimate
+        """The local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (estimators that keep one,
+        :class:`~mcadvantage.estimators.base.KeepsMonteCarloEstimate`: ``"vineppo"``, ``"hybrid"``; else None)."""
+        estimator = self.advantage_estimator
+        return estimator.last_estimate if isinstance(estimator, KeepsMonteCarloEstimate) else None
 
     @property
     def last_mc_rows(self) -> list[int]:
-        """Local batch indices of the responses in ``last_mc_estimate`` (the others got advantage 0)."""
-        return list(self.advantage_estimator.last_rows)
+        """Local batch indices of the responses in ``last_mc_estimate`` (the others got advantage 0; empty when the
+        estimator keeps no Monte Carlo estimate)."""
+        estimator = self.advantage_estimator
+        return list(estimator.last_rows) if isinstance(estimator, KeepsMonteCarloEstimate) else []
 
     def estimator_context(self) -> EstimatorContext:
         """What the estimator may use: the live policy's sampler, the graders, the segmenter, the collectives."""

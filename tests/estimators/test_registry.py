@@ -298,3 +298,53 @@ def test_no_estimator_attribute_is_read_with_a_default_outside_the_contract():
         "read the attribute from the estimator; its default belongs in AdvantageEstimator:\n"
         + ("\n".join(offending))
     )
+
+
+# ------------------------------------------------------------------------------------------- entry points
+
+
+def _install_scratch_package(root: Path, entry_points: str) -> None:
+    """A package installed the way pip leaves one (a module and its .dist-info with entry points) under ``root``."""
+    package = root / "scratch_estimators"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import torch\n"
+        "from mcadvantage.estimators import AdvantageEstimator, AdvantageResult\n\n\n"
+        "class ScratchEstimator(AdvantageEstimator):\n"
+        "    def estimate(self, batch, context):\n"
+        "        return AdvantageResult(advantages=torch.zeros(batch.completion_mask.shape))\n",
+        encoding="utf-8",
+    )
+    info = root / "scratch_estimators-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: scratch-estimators\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points, encoding="utf-8")
+
+
+def test_an_installed_package_registers_its_estimator_through_an_entry_point(tmp_path, monkeypatch, caplog):
+    from mcadvantage.estimators import registry
+
+    _install_scratch_package(
+        tmp_path,
+        "[mcadvantage.advantage_estimators]\n"
+        "scratch_ep = scratch_estimators:ScratchEstimator\n"
+        "broken_ep = scratch_estimators:DoesNotExist\n",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    assert "scratch_ep" not in registry._REGISTRY
+    with caplog.at_level("WARNING", logger=registry.__name__):
+        cls = get_advantage_estimator("scratch_ep")  # no import line: the entry point registers it
+    assert cls.__name__ == "ScratchEstimator" and cls.name == "scratch_ep"
+    assert (
+        "scratch_ep" in available_advantage_estimators()
+        and "broken_ep" not in available_advantage_estimators()
+    )
+    assert "broken_ep" in caplog.text and "could not be registered" in caplog.text
+    from mcadvantage import VinePPOConfig
+
+    config = VinePPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", advantage_estimator="scratch_ep"
+    )
+    assert config.advantage_estimator == "scratch_ep"

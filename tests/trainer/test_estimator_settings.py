@@ -152,3 +152,48 @@ def test_mc_estimate_on_eval_is_refused_where_evaluation_is_estimated_anyway():
         else:
             with pytest.raises(ValueError, match=rf"mc_estimate_on_eval=True changes nothing .*{name!r}"):
                 _config(name, mc_estimate_on_eval=True)
+
+
+def test_a_third_party_estimator_declares_its_own_field_the_same_way(monkeypatch):
+    import torch
+
+    from mcadvantage.estimators import (
+        AdvantageEstimator,
+        AdvantageResult,
+        register_advantage_estimator,
+        registry,
+    )
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # registered for this test only
+
+    @dataclasses.dataclass
+    class MyConfig(VinePPOConfig):
+        my_temperature: float = dataclasses.field(default=1.0, metadata={"help": "'softened' only."})
+
+    @register_advantage_estimator("softened")
+    class Softened(AdvantageEstimator):
+        config_fields = ("my_temperature",)
+
+        def __init__(self, temperature: float = 1.0) -> None:
+            self.temperature = temperature
+
+        @classmethod
+        def from_config(cls, config):
+            return cls(config.my_temperature)
+
+        def estimate(self, batch, context):
+            return AdvantageResult(advantages=torch.zeros(batch.completion_mask.shape))
+
+    def config(name, **settings):
+        return MyConfig(
+            output_dir="unused", report_to="none", use_cpu=True, advantage_estimator=name, **settings
+        )
+
+    assert build_advantage_estimator("softened", config("softened", my_temperature=0.5)).temperature == 0.5
+    with pytest.raises(
+        ValueError, match=r"my_temperature=0.5 is set, but advantage_estimator='vineppo' .*'softened'"
+    ):
+        config("vineppo", my_temperature=0.5)
+    with pytest.raises(ValueError, match=r"num_mc_rollouts=3 is set, but advantage_estimator='softened'"):
+        config("softened", num_mc_rollouts=3)
+    assert "my_temperature" not in estimator_owned_fields(VinePPOConfig)  # the base config has no such field

@@ -51,11 +51,13 @@ __all__ = [
     "STRUCTURES",
     "AgentEnv",
     "AgentTask",
+    "CreditReport",
     "Episode",
     "KeyPolicy",
     "Progress",
     "TurnPolicy",
     "agent_rows",
+    "credit_report",
     "exact_advantages",
     "exact_q_values",
     "exact_values",
@@ -65,6 +67,7 @@ __all__ = [
     "replay_states",
     "simulate_episode",
     "success_probability",
+    "turn_spans",
     "view_of",
 ]
 
@@ -438,6 +441,65 @@ def exact_advantages(task: AgentTask, policy: TurnPolicy, choices: Sequence[int]
     """
     path = path_values(task, policy, choices)
     return [after - before for before, after in zip(path, path[1:], strict=False)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Reading an estimator's credit per turn
+# --------------------------------------------------------------------------------------------------------------
+def turn_spans(tool_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """The ``[start, end)`` spans of the model's own turns in a completion: the runs of ``tool_mask == 1`` (TRL's
+    mask is 0 on tool-result tokens, 1 on the model's). Turn ``t``'s credit is read from span ``t``; a last span
+    after the final tool result is the final answer."""
+    spans: list[tuple[int, int]] = []
+    start = None
+    for i, m in enumerate(list(tool_mask) + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+@dataclass(frozen=True)
+class CreditReport:
+    """How an estimator's per-turn credit of one episode compares with the exact advantages.
+
+    ``irrelevant_share``: the share of the absolute credit on decisions that did not matter, those whose exact
+    advantage is 0 (with a policy that never stops: every turn but the decisive and, after a mistake, the repair
+    turn), and on the final answer after the last turn; 0 for exact credit, 1 when all of it is misplaced.
+    ``decisive_sign_agrees``: whether the credit of the decisive turn has the sign of its exact advantage (None when
+    that advantage is 0, e.g. a recovery episode whose decisive choice could no longer matter).
+    """
+
+    exact: tuple[float, ...]
+    irrelevant_share: float
+    decisive_sign_agrees: bool | None
+
+
+def credit_report(
+    task: AgentTask, policy: TurnPolicy, choices: Sequence[int], turn_credits: Sequence[float]
+) -> CreditReport:
+    """Compare ``turn_credits`` (an estimator's credit per decision of the episode, e.g. the mean token advantage
+    of each :func:`turn_spans` span) with the exact advantages of the episode's ``choices`` under ``policy``.
+
+    ``turn_credits`` has one entry per decision (:func:`exact_advantages`' length) and may have one more, the final
+    answer after the last turn, which is a turn that does not matter.
+    """
+    exact = exact_advantages(task, policy, choices)
+    if len(turn_credits) not in (len(exact), len(exact) + 1):
+        raise ValueError(
+            f"turn_credits has {len(turn_credits)} entries; the episode has {len(exact)} decisions (give one credit "
+            "per decision, optionally one more for the final answer)."
+        )
+    relevant = {t for t, a in enumerate(exact) if abs(a) > 1e-12}
+    total = sum(abs(c) for c in turn_credits)
+    irrelevant = sum(abs(c) for t, c in enumerate(turn_credits) if t not in relevant)
+    d = task.decisive_turn
+    agrees = None
+    if d < len(exact) and exact[d] != 0.0 and d < len(turn_credits):
+        agrees = (turn_credits[d] > 0) == (exact[d] > 0) and turn_credits[d] != 0
+    return CreditReport(tuple(exact), irrelevant / total if total > 0 else 0.0, agrees)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from testbed.agent_env import (
     AgentTask,
     KeyPolicy,
     agent_rows,
+    credit_report,
     exact_advantages,
     exact_q_values,
     exact_values,
@@ -30,6 +31,7 @@ from testbed.agent_env import (
     replay_states,
     simulate_episode,
     success_probability,
+    turn_spans,
     view_of,
 )
 
@@ -276,3 +278,33 @@ def test_bad_calls_are_refused_and_use_no_turn():
     assert env.get_reward() == 1.0
     with pytest.raises(ValueError, match="key_prob"):
         KeyPolicy(0.8, stop_prob=0.3).action_probs(view_of(env.task, 0, BAD))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Reading an estimator's credit per turn
+# --------------------------------------------------------------------------------------------------------------
+def test_turn_spans_are_the_runs_of_the_models_own_tokens():
+    assert turn_spans([1, 1, 0, 0, 1, 0, 1, 1, 1]) == [(0, 2), (4, 5), (6, 9)]
+    assert turn_spans([1, 1, 1]) == [(0, 3)]
+    assert turn_spans([0, 1, 0]) == [(1, 2)] and turn_spans([]) == []
+
+
+def test_credit_report_scores_exact_outcome_and_misplaced_credit():
+    task = AgentTask("delayed", horizon=4, key=1, decisive_turn=0)
+    policy = KeyPolicy(0.25)
+    right, wrong = [1, 0, 3, 2], [2, 1, 1, 1]
+    exact = exact_advantages(task, policy, right)
+    assert exact == [0.75, 0.0, 0.0, 0.0]
+    perfect = credit_report(task, policy, right, exact)
+    assert perfect.irrelevant_share == 0.0 and perfect.decisive_sign_agrees is True
+    # Outcome credit (GRPO's): the episode's reward minus the mean on every turn and on the final answer.
+    outcome = credit_report(task, policy, wrong, [-0.25] * 5)
+    assert outcome.irrelevant_share == pytest.approx(4 / 5) and outcome.decisive_sign_agrees is True
+    flipped = credit_report(task, policy, wrong, [0.5, 0.0, 0.0, 0.0])
+    assert flipped.decisive_sign_agrees is False and flipped.irrelevant_share == 0.0
+    # Recovery after a right decisive choice: the repair turn did not matter in this episode.
+    recovery = AgentTask("recovery", horizon=3, key=0)
+    report = credit_report(recovery, policy, [0, 1, 1], [0.1, 0.0, 0.3])
+    assert report.exact[2] == 0.0 and report.irrelevant_share == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="turn_credits has 2 entries"):
+        credit_report(task, policy, right, [0.1, 0.2])

@@ -535,8 +535,9 @@ def test_documented_commands_name_modules_and_scripts_that_exist():
 
 # Test files that are about the repository rather than one package folder stay at tests/ itself.
 REPOSITORY_TESTS = {"test_docs.py", "test_examples.py", "test_layout.py", "test_release.py"}
-# Test folders for what lives beside the package: the benchmarks, and fault injection across the trainer's stack.
-BESIDE_THE_PACKAGE = {"benchmarks", "faults"}
+# Test folders for what lives beside the package: the benchmarks, the research testbed (testbed/), and fault
+# injection across the trainer's stack.
+BESIDE_THE_PACKAGE = {"benchmarks", "faults", "testbed"}
 
 
 def test_tests_mirror_the_package():

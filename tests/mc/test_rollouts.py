@@ -20,11 +20,9 @@ from mcadvantage.samplers.base import Continuation, RolloutRequest
 from mcadvantage.testing import FakeSampler, OutcomeReward
 
 
-@pytest.fixture(scope="module")
-def tok():
-    from mcadvantage.testing import build_char_tokenizer
-
-    return build_char_tokenizer()
+@pytest.fixture
+def tok(char_tokenizer):
+    return char_tokenizer  # the session's character tokenizer (tests/conftest.py)
 
 
 def ids(tok, text: str) -> list[int]:

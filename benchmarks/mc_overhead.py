@@ -272,7 +272,7 @@ def measure(engine: Any, estimator: Any, batch: list, requests: list, kind: str)
         "tokens": int(stats["generated_tokens"]),
         "sampling_seconds": stats["sampling_seconds"],
         "grading_seconds": stats["grading_seconds"],
-        "stats": stats,
+        "stats": dict(stats),
     }
 
 

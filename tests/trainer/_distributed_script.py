@@ -142,7 +142,7 @@ def run_estimate(model_dir: str, out: Path, main_only: bool = False) -> None:
         "rank": acc.process_index,
         "rows": [acc.process_index * per_rank + i for i in trainer.last_mc_rows],
         "values": estimate.values,
-        "stats": estimate.stats,
+        "stats": dict(estimate.stats) if estimate.stats is not None else {},
         "sampler_requests": len(sampler.requests),
         "request_prompts": sorted(
             {tok.decode(list(r.prefix_ids)).split(":")[0] + ":" for r in sampler.requests}

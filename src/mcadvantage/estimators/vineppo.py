@@ -33,6 +33,7 @@ from mcadvantage.estimators.rules import (
     token_level_loss,
 )
 from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
+from mcadvantage.mc.stats import MCStats
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["VinePPOEstimator"]
@@ -149,15 +150,7 @@ class VinePPOEstimator(AdvantageEstimator):
             token_mask=token_mask.to(device),
             values=estimate.values,
             metrics=self._summarize(estimate, advantages, token_mask),
-            metric_reductions={
-                "rollouts": "sum",
-                "generated_tokens": "sum",
-                "states": "sum",
-                "seconds": "max",
-                "free_samples": "sum",
-                "rollouts_saved": "sum",
-                "budget_tokens": "sum",
-            },
+            metric_reductions=MCStats.metric_reductions(),
         )
 
     @staticmethod
@@ -226,7 +219,7 @@ class VinePPOEstimator(AdvantageEstimator):
                                 values=full.values[start:stop],
                                 step_advantages=full.step_advantages[start:stop],
                                 token_advantages=full.token_advantages[start:stop],
-                                stats=dict(full.stats) if rank == 0 else {},
+                                stats=full.stats if rank == 0 else None,
                                 sample_counts=full.sample_counts[start:stop],
                             )
                         )
@@ -244,7 +237,6 @@ class VinePPOEstimator(AdvantageEstimator):
     def _summarize(
         estimate: MCEstimate, advantages: torch.Tensor, token_mask: torch.Tensor
     ) -> dict[str, float]:
-        stats = estimate.stats
         state_values = [v for values in estimate.values for v in values[:-1]]
         steps = sum(len(values) - 1 for values in estimate.values)
         tokens = float(token_mask.sum())
@@ -255,17 +247,8 @@ class VinePPOEstimator(AdvantageEstimator):
             else math.nan,
             "steps_per_response": steps / len(estimate.values) if estimate.values else math.nan,
         }
-        if stats:  # empty on the non-main processes in server mode (the main process holds the counts)
-            states, rollouts = stats.get("states", 0.0), stats.get("rollouts", 0.0)
-            metrics.update(
-                rollouts=rollouts,
-                generated_tokens=stats.get("generated_tokens", 0.0),
-                states=states,
-                seconds=stats.get("seconds", 0.0),
-                dedup_ratio=1.0 - stats.get("unique_states", 0.0) / states if states else 0.0,
-                truncated_rollout_ratio=stats.get("truncated_rollouts", 0.0) / rollouts if rollouts else 0.0,
-            )
-            for key in ("free_samples", "rollouts_saved", "budget_tokens"):  # only the options that have them
-                if key in stats:
-                    metrics[key] = stats[key]
+        # The typed record becomes metrics here, at the edge; None on the non-main processes in server mode (the
+        # main process holds the counts).
+        if estimate.stats is not None:
+            metrics.update(estimate.stats.metrics())
         return metrics

@@ -4,7 +4,8 @@ continuations per state into values. Usable without TRL (any :class:`~mcadvantag
 
 Modules, each importing only from those listed before it: :mod:`~mcadvantage.mc.budget` (pure allocation
 functions), :mod:`~mcadvantage.mc.trajectory` (the input), :mod:`~mcadvantage.mc.planning` (which states),
+:mod:`~mcadvantage.mc.stats` (the typed record of what a wave and an estimate cost),
 :mod:`~mcadvantage.mc.rollouts` (requests, sampling, grading), :mod:`~mcadvantage.mc.pool` (free samples,
-leave-one-out), :mod:`~mcadvantage.mc.stats` (the typed record of what an estimate cost) and
-:mod:`~mcadvantage.mc.estimator` (the orchestrator: it calls each stage in order, none calls back). The settings
+leave-one-out) and :mod:`~mcadvantage.mc.estimator` (the orchestrator: it calls each stage in order, none calls
+back). The settings
 are one :class:`~mcadvantage.core.settings.MCSettings`."""

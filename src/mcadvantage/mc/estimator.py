@@ -15,17 +15,19 @@ How a call to :meth:`MCValueEstimator.estimate` runs (each stage a small pure he
    ``sampler.sample(requests)`` call, so the engine can batch everything.
 3. All rollouts are graded by the reward functions in one call per function (TRL signature,
    :func:`~mcadvantage.mc.rollouts.sample_and_grade`), on the full response text
-   ``decode(prefix ids + continuation ids)``.
-4. :func:`~mcadvantage.mc.rollouts.average_values` (or, with free samples, the steps of
-   :mod:`~mcadvantage.mc.pool`) gives each state its value; :func:`credit` turns the values into advantages
+   ``decode(prefix ids + continuation ids)``. One :class:`WaveRunner` runs every wave of a call: the uniform
+   pass, or the two waves of ``allocation="variance"``.
+4. A value scheme gives each state its value: :func:`fresh_rollout_values` (the paper's mean of ``K`` fresh
+   rollouts) or, with free samples, :func:`pooled_values` (leave-one-out pooling, :mod:`~mcadvantage.mc.pool`, with
+   :func:`variance_second_wave` under ``allocation="variance"``); :func:`credit` turns the values into advantages
    (:func:`~mcadvantage.core.advantages.step_advantages`, :func:`~mcadvantage.core.advantages.token_advantages`).
 
 The stages live in their own modules, below this one: :mod:`~mcadvantage.mc.trajectory` (the input),
 :mod:`~mcadvantage.mc.planning`, :mod:`~mcadvantage.mc.rollouts`, :mod:`~mcadvantage.mc.pool` and
 :mod:`~mcadvantage.mc.budget`. Each takes and returns data; :class:`MCValueEstimator` calls them in order (it
 is the only caller: no stage calls back into it) and adds up what they cost in one
-:class:`~mcadvantage.mc.stats.MCStats` record. The settings come whole, as one
-:class:`~mcadvantage.core.settings.MCSettings`.
+:class:`~mcadvantage.mc.stats.MCStats` record, which :attr:`MCEstimate.stats` carries as it is. The settings come
+whole, as one :class:`~mcadvantage.core.settings.MCSettings`.
 
 Reproducibility: this module adds no randomness; the estimate is a deterministic function of the
 sampler's output (requests are issued in first-occurrence order). Seed the engine (e.g.
@@ -37,7 +39,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +59,7 @@ from mcadvantage.mc.pool import (
 )
 from mcadvantage.mc.rollouts import (
     RewardFunc,
-    Wave,
+    RolloutIO,
     average_values,
     build_requests,
     rollout_token_budget,
@@ -72,7 +75,11 @@ __all__ = [
     "MCSettings",
     "MCStats",
     "MCValueEstimator",
+    "WaveRunner",
     "credit",
+    "fresh_rollout_values",
+    "pooled_values",
+    "variance_second_wave",
     # re-exported from the stage modules (their 0.1 home was this module):
     "StatePlan",
     "plan_states",
@@ -94,8 +101,9 @@ class MCEstimate:
         step_advantages: per trajectory, ``[A_1, ..., A_n]`` with ``A_i = V(S_i) - V(S_{i-1})``.
         token_advantages: per trajectory, a float tensor of length ``len(completion_ids)``
             (not whitened).
-        stats: aggregate statistics of the call, as floats (:meth:`~mcadvantage.mc.stats.MCStats.as_dict`; each
-            key is described there):
+        stats: what the call cost and saw, one typed :class:`~mcadvantage.mc.stats.MCStats` (each field described
+            there), read by attribute or, as a mapping of floats, under these names (``stats["rollouts"]``;
+            ``dict(stats)`` for JSON):
 
             - ``trajectories``, ``states``, ``unique_states``, ``dedup_ratio`` (``1 - unique_states / states``);
             - ``requests``, ``unsampled_states``, ``rollouts`` (``requests * num_rollouts``),
@@ -105,6 +113,9 @@ class MCEstimate:
               and of the reward calls;
             - with ``reuse_samples`` or ``allocation="variance"``: ``free_samples`` and ``rollouts_saved``; with
               ``allocation="variance"`` also ``budget_tokens`` (the rollout tokens allowed).
+
+            None on the processes that sampled nothing when only the main process samples (a vLLM server): the
+            main process's part carries the whole batch's record.
         sample_counts: per trajectory, the number of samples behind each of its state values (leave-one-out with
             ``reuse_samples``: the response's own outcome is not counted).
     """
@@ -112,7 +123,7 @@ class MCEstimate:
     values: list[list[float]]
     step_advantages: list[list[float]]
     token_advantages: list[torch.Tensor]
-    stats: dict[str, float]
+    stats: MCStats | None
     sample_counts: list[list[int]] = field(default_factory=list)
 
 
@@ -269,39 +280,6 @@ class MCValueEstimator:
                     "must be a number (map unscorable responses to a reward before estimating)."
                 )
 
-    # -- one wave ---------------------------------------------------------------------------------
-
-    def _wave(
-        self,
-        trajectories: Sequence[Trajectory],
-        plan: StatePlan,
-        budgets: Sequence[int],
-        reward_kwargs: Mapping[str, Any],
-        stats: MCStats,
-        progress: Any,
-        *,
-        counts: Sequence[int],
-        grade_unsampled: bool,
-    ) -> Wave:
-        """Sample and grade one wave of ``counts[u]`` rollouts per unique state with this estimator's sampler and
-        reward functions (:func:`~mcadvantage.mc.rollouts.sample_and_grade`), and add what it cost to ``stats``."""
-        wave = sample_and_grade(
-            trajectories,
-            plan,
-            counts,
-            budgets,
-            reward_kwargs,
-            sampler=self.sampler,
-            tokenizer=self.tokenizer,
-            reward_funcs=self.reward_funcs,
-            reward_weights=self.reward_weights,
-            truncated_reward=self.settings.truncated_reward,
-            grade_unsampled=grade_unsampled,
-            progress=progress,
-        )
-        stats.add(wave.counts)
-        return wave
-
     # -- the estimate ----------------------------------------------------------------------------
 
     def estimate(
@@ -328,94 +306,153 @@ class MCValueEstimator:
         """
         start = time.perf_counter()
         s = self.settings
-        trajectories = list(trajectories)
+        trajectories, extra = list(trajectories), list(extra_responses)
         self._validate(trajectories)
-        extra = list(extra_responses)
         if extra:
             self._validate(extra)
         plan = plan_states(trajectories, s)
         budgets = [self.budget(prefix_len, len(trajectories[t].prompt_ids)) for t, prefix_len in plan.unique]
-        sampled = [b >= 1 for b in budgets]
-        stats = MCStats()
-        kwargs = dict(reward_kwargs or {})
-        waves = 2 if s.allocation == "variance" else 1
-        progress = None
-        if self.show_progress:
-            from tqdm.auto import tqdm
-
-            progress = tqdm(
-                total=waves * (1 + len(self.reward_funcs)),
-                desc=f"MC values ({sum(sampled)} states x {s.num_rollouts})",
-                unit="phase",
-            )
-
-        try:
-            if not s.pools_free_samples:
-                # The paper's scheme: K fresh rollouts per state, nothing shared between states.
-                counts = [s.num_rollouts if ok else 0 for ok in sampled]
-                samples = self._wave(
-                    trajectories, plan, budgets, kwargs, stats, progress, counts=counts, grade_unsampled=True
-                ).samples
-                per_state = average_values([[r for _, r in state] for state in samples])
-                state_values = [[per_state[u] for u in states] for states in plan.state_index]
-                state_counts = [len(state) for state in samples]
+        stats = MCStats(
+            trajectories=len(trajectories), states=plan.num_states, unique_states=len(plan.unique)
+        )
+        with self._rollout_io(sum(b >= 1 for b in budgets), reward_kwargs) as io:
+            waves = WaveRunner(trajectories, plan, budgets, io, stats)
+            if s.pools_free_samples:
+                state_values, state_counts = pooled_values(waves, extra, s)
             else:
-                # Free samples: every response and rollout through a state is a draw of its value (leave-one-out).
-                pool = SamplePool(trajectories, plan)
-                pool.add_responses([*trajectories, *extra])
-                target = s.num_rollouts if s.allocation == "uniform" else s.min_rollouts
-                own_rollouts = first_wave_counts(pool, sampled, target)
-                first = self._wave(
-                    trajectories,
-                    plan,
-                    budgets,
-                    kwargs,
-                    stats,
-                    progress,
-                    counts=own_rollouts,
-                    grade_unsampled=True,
-                )
-                pool.add_wave(trajectories, first.samples)
-                shares = first_wave_shares(pool, sampled, s.num_rollouts)
-                second_pool: SamplePool | None = None
-                if s.allocation == "variance":
-                    # The second wave is averaged apart, with the fixed shares (see mcadvantage.mc.budget).
-                    second, stats.budget_tokens = second_wave_counts(
-                        pool, plan, sampled, shares, s.num_rollouts, stats.generated_tokens
-                    )
-                    own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
-                    second_pool = pool.empty_like()
-                    late = self._wave(
-                        trajectories,
-                        plan,
-                        budgets,
-                        kwargs,
-                        stats,
-                        progress,
-                        counts=second,
-                        grade_unsampled=False,
-                    )
-                    second_pool.add_wave(trajectories, late.samples)
-                state_counts = samples_used(pool, second_pool, shares)
-                stats.free_samples = float(
-                    sum(max(0, n - own) for n, own in zip(state_counts, own_rollouts, strict=True))
-                )
-                stats.rollouts_saved = float(s.num_rollouts * sum(sampled) - stats.rollouts)
-                state_values = leave_one_out_values(trajectories, plan, pool, second_pool, shares)
-        finally:
-            if progress is not None:
-                progress.close()
+                state_values, state_counts = fresh_rollout_values(waves, s.num_rollouts)
 
         values, step_advs, token_advs = credit(trajectories, plan, state_values, s.steps_after_cap == "zero")
-
-        stats.trajectories = len(trajectories)
-        stats.states = plan.num_states
-        stats.unique_states = len(plan.unique)
         stats.seconds = time.perf_counter() - start
         return MCEstimate(
             values=values,
             step_advantages=step_advs,
             token_advantages=token_advs,
-            stats=stats.as_dict(),
+            stats=stats,
             sample_counts=[[state_counts[u] for u in states] for states in plan.state_index],
         )
+
+    @contextmanager
+    def _rollout_io(
+        self, sampled_states: int, reward_kwargs: Mapping[str, Any] | None
+    ) -> Iterator[RolloutIO]:
+        """What one call's waves sample with and grade by; with ``show_progress``, with a tqdm bar over the call's
+        phases (each wave's sampling, then each reward function), closed however the call ends."""
+        progress = None
+        if self.show_progress:
+            from tqdm.auto import tqdm
+
+            waves = 2 if self.settings.allocation == "variance" else 1
+            progress = tqdm(
+                total=waves * (1 + len(self.reward_funcs)),
+                desc=f"MC values ({sampled_states} states x {self.settings.num_rollouts})",
+                unit="phase",
+            )
+        try:
+            yield RolloutIO(
+                self.sampler,
+                self.tokenizer,
+                self.reward_funcs,
+                self.reward_weights,
+                truncated_reward=self.settings.truncated_reward,
+                reward_kwargs=dict(reward_kwargs or {}),
+                progress=progress,
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+
+
+# -- the waves and the value schemes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WaveRunner:
+    """Runs the waves of one :meth:`MCValueEstimator.estimate` call: the batch, its plan and per-state token
+    budgets, what samples and grades (:class:`~mcadvantage.mc.rollouts.RolloutIO`), and the call's
+    :class:`~mcadvantage.mc.stats.MCStats`, to which every wave adds what it cost."""
+
+    trajectories: list[Trajectory]
+    plan: StatePlan
+    budgets: list[int]
+    io: RolloutIO
+    stats: MCStats
+
+    @property
+    def sampled(self) -> list[bool]:
+        """Per unique state, whether it has budget left to be sampled from."""
+        return [b >= 1 for b in self.budgets]
+
+    def run(
+        self, counts: Sequence[int], *, grade_unsampled: bool = True
+    ) -> list[list[tuple[list[int], float]]]:
+        """Sample and grade one wave of ``counts[u]`` rollouts per unique state
+        (:func:`~mcadvantage.mc.rollouts.sample_and_grade`), add its cost to :attr:`stats` and return its samples
+        per state as ``(completion ids, reward)``."""
+        wave = sample_and_grade(
+            self.trajectories, self.plan, counts, self.budgets, self.io, grade_unsampled=grade_unsampled
+        )
+        self.stats.add(wave.counts)
+        return wave.samples
+
+
+def fresh_rollout_values(waves: WaveRunner, num_rollouts: int) -> tuple[list[list[float]], list[int]]:
+    """The paper's scheme: ``num_rollouts`` fresh rollouts per sampled state, nothing shared between states; a
+    state's value is their mean (:func:`~mcadvantage.mc.rollouts.average_values`).
+
+    Returns:
+        ``(values, counts)``: per trajectory, the values of its estimated states; per unique state, the samples
+        behind its value.
+    """
+    samples = waves.run([num_rollouts if ok else 0 for ok in waves.sampled])
+    per_state = average_values([[r for _, r in state] for state in samples])
+    values = [[per_state[u] for u in states] for states in waves.plan.state_index]
+    return values, [len(state) for state in samples]
+
+
+def pooled_values(
+    waves: WaveRunner, extra: Sequence[Trajectory], settings: MCSettings
+) -> tuple[list[list[float]], list[int]]:
+    """Free samples (``reuse_samples`` or ``allocation="variance"``): every response (``extra`` ones too) and
+    rollout through a state is a draw of its value, pooled leave-one-out (:mod:`~mcadvantage.mc.pool`). The first
+    wave tops every sampled state up to ``num_rollouts`` samples (``min_rollouts`` under variance allocation, whose
+    second wave then comes from :func:`variance_second_wave`). Sets the stats' ``free_samples`` and
+    ``rollouts_saved``.
+
+    Returns:
+        ``(values, counts)``, as :func:`fresh_rollout_values`.
+    """
+    s, stats = settings, waves.stats
+    pool = SamplePool(waves.trajectories, waves.plan)
+    pool.add_responses([*waves.trajectories, *extra])
+    own_rollouts = first_wave_counts(
+        pool, waves.sampled, s.num_rollouts if s.allocation == "uniform" else s.min_rollouts
+    )
+    pool.add_wave(waves.trajectories, waves.run(own_rollouts))
+    shares = first_wave_shares(pool, waves.sampled, s.num_rollouts)
+    second_pool: SamplePool | None = None
+    if s.allocation == "variance":
+        second_pool, second = variance_second_wave(waves, pool, shares, s.num_rollouts)
+        own_rollouts = [a + b for a, b in zip(own_rollouts, second, strict=True)]
+    counts = samples_used(pool, second_pool, shares)
+    stats.free_samples = float(sum(max(0, n - own) for n, own in zip(counts, own_rollouts, strict=True)))
+    stats.rollouts_saved = float(s.num_rollouts * sum(waves.sampled) - stats.rollouts)
+    return leave_one_out_values(waves.trajectories, waves.plan, pool, second_pool, shares), counts
+
+
+def variance_second_wave(
+    waves: WaveRunner, pool: SamplePool, shares: Sequence[float], num_rollouts: int
+) -> tuple[SamplePool, list[int]]:
+    """``allocation="variance"``: the second wave, where :func:`~mcadvantage.mc.pool.second_wave_counts` spends
+    what is left of the token budget (set as the stats' ``budget_tokens``). It is pooled apart: a state's value
+    mixes the two waves' means by its fixed first-wave share (see :mod:`mcadvantage.mc.budget`).
+
+    Returns:
+        ``(the second wave's pool, its rollouts per unique state)``.
+    """
+    counts, waves.stats.budget_tokens = second_wave_counts(
+        pool, waves.plan, waves.sampled, shares, num_rollouts, waves.stats.generated_tokens
+    )
+    second = pool.empty_like()
+    second.add_wave(waves.trajectories, waves.run(counts, grade_unsampled=False))
+    return second, counts

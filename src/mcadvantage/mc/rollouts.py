@@ -6,8 +6,9 @@ every unique state with budget left into one :class:`~mcadvantage.samplers.Rollo
 :func:`sample_and_grade` sends them all in ONE ``sampler.sample`` call (:func:`validate_samples` checks the answer)
 and grades every rollout with :func:`grade_rollouts`, one call per reward function (TRL signature), on the full
 response text ``decode(prefix ids + continuation ids)``, and returns a :class:`Wave`: the samples and what they
-cost (:class:`WaveCounts`); :func:`average_values` gives each state its value (the paper's scheme, without free
-samples). Each step takes and returns data; the estimator calls them in order.
+cost (an :class:`~mcadvantage.mc.stats.MCStats`); :func:`average_values` gives each state its value (the paper's
+scheme, without free samples). What samples and grades comes as one :class:`RolloutIO`. Each step takes and returns
+data; the estimator calls them in order.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from typing import Any
 from mcadvantage.core.settings import MCSettings
 from mcadvantage.core.text import decode_batch, is_conversational
 from mcadvantage.mc.planning import StatePlan
+from mcadvantage.mc.stats import MCStats
 from mcadvantage.mc.trajectory import Trajectory
 from mcadvantage.rewards.errors import call_reward_func
 from mcadvantage.samplers.base import Continuation, RolloutRequest, Sampler
 
 __all__ = [
     "RewardFunc",
+    "RolloutIO",
     "Wave",
     "WaveCounts",
     "average_values",
@@ -39,33 +42,32 @@ __all__ = [
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
+#: A wave's record is the estimate's record (:class:`~mcadvantage.mc.stats.MCStats`): its name before they were one.
+WaveCounts = MCStats
 
-@dataclass
-class WaveCounts:
-    """What one wave of rollouts cost and saw (added up by the estimator into its
-    :class:`~mcadvantage.mc.estimator.MCStats`).
+
+@dataclass(frozen=True)
+class RolloutIO:
+    """What a wave samples with and grades by, the same for every wave of one estimate.
 
     Attributes:
-        requests: rollout requests sent to the sampler.
-        unsampled_states: states with no token budget left, graded as their own (truncated) prefix.
-        rollouts: continuations sampled.
-        generated_tokens: tokens in all continuations.
-        truncated_rollouts: continuations that hit their budget before EOS.
-        unscorable_rollouts: graded items for which every reward function returned None.
-        sampling_seconds, grading_seconds: wall time of the sampler call and of the reward calls.
-        rollout_rewards: the reward of every sampled continuation, in the order they are summed (those given
-            ``truncated_reward`` first, then the graded ones): the rollout reward mean is their running sum.
+        sampler: draws the continuations (:class:`~mcadvantage.samplers.Sampler`).
+        tokenizer: decodes ``prefix ids + continuation ids`` into the graded text.
+        reward_funcs: the reward functions (TRL signature), called once each per wave.
+        reward_weights: one weight per reward function; rewards combine as a weighted sum that skips None/NaN.
+        truncated_reward: replaces the grade of a truncated continuation
+            (:attr:`~mcadvantage.core.settings.MCSettings.truncated_reward`); None: graded like any other.
+        reward_kwargs: extra keyword arguments for every reward call (e.g. TRL's ``trainer_state``).
+        progress: a tqdm-like bar advanced once per sampler call and once per reward call, or None.
     """
 
-    requests: int = 0
-    unsampled_states: int = 0
-    rollouts: int = 0
-    generated_tokens: int = 0
-    truncated_rollouts: int = 0
-    unscorable_rollouts: int = 0
-    sampling_seconds: float = 0.0
-    grading_seconds: float = 0.0
-    rollout_rewards: list[float] = field(default_factory=list)
+    sampler: Sampler
+    tokenizer: Any
+    reward_funcs: Sequence[RewardFunc]
+    reward_weights: Sequence[float]
+    truncated_reward: float | None = None
+    reward_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    progress: Any = None
 
 
 @dataclass
@@ -75,11 +77,11 @@ class Wave:
     Attributes:
         samples: per unique state, its samples as ``(completion ids, reward)``: the full response (the state's
             prefix plus the continuation), or the prefix alone for an unsampled no-budget state.
-        counts: what the wave cost (:class:`WaveCounts`).
+        counts: what the wave cost (an :class:`~mcadvantage.mc.stats.MCStats` of the wave alone).
     """
 
     samples: list[list[tuple[list[int], float]]]
-    counts: WaveCounts
+    counts: MCStats
 
 
 def rollout_token_budget(
@@ -183,23 +185,15 @@ def validate_samples(requests: Sequence[RolloutRequest], samples: Any) -> list[l
     return [list(c) for c in samples]
 
 
-def grade_rollouts(
-    items: list[tuple[Trajectory, list[int]]],
-    reward_kwargs: Mapping[str, Any],
-    progress: Any,
-    *,
-    tokenizer: Any,
-    reward_funcs: Sequence[RewardFunc],
-    reward_weights: Sequence[float],
-) -> tuple[list[float], int]:
-    """Grade full responses ``(trajectory, completion ids)`` with every reward function, one call
+def grade_rollouts(items: list[tuple[Trajectory, list[int]]], io: RolloutIO) -> tuple[list[float], int]:
+    """Grade full responses ``(trajectory, completion ids)`` with every reward function of ``io``, one call
     per function for the whole batch. Returns the combined rewards and the unscorable count."""
     if not items:
         return [], 0
     # Decode the concatenated ids (not prefix text + continuation text) so a character split
     # across the prefix/continuation boundary (multi-token UTF-8) decodes correctly.
     completion_ids = [ids for _, ids in items]
-    texts = decode_batch(tokenizer, completion_ids)
+    texts = decode_batch(io.tokenizer, completion_ids)
     prompts = [traj.prompt for traj, _ in items]
     completions: list[Any] = [
         [{"role": "assistant", "content": text}] if is_conversational(traj.prompt) else text
@@ -213,7 +207,7 @@ def grade_rollouts(
     columns = {k: [traj.fields.get(k) for traj, _ in items] for k in keys}
 
     per_func: list[list[float]] = []
-    for f in reward_funcs:
+    for f in io.reward_funcs:
         # Raising, or returning inf, is a RewardFunctionError naming the function and the rollout: one infinite
         # rollout would make its state's value infinite and every whitened advantage NaN.
         out = call_reward_func(
@@ -224,7 +218,7 @@ def grade_rollouts(
                 completions=completions,
                 completion_ids=completion_ids,
                 **columns,
-                **reward_kwargs,
+                **io.reward_kwargs,
             ),
             where="Monte Carlo rollouts",
         )
@@ -234,13 +228,13 @@ def grade_rollouts(
                 f"{len(items)} completions; it must return one per completion."
             )
         per_func.append(out)
-        if progress is not None:
-            progress.update(1)
+        if io.progress is not None:
+            io.progress.update(1)
 
     rewards: list[float] = []
     unscorable = 0
     for j in range(len(items)):
-        total, all_nan = _nansum_weighted([pf[j] for pf in per_func], reward_weights)
+        total, all_nan = _nansum_weighted([pf[j] for pf in per_func], io.reward_weights)
         unscorable += all_nan
         rewards.append(total)
     return rewards, unscorable
@@ -251,31 +245,26 @@ def sample_and_grade(
     plan: StatePlan,
     counts: Sequence[int],
     budgets: Sequence[int],
-    reward_kwargs: Mapping[str, Any],
+    io: RolloutIO,
     *,
-    sampler: Sampler,
-    tokenizer: Any,
-    reward_funcs: Sequence[RewardFunc],
-    reward_weights: Sequence[float],
-    truncated_reward: float | None,
     grade_unsampled: bool,
-    progress: Any = None,
 ) -> Wave:
     """One wave: ``counts[u]`` continuations from every unique state ``u`` with budget left (``budgets[u] >= 1``,
-    :func:`rollout_token_budget`), in ONE sampler call, graded in one call per reward function
+    :func:`rollout_token_budget`), in ONE call to ``io.sampler``, graded in one call per reward function
     (:func:`grade_rollouts`). With ``grade_unsampled``, states without budget are graded as their own (truncated)
-    prefix. ``truncated_reward`` (:attr:`~mcadvantage.core.settings.MCSettings.truncated_reward`) replaces the
-    grade of a truncated continuation. Returns the samples per state and what the wave cost."""
-    tally = WaveCounts()
+    prefix. ``io.truncated_reward`` replaces the grade of a truncated continuation. Returns the samples per state
+    and what the wave cost."""
+    truncated_reward = io.truncated_reward
+    tally = MCStats()
     requests, request_of_state = build_requests(trajectories, plan, counts, budgets)
 
     t0 = time.perf_counter()
     samples: list[list[Continuation]] = []
     if requests:
-        samples = validate_samples(requests, sampler.sample(requests))
+        samples = validate_samples(requests, io.sampler.sample(requests))
     tally.sampling_seconds = time.perf_counter() - t0
-    if progress is not None:
-        progress.update(1)
+    if io.progress is not None:
+        io.progress.update(1)
 
     out: list[list[tuple[list[int], float]]] = [[] for _ in plan.unique]
     to_grade: list[tuple[Trajectory, list[int]]] = []
@@ -308,14 +297,7 @@ def sample_and_grade(
     tally.requests = len(requests)
 
     t0 = time.perf_counter()
-    graded, unscorable = grade_rollouts(
-        to_grade,
-        reward_kwargs,
-        progress,
-        tokenizer=tokenizer,
-        reward_funcs=reward_funcs,
-        reward_weights=reward_weights,
-    )
+    graded, unscorable = grade_rollouts(to_grade, io)
     tally.grading_seconds = time.perf_counter() - t0
     tally.unscorable_rollouts = unscorable
     for u, (_, ids), reward in zip(slots, to_grade, graded, strict=True):

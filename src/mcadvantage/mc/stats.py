@@ -1,23 +1,79 @@
-"""What one Monte Carlo estimate cost and saw: :class:`MCStats`, the typed record behind ``MCEstimate.stats``.
+"""What one Monte Carlo estimate cost and saw: :class:`MCStats`, one typed record from a wave to the logged metrics.
 
-Each wave of rollouts returns its :class:`~mcadvantage.mc.rollouts.WaveCounts`; the estimator adds them up here
-with what the plan and the free-sample pool report, and :meth:`MCStats.as_dict` gives the statistics under the
-names the metrics and the recorded benchmark logs use.
+Every wave of rollouts (:func:`~mcadvantage.mc.rollouts.sample_and_grade`) returns an :class:`MCStats` of its own;
+the estimator adds them up (:meth:`MCStats.add`) and fills in what the plan and the free-sample pool report, and
+:attr:`~mcadvantage.mc.estimator.MCEstimate.stats` carries the record itself. Each field declares how the records of
+parts of one batch's work combine (its ``reduce`` metadata: ``"sum"``, ``"max"`` or ``"concat"``): the waves of one
+call are added by it, and the trainer reduces the logged metrics over processes by it
+(:meth:`MCStats.metric_reductions`). The record reads as a mapping under the names ``MCEstimate.stats`` has always
+had (``stats["rollouts"]``, ``dict(stats)``), and :meth:`MCStats.metrics` turns it into the training metrics only at
+the edge, where an :class:`~mcadvantage.estimators.base.AdvantageResult` is filled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from mcadvantage.mc.rollouts import WaveCounts
+__all__ = ["MCStats", "Reduction"]
 
-__all__ = ["MCStats"]
+#: How the records of two parts of one batch's work combine, field by field: ``"sum"`` (counts, tokens, sequential
+#: time), ``"max"`` (wall time of parts that run side by side) or ``"concat"`` (a list, in order).
+Reduction = Literal["sum", "max", "concat"]
+
+
+def _stat(reduce: Reduction, default: Any = 0) -> Any:
+    """A field of :class:`MCStats` with its reduction."""
+    return field(default=default, metadata={"reduce": reduce})
+
+
+#: The record's names as read through the mapping (``MCEstimate.stats[name]``), in the order they are listed; the
+#: options' statistics (None when the option is off) are left out when unset.
+_STAT_NAMES = (
+    "requests",
+    "unsampled_states",
+    "rollouts",
+    "generated_tokens",
+    "truncated_rollouts",
+    "unscorable_rollouts",
+    "sampling_seconds",
+    "grading_seconds",
+    "budget_tokens",
+    "free_samples",
+    "rollouts_saved",
+    "trajectories",
+    "states",
+    "unique_states",
+    "dedup_ratio",
+    "rollout_reward_mean",
+    "seconds",
+)
+
+#: The fields logged as training metrics under their own names (:meth:`MCStats.metrics`); each reduces over
+#: processes by its field's ``reduce``. The ratios :meth:`MCStats.metrics` adds are averaged (the trainer's default).
+_METRIC_FIELDS = (
+    "rollouts",
+    "generated_tokens",
+    "states",
+    "seconds",
+    "free_samples",
+    "rollouts_saved",
+    "budget_tokens",
+)
 
 
 @dataclass
-class MCStats:
-    """What one :meth:`MCValueEstimator.estimate` call did, field by field (the keys of :attr:`MCEstimate.stats`).
+class MCStats(Mapping[str, float]):
+    """What Monte Carlo estimation did, field by field: one wave's record or a whole
+    :meth:`~mcadvantage.mc.estimator.MCValueEstimator.estimate` call's (:attr:`MCEstimate.stats`).
+
+    Read it by attribute (``stats.rollouts``) or, as a read-only mapping of floats, by the names logged since 0.1
+    (``stats["rollouts"]``, ``"free_samples" in stats``, ``dict(stats)`` for JSON): every field below except
+    ``rollout_rewards``, plus :attr:`dedup_ratio` and :attr:`rollout_reward_mean`; the options' statistics only
+    where the option is on.
 
     Attributes:
         requests: rollout requests sent to the sampler (unique states with budget left).
@@ -34,41 +90,58 @@ class MCStats:
         trajectories: number of trajectories.
         states: non-terminal states over all trajectories, before dedup.
         unique_states: states left after dedup.
-        rollout_reward_sum, rollout_reward_count: running sum and count of the sampled continuations' rewards.
+        rollout_rewards: the reward of every sampled continuation, in the order they were summed (per wave, those
+            given ``truncated_reward`` first, then the graded ones); :attr:`rollout_reward_mean` is their mean.
         seconds: wall time of the call.
     """
 
-    requests: int = 0
-    unsampled_states: int = 0
-    rollouts: int = 0
-    generated_tokens: int = 0
-    truncated_rollouts: int = 0
-    unscorable_rollouts: int = 0
-    sampling_seconds: float = 0.0
-    grading_seconds: float = 0.0
-    budget_tokens: float | None = None
-    free_samples: float | None = None
-    rollouts_saved: float | None = None
-    trajectories: int = 0
-    states: int = 0
-    unique_states: int = 0
-    rollout_reward_sum: float = 0.0
-    rollout_reward_count: int = 0
-    seconds: float = 0.0
+    requests: int = _stat("sum")
+    unsampled_states: int = _stat("sum")
+    rollouts: int = _stat("sum")
+    generated_tokens: int = _stat("sum")
+    truncated_rollouts: int = _stat("sum")
+    unscorable_rollouts: int = _stat("sum")
+    sampling_seconds: float = _stat("sum", 0.0)
+    grading_seconds: float = _stat("sum", 0.0)
+    budget_tokens: float | None = _stat("sum", None)
+    free_samples: float | None = _stat("sum", None)
+    rollouts_saved: float | None = _stat("sum", None)
+    trajectories: int = _stat("sum")
+    states: int = _stat("sum")
+    unique_states: int = _stat("sum")
+    rollout_rewards: list[float] = field(default_factory=list, metadata={"reduce": "concat"})
+    seconds: float = _stat("max", 0.0)
 
-    def add(self, wave: WaveCounts) -> None:
-        """Add one wave's counts (rewards summed one by one, in the wave's order)."""
-        self.requests += wave.requests
-        self.unsampled_states += wave.unsampled_states
-        self.rollouts += wave.rollouts
-        self.generated_tokens += wave.generated_tokens
-        self.truncated_rollouts += wave.truncated_rollouts
-        self.unscorable_rollouts += wave.unscorable_rollouts
-        self.sampling_seconds += wave.sampling_seconds
-        self.grading_seconds += wave.grading_seconds
-        for reward in wave.rollout_rewards:
-            self.rollout_reward_sum += reward
-            self.rollout_reward_count += 1
+    # -- combining parts ----------------------------------------------------------------------------------------
+
+    def add(self, other: MCStats) -> None:
+        """Add another part's record into this one, each field by its ``reduce`` (an unset option's statistic,
+        None, leaves the other side's value)."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            how: Reduction = f.metadata["reduce"]
+            if theirs is None:
+                continue
+            if how == "concat":
+                mine.extend(theirs)
+            elif mine is None:
+                setattr(self, f.name, theirs)
+            elif how == "sum":
+                setattr(self, f.name, mine + theirs)
+            else:
+                setattr(self, f.name, max(mine, theirs))
+
+    @classmethod
+    def reduction(cls, name: str) -> Reduction:
+        """How field ``name`` combines over parts (its ``reduce`` metadata)."""
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return f.metadata["reduce"]
+        raise KeyError(
+            f"MCStats has no field {name!r}; its fields are {[f.name for f in dataclasses.fields(cls)]}."
+        )
+
+    # -- derived statistics -------------------------------------------------------------------------------------
 
     @property
     def dedup_ratio(self) -> float:
@@ -77,33 +150,73 @@ class MCStats:
         return (1.0 - self.unique_states / self.states) if self.states else 0.0
 
     @property
+    def rollout_reward_sum(self) -> float:
+        """Sum of the sampled continuations' rewards, added one by one in their order (not ``math.fsum``: the
+        logged mean has always been this running sum)."""
+        total = 0.0
+        for reward in self.rollout_rewards:
+            total += reward
+        return total
+
+    @property
+    def rollout_reward_count(self) -> int:
+        """Number of sampled continuations with a reward."""
+        return len(self.rollout_rewards)
+
+    @property
     def rollout_reward_mean(self) -> float:
         """Mean reward of the graded rollouts (NaN if none)."""
         return self.rollout_reward_sum / self.rollout_reward_count if self.rollout_reward_count else math.nan
 
+    # -- the mapping view (MCEstimate.stats["rollouts"]) ---------------------------------------------------------
+
+    def __getitem__(self, name: str) -> float:
+        value = getattr(self, name) if name in _STAT_NAMES else None
+        if value is None:
+            raise KeyError(name)
+        return float(value)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in _STAT_NAMES if getattr(self, name) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
     def as_dict(self) -> dict[str, float]:
-        """The statistics as logged (:attr:`MCEstimate.stats`): every count as a float, under the names the
-        metrics and the recorded benchmark logs use; the options' statistics only where the option is on."""
+        """The mapping view as a plain dict (``dict(stats)``): every statistic as a float, under the names the
+        recorded benchmark logs use; the options' statistics only where the option is on."""
+        return dict(self)
+
+    # -- the edge: training metrics -------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        """The training metrics of this record (logged as ``mc/<name>``): ``rollouts``, ``generated_tokens``,
+        ``states``, ``seconds``, ``dedup_ratio``, ``truncated_rollout_ratio`` (truncated / sampled rollouts, 0
+        without rollouts) and the options' ``free_samples``, ``rollouts_saved``, ``budget_tokens`` where set."""
         out = {
-            "requests": float(self.requests),
-            "unsampled_states": float(self.unsampled_states),
             "rollouts": float(self.rollouts),
             "generated_tokens": float(self.generated_tokens),
-            "truncated_rollouts": float(self.truncated_rollouts),
-            "unscorable_rollouts": float(self.unscorable_rollouts),
-            "sampling_seconds": self.sampling_seconds,
-            "grading_seconds": self.grading_seconds,
+            "states": float(self.states),
+            "seconds": float(self.seconds),
+            "dedup_ratio": self.dedup_ratio,
+            "truncated_rollout_ratio": self.truncated_rollouts / self.rollouts if self.rollouts else 0.0,
         }
-        for key in ("budget_tokens", "free_samples", "rollouts_saved"):
-            value = getattr(self, key)
+        for name in ("free_samples", "rollouts_saved", "budget_tokens"):
+            value = getattr(self, name)
             if value is not None:
-                out[key] = float(value)
-        out.update(
-            trajectories=float(self.trajectories),
-            states=float(self.states),
-            unique_states=float(self.unique_states),
-            dedup_ratio=self.dedup_ratio,
-            rollout_reward_mean=self.rollout_reward_mean,
-            seconds=self.seconds,
-        )
+                out[name] = float(value)
+        return out
+
+    @classmethod
+    def metric_reductions(cls) -> dict[str, Literal["sum", "max"]]:
+        """How the trainer reduces :meth:`metrics` over processes: each field-backed metric by its field's
+        ``reduce`` (the ratios are averaged, the trainer's default)."""
+        out: dict[str, Literal["sum", "max"]] = {}
+        for name in _METRIC_FIELDS:
+            how = cls.reduction(name)
+            if (
+                how == "concat"
+            ):  # a list is no metric; only a field added to _METRIC_FIELDS by mistake gets here
+                raise TypeError(f"MCStats.{name} reduces by 'concat'; it cannot be a logged metric.")
+            out[name] = how
         return out

@@ -293,7 +293,7 @@ def response_scores(data: DataProto) -> torch.Tensor:
 
 def advantage_batch_from_verl(data: DataProto, tokenizer: Any = None) -> AdvantageBatch:
     """A verl training batch (``prompts`` left-padded, ``responses`` right-padded, ``attention_mask`` over both)
-    as the estimator seam's :class:`~mcadvantage.estimators.base.AdvantageBatch`.
+    as the estimator seam's :class:`~mcadvantage.estimators.batch.AdvantageBatch`.
 
     Prompts for the reward functions are ``raw_prompt`` when the batch has it, else the decoded prompt; the
     other non-tensor columns (``data_source``, ``reward_model``, ``extra_info``, ...) are the rows.
@@ -368,7 +368,7 @@ def compute_vineppo_advantage(
             ``data.max_response_length``).
         context_length: the policy's context, checked per prompt when given.
         whiten: token-weighted whitening over the batch, as ``VinePPOTrainer(whiten_advantages=True)``: the
-            estimator's result goes through :func:`~mcadvantage.estimators.base.finalize_advantages`, the step
+            estimator's result goes through :func:`~mcadvantage.estimators.batch.finalize_advantages`, the step
             ``VinePPOTrainer.compute_advantages`` uses.
         metric_prefix: prefix of the returned metric names.
 

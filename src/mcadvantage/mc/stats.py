@@ -7,7 +7,7 @@ parts of one batch's work combine (its ``reduce`` metadata: ``"sum"``, ``"max"``
 call are added by it, and the trainer reduces the logged metrics over processes by it
 (:meth:`MCStats.metric_reductions`). The record reads as a mapping under the names ``MCEstimate.stats`` has always
 had (``stats["rollouts"]``, ``dict(stats)``), and :meth:`MCStats.metrics` turns it into the training metrics only at
-the edge, where an :class:`~mcadvantage.estimators.base.AdvantageResult` is filled.
+the edge, where an :class:`~mcadvantage.estimators.batch.AdvantageResult` is filled.
 """
 
 from __future__ import annotations

@@ -1557,7 +1557,7 @@ def stage_row(kind: str, studies: dict[str, dict], entry: dict | None = None) ->
             + ", ".join(f"{arm} {pts[arm]['training_accuracy']:.3f}" for arm in STAGE1_ARMS)
             + f"; the highest at any evaluation {best:.3f}; held-out greedy accuracy "
             + ", ".join(f"{arm} {pts[arm]['accuracy'][0]:.3f}" for arm in STAGE1_ARMS),
-            "descriptive: no KL penalty here (beta = 0), so what keeps training accuracy below 1 is sampling at "
+            "no KL penalty here (beta = 0), so what keeps training accuracy below 1 is sampling at "
             "T = 0.6 and problems the policy cannot solve, not the paper's KL penalty",
         )
     if kind == "stage2:temperature":
@@ -1670,7 +1670,7 @@ def value_row(measure: str, v: dict, studies: dict) -> dict:
             f"exactly 0 at {z['truth']:.2f} of steps, K=9's estimate exactly 0 at {z['vineppo_k9']:.2f} (those steps "
             f"get no gradient); GRPO's groups with every reward equal (every advantage 0) in stage 1's training: "
             f"{ts['grpo_zero_std_group_share']:.2f}",
-            "descriptive: 'many' is not a number; the row above tests the share of steps with little advantage",
+            "'many' is not a number; the row above tests the share of steps with little advantage",
         )
     key, direction, what = tests[measure]
     t = v[key[0]][key[1]] if isinstance(key, tuple) else v[key]

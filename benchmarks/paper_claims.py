@@ -7,13 +7,16 @@ Reads the paper-claims study's run records (``benchmarks/results/paper_claims_ru
 (``benchmarks/results/*.json``) and the catalogue of the paper's claims (``benchmarks/paper_claims_catalogue.json``:
 each claim, the paper's number and setting, and where our closest measurement lives). Writes
 ``benchmarks/results/paper_claims.json`` (``claims``: one record per claim with ``claim``, ``paper``, ``ours``, ``ci``,
-``verdict``, ``command``; ``studies``: the tests behind the new rows) and ``docs/paper-claims.md``, rendered from that
-JSON alone (``render_page``), so ``tests/benchmarks/test_paper_claims.py`` can check every number on the page.
+``verdict``, ``why``, ``evidence``, ``command``; ``setup_differences``; ``studies``: the tests behind the rows) and
+``docs/paper-claims.md``, rendered from that JSON alone (``render_page``), so ``tests/benchmarks/test_paper_claims.py``
+can check every number on the page and every verdict against its row's evidence.
 
-The decision rule is the protocol's: for VinePPO K = 4 against PPO on ``demo_plateau``, paired by seed, M1 (accuracy
-at the last step, paired t), M2 (steps to PPO's peak, exact sign test), M3 (wall time to PPO's peak, sign test), M4
-(KL to the start at the last step, paired t), Holm over M1-M4. A stage whose runs have not all finished is reported as
-not measured yet, with how many have.
+The tests are the protocol's: for VinePPO K = 4 against PPO on ``demo_plateau``, paired by seed, M1 (accuracy at the
+last step, paired t), M2 (steps to PPO's peak, exact sign test), M3 (wall time to PPO's peak, sign test), M4 (KL to
+the start at the last step, paired t), Holm over M1-M4; the other stages' and studies' tests as each row says. Every
+verdict comes from one rule (:func:`verdict`, the protocol's amendment of 2026-11-27) applied to the numbers the row
+carries (``evidence``); no row sets its own. A stage whose runs have not all finished is reported as not measured yet,
+with how many have.
 """
 
 from __future__ import annotations
@@ -171,6 +174,11 @@ def tested_evidence(
     if direction == 0 and margin is None:
         raise ValueError(
             "tested_evidence: direction 0 (no difference) needs an equivalence margin, got none."
+        )
+    if paper_effect is not None and direction not in (1, -1):
+        raise ValueError(
+            f"tested_evidence: paper_effect={paper_effect} needs direction 1 or -1 (a size on one side of the null), "
+            f"got direction {direction!r}."
         )
     out = {"kind": "test", "estimate": estimate, "ci": list(ci), "null": null, "direction": direction,
            "scale": scale}  # fmt: skip
@@ -1371,7 +1379,7 @@ STAGE4_FAMILY = "stage 4 M1-M4 (Holm)"
 UNDER_LOAD = "; stage 1's training seconds were taken with other work on the same cores and were not re-timed (stage 4's were)"
 
 
-def stage_row(kind: str, studies: dict[str, dict], entry: dict | None = None) -> dict:
+def stage_row(kind: str, studies: dict[str, dict]) -> dict:
     """A row the paper-claims study's stages measure (``kind``: ``stage<N>:<measure>``)."""
     stage, measure = kind.split(":")
     pending = _incomplete(stage, studies)
@@ -1877,7 +1885,7 @@ def catalogue_row(entry: dict, studies: dict) -> tuple[dict, str]:
     measure = entry.get("measure", "")
     family = measure.split(":")[0]
     if family.startswith("stage"):
-        return stage_row(measure, studies, entry), studies.get(family, {}).get("command", "")
+        return stage_row(measure, studies), studies.get(family, {}).get("command", "")
     if family == "values":
         return value_row(measure.split(":")[1], studies["values"], studies), DIAGNOSTICS_COMMAND
     if family == "logs":

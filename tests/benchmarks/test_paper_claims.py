@@ -508,3 +508,41 @@ def test_a_further_ppo_arm_is_read_with_stage_1s_measures(tmp_path, monkeypatch)
     assert "`ppo_warm`" in accuracy[0]["ours"] and accuracy[0]["evidence"]["family"] == "warm M1-M4 (Holm)"
     ev = bench.catalogue_row({"measure": "ppo_arm:warm:explained_variance"}, studies)[0]
     assert ev["verdict"] == "holds" and ev["evidence"]["estimate"] == pytest.approx(0.31, abs=0.01)
+
+
+def test_value_states_group_by_prompt_and_the_report_must_describe_the_same_responses(tmp_path):
+    """Two prompts, two responses each: states start at position 0 per response; the implied GRPO values have one state
+    per response. A report whose values-before differ from the metrics' truth is refused."""
+    bench = _bench()
+    points = [[0, 0.5, 0.4], [1, 0.9, 1.0], [0, 0.4, 0.4], [0, 0.1, 0.0], [1, 0.0, 0.0], [0, 0.2, 0.0]]
+    metrics = {
+        "settings": {"responses_per_prompt": 2},
+        "value_points": {"vineppo_k9": points, "grpo (implied)": [[0, 0.5, 0.4]] * 2 + [[0, 0.0, 0.0]] * 2},
+    }
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    states = bench.value_states(tmp_path / "metrics.json")
+    k9 = states["vineppo_k9"]
+    assert [(x["prompt"], x["response"], x["position"]) for x in k9] == [
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 2, 0), (1, 2, 1), (1, 3, 0)
+    ]  # fmt: skip
+    assert [x["prompt"] for x in states["grpo (implied)"]] == [0, 0, 1, 1]
+
+    def report(values_before: list[list[float]], rewards: list[int]) -> str:
+        blocks = [
+            f'<div class="response"><div class="meta">#{i} &middot; reward {r} &middot; V</div>'
+            + "".join(f'<span data-advantage="0.1000" data-value-before="{v:.4f}">s</span>' for v in vs)
+            + "</div>"
+            for i, (vs, r) in enumerate(zip(values_before, rewards, strict=True))
+        ]
+        return "<html>" + "".join(blocks)
+
+    (tmp_path / "report.html").write_text(report([[0.4, 1.0], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
+    responses = bench.step_advantages(tmp_path / "report.html", k9)
+    assert [(r["prompt"], r["reward"], r["first_state"]) for r in responses] == [
+        (0, 1, 0), (0, 0, 2), (1, 0, 3), (1, 0, 5)
+    ]  # fmt: skip
+    (tmp_path / "report.html").write_text(report([[0.4, 0.9], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
+    with pytest.raises(ValueError, match="does not match the metrics' ground truth"):
+        bench.step_advantages(tmp_path / "report.html", k9)
+    with pytest.raises(ValueError, match="paper_effect"):
+        bench.tested_evidence(0.1, [0.0, 0.2], 0.0, "nonzero", paper_effect=0.3)

@@ -65,6 +65,32 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET, *, chat_template: boo
     return tokenizer
 
 
+#: The chat-turn markers of Qwen's chat templates, added to the character tokenizer as single tokens by
+#: :func:`build_tool_calling_tokenizer` (``<|im_end|>`` ends a turn, so it is the EOS token).
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+def build_tool_calling_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:
+    """The character tokenizer with a real tool-calling chat template: TRL's ``qwen3.jinja`` (shipped in
+    ``trl/chat_templates/``), ``<|im_start|>`` / ``<|im_end|>`` as single special tokens (``<|im_end|>`` is EOS),
+    and TRL's response parser for that template (``add_response_schema``), so ``GRPOTrainer`` can parse tool
+    calls (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) from generated token ids. Offline.
+
+    Prompts rendered with tools carry Qwen's tool instructions and the tools' JSON schemas (several hundred
+    characters, one token each): give the model a context of 1024 or more (``build_tiny_llama(tokenizer,
+    max_position_embeddings=1024)``).
+    """
+    from importlib.resources import files
+
+    from trl.chat_template_utils import add_response_schema
+
+    tokenizer = build_char_tokenizer(alphabet, chat_template=False)
+    tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, IM_END]})
+    tokenizer.eos_token = IM_END
+    tokenizer.chat_template = (files("trl") / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
+    return add_response_schema(tokenizer)
+
+
 def build_tiny_llama(
     tokenizer: Any,
     *,

@@ -214,3 +214,14 @@ def test_clipped_value_loss_hand_computed():
         torch.tensor([[1, 1, 0]]),
     )
     assert padded.item() == pytest.approx(0.045)
+
+
+def test_loss_token_mask_leaves_tool_tokens_out():
+    from mcadvantage.core.advantages import loss_token_mask
+
+    completion = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+    tool = torch.tensor([[1, 0, 0, 1, 1], [1, 1, 1, 1, 1]])
+    assert torch.equal(loss_token_mask(completion, tool), torch.tensor([[1, 0, 0, 1, 0], [1, 1, 0, 0, 0]]))
+    assert loss_token_mask(completion, None) is completion
+    with pytest.raises(ValueError, match=r"tool_mask \(2, 4\) must have completion_mask's shape \(2, 5\)"):
+        loss_token_mask(completion, tool[:, :4])

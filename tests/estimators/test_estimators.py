@@ -348,3 +348,36 @@ def test_swapping_grpoconfig_for_vinepposconfig_trains_the_same_weights(tiny_mod
     for name, value in grpo.items():
         assert torch.isfinite(ours[name]).all(), name
         assert torch.allclose(ours[name], value, atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_baselines_give_tool_tokens_no_credit_and_no_weight_in_the_whitening(name):
+    from mcadvantage.estimators.base import finalize_advantages
+
+    estimator = get_advantage_estimator(name)()
+    completion_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    tool_mask = torch.tensor(
+        [[1, 0, 0, 1], [1, 1, 1, 1]]
+    )  # row 0: two tool-result tokens inside the completion
+    batch = AdvantageBatch(
+        prompt_ids=[[5], [5]],
+        completion_ids=[[6, 7, 8, 9], [6, 7, 8]],
+        completion_mask=completion_mask,
+        rewards_per_func=torch.tensor([[1.0], [0.0]]),
+        reward_weights=torch.tensor([1.0]),
+        local_slice=slice(0, 2),
+        group_size=2,
+        tool_mask=tool_mask,
+    )
+    result = estimator.estimate(batch, EstimatorContext.single_process(None, [], tokenizer=None))
+    assert torch.equal(result.token_mask, torch.tensor([[1, 0, 0, 1], [1, 1, 1, 0]]).bool())
+    assert result.advantages[0, 1] == result.advantages[0, 2] == 0 and result.advantages[0, 0] > 0
+    whitened = finalize_advantages(result, completion_mask, whiten=True)
+    # Whitened over the 5 model tokens (2 of row 0 at +a, 3 of row 1 at -a): their mean is 0, the tool tokens 0.
+    model_tokens = result.token_mask
+    assert abs(float(whitened[model_tokens].mean())) < 1e-6 and not whitened[~model_tokens].any()
+    without = AdvantageBatch(**{**batch.__dict__, "tool_mask": None})
+    assert (
+        estimator.estimate(without, EstimatorContext.single_process(None, [], tokenizer=None)).token_mask
+        is None
+    )

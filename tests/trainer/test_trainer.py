@@ -103,20 +103,31 @@ def test_reward_funcs_are_optional_in_the_signature_as_in_grpo(model, tok, tmp_p
     with pytest.raises(ValueError, match=r"^No reward source provided \(reward_funcs is None"):
         VinePPOTrainer(model=model, args=config(tmp_path), train_dataset=arithmetic(), processing_class=tok)
 
+    # With an environment, the environment may own the reward (get_reward); one that does not gets GRPO's error.
+    from mcadvantage.testing import build_tool_calling_tokenizer
+
     class Env:
         def reset(self, **kwargs):
             return None
 
-    with pytest.raises(NotImplementedError, match="does not support environment_factory="):
-        VinePPOTrainer(model=model, args=config(tmp_path), processing_class=tok, environment_factory=Env)
+    with pytest.raises(
+        ValueError, match="No reward source provided. Pass `reward_funcs`, or an `environment_factory`"
+    ):
+        VinePPOTrainer(
+            model=model,
+            args=config(tmp_path, advantage_estimator="grpo"),
+            processing_class=build_tool_calling_tokenizer(),
+            environment_factory=Env,
+            train_dataset=arithmetic(),
+        )
 
 
-def test_tools_not_supported(model, tok, tmp_path):
+def test_tools_refused_under_the_default_monte_carlo_estimator(model, tok, tmp_path):
     def add(a: int, b: int) -> int:
         """Add two numbers."""
         return a + b
 
-    with pytest.raises(NotImplementedError, match="does not support tools="):
+    with pytest.raises(NotImplementedError, match="advantage_estimator='vineppo' does not support tools="):
         VinePPOTrainer(
             model=model,
             reward_funcs=vowel_reward,

@@ -14,8 +14,8 @@ tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 REPO = Path(__file__).resolve().parents[2]
 COMPAT = REPO / "src" / "mcadvantage" / "trainer" / "trl_compat.py"
-# GRPO internals without a leading underscore that are still internals (the vLLM engine holder).
-UNDERSCORE_FREE_INTERNALS = {"vllm_generation"}
+# GRPO internals without a leading underscore that are still internals (the vLLM engine holder, the environments).
+UNDERSCORE_FREE_INTERNALS = {"vllm_generation", "environment_factories"}
 
 
 def trl_private_names() -> set[str]:

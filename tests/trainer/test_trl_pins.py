@@ -531,6 +531,158 @@ def test_trainer_attributes_mcadvantage_reads(grpo):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Agents: tools, environments, rollout_func (what GRPOTrainerHooks passes through under "grpo"/"rloo"/"gae")
+# --------------------------------------------------------------------------------------------------------------
+
+
+class PinAdder:
+    """A tool environment that owns its reward (TRL's environment contract: reset, public tool methods, get_reward)."""
+
+    def reset(self, **row):
+        self.total = 0
+        return None
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        self.total = a + b
+        return self.total
+
+    def get_reward(self) -> float:
+        return float(self.total)
+
+
+@pytest.fixture(scope="module")
+def grpo_with_environments(tmp_path_factory):
+    """TRL's GRPOTrainer with a dict of environments and no reward function (the environment owns the reward)."""
+    from mcadvantage.testing import build_tiny_llama, build_tool_calling_tokenizer
+
+    tok = build_tool_calling_tokenizer()
+    args = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("pins-env")), report_to="none", use_cpu=True, bf16=False,
+        per_device_train_batch_size=2, num_generations=2, max_completion_length=8, save_strategy="no",
+    )  # fmt: skip
+    return GRPOTrainer(
+        model=build_tiny_llama(tok, hidden_size=64, num_heads=2, head_dim=32, max_position_embeddings=1024),
+        reward_funcs=None,
+        args=args,
+        train_dataset=Dataset.from_dict(
+            {"prompt": [[{"role": "user", "content": "1+2?"}]], "environment": ["a"]}
+        ),
+        processing_class=tok,
+        environment_factory={"a": PinAdder},
+    )
+
+
+def test_environment_attributes_mcadvantage_reads(grpo_with_environments):
+    trainer = grpo_with_environments
+    follow = f"{COMPAT} GRPOTrainerHooks.tokenize_prompt_ids / environment_route_column / reward_call_kwargs"
+    assert trainer.environment_factories == {"a": PinAdder} and trainer._multi_environment is True, (
+        trl_changed(
+            "GRPOTrainer.environment_factories / _multi_environment (a dict factory, routed by rows' 'environment')",
+            follow,
+        )
+    )
+    assert trainer.environments is None and not hasattr(trainer, "_batch_environments"), trl_changed(
+        "when GRPOTrainer sets environments / _batch_environments (per batch, in _generate_and_score_completions)",
+        follow,
+    )
+    with pytest.raises(AttributeError):  # why tokenize_prompt_ids sets _batch_environments for its call
+        trainer._tokenize_prompts([[{"role": "user", "content": "1+2?"}]])
+    trainer._batch_environments = ["a"]
+    try:
+        prompt_ids, *_ = trainer._tokenize_prompts([[{"role": "user", "content": "1+2?"}]])
+    finally:
+        del trainer._batch_environments
+    expected = trainer.processing_class.apply_chat_template(
+        [{"role": "user", "content": "1+2?"}], tools=trainer._env_tools["a"], chat_template=trainer.chat_template,
+        add_generation_prompt=True, tokenize=True, return_dict=True,
+    )["input_ids"]  # fmt: skip
+    assert [list(ids) for ids in prompt_ids] == [list(expected)], trl_changed(
+        "GRPOTrainer._tokenize_prompts with environments (no longer each prompt with its environment's tools, "
+        "read from _batch_environments)",
+        follow,
+    )
+
+
+def test_get_reward_is_a_reward_function_of_environments(grpo_with_environments):
+    trainer = grpo_with_environments
+    follow = (
+        f"{COMPAT} GRPOTrainerHooks.reward_call_kwargs (it passes environments=) and VinePPOTrainer's graders"
+    )
+    assert trainer.reward_func_names == ["PinAdder"] and len(trainer.reward_funcs) == 1, trl_changed(
+        "how GRPOTrainer adds an environment's get_reward to reward_funcs (named after the class)", follow
+    )
+    envs = [PinAdder(), PinAdder()]
+    for env, (a, b) in zip(envs, [(1, 2), (3, 4)], strict=True):
+        env.reset()
+        env.add(a, b)
+    rewards = trainer.reward_funcs[0](prompts=["p", "p"], completions=["c", "c"], environments=envs)
+    assert rewards == [3.0, 7.0], trl_changed(
+        "the get_reward reward function: no longer get_reward(environments, **kw) -> one reward per environment",
+        follow,
+    )
+
+
+def test_loss_leaves_tool_tokens_out_through_tool_mask(grpo):
+    # GRPO's loss uses completion_mask * tool_mask: an advantage on a tool token (tool_mask 0) changes nothing.
+    base = torch.tensor([[0.5, 0.0, 0.0, -1.0], [1.0, 1.0, -3.0, 0.0]])
+    spiked = base.clone()
+    spiked[0, 1:3] = 50.0
+    inputs = _loss_inputs(grpo, base)
+    tool_mask = torch.tensor([[1, 0, 0, 1], [1, 1, 1, 1]])
+
+    def loss(advantages):
+        grpo.model.eval()
+        try:
+            with torch.no_grad():
+                return float(
+                    grpo._compute_loss(
+                        grpo.model, {**inputs, "advantages": advantages, "tool_mask": tool_mask}
+                    )
+                )
+        finally:
+            grpo.model.train()
+
+    assert loss(spiked) == pytest.approx(loss(base), abs=1e-6), trl_changed(
+        "GRPOTrainer._compute_loss: inputs['tool_mask'] no longer removes tool-result tokens from the loss",
+        f"{COMPAT} GRPOTrainerHooks._generate_and_score_completions (AdvantageBatch.tool_mask) and "
+        "src/mcadvantage/core/advantages.py loss_token_mask",
+    )
+
+
+def test_rollout_func_env_mask_becomes_the_tool_mask(tiny_model_dir, tmp_path):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def rollout(prompts, trainer):
+        ids = tok(text=list(prompts))["input_ids"]
+        return {
+            "prompt_ids": ids,
+            "completion_ids": [[10, 11, 12, tok.eos_token_id]] * len(prompts),
+            "logprobs": None,
+            "env_mask": [[1, 0, 0, 1]] * len(prompts),
+        }
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, per_device_train_batch_size=2,
+        num_generations=2, max_completion_length=8, save_strategy="no",
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), reward_funcs=vowel_share, args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1="]}), processing_class=tok, rollout_func=rollout,
+    )  # fmt: skip
+    output = trainer._generate_and_score_completions([{"prompt": "1+1="}] * 2)
+    assert torch.equal(output.get("tool_mask"), torch.tensor([[1, 0, 0, 1]] * 2)), trl_changed(
+        "a rollout_func's env_mask: no longer output['tool_mask'] of _generate_and_score_completions",
+        f"{COMPAT} GRPOTrainerHooks._generate_and_score_completions (AdvantageBatch.tool_mask)",
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
 # The pins catch a planted change (they are not checks that cannot fail)
 # --------------------------------------------------------------------------------------------------------------
 

@@ -23,7 +23,23 @@ __all__ = [
     "check_boundaries",
     "gae_advantages",
     "clipped_value_loss",
+    "loss_token_mask",
 ]
+
+
+def loss_token_mask(completion_mask: torch.Tensor, tool_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The completion tokens that enter the policy loss: ``completion_mask * tool_mask`` as TRL's ``GRPOTrainer``
+    computes it (``tool_mask`` is 0 on the tokens of tool results and environment responses that a multi-turn
+    episode appends inside the completion: the model did not choose them). Without a ``tool_mask``, the
+    completion mask itself. Same dtype as ``completion_mask``."""
+    if tool_mask is None:
+        return completion_mask
+    if tool_mask.shape != completion_mask.shape:
+        raise ValueError(
+            f"loss_token_mask: tool_mask {tuple(tool_mask.shape)} must have completion_mask's shape "
+            f"{tuple(completion_mask.shape)} (one entry per completion token)."
+        )
+    return completion_mask * tool_mask.to(device=completion_mask.device, dtype=completion_mask.dtype)
 
 
 def step_advantages(values: Sequence[float]) -> list[float]:

@@ -60,17 +60,26 @@ def check_prompt_lengths(
     dataset_name: str,
     room_name: str = "",
     chunk: int = 256,
+    route_column: str | None = None,
 ) -> None:
     """Check every prompt of a sized dataset (iterable datasets are checked batch by batch during training).
 
     Args:
-        tokenize: prompts -> token ids, exactly as the trainer tokenises them (chat template included).
+        tokenize: prompts -> token ids, exactly as the trainer tokenises them (chat template included); with
+            ``route_column``, ``tokenize(prompts, routes)``.
+        route_column: a column whose value per row ``tokenize`` also needs (e.g. ``"environment"``: each row's
+            prompt is rendered with its own environment's tools). A dataset without a ``prompt`` column (an
+            environment supplies the prompt at ``reset``, so its length is known only then) is not checked.
     """
     if dataset is None or context is None or not hasattr(dataset, "__len__"):
         return
+    if "prompt" not in (getattr(dataset, "column_names", None) or ["prompt"]):
+        return
     for start in range(0, len(dataset), chunk):
-        prompts = dataset[start : start + chunk]["prompt"]
-        for offset, ids in enumerate(tokenize(list(prompts))):
+        rows = dataset[start : start + chunk]
+        prompts = list(rows["prompt"])
+        ids_list = tokenize(prompts) if route_column is None else tokenize(prompts, list(rows[route_column]))
+        for offset, ids in enumerate(ids_list):
             check_prompt_fits(
                 len(ids), context, room, where=f"{dataset_name} row {start + offset}", room_name=room_name
             )

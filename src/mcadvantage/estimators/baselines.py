@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.estimators.base import AdvantageEstimator
 from mcadvantage.estimators.batch import (
     AdvantageBatch,
@@ -109,6 +110,12 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return torch.nan_to_num(rewards - baselines, nan=0.0)
 
 
+def _model_tokens(batch: AdvantageBatch, loss_mask: torch.Tensor) -> torch.Tensor | None:
+    """The result's ``token_mask``: None (every completion token) for single-turn batches; with a ``tool_mask``,
+    the model's own tokens, so tool results stay out of the whitening statistics."""
+    return None if batch.tool_mask is None else loss_mask.bool()
+
+
 def _group_metrics(rewards: torch.Tensor, group_size: int) -> dict[str, float]:
     grouped = rewards.view(-1, group_size)
     solved = torch.nan_to_num(grouped, nan=0.0)
@@ -157,10 +164,12 @@ class GRPOEstimator(AdvantageEstimator):
             scale_rewards=self.scale_rewards,
             multi_objective_aggregation=self.multi_objective_aggregation,
         )[batch.local_slice]
-        mask = batch.completion_mask
+        mask = loss_token_mask(batch.completion_mask, batch.tool_mask)
         tokens = sequence_to_token_advantages(advantages.to(mask.device), mask)
         return AdvantageResult(
-            advantages=tokens, metrics=_group_metrics(batch.all_rewards.cpu(), batch.group_size)
+            advantages=tokens,
+            token_mask=_model_tokens(batch, mask),
+            metrics=_group_metrics(batch.all_rewards.cpu(), batch.group_size),
         )
 
 
@@ -182,6 +191,10 @@ class RLOOEstimator(AdvantageEstimator):
         """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
         all_rewards = batch.all_rewards.cpu()
         advantages = rloo_advantages(all_rewards, batch.group_size)[batch.local_slice]
-        mask = batch.completion_mask
+        mask = loss_token_mask(batch.completion_mask, batch.tool_mask)
         tokens = sequence_to_token_advantages(advantages.to(mask.device), mask)
-        return AdvantageResult(advantages=tokens, metrics=_group_metrics(all_rewards, batch.group_size))
+        return AdvantageResult(
+            advantages=tokens,
+            token_mask=_model_tokens(batch, mask),
+            metrics=_group_metrics(all_rewards, batch.group_size),
+        )

@@ -79,6 +79,11 @@ class AdvantageBatch:
         mode: ``"train"`` or ``"eval"``.
         tree_paths: per local response, its :class:`~mcadvantage.mc.tree.TreePath` when the trainer drew the groups
             as trees (``advantage_estimator="tree"``); None for independent responses.
+        tool_mask: ``(B, T)`` TRL's ``tool_mask`` for multi-turn episodes (``tools=``, ``environment_factory=``,
+            a ``rollout_func``'s ``env_mask``): 0 on the tool-result and environment tokens inside a completion,
+            which the model did not choose and the loss leaves out (``completion_mask * tool_mask``); estimators
+            give them no credit and leave them out of the whitening statistics. None: every completion token is
+            the model's.
     """
 
     prompt_ids: list[list[int]]
@@ -92,6 +97,7 @@ class AdvantageBatch:
     rows: list[dict[str, Any]] = field(default_factory=list)
     mode: str = "train"
     tree_paths: list[Any] | None = None
+    tool_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         size = len(self.completion_ids)

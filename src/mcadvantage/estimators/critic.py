@@ -302,6 +302,12 @@ class CriticEstimator(AdvantageEstimator):
             lam=self.lam,
         )
         self._record_step_values(batch, context, old_values, valid)
+        if batch.tool_mask is not None:
+            # GAE runs over the whole completion (a tool result is a transition of the episode that takes
+            # positions), but tool-result tokens are no action of the policy: no credit, no value target, and out
+            # of the whitening statistics.
+            token_mask = token_mask & batch.tool_mask.bool().cpu()
+            advantages = advantages * token_mask
 
         metrics = {
             "mean_value": float((old_values * token_mask).sum() / token_mask.sum())

@@ -4,30 +4,65 @@ parameter, the value and the fix, not mid-training."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-__all__ = ["check_dataset_columns", "check_reward_funcs", "check_unsupported_kwargs", "reward_func_name"]
+if TYPE_CHECKING:
+    from mcadvantage.estimators.base import AdvantageEstimator
+
+__all__ = [
+    "AGENT_KWARGS",
+    "check_agent_kwargs",
+    "check_dataset_columns",
+    "check_reward_funcs",
+    "check_rewards_and_datasets",
+    "reward_func_name",
+]
 
 
 def reward_func_name(func: Any) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
 
 
-def check_unsupported_kwargs(kwargs: dict[str, Any]) -> None:
-    for unsupported in ("tools", "rollout_func", "environment_factory"):
-        if kwargs.get(unsupported) is not None:
-            raise NotImplementedError(
-                f"VinePPOTrainer does not support {unsupported}=: Monte Carlo continuations are plain generations "
-                "from a prefix, so tool calls or environment steps inside a response could not be replayed. Use "
-                f"trl.GRPOTrainer for {unsupported}, or drop it."
-            )
+#: The ``GRPOTrainer`` arguments that make an episode more than one generation: a tool loop, environments, or the
+#: user's own rollout. GRPO's own advantages pass them through (VinePPOTrainer keeps GRPO's loop); an estimator
+#: that samples continuations from a prefix would continue a multi-turn episode as plain text, so it refuses them.
+AGENT_KWARGS = ("tools", "environment_factory", "rollout_func")
 
 
-def check_reward_funcs(reward_funcs: Any) -> list[Any]:
+def check_agent_kwargs(
+    kwargs: dict[str, Any], estimator: AdvantageEstimator, max_completion_length: int | None
+) -> None:
+    """Refuse ``tools=`` / ``environment_factory=`` / ``rollout_func=`` under an estimator that samples
+    continuations (``uses_rollouts``) or draws its groups as trees: its continuations would be plain generations
+    from a token prefix, without the tool calls and environment steps of the episode they continue. Estimators
+    that only read the batch (``"grpo"``, ``"rloo"``, ``"gae"``) take them as ``GRPOTrainer`` does."""
+    given = [name for name in AGENT_KWARGS if kwargs.get(name) is not None]
+    if not given:
+        return
+    name = estimator.name or type(estimator).__name__
+    draws_trees = estimator.tree_schedule(max_completion_length or 1) is not None
+    if estimator.uses_rollouts or draws_trees:
+        how = "draws its groups as trees" if draws_trees else "samples Monte Carlo continuations"
+        raise NotImplementedError(
+            f"advantage_estimator={name!r} does not support {', '.join(f'{g}=' for g in given)} yet: it {how} "
+            "from token prefixes, which would continue a multi-turn episode without its tool calls and environment "
+            "steps. Use advantage_estimator='grpo', 'rloo' or 'gae' (they train tool and environment episodes "
+            "exactly as trl.GRPOTrainer does), or drop "
+            f"{' / '.join(given)}."
+        )
+
+
+def check_reward_funcs(reward_funcs: Any, *, environment_factory: Any = None) -> list[Any]:
     """The reward functions as a list (reward models and async functions included: they grade rollouts through
-    :func:`~mcadvantage.rewards.models.as_rollout_reward_func`)."""
+    :func:`~mcadvantage.rewards.models.as_rollout_reward_func`).
+
+    With an ``environment_factory``, none is needed here: an environment that defines ``get_reward`` owns the
+    reward, and ``GRPOTrainer`` (which builds one instance of each environment to find out) raises its own "No
+    reward source provided" when no environment does."""
+    if environment_factory is not None and (reward_funcs is None or reward_funcs == []):
+        return []
     if reward_funcs is None:
         raise ValueError(
             "No reward source provided (reward_funcs is None; GRPOTrainer's message): VinePPO grades every response and Monte Carlo continuation with reward functions "
@@ -66,11 +101,19 @@ def _required_column_options(func: Any) -> list[tuple[str, ...]]:
     return [fields] if fields else []  # reward models and plain functions declare nothing
 
 
-def check_dataset_columns(dataset: Any, reward_funcs: Sequence[Any], dataset_name: str) -> None:
-    """Fail when a dataset (or each dataset of a dict) lacks ``prompt`` or a column a reward function needs."""
+def check_dataset_columns(
+    dataset: Any, reward_funcs: Sequence[Any], dataset_name: str, *, environment_factory: Any = None
+) -> None:
+    """Fail when a dataset (or each dataset of a dict) lacks ``prompt`` or a column a reward function needs.
+
+    With an ``environment_factory`` the ``prompt`` column is optional (an environment's ``reset`` may supply the
+    prompt, as ``GRPOTrainer`` allows); with a dict of environments every row needs an ``environment`` column
+    naming its environment."""
     if isinstance(dataset, dict):
         for key, part in dataset.items():
-            check_dataset_columns(part, reward_funcs, f"{dataset_name}[{key!r}]")
+            check_dataset_columns(
+                part, reward_funcs, f"{dataset_name}[{key!r}]", environment_factory=environment_factory
+            )
         return
     columns = getattr(dataset, "column_names", None)
     if (
@@ -83,7 +126,13 @@ def check_dataset_columns(dataset: Any, reward_funcs: Sequence[Any], dataset_nam
             "every row). Pass a dataset with at least one prompt."
         )
     columns = set(columns)
-    if "prompt" not in columns:
+    if isinstance(environment_factory, dict) and "environment" not in columns:
+        raise ValueError(
+            f"{dataset_name} has no 'environment' column (columns: {sorted(columns)}), but environment_factory is a "
+            f"dict of environments ({sorted(map(str, environment_factory))}): each row names its environment there, as "
+            "for GRPOTrainer. Add the column (dataset.add_column('environment', [...])) or pass one factory."
+        )
+    if "prompt" not in columns and environment_factory is None:
         raise ValueError(
             f"{dataset_name} has no 'prompt' column (columns: {sorted(columns)}). VinePPOTrainer, like GRPOTrainer, "
             "needs prompts in a 'prompt' column: rename yours with dataset.rename_column(...)."
@@ -97,3 +146,14 @@ def check_dataset_columns(dataset: Any, reward_funcs: Sequence[Any], dataset_nam
                     f"has only {sorted(columns)}. Add the column, rename it (e.g. dataset.rename_column('gold', "
                     "'answer')), or build the verifier with answer_field=<your column>."
                 )
+
+
+def check_rewards_and_datasets(
+    reward_funcs: Any, train_dataset: Any, eval_dataset: Any, environment_factory: Any = None
+) -> list[Any]:
+    """:func:`check_reward_funcs`, then :func:`check_dataset_columns` on both datasets: the reward functions as a
+    list, or the error that names what is missing."""
+    funcs = check_reward_funcs(reward_funcs, environment_factory=environment_factory)
+    check_dataset_columns(train_dataset, funcs, "train_dataset", environment_factory=environment_factory)
+    check_dataset_columns(eval_dataset, funcs, "eval_dataset", environment_factory=environment_factory)
+    return funcs

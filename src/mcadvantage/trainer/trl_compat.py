@@ -18,6 +18,12 @@ What is used, and why:
 - ``_last_loaded_step``, ``vllm_generation._iter_named_params`` / ``_llm_weights_sleeping`` and
   ``vllm_generation.sync_weights``: GRPO's vLLM weight-sync bookkeeping, so rollouts and evaluations outside
   GRPO's ``generate`` see the current weights and GRPO does not push them twice.
+- ``environment_factories``, ``_multi_environment``, ``environments`` and ``_batch_environments`` (TRL's
+  ``tools=`` / ``environment_factory=`` support): GRPO renders each prompt with its environment's tools from
+  ``_batch_environments``, which it sets per batch, so :meth:`GRPOTrainerHooks.tokenize_prompt_ids` sets it for its
+  own call (the prompt-length check at init runs before any batch); ``environments`` is what GRPO passes reward
+  functions as ``environments=`` (an environment's ``get_reward`` among them). GRPO's ``tool_mask`` output (0 on
+  tool-result tokens inside a completion) becomes ``AdvantageBatch.tool_mask``.
 - ``_tag_names`` / ``_name``: the model-card tags and trainer name.
 - ``Trainer._save_checkpoint`` / ``_get_output_dir`` and ``Trainer._load_optimizer_and_scheduler``: extended to
   save the advantage estimator's own state (the ``"gae"`` critic) in every checkpoint and restore it on resume.
@@ -41,6 +47,7 @@ import trl
 from packaging.version import Version
 from trl import GRPOTrainer
 
+from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.versions import check_version_range
 from mcadvantage.estimators.batch import AdvantageBatch
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
@@ -188,6 +195,8 @@ class GRPOTrainerHooks(GRPOTrainer):
         keys = [key for key in inputs[0] if key not in ("prompt", "completion", "completion_ids")]
         kwargs = {key: [example[key] for example in inputs] for key in keys}
         kwargs.update(self.rollout_reward_kwargs())
+        if self.environments is not None:  # as GRPO passes them (an environment's get_reward reads them)
+            kwargs["environments"] = self.environments
         return dict(prompts=prompts, completions=completions, completion_ids=completion_ids_list, **kwargs)
 
     def synchronous_reward_funcs(self) -> list[tuple[Any, str]]:
@@ -258,16 +267,20 @@ class GRPOTrainerHooks(GRPOTrainer):
             rows=list(captured["inputs"]),
             mode=mode,
             tree_paths=self._mcadvantage_tree_paths,
+            tool_mask=output.get("tool_mask"),
         )
         advantages = self.compute_advantages(batch)
         output["advantages"] = advantages
-        self._replace_logged_advantages(advantages, output["completion_mask"])
+        self._replace_logged_advantages(
+            advantages, loss_token_mask(output["completion_mask"], batch.tool_mask)
+        )
         return output
 
-    def _replace_logged_advantages(self, advantages: torch.Tensor, completion_mask: torch.Tensor) -> None:
+    def _replace_logged_advantages(self, advantages: torch.Tensor, loss_mask: torch.Tensor) -> None:
         # GRPO logged its own per-response advantages in the completions table; log, per response, the mean of
-        # the token advantages that are used instead (the table takes one float per response).
-        mask = completion_mask.to(advantages.dtype)
+        # the token advantages that are used instead (the table takes one float per response), over the tokens
+        # of the loss (tool results left out).
+        mask = loss_mask.to(advantages.dtype)
         per_response = (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
         gathered = self.accelerator.gather(per_response).tolist()
         logged = self._logs["advantages"]
@@ -292,10 +305,45 @@ class GRPOTrainerHooks(GRPOTrainer):
         """Whether the processing class is a vision-language processor (GRPO's own answer)."""
         return bool(self._is_vlm)
 
-    def tokenize_prompt_ids(self, prompts: list[Any]) -> list[list[int]]:
-        """Prompt token ids exactly as GRPO tokenises prompts (chat template included)."""
-        prompt_ids, _, _ = self._tokenize_prompts(prompts)
+    def tokenize_prompt_ids(
+        self, prompts: list[Any], environments: list[Any] | None = None
+    ) -> list[list[int]]:
+        """Prompt token ids exactly as GRPO tokenises prompts (chat template included).
+
+        With ``environment_factory``, each prompt is rendered with the tools of its environment: ``environments``
+        names them per prompt (a dict of environments: the rows' ``environment`` values; one factory: None). GRPO
+        reads them from the batch it is generating (``_batch_environments``), so they are set for this call only.
+        The observation an environment's ``reset`` appends to a prompt is not included (it exists only at
+        generation time).
+        """
+        if self.environment_factories is None:
+            prompt_ids, _, _ = self._tokenize_prompts(prompts)
+            return [list(ids) for ids in prompt_ids]
+        names = [None] * len(prompts) if environments is None else list(environments)
+        unknown = sorted({repr(n) for n in names if n not in self.environment_factories})
+        if unknown:
+            raise ValueError(
+                f"environments {', '.join(unknown)} are not among environment_factory's "
+                f"{sorted(map(repr, self.environment_factories))}; name each prompt's environment (a dict "
+                "environment_factory needs the rows' 'environment' values)."
+            )
+        missing = object()
+        saved = getattr(self, "_batch_environments", missing)
+        self._batch_environments = names
+        try:
+            prompt_ids, _, _ = self._tokenize_prompts(prompts)
+        finally:
+            if saved is missing:
+                del self._batch_environments
+            else:
+                self._batch_environments = saved
         return [list(ids) for ids in prompt_ids]
+
+    @property
+    def environment_route_column(self) -> str | None:
+        """The dataset column naming each row's environment (``"environment"`` with a dict
+        ``environment_factory``, as GRPO reads it), else None."""
+        return "environment" if self.environment_factories is not None and self._multi_environment else None
 
     @contextlib.contextmanager
     def generation_model(self) -> Iterator[Any]:

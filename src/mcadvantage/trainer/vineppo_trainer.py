@@ -18,6 +18,7 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from trl import GRPOConfig
 
+from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.prompts import check_prompt_lengths, context_length
 from mcadvantage.core.settings import needed_completion_room
 from mcadvantage.estimators import (
@@ -33,7 +34,7 @@ from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
 from mcadvantage.tasks.segmentation import get_segmenter
 from mcadvantage.trainer.checkpoints import ESTIMATOR_STATE_FILE, load_estimator_state, save_estimator_state
-from mcadvantage.trainer.checks import check_dataset_columns, check_reward_funcs, check_unsupported_kwargs
+from mcadvantage.trainer.checks import check_agent_kwargs, check_rewards_and_datasets
 from mcadvantage.trainer.config import VinePPOConfig
 from mcadvantage.trainer.policy import draw_group_trees, policy_sampler
 from mcadvantage.trainer.trl_compat import (
@@ -85,8 +86,8 @@ class VinePPOTrainer(GRPOTrainerHooks):
             engine chosen above (advanced: custom engines, tests). It must sample from the current policy.
         advantage_estimator: optional estimator instance (anything with ``estimate(batch, context)``) used instead
             of the one ``args.advantage_estimator`` names.
-        **kwargs: other ``GRPOTrainer`` keyword arguments. ``tools``, ``rollout_func`` and ``environment_factory``
-            raise ``NotImplementedError`` (a Monte Carlo continuation cannot replay tool calls or environment steps).
+        **kwargs: other ``GRPOTrainer`` keyword arguments; ``tools``, ``environment_factory`` and ``rollout_func``
+            work as in GRPO under ``"grpo"``, ``"rloo"``, ``"gae"`` (the Monte Carlo estimators refuse them).
 
     Attributes:
         advantage_estimator: the estimator in use (e.g. a :class:`~mcadvantage.estimators.VinePPOEstimator`, whose
@@ -126,7 +127,6 @@ class VinePPOTrainer(GRPOTrainerHooks):
         **kwargs: Any,
     ) -> None:
         check_trl_version()
-        check_unsupported_kwargs(kwargs)
         if args is None:
             name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
             args = VinePPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-VinePPO")
@@ -137,10 +137,10 @@ class VinePPOTrainer(GRPOTrainerHooks):
                 "settings; every GRPO field keeps GRPOConfig's default). Build one with VinePPOConfig(**your_kwargs), or "
                 "VinePPOConfig.from_paper(task, **overrides) for the paper's settings."
             )
-        funcs = check_reward_funcs(reward_funcs)
-        # Missing columns fail here, before the model (and a vLLM engine) is loaded.
-        check_dataset_columns(train_dataset, funcs, "train_dataset")
-        check_dataset_columns(eval_dataset, funcs, "eval_dataset")
+        # Missing reward sources and columns fail here, before the model (and a vLLM engine) is loaded.
+        funcs = check_rewards_and_datasets(
+            reward_funcs, train_dataset, eval_dataset, kwargs.get("environment_factory")
+        )
         if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_tensor_parallel_size > 1:
             raise NotImplementedError(
                 f"vllm_tensor_parallel_size={args.vllm_tensor_parallel_size} is not supported by VinePPOTrainer in "
@@ -150,6 +150,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         self.advantage_estimator = build_advantage_estimator(
             advantage_estimator or args.advantage_estimator, args
         )
+        check_agent_kwargs(kwargs, self.advantage_estimator, args.max_completion_length)
 
         super().__init__(
             model=model,
@@ -189,6 +190,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
             room=room,
             room_name=room_name,
             dataset_name="train_dataset",
+            route_column=self.environment_route_column,
         )
 
     @property
@@ -274,8 +276,8 @@ class VinePPOTrainer(GRPOTrainerHooks):
 
     def compute_advantages(self, batch: AdvantageBatch) -> torch.Tensor:
         """Per-token advantages ``(B, T)`` of the local batch from the estimator, whitened across processes when
-        ``whiten_advantages``. Collective: every process calls it."""
-        mask = batch.completion_mask
+        ``whiten_advantages``; tool results (``tool_mask`` 0) get 0 and no weight. Collective: every process calls it."""
+        mask = loss_token_mask(batch.completion_mask, batch.tool_mask)
         samples = self.advantage_estimator.uses_rollouts
         if batch.mode == "eval" and samples and not self.args.mc_estimate_on_eval:
             # Rollouts on evaluation batches multiply the cost of evaluation: off unless asked for.

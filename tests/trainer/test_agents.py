@@ -1,0 +1,371 @@
+"""Tools, environments and ``rollout_func`` under the reward-only estimators: ``VinePPOTrainer`` with
+``advantage_estimator="grpo"`` trains to the same weights, bit for bit, as ``trl.GRPOTrainer`` on the same seed
+(issue 39, stage 1), and ``"rloo"`` / ``"gae"`` train on the same episodes with finite weights.
+
+The policy is the tiny random Llama with a real tool-calling chat template (:func:`~mcadvantage.testing.
+build_tool_calling_tokenizer`). A random model almost never writes a well-formed tool call, so the episodes are
+scripted at one point only: the first turn of an episode is, with probability 1/2 (drawn from torch's global
+generator, so both trainers draw the same), a tool call ``add(a, b)`` with random digits, and otherwise the model's
+own sample; every turn after a tool result is the model's own sample. Everything else (TRL's tool loop, the
+tool-result tokens inside the completion with ``tool_mask`` 0, environments, ``get_reward``, the loss) is the real
+code path, and the tests check the loop ran (TRL's ``tools/call_frequency``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from datasets import Dataset  # noqa: E402
+
+from mcadvantage.testing import IM_END, build_tiny_llama, build_tool_calling_tokenizer  # noqa: E402
+
+IM_END_ID = build_tool_calling_tokenizer().convert_tokens_to_ids(IM_END)
+
+#: Settings shared by both trainers: everything a tiny CPU run needs, nothing that differs between GRPOConfig and
+#: VinePPOConfig defaults.
+SETTINGS = dict(
+    report_to="none",
+    use_cpu=True,
+    bf16=False,
+    gradient_checkpointing=False,
+    per_device_train_batch_size=4,
+    num_generations=2,
+    max_completion_length=160,
+    max_steps=2,
+    learning_rate=0.05,
+    logging_steps=1,
+    save_strategy="no",
+    seed=0,
+    disable_tqdm=True,
+    # The model's own samples stay short (a random model rarely ends a turn): EOS is favoured by a fixed logit
+    # bias, the same sampling for both trainers. The token id is the tool tokenizer's <|im_end|>.
+    generation_kwargs={"sequence_bias": [[[IM_END_ID], 3.0]]},
+)
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+def vowel_share(completions, **kwargs) -> list[float]:
+    """Share of vowels in an episode's last assistant message (a dense reward so the groups differ)."""
+    out = []
+    for messages in completions:
+        text = next((m.get("content") or "" for m in reversed(messages) if m["role"] == "assistant"), "")
+        out.append(sum(c in "aeiou" for c in text) / max(len(text), 1))
+    return out
+
+
+class Adder:
+    """An environment whose tool is ``add``; it owns part of the reward: 1 when the episode called its tool."""
+
+    def reset(self, **row):
+        self.calls: list[tuple[int, int]] = []
+        return None
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        self.calls.append((a, b))
+        return a + b
+
+    def get_reward(self) -> float:
+        return float(bool(self.calls))
+
+
+class Doubler:
+    """A second environment (for a dict ``environment_factory``): its tool is ``double``, it owns no reward."""
+
+    def reset(self, **row):
+        self.seen = row.get("prompt")
+        return "Use the tool."
+
+    def double(self, a: int) -> int:
+        """Double an integer.
+
+        Args:
+            a: The integer.
+        """
+        return 2 * a
+
+
+def called_tools(environments, **kwargs) -> list[float]:
+    """A reward function that reads the episodes' environments (``environments=``, as GRPO passes them)."""
+    return [float(len(getattr(env, "calls", []))) for env in environments]
+
+
+def _tool_call_text(names_in_prompt: str) -> str:
+    """A well-formed Qwen tool call to a tool the prompt offers, with random digits (torch's generator)."""
+    a, b = (int(x) for x in torch.randint(0, 10, (2,)))
+    if '"name": "double"' in names_in_prompt:
+        call = {"name": "double", "arguments": {"a": a}}
+    else:
+        call = {"name": "add", "arguments": {"a": a, "b": b}}
+    return f"<tool_call>\n{json.dumps(call)}\n</tool_call>{IM_END}"
+
+
+@pytest.fixture
+def scripted_first_turn(monkeypatch):
+    """Patch ``GRPOTrainer._generate_single_turn`` (for both trainers): the first turn of an episode calls a tool
+    with probability 1/2, else it and every later turn is the model's own sample."""
+    from trl import GRPOTrainer
+
+    original = GRPOTrainer._generate_single_turn
+
+    def turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        tok = self.processing_class
+        texts = [tok.decode(ids) for ids in prompt_ids]
+        first = ["<tool_response>" not in t for t in texts]
+        calls = [f and bool(torch.rand(()) < 0.5) for f in first]
+        sampled_rows = [i for i, c in enumerate(calls) if not c]
+        sampled, _ = (
+            original(self, [prompt_ids[i] for i in sampled_rows], None, {}, 1) if sampled_rows else ([], None)
+        )
+        by_row = dict(zip(sampled_rows, sampled, strict=True))
+        out = [
+            tok(_tool_call_text(texts[i]), add_special_tokens=False)["input_ids"] if c else list(by_row[i])
+            for i, c in enumerate(calls)
+        ]
+        return out, None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", turn)
+
+
+def _train(trainer_cls, config_cls, tmp_path, extra_config=None, spies=None, **trainer_kwargs):
+    tok = build_tool_calling_tokenizer()
+    model = _tiny_model(tok)
+    args = config_cls(output_dir=str(tmp_path / trainer_cls.__name__), **SETTINGS, **(extra_config or {}))
+    trainer = trainer_cls(model=model, args=args, processing_class=tok, **trainer_kwargs)
+    if spies is not None:
+        spies.append(_Spy(trainer))
+    trainer.train()
+    return trainer
+
+
+def _tiny_model(tok):
+    """Smaller than the default tiny Llama: prompts with a tool schema are ~700 tokens, and the tests train twice."""
+    return build_tiny_llama(
+        tok,
+        hidden_size=64,
+        num_layers=1,
+        num_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        max_position_embeddings=1024,
+    )
+
+
+def _prompts(n=2, **columns):
+    prompts = [[{"role": "user", "content": f"What is {i} + {i + 1}?"}] for i in range(n)]
+    return Dataset.from_dict({"prompt": prompts, **columns})
+
+
+def _weights(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _logged(trainer, key):
+    return [e[key] for e in trainer.state.log_history if key in e]
+
+
+def scripted_rollout(prompts, trainer):
+    """A ``rollout_func`` (TRL's contract): per prompt, a few model tokens, an environment observation (``env_mask``
+    0), a few more model tokens and EOS; random ids from torch's generator, so both trainers get the same."""
+    tok = trainer.processing_class
+    observation = tok("[obs: 42]", add_special_tokens=False)["input_ids"]
+    prompt_ids, completion_ids, env_mask = tok(text=list(prompts))["input_ids"], [], []
+    for _ in prompts:
+        before, after = (torch.randint(4, 90, (int(n),)).tolist() for n in torch.randint(2, 8, (2,)))
+        completion_ids.append(before + observation + after + [tok.eos_token_id])
+        env_mask.append([1] * len(before) + [0] * len(observation) + [1] * (len(after) + 1))
+    return {
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion_ids,
+        "logprobs": None,
+        "env_mask": env_mask,
+    }
+
+
+def _case(name: str) -> dict:
+    """Trainer arguments of one case, built fresh for each trainer (GRPOTrainer appends an environment's
+    ``get_reward`` to the ``reward_funcs`` list it is given)."""
+    if name == "tools":
+        return dict(reward_funcs=[vowel_share], tools=[add], train_dataset=_prompts())
+    if name == "environment":
+        # reward_funcs=None: the environment's get_reward is the only reward source.
+        return dict(reward_funcs=None, environment_factory=Adder, train_dataset=_prompts())
+    if name == "environment dict":
+        # Two environments, routed by the rows' "environment" column; Adder's get_reward (NaN for Doubler's
+        # episodes) plus a reward function that reads environments=.
+        return dict(
+            reward_funcs=[vowel_share, called_tools],
+            environment_factory={"adder": Adder, "doubler": Doubler},
+            train_dataset=_prompts(environment=["adder", "doubler"]),
+        )
+    assert name == "rollout_func"
+    return dict(
+        reward_funcs=[vowel_share_text],
+        rollout_func=scripted_rollout,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1=", "2+2="]}),
+    )
+
+
+def vowel_share_text(completions, **kwargs) -> list[float]:
+    """:func:`vowel_share` for plain-text completions."""
+    return [sum(c in "aeiou" for c in text) / max(len(text), 1) for text in completions]
+
+
+CASES = ["tools", "environment", "environment dict", "rollout_func"]
+
+
+class _Spy:
+    """Records what the estimator was given and what went to the loss (``compute_advantages`` is the public hook)."""
+
+    def __init__(self, trainer):
+        self.batches, self.advantages = [], []
+        hook = trainer.compute_advantages
+
+        def compute(batch):
+            out = hook(batch)
+            self.batches.append(batch)
+            self.advantages.append(out)
+            return out
+
+        trainer.compute_advantages = compute
+
+    def check_tool_tokens_get_no_credit(self):
+        """Some completion held tool/environment tokens (``tool_mask`` 0), and none of them got an advantage."""
+        assert any(b.tool_mask is not None and bool((b.tool_mask == 0).any()) for b in self.batches)
+        for batch, advantages in zip(self.batches, self.advantages, strict=True):
+            outside = batch.completion_mask.bool() & ~batch.tool_mask.bool()
+            assert not advantages[outside].any()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_grpo_estimator_trains_tool_and_environment_episodes_bit_identically_to_grpo_trainer(
+    scripted_first_turn, tmp_path, case
+):
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    grpo = _train(GRPOTrainer, GRPOConfig, tmp_path, **_case(case))
+    spies = []
+    ours = _train(
+        VinePPOTrainer, VinePPOConfig, tmp_path, {"advantage_estimator": "grpo"}, spies=spies, **_case(case)
+    )
+    assert grpo.state.global_step == ours.state.global_step == SETTINGS["max_steps"]
+    if case != "rollout_func":  # the tool loop ran, identically in both, and no call failed
+        calls = _logged(grpo, "tools/call_frequency")
+        assert calls == _logged(ours, "tools/call_frequency") and sum(calls) > 0
+        assert set(_logged(ours, "tools/failure_frequency")) == {0.0}
+    spies[0].check_tool_tokens_get_no_credit()
+    for key in ("reward", "reward_std", "loss", "completions/mean_length"):
+        assert _logged(grpo, key) == _logged(ours, key), key
+    want, got = _weights(grpo.model), _weights(ours.model)
+    moved = [n for n, w in want.items() if not torch.equal(w, _initial_weights()[n])]
+    assert moved, "training moved no weight: the comparison would be vacuous"
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "gae"])
+def test_rloo_and_gae_train_environment_episodes_with_tool_tokens_left_out(
+    scripted_first_turn, tmp_path, estimator
+):
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    spies = []
+    extra = {"advantage_estimator": estimator, "whiten_advantages": True, "scale_rewards": "none"}
+    trainer = _train(VinePPOTrainer, VinePPOConfig, tmp_path, extra, spies=spies, **_case("environment dict"))
+    assert trainer.state.global_step == SETTINGS["max_steps"]
+    assert sum(_logged(trainer, "tools/call_frequency")) > 0
+    spies[0].check_tool_tokens_get_no_credit()
+    for batch, advantages in zip(spies[0].batches, spies[0].advantages, strict=True):
+        # Whitened over the model's own tokens only: mean 0 there (the tool tokens' zeros do not count).
+        loss_tokens = (batch.completion_mask * batch.tool_mask).bool()
+        assert abs(float(advantages[loss_tokens].mean())) < 1e-5
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+
+
+@pytest.mark.parametrize("estimator", ["vineppo", "hybrid", "tree"])
+@pytest.mark.parametrize("kwarg", ["tools", "environment_factory", "rollout_func"])
+def test_monte_carlo_estimators_refuse_agent_episodes_naming_the_estimator_and_the_fix(
+    tmp_path, estimator, kwarg
+):
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    value = {"tools": [add], "environment_factory": Adder, "rollout_func": scripted_rollout}[kwarg]
+    tok = build_tool_calling_tokenizer()
+    tree = {"tree_branching": [2]} if estimator == "tree" else {}  # groups of num_generations=2
+    args = VinePPOConfig(output_dir=str(tmp_path), **{**SETTINGS, "advantage_estimator": estimator, **tree})
+    with pytest.raises(
+        NotImplementedError, match=rf"advantage_estimator='{estimator}' does not support {kwarg}="
+    ) as err:
+        VinePPOTrainer(
+            model=_tiny_model(tok), reward_funcs=[vowel_share], args=args, train_dataset=_prompts(),
+            processing_class=tok, **{kwarg: value},
+        )  # fmt: skip
+    assert "advantage_estimator='grpo', 'rloo' or 'gae'" in str(err.value)
+
+
+def test_prompt_lengths_are_checked_with_each_rows_environment_tools(tmp_path):
+    """At construction, before any batch (when TRL has no per-batch environments yet), a prompt is measured as GRPO
+    renders it: with its own environment's tool schema."""
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    tok = build_tool_calling_tokenizer()
+    schema = len(tok.apply_chat_template([{"role": "user", "content": ""}], tools=[Adder().add], tokenize=True,
+                                         add_generation_prompt=True, return_dict=True)["input_ids"])  # fmt: skip
+    # Fits without the tool schema, not with it (context 1024, 160 positions kept for the completion).
+    content = "x" * (1024 - 160 - schema + 10)
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": content}]], "environment": ["adder"]})
+    args = VinePPOConfig(output_dir=str(tmp_path), **{**SETTINGS, "advantage_estimator": "grpo"})
+    with pytest.raises(
+        ValueError, match=r"The prompt of train_dataset row 0 has \d+ tokens; with max_completion_length"
+    ):
+        VinePPOTrainer(
+            model=_tiny_model(tok), reward_funcs=[vowel_share], args=args, train_dataset=data,
+            processing_class=tok, environment_factory={"adder": Adder},
+        )  # fmt: skip
+
+
+def test_a_dict_of_environments_needs_the_environment_column(tmp_path):
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    tok = build_tool_calling_tokenizer()
+    args = VinePPOConfig(output_dir=str(tmp_path), **{**SETTINGS, "advantage_estimator": "grpo"})
+    with pytest.raises(
+        ValueError, match=r"train_dataset has no 'environment' column .* environment_factory is a dict"
+    ):
+        VinePPOTrainer(
+            model=_tiny_model(tok), reward_funcs=[vowel_share], args=args, train_dataset=_prompts(),
+            processing_class=tok, environment_factory={"adder": Adder},
+        )  # fmt: skip
+
+
+_INITIAL: dict[str, torch.Tensor] = {}
+
+
+def _initial_weights() -> dict[str, torch.Tensor]:
+    """The initial weights both trainers start from (built once)."""
+    if not _INITIAL:
+        model = _tiny_model(build_tool_calling_tokenizer())
+        _INITIAL.update(_weights(model))
+    return _INITIAL

@@ -1,0 +1,64 @@
+"""trainer/checks.py: which estimators take TRL's agent arguments (tools, environments, rollout_func), reward
+sources with environments, and the dataset columns environments need."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcadvantage.trainer.checks import check_agent_kwargs, check_dataset_columns, check_reward_funcs
+
+
+class _ReadsTheBatch:
+    name = "mine"
+    uses_rollouts = False
+
+    def tree_schedule(self, max_completion_length):
+        return None
+
+
+class _SamplesContinuations(_ReadsTheBatch):
+    uses_rollouts = True
+
+
+class _DrawsTrees(_ReadsTheBatch):
+    def tree_schedule(self, max_completion_length):
+        return object()
+
+
+def test_agent_arguments_pass_to_estimators_that_only_read_the_batch():
+    for kwargs in ({"tools": [print]}, {"environment_factory": dict}, {"rollout_func": print}, {}):
+        check_agent_kwargs(kwargs, _ReadsTheBatch(), 16)  # no error
+    check_agent_kwargs({"tools": None, "beta": 0.1}, _SamplesContinuations(), 16)  # nothing agent-like given
+
+
+@pytest.mark.parametrize(
+    "estimator,how",
+    [(_SamplesContinuations(), "samples Monte Carlo"), (_DrawsTrees(), "draws its groups as trees")],
+)
+def test_agent_arguments_refused_where_continuations_would_drop_the_episode(estimator, how):
+    with pytest.raises(
+        NotImplementedError,
+        match=rf"advantage_estimator='mine' does not support tools=, rollout_func= yet: it {how}",
+    ):
+        check_agent_kwargs({"tools": [print], "rollout_func": print}, estimator, 16)
+
+
+def test_environments_may_own_the_reward():
+    assert check_reward_funcs(None, environment_factory=dict) == []
+    assert check_reward_funcs([], environment_factory=dict) == []
+    assert check_reward_funcs(print, environment_factory=dict) == [print]
+    with pytest.raises(ValueError, match=r"reward_funcs is None"):
+        check_reward_funcs(None)
+
+
+def test_dataset_columns_with_environments():
+    from datasets import Dataset
+
+    routed = Dataset.from_dict({"environment": ["a"]})  # no prompt: the environment's reset supplies it
+    check_dataset_columns(routed, [], "train_dataset", environment_factory={"a": dict})
+    with pytest.raises(ValueError, match="has no 'prompt' column"):
+        check_dataset_columns(routed, [], "train_dataset")
+    with pytest.raises(ValueError, match=r"no 'environment' column .*\['a', 'b'\]"):
+        check_dataset_columns(
+            Dataset.from_dict({"prompt": ["x"]}), [], "d", environment_factory={"a": 1, "b": 2}
+        )

@@ -167,8 +167,8 @@ class StudyConfig(DemoConfig):
 
 
 def build_data(config: DemoConfig) -> DemoData:
-    """The problem sets and warm-up demonstrations of a study task: the demo's (:func:`mcadvantage.demo.config.
-    build_data`) for a plain ``DemoConfig``; for a :class:`StudyConfig`, the same problems with its flaw's
+    """The problem sets and warm-up demonstrations of a study task: for a plain ``DemoConfig`` the demo's own
+    (``mcadvantage.demo.config.build_data``); for a :class:`StudyConfig`, the same problems with its flaw's
     demonstrations, and with ``lead_ins`` every demonstration's lines led in (the variation's own generator, drawn
     demonstration by demonstration, so the flaws and their pattern are the same with or without it)."""
     if not isinstance(config, StudyConfig):

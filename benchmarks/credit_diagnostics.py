@@ -69,16 +69,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from mcadvantage import GSM8KVerifier, TransformersSampler
     from mcadvantage.demo.arms import load_policy
-    from mcadvantage.demo.config import DemoConfig, shipped_warmup_dir
+    from mcadvantage.demo.config import shipped_warmup_dir
     from mcadvantage.evaluation.diagnostics import diagnose_credit
-    from testbed.tasks import TASK_PRESETS, held_out_problems
+    from testbed.tasks import TASK_PRESETS, StudyConfig, held_out_problems
 
     if args.task not in TASK_PRESETS:
         parser.error(
             f"--task {args.task!r} is not a study task; choose one of {', '.join(sorted(TASK_PRESETS))}."
         )
     torch.set_num_threads(args.threads)
-    config = replace(DemoConfig(), **TASK_PRESETS[args.task])
+    config = replace(StudyConfig(), **TASK_PRESETS[args.task])
     model_dir = args.model or args.critic or str(shipped_warmup_dir())
     model, tokenizer = load_policy(model_dir)
     model.eval()

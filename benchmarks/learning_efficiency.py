@@ -45,12 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at the repository's root
     sys.path.insert(0, str(ROOT))
 
-from testbed.tasks import TASK_PRESETS  # noqa: E402  (after the root is on sys.path)
+from testbed.tasks import TASK_PRESETS, StudyConfig  # noqa: E402  (after the root is on sys.path)
 
 BENCHMARKS = ROOT / "benchmarks"
 RESULTS = ROOT / "benchmarks" / "results"
 
-# Task presets: DemoConfig overrides, fixed before the runs (see the protocol documents). The studies' tasks are
+# Task presets: StudyConfig settings, fixed before the runs (see the protocol documents). The studies' tasks are
 # defined once, in testbed.tasks.TASK_PRESETS (python -m testbed.make_warmup --task reads them too).
 TASKS: dict[str, dict[str, Any]] = {
     **{name: dict(preset) for name, preset in TASK_PRESETS.items()},
@@ -121,12 +121,10 @@ SFT_STEPS = 400  # about GRPO's training wall time per seed on the demo task, me
 SFT_LR = 3e-4  # where the warm-up's schedule ends (warmup_lr decayed to a tenth)
 
 
-def task_config(task: str, seed: int) -> Any:
-    from mcadvantage.demo.config import DemoConfig
-
+def task_config(task: str, seed: int) -> StudyConfig:
     if task not in TASKS:
         raise SystemExit(f"--task must be one of {sorted(TASKS)}, got {task!r}.")
-    config = replace(DemoConfig(), seed=seed, **TASKS[task])
+    config = replace(StudyConfig(), seed=seed, **TASKS[task])
     if config.quick:
         config.apply_quick()
     return config
@@ -134,7 +132,7 @@ def task_config(task: str, seed: int) -> Any:
 
 def task_data(task: str, seed: int) -> Any:
     """The problem sets of ``(task, seed)``: seed 0's for a shared-start task, the seed's own otherwise."""
-    from mcadvantage.demo.config import build_data
+    from testbed.tasks import build_data
 
     return build_data(task_config(task, 0 if task in SHARED_START_TASKS else seed))
 
@@ -246,8 +244,8 @@ def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
     if meta_path.exists():
         return json.loads(meta_path.read_text())
     from mcadvantage.demo.arms import train_warmup_policy
-    from mcadvantage.demo.config import build_data
     from mcadvantage.testing import build_char_tokenizer
+    from testbed.tasks import build_data
 
     config = task_config(task, seed)
     data = build_data(config)
@@ -407,7 +405,7 @@ def _matched_prompts(
 
 
 def resolve_arm(arm_name: str, seed_dir: Path, config: Any) -> tuple[str, dict[str, Any]]:
-    """The arm's name in :func:`mcadvantage.demo.config.parse_arm`'s grammar, and what was measured to choose it:
+    """The arm's name in :func:`testbed.arms.parse_arm`'s grammar, and what was measured to choose it:
     ``grpo_matched`` gets the Monte Carlo arm's sampled tokens per step as more prompts, ``grpo_matched_cost`` its
     cost per step under the cost model with the measured ``r``."""
     matched_to = os.environ.get("LE_MATCHED_TO", MATCHED_TO)
@@ -439,8 +437,8 @@ def run_arm_process(
     import torch
 
     from mcadvantage.demo.arms import ArmRecord, run_rl_arm
-    from mcadvantage.demo.config import parse_arm
     from mcadvantage.demo.run import _quiet_libraries
+    from testbed.arms import RLFreeArm, parse_arm
 
     if str(BENCHMARKS) not in sys.path:  # the RL-free arms are benchmark code, beside this file
         sys.path.insert(0, str(BENCHMARKS))
@@ -503,7 +501,8 @@ def run_arm_process(
     on_record(ArmRecord(arm_name, seed, 0, warm["accuracy"], 0.0, 0.0))
     t0 = time.perf_counter()
     extra: dict[str, Any] = {}
-    if spec.kind == "restem":
+    rl_free = spec.name if isinstance(spec, RLFreeArm) else None
+    if rl_free == "restem":
         prompts = config.rl_steps * config.prompts_per_step // RESTEM_ITERATIONS
         _, records = run_restem_arm(
             config,
@@ -517,7 +516,7 @@ def run_arm_process(
             on_record=on_record,
         )
         steps = config.rl_steps
-    elif spec.kind == "dpo_plus":
+    elif rl_free == "dpo_plus":
         _, records = run_dpo_plus_arm(
             config,
             policy_dir,
@@ -532,7 +531,7 @@ def run_arm_process(
             on_record=on_record,
         )
         steps = config.rl_steps
-    elif spec.kind == "sft":
+    elif rl_free == "sft":
         _, records = run_sft_arm(
             config,
             policy_dir,
@@ -951,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--kl_prompts must be >= 0 (0 measures no KL), got {args.kl_prompts}.")
     if args.rl_steps is not None and args.rl_steps < 1:
         raise SystemExit(f"--rl_steps must be >= 1 (or left out for the task's), got {args.rl_steps}.")
-    from mcadvantage.demo.config import parse_arm
+    from testbed.arms import parse_arm
 
     for arm in args.arms:
         base_arm = split_temperature(arm)[0]

@@ -1,8 +1,11 @@
 """The research testbed: what the studies in ``benchmarks/`` and the tests need beside the library, kept out of the
 wheel (``pip install mcadvantage`` gets the library and the demo, not this).
 
-- :mod:`testbed.tasks`: the studies' task variants (``TASK_PRESETS``: ``long``, ``slip``, ``sign``; the ``slip`` and
-  ``sign`` flaws and the harmless lead-ins they add to the demo's data) and their held-out prompt sets;
+- :mod:`testbed.tasks`: the studies' task variants (``TASK_PRESETS``: ``long``, ``slip``, ``sign``; ``StudyConfig``,
+  the demo's settings plus the ``slip`` and ``sign`` flaws and the harmless lead-ins, and its ``build_data``) and
+  their held-out prompt sets;
+- :mod:`testbed.arms`: the studies' arm names, the demo's RL arms plus the arms without RL (``sft``, ``restem``,
+  ``dpo_plus``, run by ``benchmarks/rl_free_arms.py``);
 - :mod:`testbed.make_warmup`: trains and records the warm-up checkpoints the studies start from
   (``python -m testbed.make_warmup``);
 - :mod:`testbed.toys`: the exact toy gradient task of the gradient instrument's tests and benchmark;
@@ -14,8 +17,7 @@ testbed.<module>`` run from the root has it; every script in ``benchmarks/`` put
 ``benchmarks/`` there for its neighbours), and pytest does through ``pythonpath`` in ``pyproject.toml``.
 ``tests/test_layout.py`` checks the direction: the testbed imports the package, the package never the testbed.
 
-Importing this package imports :mod:`testbed.tasks` (no torch), so the studies' flaws are registered with the demo's
-data builder whenever anything of the testbed is in use.
+Nothing registers itself with the demo: a study names its settings (``testbed.tasks.StudyConfig``) and builds its data
+(``testbed.tasks.build_data``) and arms (``testbed.arms.parse_arm``) here, so the package ships only what the demo
+runs.
 """
-
-from testbed import tasks as tasks  # registers the studies' flaws and lead-ins (see testbed.tasks)

@@ -31,12 +31,19 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mcadvantage.demo.config import DemoConfig, build_data, validate_config, warmup_settings
+from mcadvantage.demo.config import DemoConfig, validate_config, warmup_settings
 from mcadvantage.demo.run import _quiet_libraries
-from mcadvantage.demo.task import FLAWS
-from testbed.tasks import TASK_PRESETS
+from testbed.tasks import FLAWS, TASK_PRESETS, StudyConfig, build_data
 
-__all__ = ["COMMAND", "LEGACY_COMMAND", "InterruptedWarmup", "current_command", "make_warmup", "main"]
+__all__ = [
+    "COMMAND",
+    "LEGACY_COMMAND",
+    "InterruptedWarmup",
+    "current_command",
+    "make_warmup",
+    "main",
+    "resumable_step",
+]
 
 #: How this module is run (what ``warmup.json`` records as its ``command``).
 COMMAND = "python -m testbed.make_warmup"
@@ -57,8 +64,21 @@ class InterruptedWarmup(ValueError):
     """An output directory holds an interrupted warm-up, and the caller did not ask to resume it."""
 
 
+def resumable_step(save_dir: str | Path) -> int | None:
+    """The step an interrupted plateau warm-up in ``save_dir`` would resume from, or None when there is none (its
+    state is :data:`mcadvantage.demo.arms.RESUME_FILE`, written by the demo's warm-up trainer)."""
+    import torch
+
+    from mcadvantage.demo.arms import RESUME_FILE
+
+    path = Path(save_dir) / RESUME_FILE
+    if not path.exists():
+        return None
+    return int(torch.load(path, weights_only=False)["training"].step)
+
+
 def make_warmup(
-    config: DemoConfig,
+    config: StudyConfig,
     output_dir: str | Path,
     *,
     progress: bool = True,
@@ -72,7 +92,7 @@ def make_warmup(
     recorded command; by default the first preset whose settings ``config`` has (else ``demo``). ``resume``: continue
     an interrupted plateau warm-up from its last evaluation (``resume_state.pt`` in ``output_dir``, removed once
     ``warmup.json`` is written)."""
-    from mcadvantage.demo.arms import RESUME_FILE, resumable_step, train_warmup_policy
+    from mcadvantage.demo.arms import RESUME_FILE, train_warmup_policy
 
     if (Path(output_dir) / RESUME_FILE).exists() and not resume:
         raise InterruptedWarmup(
@@ -153,7 +173,9 @@ def make_warmup(
         + (f" --task {task}" if task != "demo" else "")
         + (f" --threads {config.threads}" if config.threads != DemoConfig.threads else "")
         + (
-            f" --flaw {config.flaw}" if config.flaw != TASK_PRESETS[task].get("flaw", DemoConfig.flaw) else ""
+            f" --flaw {config.flaw}"
+            if config.flaw != TASK_PRESETS[task].get("flaw", StudyConfig.flaw)
+            else ""
         ),
     }
     if plateau:
@@ -189,7 +211,7 @@ def make_warmup(
 
 
 def sft_check(
-    config: DemoConfig,
+    config: StudyConfig,
     data: Any,
     policy_dir: str | Path,
     *,
@@ -286,8 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--flaw",
         choices=FLAWS,
         default=None,
-        help="how flawed demonstrations go wrong (see DemoConfig.flaw; default: the task's; '--flaw slip' is "
-        "'--task slip')",
+        help="how flawed demonstrations go wrong (see testbed.tasks.StudyConfig.flaw; default: the task's; "
+        "'--flaw slip' is '--task slip')",
     )
     parser.add_argument(
         "--resume",
@@ -303,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(
             "--resume continues a plateau warm-up; add --warmup_schedule plateau (a fixed one is short)."
         )
-    config = DemoConfig(
+    config = StudyConfig(
         seed=args.seed,
         threads=args.threads,
         warmup_steps=args.warmup_steps,

@@ -1,23 +1,31 @@
 """The studies' task variants (docs/learning-efficiency.md, docs/regime-protocol.md): the named task presets, the
 ``slip`` and ``sign`` flaws and the harmless lead-ins they add to the demo's data, and their held-out prompt sets.
 
-The demo (``mcadvantage.demo``) generates the arithmetic task and its one flaw, ``skip_last``; the studies vary it.
-Importing this module registers the variants with the demo's data builder (:func:`mcadvantage.demo.task.register_flaw`,
-:func:`~mcadvantage.demo.task.register_variation`), so ``DemoConfig(flaw="sign", lead_ins=True)`` builds the
-``sign`` task's demonstrations exactly as before the variants left the package (same generators, same draws).
+The demo (``mcadvantage.demo``) generates the arithmetic task and its one flaw, ``skip_last``; the studies vary it
+with the settings of :class:`StudyConfig` (a :class:`~mcadvantage.demo.config.DemoConfig` plus ``flaw`` and
+``lead_ins``), whose data :func:`build_data` makes from the demo's own pieces
+(:func:`~mcadvantage.demo.config.problem_sets`, :func:`~mcadvantage.demo.config.demonstrations`): the ``sign``
+task's demonstrations are exactly those of before the variants left the package (same generators, same draws).
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from mcadvantage.demo.config import DemoConfig, build_data
-from mcadvantage.demo.task import ArithmeticProblem, Flaw, register_flaw, register_variation
+from mcadvantage.demo import config as demo_config
+from mcadvantage.demo.config import DemoConfig, DemoData, demonstrations, problem_sets
+from mcadvantage.demo.task import FLAW_DESCRIPTION, ArithmeticProblem, skip_last_solution
 
 __all__ = [
+    "FLAWS",
     "LEAD_INS",
     "TASK_PRESETS",
+    "Flaw",
+    "StudyConfig",
+    "build_data",
     "held_out_problems",
     "random_slip",
     "sign_flip_solution",
@@ -110,18 +118,78 @@ def with_lead_ins(solution: str, rng: random.Random) -> str:
     return "\n".join([rng.choice(LEAD_INS) + line for line in lines[:-1]] + lines[-1:])
 
 
-register_flaw("slip", Flaw("one arithmetic slip at a random operation", random_slip))
-register_flaw(
-    "sign",
-    Flaw(
+@dataclass(frozen=True)
+class Flaw:
+    """What a flawed demonstration gets wrong (a value of :attr:`StudyConfig.flaw`)."""
+
+    #: how messages word it
+    description: str
+    #: ``(problem, the flaw's own random generator) -> the flawed solution``; None when this problem cannot have the
+    #: mistake (its demonstration then stays correct)
+    write: Callable[[ArithmeticProblem, random.Random], str | None]
+
+
+#: The flaws :attr:`StudyConfig.flaw` may name: the demo's ``skip_last`` and the studies' ``slip`` and ``sign``.
+FLAWS: dict[str, Flaw] = {
+    "skip_last": Flaw(FLAW_DESCRIPTION, lambda problem, _rng: skip_last_solution(problem)),
+    "slip": Flaw("one arithmetic slip at a random operation", random_slip),
+    "sign": Flaw(
         "the first subtraction before the last operation done as an addition",
         lambda p, _rng: sign_flip_solution(p),
     ),
-)
-register_variation("lead_ins", with_lead_ins)
+}
 
 
-#: The studies' tasks as ``DemoConfig`` overrides (docs/learning-efficiency.md, docs/regime-protocol.md); the
+@dataclass
+class StudyConfig(DemoConfig):
+    """The demo's settings plus the studies' variations of its data (what :data:`TASK_PRESETS` set)."""
+
+    # What a flawed demonstration gets wrong (a key of FLAWS): "skip_last" forgets the last operation (the demo's);
+    # "slip" makes one arithmetic slip at a random operation, the wrong value carried on; "sign" does an addition at
+    # the first subtraction before the last operation.
+    flaw: str = "skip_last"
+    # Harmless variation: every demonstration's equation lines start with a random lead-in ("", "so ", "then ",
+    # "now "), choices that never change the answer.
+    lead_ins: bool = False
+
+    # Both decide the warm-up, recorded where they always were in warmup.json (after flawed_demo_min_steps).
+    warmup_fields: ClassVar[tuple[str, ...]] = (
+        *DemoConfig.warmup_fields[: DemoConfig.warmup_fields.index("flawed_demo_min_steps") + 1],
+        "flaw",
+        "lead_ins",
+        *DemoConfig.warmup_fields[DemoConfig.warmup_fields.index("flawed_demo_min_steps") + 1 :],
+    )
+    # The first checkpoints were recorded before lead_ins existed.
+    legacy_warmup_settings: ClassVar[dict[str, Any]] = {
+        **DemoConfig.legacy_warmup_settings,
+        "lead_ins": False,
+    }
+
+
+def build_data(config: DemoConfig) -> DemoData:
+    """The problem sets and warm-up demonstrations of a study task: for a plain ``DemoConfig`` the demo's own
+    (``mcadvantage.demo.config.build_data``); for a :class:`StudyConfig`, the same problems with its flaw's
+    demonstrations, and with ``lead_ins`` every demonstration's lines led in (the variation's own generator, drawn
+    demonstration by demonstration, so the flaws and their pattern are the same with or without it)."""
+    if not isinstance(config, StudyConfig):
+        return demo_config.build_data(config)
+    if config.flaw not in FLAWS:
+        raise ValueError(f"build_data: flaw must be one of {sorted(FLAWS)}, got {config.flaw!r}.")
+    sets = problem_sets(config)
+    warmup, flawed = demonstrations(config, sets.warmup_set, FLAWS[config.flaw].write)
+    if config.lead_ins:
+        variation_rng = random.Random(7_000_003 * (config.seed + 1))
+        warmup = [(prompt, with_lead_ins(solution, variation_rng)) for prompt, solution in warmup]
+    return DemoData(
+        eval_set=sets.eval_set,
+        warmup=warmup,
+        flawed=flawed,
+        rl_set=sets.rl_set,
+        validation_set=sets.validation_set,
+    )
+
+
+#: The studies' tasks as :class:`StudyConfig` settings (docs/learning-efficiency.md, docs/regime-protocol.md); the
 #: benchmarks and ``python -m testbed.make_warmup --task`` read them from here.
 TASK_PRESETS: dict[str, dict[str, Any]] = {
     # The demo task: 2-5 operations, 60% of the 4+ operation demonstrations forget the last operation.

@@ -148,6 +148,23 @@ def test_navigation_reads_in_a_users_order():
     assert on_disk <= set(pages), f"pages missing from mkdocs.yml's nav: {sorted(on_disk - set(pages))}"
 
 
+def test_migration_page_lists_every_moved_path_and_the_release_that_removes_them():
+    """The old module paths and their removal release are defined once, in ``mcadvantage._moved``; the migration
+    page states them, and must say the same (every old path with its new home, one removal release)."""
+    from mcadvantage._moved import MOVED, REMOVED_IN
+
+    page = (DOCS / "migration-0.2.md").read_text(encoding="utf-8")
+    missing = [
+        old for old, new in MOVED.items() if not re.search(rf"^\| `{old}` \| `{new}`", page, re.MULTILINE)
+    ]
+    assert not missing, f"docs/migration-0.2.md has no table row '| `old` | `new` ...' for {missing}"
+    releases = re.findall(r"(?:removed in|until) (\d+\.\d+)", page)
+    assert releases and set(releases) == {REMOVED_IN}, (
+        f"docs/migration-0.2.md names the removal release as {releases}; mcadvantage._moved.REMOVED_IN is "
+        f"{REMOVED_IN!r}: write that"
+    )
+
+
 def test_readme_first_screen_has_what_why_install_quickstart_and_results():
     """What a visitor of the package index sees without scrolling (the first 40 lines of README.md)."""
     screen = "\n".join((ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:40])

@@ -8,7 +8,7 @@
   repository's root on ``sys.path`` first (the one mechanism ``docs/design.md`` names);
 - no module is over 500 lines unless its docstring says why (``Why this module is long:``);
 - every public name is importable from the place this file lists, and every 0.1-layout module path still imports
-  as the same module object (``mcadvantage._moved``).
+  as the same module object (``mcadvantage._moved``), with a ``FutureWarning``, and the project itself uses none.
 
 Pure source analysis with :mod:`ast` (nothing heavy is imported but the public-name checks), so this runs in
 seconds.
@@ -317,13 +317,36 @@ def test_packages_re_export_their_names(package):
         assert getattr(module, name) is getattr(mcadvantage, name), f"{package}.{name}"
 
 
-def test_old_module_paths_import_as_the_same_module():
+def _forget(old: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``old`` unimported again for this test (the import system caches it in ``sys.modules`` and as an
+    attribute of its package), so that importing it reaches the finder, as a process's first import does."""
+    import sys
+
+    import mcadvantage
+
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    monkeypatch.delattr(mcadvantage, old.rsplit(".", 1)[1], raising=False)
+
+
+def test_old_module_paths_import_as_the_same_module_and_warn(monkeypatch):
     """Code written against the 0.1 layout (``from mcadvantage.estimator import MCValueEstimator``,
-    ``monkeypatch.setattr("mcadvantage.verifiers....")``) keeps working: the old path is the new module object."""
-    from mcadvantage._moved import MOVED
+    ``monkeypatch.setattr("mcadvantage.verifiers....")``) keeps working: the old path is the new module object. Each
+    import of an old path warns, naming the old path, the new one and the release that removes the old one."""
+    from mcadvantage._moved import MOVED, REMOVED_IN, moved_message
 
     for old, new in MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
+        _forget(old, monkeypatch)
+        with pytest.warns(FutureWarning) as caught:
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        # (a first import of TRL may add FutureWarnings of its own: only ours are counted)
+        (warning,) = [
+            w for w in caught if w.category is FutureWarning and str(w.message).startswith("The module ")
+        ]
+        assert str(warning.message) == moved_message(old)
+        assert f"module {old} moved to {new}," in str(warning.message)
+        assert f"mcadvantage {REMOVED_IN}" in str(warning.message)
+        assert warning.filename == __file__, "the warning points at the line importing the old path"
     from mcadvantage.estimator import MCValueEstimator  # the documented 0.1 spelling
     from mcadvantage.segmenters import GSM8KSegmenter
     from mcadvantage.verifiers import MathVerifier
@@ -337,8 +360,93 @@ def test_old_module_paths_import_as_the_same_module():
     )
 
 
+def test_an_old_path_warns_at_its_import_line_once_even_after_the_new_module(monkeypatch):
+    """The new module imported first (as the package itself does) does not hide the old name's first import; the
+    warning points at the user's ``import`` line; a second import of the old name finds it imported and is quiet."""
+    import inspect
+    import warnings
+
+    import mcadvantage.mc.estimator
+
+    _forget("mcadvantage.estimator", monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        import mcadvantage.estimator
+        import mcadvantage.estimator as again  # noqa: F401 - the second import of the old name
+    ours = [w for w in caught if str(w.message).startswith("The module ")]
+    assert [(w.category, w.filename, w.lineno) for w in ours] == [(FutureWarning, __file__, line)]
+    assert "mcadvantage.estimator moved to mcadvantage.mc.estimator" in str(ours[0].message)
+    assert mcadvantage.estimator is mcadvantage.mc.estimator
+    # Only asking where the old name is (importlib.util.find_spec) is not an import, and does not warn.
+    _forget("mcadvantage.estimator", monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert importlib.util.find_spec("mcadvantage.estimator") is not None
+
+
+_OLD_IMPORT = re.compile(r"(?:^|[\s\"'`(])(?:import|from|python -m) +mcadvantage\.(\w+)\b")
+
+
+def _old_path_uses(path: Path, old_leaves: set[str]) -> list[str]:
+    """Where ``path`` imports (or runs, or patches through) an old module path: import statements, and strings
+    such as ``monkeypatch.setattr("mcadvantage.estimator.X", ...)`` or ``import_module("mcadvantage.config")``."""
+    text = path.read_text(encoding="utf-8")
+    found = [
+        f"{path.name}: {m.group(0).strip()}" for m in _OLD_IMPORT.finditer(text) if m.group(1) in old_leaves
+    ]
+    if path.suffix == ".py":
+        for node in ast.walk(ast.parse(text)):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "mcadvantage":
+                names = [f"mcadvantage.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]
+            found += [
+                f"{path.name}:{node.lineno}: {name}"
+                for name in names
+                if name.startswith("mcadvantage.") and name.split(".")[1] in old_leaves
+            ]
+    return found
+
+
+def test_the_project_itself_never_uses_an_old_module_path(tmp_path):
+    """The package, its tests, examples, benchmarks, testbed, scripts and docs use the new paths: only the tests
+    above (which check the old ones on purpose), the finder's own table, the migration page and the research log
+    (history: what the commands were when it was written) name the old ones."""
+    from mcadvantage._moved import MOVED
+
+    old_leaves = {old.split(".")[1] for old in MOVED}
+    deliberate = {PACKAGE / "_moved.py", Path(__file__).resolve()}
+    deliberate |= {ROOT / "docs" / "migration-0.2.md", ROOT / "docs" / "research-log.md"}
+    sources = [
+        ROOT / folder for folder in ("src", "tests", "examples", "benchmarks", "testbed", "scripts", "docs")
+    ]
+    paths = [p for src in sources for p in src.rglob("*") if p.suffix in (".py", ".md", ".sh")]
+    paths += [ROOT / "README.md"]
+    uses = [
+        use for path in paths if path.resolve() not in deliberate for use in _old_path_uses(path, old_leaves)
+    ]
+    assert not uses, f"import the new paths (mcadvantage._moved.MOVED): {uses}"
+    planted = (
+        tmp_path / "planted.py"
+    )  # the checker finds each way of naming an old path, and not the new path
+    planted.write_text(
+        "import mcadvantage.estimator\nfrom mcadvantage.config import VinePPOConfig\nfrom mcadvantage import policy\n"
+        "patch = 'mcadvantage.verifiers.MathVerifier'\nimport mcadvantage.mc.estimator\n",
+        encoding="utf-8",
+    )
+    assert [use.split(": ")[1] for use in _old_path_uses(planted, old_leaves)] == [
+        "import mcadvantage.estimator",
+        "from mcadvantage.config",
+        "mcadvantage.policy",
+        "mcadvantage.verifiers.MathVerifier",
+    ]
+
+
 def test_old_cli_path_still_runs():
-    """``python -m mcadvantage.diagnostics`` (the 0.1 spelling) reaches the moved module's command line."""
+    """``python -m mcadvantage.diagnostics`` (the 0.1 spelling) reaches the moved module's command line, and warns
+    with the command to use instead."""
     import subprocess
     import sys
 
@@ -350,6 +458,8 @@ def test_old_cli_path_still_runs():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage:" in proc.stdout
+    assert "FutureWarning: python -m mcadvantage.diagnostics: the module moved to" in proc.stderr
+    assert "run python -m mcadvantage.evaluation.diagnostics instead" in proc.stderr
 
 
 def test_the_trainer_stays_thin_wiring():

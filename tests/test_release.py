@@ -185,6 +185,9 @@ def test_wheel_contents_and_metadata(dists):
         library = b"".join(zf.read(n) for n in names if n.endswith(".py"))
     assert unpacked <= 6_000_000, f"the wheel unpacks to {unpacked:,} bytes"
     assert b"TASK_PRESETS" not in library and b"toy_gradient_task" not in library
+    # ... and none of the studies' hooks: their flaws and lead-ins, arms without RL, warm-up resuming (testbed/).
+    for hook in (b"lead_ins", b"def register_flaw", b"class Flaw", b"def resumable_step", b'"dpo_plus"'):
+        assert hook not in library, f"{hook!r} ships in the wheel: it belongs in testbed/"
     assert f"Version: {version}" in metadata
     assert "License-Expression: Apache-2.0" in metadata
     assert re.search(r"^Requires-Dist: trl<1\.17,>=1\.16$", metadata, re.M), "the TRL range must be pinned"

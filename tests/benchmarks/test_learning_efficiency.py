@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from _helpers import load_benchmark
 
-from mcadvantage.demo.config import ArmSpec, DemoConfig, parse_arm, shipped_warmup_dir, usable_shipped_warmup
+from mcadvantage.demo.config import ArmSpec, DemoConfig, shipped_warmup_dir, usable_shipped_warmup
+from testbed.arms import RLFreeArm, parse_arm
+from testbed.tasks import StudyConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,35 +26,34 @@ def _benchmark():
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("grpo", ArmSpec("grpo", "rl", "grpo", None, None)),
-        ("rloo", ArmSpec("rloo", "rl", "rloo", None, None)),
-        ("ppo", ArmSpec("ppo", "rl", "gae", None, None)),
-        ("vineppo_k9", ArmSpec("vineppo_k9", "rl", "vineppo", 9, None)),
-        ("grpo_p19", ArmSpec("grpo_p19", "rl", "grpo", None, 19)),
-        ("vineppo_k4_p2", ArmSpec("vineppo_k4_p2", "rl", "vineppo", 4, 2)),
+        ("grpo", ArmSpec("grpo", "grpo", None, None)),
+        ("rloo", ArmSpec("rloo", "rloo", None, None)),
+        ("ppo", ArmSpec("ppo", "gae", None, None)),
+        ("vineppo_k9", ArmSpec("vineppo_k9", "vineppo", 9, None)),
+        ("grpo_p19", ArmSpec("grpo_p19", "grpo", None, 19)),
+        ("vineppo_k4_p2", ArmSpec("vineppo_k4_p2", "vineppo", 4, 2)),
         (
             "vineppo_k3_reuse",
-            ArmSpec("vineppo_k3_reuse", "rl", "vineppo", 3, None, (("mc_reuse_samples", True),)),
+            ArmSpec("vineppo_k3_reuse", "vineppo", 3, None, (("mc_reuse_samples", True),)),
         ),
         (
             "vineppo_k2_variance_p5",
             ArmSpec(
                 "vineppo_k2_variance_p5",
-                "rl",
                 "vineppo",
                 2,
                 5,
                 (("mc_allocation", "variance"), ("mc_reuse_samples", True)),
             ),
         ),
-        ("hybrid", ArmSpec("hybrid", "rl", "hybrid")),
-        ("hybrid_b50", ArmSpec("hybrid_b50", "rl", "hybrid", None, None, (("hybrid_budget", 0.5),))),
-        ("hybrid_b5_p8", ArmSpec("hybrid_b5_p8", "rl", "hybrid", None, 8, (("hybrid_budget", 0.05),))),
-        ("tree", ArmSpec("tree", "rl", "tree")),
-        ("tree_d12", ArmSpec("tree_d12", "rl", "tree", None, None, (("tree_depths", (0, 12)),))),
-        ("sft", ArmSpec("sft", "sft")),
-        ("restem", ArmSpec("restem", "restem")),
-        ("dpo_plus", ArmSpec("dpo_plus", "dpo_plus")),
+        ("hybrid", ArmSpec("hybrid", "hybrid")),
+        ("hybrid_b50", ArmSpec("hybrid_b50", "hybrid", None, None, (("hybrid_budget", 0.5),))),
+        ("hybrid_b5_p8", ArmSpec("hybrid_b5_p8", "hybrid", None, 8, (("hybrid_budget", 0.05),))),
+        ("tree", ArmSpec("tree", "tree")),
+        ("tree_d12", ArmSpec("tree_d12", "tree", None, None, (("tree_depths", (0, 12)),))),
+        ("sft", RLFreeArm("sft")),
+        ("restem", RLFreeArm("restem")),
+        ("dpo_plus", RLFreeArm("dpo_plus")),
     ],
 )
 def test_parse_arm(name, expected):
@@ -80,8 +81,22 @@ def test_parse_arm(name, expected):
     ],
 )
 def test_parse_arm_rejects_unknown_names_and_says_what_works(name):
-    with pytest.raises(ValueError, match="use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>'"):
+    with pytest.raises(
+        ValueError, match="use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>'.*without RL: 'sft', 'restem'"
+    ):
         parse_arm(name)
+
+
+@pytest.mark.parametrize("name", ["sft", "restem", "dpo_plus"])
+def test_the_demo_runs_rl_arms_only(name):
+    """The arms without RL are the studies' (testbed.arms): the demo's grammar and its --arms refuse them."""
+    from mcadvantage.demo.config import parse_args
+    from mcadvantage.demo.config import parse_arm as demo_parse_arm
+
+    with pytest.raises(ValueError, match=f"unknown arm '{name}'"):
+        demo_parse_arm(name)
+    with pytest.raises(SystemExit, match=f"--arms: unknown arm '{name}'"):
+        parse_args(["--arms", f"grpo,{name}"])
 
 
 def test_mc_option_arms_reach_the_config():
@@ -253,7 +268,9 @@ def test_shipped_warmup_is_used_only_for_its_own_settings():
     assert usable_shipped_warmup(DemoConfig(hidden_size=64)) is None
     assert usable_shipped_warmup(DemoConfig(warmup_steps=900)) is None
     assert usable_shipped_warmup(DemoConfig(train_warmup=True)) is None
-    assert usable_shipped_warmup(DemoConfig(flaw="slip")) is None
+    assert usable_shipped_warmup(StudyConfig(flaw="slip")) is None
+    assert usable_shipped_warmup(StudyConfig(lead_ins=True)) is None
+    assert usable_shipped_warmup(StudyConfig()) is not None  # the demo's task, as a study names it
     # Settings that only affect RL keep it.
     assert usable_shipped_warmup(DemoConfig(rl_steps=10, arms="grpo")) is not None
 

@@ -20,7 +20,16 @@ from mcadvantage.demo.report import ScoredResponse, advantage_colour, render_res
 from mcadvantage.demo.run import _html_problems, accuracy_by_num_steps
 from mcadvantage.demo.task import Operation, generate_problems, make_problem, skip_last_solution, to_rows
 from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
-from testbed.tasks import TASK_PRESETS, random_slip, sign_flip_solution, slip_solution, with_lead_ins
+from testbed.tasks import (
+    FLAWS,
+    TASK_PRESETS,
+    StudyConfig,
+    random_slip,
+    sign_flip_solution,
+    slip_solution,
+    with_lead_ins,
+)
+from testbed.tasks import build_data as study_data
 
 REPO = Path(__file__).resolve().parents[2]
 EQUATION = re.compile(r"^(\d+)([-+*/])(\d+)=(\d+)$")
@@ -129,7 +138,7 @@ def _line_is_right(line: str) -> bool:
 
 def test_slip_flaw_changes_only_the_flawed_demonstrations():
     base = build_data(DemoConfig(warmup_problems=400, rl_problems=10, eval_problems=10))
-    slip = build_data(DemoConfig(warmup_problems=400, rl_problems=10, eval_problems=10, flaw="slip"))
+    slip = study_data(StudyConfig(warmup_problems=400, rl_problems=10, eval_problems=10, flaw="slip"))
     assert base.flawed == slip.flawed > 0
     assert [p for p, _ in base.warmup] == [p for p, _ in slip.warmup]
     changed = [(a, b) for (_, a), (_, b) in zip(base.warmup, slip.warmup, strict=True) if a != b]
@@ -172,9 +181,9 @@ def test_sign_flip_solution_hand_computed():
 
 def test_sign_task_data_flaws_are_systematic_and_lead_ins_harmless():
     config = replace(
-        DemoConfig(warmup_problems=600, rl_problems=10, eval_problems=10), **TASK_PRESETS["sign"]
+        StudyConfig(warmup_problems=600, rl_problems=10, eval_problems=10), **TASK_PRESETS["sign"]
     )
-    data = build_data(config)
+    data = study_data(config)
     base = build_data(DemoConfig(warmup_problems=600, rl_problems=10, eval_problems=10))
     assert [p for p, _ in data.warmup] == [p for p, _ in base.warmup]  # the same problems as the demo
     # The warm-up problems, drawn as build_data draws them (seed 0), to know each demonstration's problem.
@@ -399,9 +408,8 @@ def test_the_shipped_plateau_checkpoint_carries_its_equal_cost_answer():
         (["--curve_problems", "700"], "--curve_problems \\(700\\) must be <= --eval_problems"),
         (["--flawed_demo_rate", "1.5"], "--flawed_demo_rate must be in \\[0, 1\\]"),
         (["--arms", "grpo,ppo_k3"], "--arms: unknown arm 'ppo_k3'"),
-        (["--arms", "sft"], "--arms takes RL arms"),
+        (["--arms", "sft"], "--arms: unknown arm 'sft': use 'grpo'"),  # the demo runs RL arms only
         (["--arms", ","], "--arms is empty"),
-        (["--flaw", "typo"], "--flaw must be one of 'skip_last', 'slip', 'sign'"),
         (["--rl_steps", "0"], "--rl_steps must be >= 1, got 0"),
         (["--min_steps", "4", "--max_steps", "3"], "need 1 <= --min_steps <= --max_steps"),
     ],
@@ -605,10 +613,11 @@ class _Killed(Exception):
     pass
 
 
-def _tiny_plateau_config() -> DemoConfig:
+def _tiny_plateau_config() -> StudyConfig:
     """The quick sizes and smaller still: a one-layer model, evaluations every 10 steps on 8 problems, from step 30
-    on, 200 demonstrations in batches of 4, greedy answers of at most 8 tokens (so every validation score is 0)."""
-    config = DemoConfig(warmup_schedule="plateau", threads=1)
+    on, 200 demonstrations in batches of 4, greedy answers of at most 8 tokens (so every validation score is 0). A
+    study config (the demo's task), as ``python -m testbed.make_warmup`` makes one."""
+    config = StudyConfig(warmup_schedule="plateau", threads=1)
     config.apply_quick()
     config.quick = True
     config.hidden_size, config.num_layers, config.num_heads = 32, 1, 2
@@ -684,11 +693,12 @@ def test_an_interrupted_plateau_warmup_resumes_exactly(tmp_path, capsys):
     states at the stop step are what shows the resumed steps are the same.)"""
     import torch
 
-    from mcadvantage.demo.arms import RESUME_FILE, resumable_step, train_warmup_policy
+    from mcadvantage.demo.arms import RESUME_FILE, train_warmup_policy
     from testbed.make_warmup import main as make_warmup_main
+    from testbed.make_warmup import resumable_step
 
     config = _tiny_plateau_config()
-    data = build_data(config)
+    data = study_data(config)
     whole: dict = {}
     train_warmup_policy(config, data, tmp_path / "whole", schedule_record=whole, keep_resume_state=True)
     assert whole["stop_step"] == 30  # the kill below happens before the rule stops
@@ -806,20 +816,26 @@ def test_demo_help_says_where_each_warmup_checkpoint_lives():
     assert "mcadvantage/demo/warmup_plateau" in text and "testbed/warmup_policy" in text
 
 
-def test_study_flaws_need_the_testbed_and_say_so(monkeypatch):
-    """Without the research testbed (an installed package) the studies' flaws and lead-ins are refused by name."""
-    import mcadvantage.demo.config as demo_config
-
-    monkeypatch.setattr(demo_config, "FLAWS", {"skip_last": demo_config.FLAWS["skip_last"]})
-    monkeypatch.setattr(demo_config, "VARIATIONS", {})
+def test_the_demo_has_no_study_settings_and_the_testbed_names_its_flaws(capsys):
+    """The studies' flaws and lead-ins are the testbed's settings (``StudyConfig``), not the demo's: the demo has no
+    such flags or fields, and the testbed refuses an unknown flaw by name."""
+    for flag in (["--flaw", "sign"], ["--lead_ins"]):
+        with pytest.raises(SystemExit):
+            parse_args(flag)
+        # --flaw is refused as a prefix of two real flags (--flawed_demo_rate, --flawed_demo_min_steps)
+        assert re.search(
+            rf"error: (unrecognized arguments|ambiguous option): {flag[0]}\b", capsys.readouterr().err
+        )
+    with pytest.raises(TypeError, match="flaw"):
+        DemoConfig(flaw="slip")
     with pytest.raises(
-        SystemExit, match=r"--flaw must be one of 'skip_last', got 'sign' \(the studies' flaws"
+        ValueError, match=r"build_data: flaw must be one of \['sign', 'skip_last', 'slip'\], got 'slpi'"
     ):
-        parse_args(["--flaw", "sign"])
-    with pytest.raises(SystemExit, match="--lead_ins is not available here"):
-        parse_args(["--lead_ins"])
-    with pytest.raises(ValueError, match="build_data: flaw='slip'.*testbed/tasks.py"):
-        build_data(DemoConfig(flaw="slip"))
+        study_data(StudyConfig(flaw="slpi"))
+    # A study config of the demo's own task builds the demo's data.
+    small = {"warmup_problems": 300, "rl_problems": 10, "eval_problems": 10, "validation_problems": 10}
+    assert study_data(StudyConfig(**small)) == build_data(DemoConfig(**small))
+    assert FLAWS["skip_last"].description == "the last operation forgotten"
 
 
 def test_shipped_plateau_checkpoint_passed_its_plateau_check():
@@ -835,20 +851,52 @@ def test_shipped_plateau_checkpoint_passed_its_plateau_check():
     assert meta["config"]["warmup_patience"] == DemoConfig().warmup_patience
 
 
-def test_flaw_and_variation_registration_refuses_conflicts():
-    """The testbed registers its flaws once; registering the same again is harmless (a module imported twice), a
-    different flaw under a taken name or an unknown switch is refused by name."""
-    from mcadvantage.demo.task import FLAWS, VARIATIONS, Flaw, register_flaw, register_variation
+def _demo_names() -> tuple[dict[str, str], dict[str, set[str]]]:
+    """Every top-level name defined in ``src/mcadvantage/demo/*.py`` (-> its module), and the names each demo module
+    uses (loaded, called, imported or attribute-read), its ``__all__`` list left out."""
+    import ast
 
-    register_flaw("sign", FLAWS["sign"])
-    register_variation("lead_ins", VARIATIONS["lead_ins"])
-    with pytest.raises(ValueError, match="the flaw 'sign' is already registered"):
-        register_flaw("sign", Flaw("another sign flaw", lambda problem, _rng: None))
-    with pytest.raises(ValueError, match="'lead_ins' is already registered"):
-        register_variation("lead_ins", lambda solution, _rng: solution)
-    with pytest.raises(ValueError, match="'shouting' is not a variation switch of DemoConfig"):
-        register_variation("shouting", str.upper)
-    assert (
-        FLAWS["sign"].description.startswith("the first subtraction")
-        and VARIATIONS["lead_ins"] is with_lead_ins
-    )
+    defined: dict[str, str] = {}
+    used: dict[str, set[str]] = {}
+    for path in sorted((REPO / "src" / "mcadvantage" / "demo").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names: set[str] = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined[node.name] = path.stem
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Name) and target.id != "__all__":
+                        defined[target.id] = path.stem
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                names.add(node.attr)
+            elif isinstance(node, ast.ImportFrom):
+                names.update(alias.name for alias in node.names)
+        used[path.stem] = names
+    return defined, used
+
+
+def test_the_demo_keeps_only_what_it_runs():
+    """Every function, class and constant of the shipped demo is used by the demo itself (another of its modules, or
+    its own module beyond the definition), or is the task API the package exports (``mcadvantage.demo.__all__``):
+    what only the studies use lives in the research testbed (``testbed/``), outside the wheel."""
+    import ast
+
+    import mcadvantage.demo
+
+    defined, used = _demo_names()
+    unused = []
+    for name, module in defined.items():
+        elsewhere = any(name in names for other, names in used.items() if other != module)
+        path = REPO / "src" / "mcadvantage" / "demo" / f"{module}.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        own = sum(
+            isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load)
+            for node in ast.walk(tree)
+        )
+        if not (elsewhere or own or name in mcadvantage.demo.__all__):
+            unused.append(f"{module}.{name}")
+    assert not unused, f"only the studies use these: move them to testbed/ (or delete them): {unused}"

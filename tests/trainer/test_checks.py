@@ -12,15 +12,14 @@ class _ReadsTheBatch:
     name = "mine"
     uses_rollouts = False
 
-    def tree_schedule(self, max_completion_length):
-        return None
-
 
 class _SamplesContinuations(_ReadsTheBatch):
     uses_rollouts = True
 
 
 class _DrawsTrees(_ReadsTheBatch):
+    """Matches the DrawsTrees protocol: its groups are drawn as trees."""
+
     def tree_schedule(self, max_completion_length):
         return object()
 

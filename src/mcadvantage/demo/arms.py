@@ -4,8 +4,8 @@
 Used by the demo (GRPO and VinePPO side by side) and by ``benchmarks/learning_efficiency.py`` (every arm, several
 seeds). What an arm name means is :func:`mcadvantage.demo.config.parse_arm`'s grammar. Every RL arm is the same
 ``VinePPOTrainer`` with the same settings (:func:`rl_training_args`); the estimator is the only difference, so a gap
-between arms is the advantage's doing. The RL-free arms (``sft``, ``restem``, ``dpo_plus``) are benchmark code and
-live in ``benchmarks/rl_free_arms.py``, outside the installed package.
+between arms is the advantage's doing. The RL-free arms (``sft``, ``restem``, ``dpo_plus``) are benchmark code
+outside the installed package: their names in ``testbed/arms.py``, their training in ``benchmarks/rl_free_arms.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ __all__ = [
     "ArmRecord",
     "initial_policy",
     "load_policy",
-    "resumable_step",
     "rl_training_args",
     "run_rl_arm",
     "train_warmup_policy",
@@ -79,7 +78,6 @@ def train_warmup_policy(
     save_dir: str | Path,
     *,
     evaluate: Callable[[Any], float] | None = None,
-    eval_every: int | None = None,
     on_step: Callable[[int, float], None] | None = None,
     schedule_record: dict[str, Any] | None = None,
     resume: bool = False,
@@ -88,9 +86,9 @@ def train_warmup_policy(
     """Build the demo's tiny Llama from ``config.seed``, train it on ``data.warmup`` with the demo's
     warm-up recipe (``config.warmup_*``), save it with its tokenizer to ``save_dir`` and return
     ``(model, tokenizer, curve)``, where ``curve`` holds ``(step, evaluate(model))`` at step 0, every
-    ``eval_every`` steps (``config.warmup_eval_every`` for the plateau schedule) and the last step (empty without
-    ``evaluate``). With ``config.warmup_schedule="plateau"``, ``schedule_record`` (if given) receives the validation
-    curve, the best step and the stop step.
+    ``config.warmup_steps // config.warmup_evals`` steps (``config.warmup_eval_every`` for the plateau schedule) and
+    the last step (empty without ``evaluate``). With ``config.warmup_schedule="plateau"``, ``schedule_record`` (if
+    given) receives the validation curve, the best step and the stop step.
 
     The plateau schedule saves where it stands at every evaluation to ``save_dir/resume_state.pt``
     (:data:`RESUME_FILE`; removed once the policy is saved, unless ``keep_resume_state``: a caller with more to do
@@ -118,9 +116,7 @@ def train_warmup_policy(
         if schedule_record is not None:
             schedule_record.update(record)
     else:
-        curve = _train_fixed(
-            config, data, model, tokenizer, evaluate=evaluate, eval_every=eval_every, on_step=on_step
-        )
+        curve = _train_fixed(config, data, model, tokenizer, evaluate=evaluate, on_step=on_step)
     model.eval()
     save_dir = Path(save_dir)
     model.save_pretrained(save_dir)
@@ -137,13 +133,12 @@ def _train_fixed(
     tokenizer: Any,
     *,
     evaluate: Callable[[Any], float] | None,
-    eval_every: int | None,
     on_step: Callable[[int, float], None] | None,
 ) -> list[tuple[float, float]]:
     """``config.warmup_steps`` steps of the warmup-stable-decay schedule (the 0.1 demo checkpoint's recipe)."""
     from mcadvantage.demo.warmup import supervised_warmup
 
-    every = eval_every or max(1, config.warmup_steps // config.warmup_evals)
+    every = max(1, config.warmup_steps // config.warmup_evals)
     curve: list[tuple[float, float]] = []
     if evaluate is not None:
         curve.append((0.0, evaluate(model)))
@@ -168,18 +163,9 @@ def _train_fixed(
     return curve
 
 
-#: Where an unfinished plateau warm-up keeps what resuming it needs (in its output directory).
+#: Where an unfinished plateau warm-up keeps what resuming it needs (in its output directory; the research
+#: testbed's ``testbed.make_warmup.resumable_step`` reads where one stands).
 RESUME_FILE = "resume_state.pt"
-
-
-def resumable_step(save_dir: str | Path) -> int | None:
-    """The step an interrupted plateau warm-up in ``save_dir`` would resume from, or None when there is none."""
-    import torch
-
-    path = Path(save_dir) / RESUME_FILE
-    if not path.exists():
-        return None
-    return int(torch.load(path, weights_only=False)["training"].step)
 
 
 def _train_to_plateau(
@@ -358,8 +344,6 @@ def rl_training_args(config: DemoConfig, arm: ArmSpec, output_dir: str | Path) -
     from mcadvantage import VinePPOConfig
     from mcadvantage.estimators import get_advantage_estimator
 
-    if arm.kind != "rl":
-        raise ValueError(f"rl_training_args: arm {arm.name!r} is not an RL arm.")
     prompts = arm.prompts_per_step or config.prompts_per_step
     # The demo's K and segmenter go to the estimators that read them (another estimator would refuse them).
     reads = get_advantage_estimator(arm.advantage_estimator).config_fields

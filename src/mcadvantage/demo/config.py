@@ -11,31 +11,26 @@ import argparse
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
-from mcadvantage.demo.task import (
-    FLAWS,
-    TESTBED_HINT,
-    VARIATION_SWITCHES,
-    VARIATIONS,
-    ArithmeticProblem,
-    generate_problems,
-)
+from mcadvantage.demo.task import ArithmeticProblem, generate_problems, skip_last_solution
 
 __all__ = [
     "ArmSpec",
     "DemoConfig",
     "DemoData",
     "MC_OPTION_SUFFIXES",
-    "WARMUP_FIELDS",
+    "ProblemSets",
     "warmup_settings",
     "arm_names",
     "build_data",
+    "demonstrations",
     "parse_args",
     "parse_arm",
+    "problem_sets",
     "shipped_warmup_dir",
     "usable_shipped_warmup",
     "validate_config",
@@ -59,14 +54,9 @@ class DemoConfig:
     # data: every set has 2-5 operations; held-out, warm-up and RL prompts are disjoint
     warmup_problems: int = 30000
     flawed_demo_rate: float = 0.6
+    # A flawed demonstration forgets the last operation (task.skip_last_solution). The research testbed's
+    # StudyConfig (testbed/tasks.py, repository only) adds the studies' other flaws and a harmless variation.
     flawed_demo_min_steps: int = 4
-    # What a flawed demonstration gets wrong (a key of FLAWS): "skip_last" forgets the last operation. The research
-    # testbed (testbed/tasks.py, repository only) adds "slip" (one arithmetic slip at a random operation, the wrong
-    # value carried on) and "sign" (an addition at the first subtraction before the last operation).
-    flaw: str = "skip_last"
-    # Harmless variation (the testbed's, testbed/tasks.py): every demonstration's equation lines start with a random
-    # lead-in ("", "so ", "then ", "now "), choices that never change the answer.
-    lead_ins: bool = False
     rl_problems: int = 5000
     eval_problems: int = 600
     curve_problems: int = 200
@@ -110,6 +100,29 @@ class DemoConfig:
     html_responses: int = 8
     quick: bool = False
 
+    #: The settings that decide the warm-up policy, in the order ``warmup.json`` records them: the shipped checkpoint
+    #: is used only when all of them (and the schedule's, :data:`SCHEDULE_FIELDS`) equal the ones it was trained with.
+    #: A subclass that adds settings of the data (the research testbed's ``StudyConfig``) lists them here too.
+    warmup_fields: ClassVar[tuple[str, ...]] = (
+        "seed",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "head_dim",
+        "intermediate_size",
+        "warmup_problems",
+        "flawed_demo_rate",
+        "flawed_demo_min_steps",
+        "eval_problems",
+        "min_steps",
+        "max_steps",
+        "warmup_batch_size",
+        "warmup_lr",
+        "warmup_schedule",
+    )
+    #: A ``warmup.json`` written before one of these settings existed was trained with this value of it.
+    legacy_warmup_settings: ClassVar[dict[str, Any]] = {"warmup_schedule": "fixed"}
+
     def warmup_total_steps(self) -> int:
         """The most supervised steps the warm-up can take under its schedule (what a progress bar counts to)."""
         if self.warmup_schedule == "plateau":
@@ -141,8 +154,6 @@ FLAG_NOTES = {
         "starts from testbed/warmup_policy of a repository checkout, and where that is absent (an installed "
         "package) trains the warm-up first (about 5 minutes)"
     ),
-    "flaw": ". The research testbed of a repository checkout (testbed/tasks.py) adds 'slip' and 'sign'",
-    "lead_ins": " (the research testbed's, testbed/tasks.py: repository checkout only)",
 }
 
 
@@ -181,7 +192,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
     for f in fields(DemoConfig):
         value = getattr(ns, f.name)
         if isinstance(getattr(defaults, f.name), bool):
-            if value:  # a switch given on the command line (--train_warmup, --lead_ins); --quick is set above
+            if value:  # a switch given on the command line (--train_warmup); --quick is set above
                 setattr(config, f.name, True)
         elif value is not None:
             setattr(config, f.name, value)
@@ -230,18 +241,10 @@ def validate_config(config: DemoConfig) -> None:
         )
     if not 0.0 <= config.flawed_demo_rate <= 1.0:
         raise SystemExit(f"--flawed_demo_rate must be in [0, 1], got {config.flawed_demo_rate}.")
-    if config.flaw not in FLAWS:
-        raise SystemExit(
-            f"--flaw must be one of {', '.join(map(repr, FLAWS))}, got {config.flaw!r} ({TESTBED_HINT})."
-        )
-    for switch in VARIATION_SWITCHES:
-        if getattr(config, switch) and switch not in VARIATIONS:
-            raise SystemExit(f"--{switch} is not available here ({TESTBED_HINT}).")
     if config.flawed_demo_min_steps < 2:
         raise SystemExit(
             f"--flawed_demo_min_steps must be >= 2 (a flawed demonstration keeps at least one line before its "
-            f"mistake: 'skip_last' drops the last operation, 'sign' flips a subtraction before it), got "
-            f"{config.flawed_demo_min_steps}."
+            f"mistake: it drops the last operation), got {config.flawed_demo_min_steps}."
         )
     if config.curve_problems > config.eval_problems:
         raise SystemExit(
@@ -255,11 +258,9 @@ def validate_config(config: DemoConfig) -> None:
         )
     for name in arm_names(config):
         try:
-            spec = parse_arm(name)
+            parse_arm(name)
         except ValueError as err:
             raise SystemExit(f"--arms: {err}") from None
-        if spec.kind != "rl":
-            raise SystemExit(f"--arms takes RL arms (grpo, rloo, vineppo, vineppo_k<K>), got {name!r}.")
     if not arm_names(config):
         raise SystemExit("--arms is empty; pass e.g. --arms grpo,vineppo.")
     if not config.temperature > 0:
@@ -289,13 +290,12 @@ MC_OPTION_SUFFIXES: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """What one arm trains with. ``kind`` is ``"rl"``, ``"sft"`` or ``"restem"``; ``prompts_per_step`` None
-    means the config's; ``mc_options`` are extra ``VinePPOConfig`` Monte Carlo fields as ``(name, value)``
-    pairs."""
+    """What one RL arm trains with: ``VinePPOTrainer`` with ``advantage_estimator``; ``num_mc_rollouts`` and
+    ``prompts_per_step`` None mean the config's; ``mc_options`` are extra ``VinePPOConfig`` Monte Carlo fields as
+    ``(name, value)`` pairs."""
 
     name: str
-    kind: str
-    advantage_estimator: str | None = None
+    advantage_estimator: str
     num_mc_rollouts: int | None = None
     prompts_per_step: int | None = None
     mc_options: tuple[tuple[str, Any], ...] = ()
@@ -319,21 +319,17 @@ def parse_arm(name: str) -> ArmSpec:
     - ``"tree"``, ``"tree_d<D>"``: each group drawn as a tree (``tree_branching`` [4, 2], the library's default depth
       or a branch point at token ``D``: ``"tree_d12"`` is ``tree_depths=[0, 12]``), step credit from its leaves;
     - ``"<rl arm>_p<P>"``: the same with ``P`` prompts per step instead of the config's
-      ``prompts_per_step`` (``"grpo_p19"``: GRPO given more prompts, e.g. VinePPO's sampling budget);
-    - ``"sft"``: more supervised steps on the warm-up demonstrations, what a user could do instead of RL;
-    - ``"restem"``: RestEM (the paper's RL-free baseline): rounds of sampling from the current policy,
-      keeping the verified-correct responses, and fine-tuning the starting policy on them;
-    - ``"dpo_plus"``: DPO+ (the paper's other RL-free baseline): responses sampled once from the starting policy,
-      (correct, incorrect) pairs per prompt, ``trl.DPOTrainer`` with the NLL term on the chosen response.
-    """
-    if name in ("sft", "restem", "dpo_plus"):
-        return ArmSpec(name, name)
+      ``prompts_per_step`` (``"grpo_p19"``: GRPO given more prompts, e.g. VinePPO's sampling budget).
+
+    The studies' arms without RL (``sft``, ``restem``, ``dpo_plus``) are the research testbed's
+    (``testbed/arms.py``, repository only)."""
     m = _ARM.match(name)
     if m is None:
         raise ValueError(
             f"unknown arm {name!r}: use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or "
-            "'_variance' for the cheaper Monte Carlo options), 'hybrid' or 'hybrid_b<B>' (B percent extra tokens), 'tree' or 'tree_d<D>' (branching at token D), any of them with '_p<P>' for P prompts per step "
-            "(e.g. 'grpo_p19'), 'sft', 'restem' or 'dpo_plus'."
+            "'_variance' for the cheaper Monte Carlo options), 'hybrid' or 'hybrid_b<B>' (B percent extra tokens), "
+            "'tree' or 'tree_d<D>' (branching at token D), any of them with '_p<P>' for P prompts per step "
+            "(e.g. 'grpo_p19')."
         )
     base = m.group("base")
     family = re.match(r"[a-z]+", base).group(0)  # "vineppo_k4_reuse" -> "vineppo", "tree_d12" -> "tree"
@@ -345,9 +341,7 @@ def parse_arm(name: str) -> ArmSpec:
         options = (("hybrid_budget", int(m.group("b")) / 100),)
     if m.group("d") is not None:
         options = (("tree_depths", (0, int(m.group("d")))),)
-    return ArmSpec(
-        name, "rl", advantage_estimator=estimator, num_mc_rollouts=k, prompts_per_step=p, mc_options=options
-    )
+    return ArmSpec(name, estimator, num_mc_rollouts=k, prompts_per_step=p, mc_options=options)
 
 
 @dataclass
@@ -364,18 +358,18 @@ class DemoData:
     validation_set: list[ArithmeticProblem] = field(default_factory=list)
 
 
-def build_data(config: DemoConfig) -> DemoData:
-    """Generate the held-out, warm-up and RL sets (each from its own seed derived from
-    ``config.seed``; disjoint prompts) and the warm-up demonstrations, flawed at
-    ``config.flawed_demo_rate`` for problems with ``>= config.flawed_demo_min_steps`` operations."""
-    if config.flaw not in FLAWS or any(
-        getattr(config, s) and s not in VARIATIONS for s in VARIATION_SWITCHES
-    ):
-        # refused by name before any work (validate_config words it as a flag, for the command line)
-        raise ValueError(
-            f"build_data: flaw={config.flaw!r} (known: {sorted(FLAWS)}), lead_ins={config.lead_ins} (known "
-            f"variations: {sorted(VARIATIONS)}): {TESTBED_HINT}."
-        )
+class ProblemSets(NamedTuple):
+    """The demo's four problem sets, generated from ``config.seed`` (:func:`problem_sets`); no prompt is in two."""
+
+    eval_set: list[ArithmeticProblem]
+    warmup_set: list[ArithmeticProblem]
+    rl_set: list[ArithmeticProblem]
+    validation_set: list[ArithmeticProblem]
+
+
+def problem_sets(config: DemoConfig) -> ProblemSets:
+    """Generate the held-out, warm-up, RL and validation problems, each from its own seed derived from
+    ``config.seed``, with disjoint prompts."""
     kwargs = {"min_steps": config.min_steps, "max_steps": config.max_steps}
     eval_set = generate_problems(config.eval_problems, seed=1_000_003 * (config.seed + 1), **kwargs)
     taken = {p.prompt for p in eval_set}
@@ -391,50 +385,52 @@ def build_data(config: DemoConfig) -> DemoData:
     validation_set = generate_problems(
         config.validation_problems, seed=6_000_007 * (config.seed + 1), exclude=taken, **kwargs
     )
+    return ProblemSets(eval_set, warmup_set, rl_set, validation_set)
+
+
+#: ``(problem, the flaw's own random generator) -> the flawed solution``, or None when the problem cannot have the
+#: mistake (its demonstration then stays correct).
+FlawWriter = Callable[[ArithmeticProblem, random.Random], str | None]
+
+
+def demonstrations(
+    config: DemoConfig, problems: Sequence[ArithmeticProblem], write_flaw: FlawWriter
+) -> tuple[list[tuple[str, str]], int]:
+    """The warm-up's ``(prompt, demonstration)`` pairs for ``problems`` and how many are flawed: a problem with
+    ``>= config.flawed_demo_min_steps`` operations gets ``write_flaw``'s solution at ``config.flawed_demo_rate``
+    (the demo's is :func:`~mcadvantage.demo.task.skip_last_solution`), every other one its correct solution."""
     rng = random.Random(4_000_003 * (config.seed + 1))
-    # The flaw's and the variation's own generators, so the default ("skip_last", no variation) data is unchanged by
-    # them (the testbed's slips draw from flaw_rng, its lead-ins from variation_rng).
+    # The flaw's own generator, so a flaw that draws (the testbed's slips) leaves the pattern of flawed ones alone.
     flaw_rng = random.Random(5_000_003 * (config.seed + 1))
-    variation_rng = random.Random(7_000_003 * (config.seed + 1))
-    write_flaw = FLAWS[config.flaw].write
-    variations = [VARIATIONS[switch] for switch in VARIATION_SWITCHES if getattr(config, switch)]
-    warmup: list[tuple[str, str]] = []
+    pairs: list[tuple[str, str]] = []
     flawed = 0
-    for p in warmup_set:
+    for p in problems:
         # rng.random() is drawn for every problem so the flaw pattern does not depend on min_steps.
         flaw = rng.random() < config.flawed_demo_rate and p.num_steps >= config.flawed_demo_min_steps
         solution = (write_flaw(p, flaw_rng) or p.solution) if flaw else p.solution  # None: left correct
         flawed += solution != p.solution
-        for vary in variations:
-            solution = vary(solution, variation_rng)
-        warmup.append((p.prompt, solution))
+        pairs.append((p.prompt, solution))
+    return pairs, flawed
+
+
+def build_data(config: DemoConfig) -> DemoData:
+    """Generate the problem sets (:func:`problem_sets`) and the warm-up demonstrations (:func:`demonstrations`),
+    a fraction ``config.flawed_demo_rate`` of those with ``>= config.flawed_demo_min_steps`` operations forgetting
+    the last operation."""
+    sets = problem_sets(config)
+    warmup, flawed = demonstrations(
+        config, sets.warmup_set, lambda problem, _rng: skip_last_solution(problem)
+    )
     return DemoData(
-        eval_set=eval_set, warmup=warmup, flawed=flawed, rl_set=rl_set, validation_set=validation_set
+        eval_set=sets.eval_set,
+        warmup=warmup,
+        flawed=flawed,
+        rl_set=sets.rl_set,
+        validation_set=sets.validation_set,
     )
 
 
-# Settings that decide the warm-up policy: the shipped checkpoint is used only when all of them equal the
-# ones it was trained with (recorded in its warmup.json).
-WARMUP_FIELDS = (
-    "seed",
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "head_dim",
-    "intermediate_size",
-    "warmup_problems",
-    "flawed_demo_rate",
-    "flawed_demo_min_steps",
-    "flaw",
-    "lead_ins",
-    "eval_problems",
-    "min_steps",
-    "max_steps",
-    "warmup_batch_size",
-    "warmup_lr",
-    "warmup_schedule",
-)
-# ... and, per schedule, the settings that end it.
+# Besides DemoConfig.warmup_fields, per schedule, the settings that end it (they decide the warm-up too).
 SCHEDULE_FIELDS = {
     "fixed": ("warmup_steps",),
     "plateau": (
@@ -445,13 +441,12 @@ SCHEDULE_FIELDS = {
         "warmup_decay_steps",
     ),
 }
-# A warmup.json written before a setting existed was trained with this value of it.
-LEGACY_WARMUP_SETTINGS = {"warmup_schedule": "fixed", "lead_ins": False}
 
 
 def warmup_settings(config: DemoConfig) -> dict[str, Any]:
-    """The settings that decide ``config``'s warm-up policy (what ``warmup.json`` records and is matched on)."""
-    names = WARMUP_FIELDS + SCHEDULE_FIELDS[config.warmup_schedule]
+    """The settings that decide ``config``'s warm-up policy (what ``warmup.json`` records and is matched on):
+    ``config.warmup_fields``, then its schedule's."""
+    names = config.warmup_fields + SCHEDULE_FIELDS[config.warmup_schedule]
     return {name: getattr(config, name) for name in names}
 
 
@@ -482,7 +477,7 @@ def usable_shipped_warmup(config: DemoConfig) -> dict[str, Any] | None:
     if config.train_warmup or config.quick or not meta_path.exists():
         return None
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    recorded = {**LEGACY_WARMUP_SETTINGS, **meta["config"]}
+    recorded = {**config.legacy_warmup_settings, **meta["config"]}
     if any(recorded.get(name) != value for name, value in warmup_settings(config).items()):
         return None
     return meta

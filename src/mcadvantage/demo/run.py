@@ -57,7 +57,7 @@ from mcadvantage.demo.config import (
     validate_config,
 )
 from mcadvantage.demo.equal_cost import equal_cost_lines, load_equal_cost, plot_equal_cost
-from mcadvantage.demo.task import FLAWS, ArithmeticProblem
+from mcadvantage.demo.task import FLAW_DESCRIPTION, ArithmeticProblem
 
 __all__ = ["accuracy_by_num_steps", "main", "run_demo"]
 
@@ -191,7 +191,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     print(
         f"[demo] tiny Llama: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} CPU threads. "
         f"{len(data.warmup)} warm-up demonstrations ({data.flawed} of them flawed, in "
-        f"{config.flawed_demo_min_steps}+ operation problems: {FLAWS[config.flaw].description}), "
+        f"{config.flawed_demo_min_steps}+ operation problems: {FLAW_DESCRIPTION}), "
         f"{len(data.rl_set)} RL prompts, "
         f"{len(eval_set)} held-out problems ({config.min_steps}-{config.max_steps} operations)",
         flush=True,
@@ -295,7 +295,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         + "; ".join(f"{r['accuracy_after']:.3f} after {r['label']}" for r in results.values())
         + f" ({n_eval} problems, binomial standard error about {_binomial_stderr(acc_before, n_eval):.3f})",
         "warm-up": f"{config.warmup_steps} steps x {config.warmup_batch_size} demonstrations, "
-        f"{data.flawed} of {len(data.warmup)} demonstrations flawed ({FLAWS[config.flaw].description})",
+        f"{data.flawed} of {len(data.warmup)} demonstrations flawed ({FLAW_DESCRIPTION})",
         "RL": f"{config.rl_steps} steps x {batch} responses, temperature {config.temperature}, lr {config.rl_lr}; "
         "the arms differ only in the advantage",
     }

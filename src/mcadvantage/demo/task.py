@@ -18,20 +18,15 @@ the property VinePPO exploits: several reasoning steps, each of which can go wro
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
-    "FLAWS",
-    "VARIATIONS",
-    "VARIATION_SWITCHES",
+    "FLAW_DESCRIPTION",
     "ArithmeticProblem",
-    "Flaw",
     "Operation",
     "generate_problems",
     "make_problem",
-    "register_flaw",
-    "register_variation",
     "skip_last_solution",
     "to_rows",
 ]
@@ -131,52 +126,9 @@ def skip_last_solution(problem: ArithmeticProblem) -> str:
     return "\n".join(lines) + f"\n#### {problem.values[-2]}"
 
 
-@dataclass(frozen=True)
-class Flaw:
-    """What a flawed demonstration gets wrong (a value of ``DemoConfig.flaw``)."""
-
-    #: how the demo's messages word it
-    description: str
-    #: ``(problem, the flaw's own random generator) -> the flawed solution``; None when this problem cannot have the
-    #: mistake (its demonstration then stays correct)
-    write: Callable[[ArithmeticProblem, random.Random], str | None]
-
-
-#: The flaws ``DemoConfig.flaw`` may name. The demo has one; the research testbed of the repository
-#: (``testbed/tasks.py``, not in the wheel) registers the studies' ``slip`` and ``sign`` with :func:`register_flaw`.
-FLAWS: dict[str, Flaw] = {
-    "skip_last": Flaw("the last operation forgotten", lambda problem, _rng: skip_last_solution(problem)),
-}
-#: The ``DemoConfig`` bool fields that switch a harmless variation of every demonstration on.
-VARIATION_SWITCHES = ("lead_ins",)
-#: Harmless variations of every demonstration, by the ``DemoConfig`` switch that turns one on: ``(solution, the
-#: variation's own random generator) -> solution``. The demo has none; the testbed registers ``lead_ins``.
-VARIATIONS: dict[str, Callable[[str, random.Random], str]] = {}
-#: What a flaw or variation the demo does not have needs (the messages of :func:`validate_config`).
-TESTBED_HINT = (
-    "the studies' flaws and variations live in the research testbed of the repository checkout (testbed/tasks.py, "
-    "not in the installed package): run from the checkout's root and `import testbed` first"
-)
-
-
-def register_flaw(name: str, flaw: Flaw) -> None:
-    """Make ``name`` a value of ``DemoConfig.flaw`` (the research testbed's flaws). Registering the same
-    :class:`Flaw` again is a no-op; a different one under a taken name is refused."""
-    if FLAWS.get(name, flaw) != flaw:
-        raise ValueError(f"register_flaw: the flaw {name!r} is already registered as {FLAWS[name]!r}.")
-    FLAWS[name] = flaw
-
-
-def register_variation(switch: str, vary: Callable[[str, random.Random], str]) -> None:
-    """Make the ``DemoConfig`` bool field ``switch`` apply ``vary`` to every demonstration (the testbed's
-    ``lead_ins``). Registering the same function again is a no-op; another one under a taken switch is refused."""
-    if switch not in VARIATION_SWITCHES:
-        raise ValueError(
-            f"register_variation: {switch!r} is not a variation switch of DemoConfig ({VARIATION_SWITCHES})."
-        )
-    if VARIATIONS.get(switch, vary) is not vary:
-        raise ValueError(f"register_variation: {switch!r} is already registered as {VARIATIONS[switch]!r}.")
-    VARIATIONS[switch] = vary
+#: How the demo's messages word its one flaw (:func:`skip_last_solution`). The studies' other flaws and variations of
+#: the demonstrations are the research testbed's (``testbed/tasks.py`` in a repository checkout, not in the wheel).
+FLAW_DESCRIPTION = "the last operation forgotten"
 
 
 def _valid_operations(value: int, max_value: int) -> list[Operation]:

@@ -41,8 +41,10 @@ def check_agent_kwargs(
     given = [name for name in AGENT_KWARGS if kwargs.get(name) is not None]
     if not given:
         return
+    from mcadvantage.estimators.base import DrawsTrees
+
     name = estimator.name or type(estimator).__name__
-    draws_trees = estimator.tree_schedule(max_completion_length or 1) is not None
+    draws_trees = isinstance(estimator, DrawsTrees)
     if estimator.uses_rollouts or draws_trees:
         how = "draws its groups as trees" if draws_trees else "samples Monte Carlo continuations"
         raise NotImplementedError(

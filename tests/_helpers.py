@@ -37,6 +37,19 @@ def tiny_config(output_dir: str | os.PathLike[str], **settings: Any):
     return VinePPOConfig(**{**TINY_CPU_SETTINGS, "output_dir": str(output_dir), **settings})
 
 
+def settings_it_reads(settings: dict[str, Any], estimator: str = "vineppo") -> dict[str, Any]:
+    """A test module's shared estimator settings (``num_mc_rollouts``, ``step_segmenter``, ...) without the ones
+    ``estimator`` does not read, which the config would refuse; settings every estimator shares pass through."""
+    from mcadvantage.estimators import get_advantage_estimator
+    from mcadvantage.trainer.config import VinePPOConfig, estimator_owned_fields
+
+    reads, owned = (
+        set(get_advantage_estimator(estimator).config_fields),
+        estimator_owned_fields(VinePPOConfig),
+    )
+    return {key: value for key, value in settings.items() if key not in owned or key in reads}
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on (now)."""
     with socket.socket() as s:

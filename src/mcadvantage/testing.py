@@ -3,6 +3,10 @@ and toy samplers whose true values (:class:`FakeSampler`, :class:`StepTreeSample
 (:class:`TabularStepPolicy`) are known exactly. (The exact toy gradient *task* built on them, with the gradient
 instrument, is the repository's research testbed's: ``testbed/toys.py``.)
 
+Why this module is long: it is the one import path of the public test helpers, as ``torch.testing`` is: the fakes
+above and :func:`check_advantage_estimator`, the contract check users run in their own test suites, whose rules are
+written out one by one so a failure names the rule it broke.
+
 Nothing here downloads anything: the tokenizer is a character-level ``tokenizers`` model (a BPE with
 no merges, so every character is one token) wrapped in ``PreTrainedTokenizerFast``, and the model is
 a randomly initialised Llama. They are small enough to train on a laptop CPU and large enough for

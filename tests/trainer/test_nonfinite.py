@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
-from _helpers import tiny_config  # noqa: E402
+from _helpers import settings_it_reads, tiny_config  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -103,6 +103,7 @@ def _config(tmp_path, **overrides) -> VinePPOConfig:
         learning_rate=1e-2,
         disable_tqdm=True,
     )
+    settings = settings_it_reads(settings, overrides.get("advantage_estimator", "vineppo"))
     return tiny_config(tmp_path / "out", **(settings | overrides))
 
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
-from _helpers import tiny_config  # noqa: E402
+from _helpers import settings_it_reads, tiny_config  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
@@ -46,6 +46,7 @@ def config(tmp_path, **overrides) -> VinePPOConfig:
         max_steps=2,
         logging_steps=1,
     )
+    settings = settings_it_reads(settings, overrides.get("advantage_estimator", "vineppo"))
     return tiny_config(tmp_path / "out", **(settings | overrides))
 
 

@@ -161,12 +161,3 @@ class DrawsTrees(Protocol):
     def tree_schedule(self, max_completion_length: int) -> TreeSchedule:
         """How each training group is drawn as a tree (:mod:`mcadvantage.mc.tree`)."""
         ...
-
-
-def __getattr__(name: str) -> Any:
-    """The registry's names, still importable from here (they lived in this module until 0.3)."""
-    from mcadvantage.estimators import registry
-
-    if name in registry.__all__:
-        return getattr(registry, name)
-    raise AttributeError(f"module 'mcadvantage.estimators.base' has no attribute {name!r}")

@@ -90,22 +90,19 @@ class VinePPOTrainer(GRPOTrainerHooks):
             work as in GRPO under ``"grpo"``, ``"rloo"``, ``"gae"`` (the Monte Carlo estimators refuse them).
 
     Attributes:
-        advantage_estimator: the estimator in use (e.g. a :class:`~mcadvantage.estimators.VinePPOEstimator`, whose
-            ``last_estimate`` / ``last_rows`` hold the local Monte Carlo estimate of the latest batch).
-        last_mc_estimate: with ``"vineppo"``, the local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest
-            batch (estimated responses only, in batch order; see ``last_mc_rows``).
+        advantage_estimator: the estimator in use (e.g. a :class:`~mcadvantage.estimators.VinePPOEstimator`).
+        last_mc_estimate: with an estimator that keeps one (``"vineppo"``, ``"hybrid"``), the local
+            :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (estimated responses only, in batch
+            order; see ``last_mc_rows``); else None.
         last_mc_rows: local batch indices of the responses in ``last_mc_estimate``. Responses left out (empty,
-            unscorable by every reward function, or masked by ``mask_truncated_completions``) get advantage 0 and
-            do not count in the whitening statistics.
+            unscorable, or masked by ``mask_truncated_completions``) get advantage 0 and no whitening weight.
         last_advantage_result: the estimator's :class:`~mcadvantage.estimators.AdvantageResult` for the latest
             local batch (advantages before whitening, values, metrics).
 
-    Logged metrics: the estimator's metrics under its ``metric_prefix`` (``mc/`` for ``"vineppo"``,
-    ``advantage/`` by default), reduced over processes. For ``"vineppo"``:
-    ``rollouts``, ``generated_tokens``, ``states`` (sums), ``seconds`` (slowest process), ``dedup_ratio``,
-    ``mean_value``, ``mean_abs_advantage`` (before whitening), ``steps_per_response``,
-    ``truncated_rollout_ratio``. The completions table's ``advantage`` column holds, per response, the mean of its
-    token advantages.
+    Logged metrics: the estimator's metrics under its ``metric_prefix`` (``mc/`` for ``"vineppo"``: ``rollouts``,
+    ``generated_tokens``, ``states`` (sums), ``seconds`` (slowest process), ``dedup_ratio``, ``mean_value``,
+    ``mean_abs_advantage``, ``steps_per_response``, ``truncated_rollout_ratio``), reduced over processes. The
+    completions table's ``advantage`` column holds, per response, the mean of its token advantages.
     """
 
     def __init__(
@@ -210,17 +207,15 @@ class VinePPOTrainer(GRPOTrainerHooks):
 
     @property
     def last_mc_estimate(self) -> Any:
-        """The local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (estimators that keep one,
-        :class:`~mcadvantage.estimators.base.KeepsMonteCarloEstimate`: ``"vineppo"``, ``"hybrid"``; else None)."""
-        estimator = self.advantage_estimator
-        return estimator.last_estimate if isinstance(estimator, KeepsMonteCarloEstimate) else None
+        """The local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (``"vineppo"``, ``"hybrid"``)."""
+        est = self.advantage_estimator
+        return est.last_estimate if isinstance(est, KeepsMonteCarloEstimate) else None
 
     @property
     def last_mc_rows(self) -> list[int]:
-        """Local batch indices of the responses in ``last_mc_estimate`` (the others got advantage 0; empty when the
-        estimator keeps no Monte Carlo estimate)."""
-        estimator = self.advantage_estimator
-        return list(estimator.last_rows) if isinstance(estimator, KeepsMonteCarloEstimate) else []
+        """Local batch indices of the responses in ``last_mc_estimate`` (the others got advantage 0)."""
+        est = self.advantage_estimator
+        return list(est.last_rows) if isinstance(est, KeepsMonteCarloEstimate) else []
 
     def estimator_context(self) -> EstimatorContext:
         """What the estimator may use: the live policy's sampler, the graders, the segmenter, the collectives."""

@@ -8,4 +8,5 @@ functions), :mod:`~mcadvantage.mc.trajectory` (the input), :mod:`~mcadvantage.mc
 leave-one-out), :mod:`~mcadvantage.mc.stats` (the typed record of what an estimate cost) and
 :mod:`~mcadvantage.mc.estimator` (the orchestrator: it calls each stage in order, none calls back). The settings
 are one :class:`~mcadvantage.core.settings.MCSettings`. :mod:`~mcadvantage.mc.episodes` (standalone) holds what
-multi-turn episodes add: states at turn boundaries, environment replay, continuations through the tool loop."""
+multi-turn episodes add: states at turn boundaries, environment replay, continuations through the tool loop;
+:mod:`~mcadvantage.mc.turn_credit` (on top of it) estimates every state's value of a batch of episodes."""

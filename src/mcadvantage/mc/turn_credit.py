@@ -26,8 +26,9 @@ from mcadvantage.mc.episodes import (
     replay_environment,
     tool_turns_before,
 )
+from mcadvantage.samplers.base import RolloutRequest, Sampler
 
-__all__ = ["Episode", "EpisodeCredit", "estimate_turn_credit", "messages_before_round"]
+__all__ = ["Episode", "EpisodeCredit", "estimate_turn_credit", "messages_before_round", "sampler_generate"]
 
 
 @dataclass
@@ -94,6 +95,22 @@ def messages_before_round(messages: Sequence[Mapping[str, Any]], rounds: int) ->
     )
 
 
+def sampler_generate(sampler: Sampler) -> Callable[[list[list[int]], list[int]], list[list[int]]]:
+    """The ``generate`` of :func:`~mcadvantage.mc.episodes.continue_episodes` on a
+    :class:`~mcadvantage.samplers.base.Sampler`: one request per context (``n=1``, its budget as ``max_tokens``),
+    one ``sample`` call per turn for all of them; a context without budget gets no tokens."""
+
+    def generate(contexts: list[list[int]], budgets: list[int]) -> list[list[int]]:
+        asked = [i for i, b in enumerate(budgets) if b >= 1]
+        requests = [RolloutRequest(prefix_ids=tuple(contexts[i]), n=1, max_tokens=budgets[i]) for i in asked]
+        out: list[list[int]] = [[] for _ in contexts]
+        for i, conts in zip(asked, sampler.sample(requests) if requests else [], strict=True):
+            out[i] = list(conts[0].token_ids)
+        return out
+
+    return generate
+
+
 def _reset_kwargs(episode: Episode, routed: bool) -> dict[str, Any]:
     # TRL resets an environment with the whole row ("prompt" included) except the routing column of a dict factory.
     return {k: v for k, v in episode.row.items() if not (routed and k == "environment")}
@@ -135,8 +152,10 @@ def estimate_turn_credit(
         episodes: the batch's episodes.
         num_rollouts: K continuations per state.
         environment_factories: ``{name: factory}`` (one factory: ``{None: factory}``); None for ``tools=`` alone.
-        generate, parse, tool_suffix_ids: the engine, the response parser and the tool results' tokens
-            (:func:`~mcadvantage.mc.episodes.continue_episodes`).
+        generate: the engine, batched (:func:`~mcadvantage.mc.episodes.continue_episodes`; :func:`sampler_generate`
+            wraps a :class:`~mcadvantage.samplers.base.Sampler`).
+        parse: the response parser (TRL's ``parse_response``).
+        tool_suffix_ids: the tool results' tokens, as the chat template renders them.
         reward_funcs: TRL-style reward functions (an environment's ``get_reward`` wrapper included); each gets
             ``prompts``, ``completions`` (the inherited messages then the continuation's), ``completion_ids``,
             ``environments``, the rows' columns and ``reward_kwargs``.

@@ -369,3 +369,70 @@ def _initial_weights() -> dict[str, torch.Tensor]:
         model = _tiny_model(build_tool_calling_tokenizer())
         _INITIAL.update(_weights(model))
     return _INITIAL
+
+
+def test_real_tool_loop_episodes_meet_the_turn_credit_contract(scripted_first_turn, tmp_path):
+    """Issue 39 stage 2's building blocks on episodes of TRL's real tool loop: the episode's tool rounds match its
+    tool-result spans token for token (the suffix GRPO computes), an Adder rebuilt by replay reproduces every recorded
+    result, a recorded turn parses back to its calls, and estimate_turn_credit runs on the batch with the live policy
+    (finite values, no credit on tool results)."""
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+    from mcadvantage.mc.episodes import (
+        episode_step_boundaries,
+        model_spans,
+        recorded_tool_turns,
+        replay_environment,
+        tool_spans,
+    )
+    from mcadvantage.mc.turn_credit import estimate_turn_credit, sampler_generate
+
+    checked = {"rounds": 0, "credits": []}
+
+    def check(trainer, batch):
+        episodes = trainer.agent_episodes(batch)
+        for ep in episodes:
+            turns = recorded_tool_turns(ep.messages)
+            spans = tool_spans(ep.tool_mask)
+            assert len(turns) == len(spans)
+            assert episode_step_boundaries(ep.tool_mask)[-1] == len(ep.completion_ids)
+            for turn, (start, end) in zip(turns, spans, strict=True):
+                tool_messages = [{"role": "tool", "name": n, "content": c} for n, c in turn.results]
+                assert ep.completion_ids[start:end] == trainer.tool_result_ids(tool_messages)
+            env = replay_environment(Adder, ep.row, turns)  # raises if a replayed result differed
+            assert len(env.calls) == len(turns)
+            if turns:
+                start, end = model_spans(ep.tool_mask)[0]
+                parsed = trainer.parse_turn(ep.completion_ids[start:end], ep.prompt_ids)
+                assert parsed["tool_calls"] == list(turns[0].calls)
+            checked["rounds"] += len(turns)
+        with trainer.estimator_context().policy_sampler() as sampler:
+            checked["credits"] += estimate_turn_credit(
+                episodes,
+                num_rollouts=1,
+                environment_factories={None: Adder},
+                generate=sampler_generate(sampler),
+                parse=trainer.parse_turn,
+                tool_suffix_ids=trainer.tool_result_ids,
+                reward_funcs=trainer.reward_funcs,
+                reward_weights=trainer.reward_weights.tolist(),
+                max_completion_length=trainer.max_completion_length,
+                max_tool_calling_iterations=2,
+            )
+
+    tok = build_tool_calling_tokenizer()
+    args = VinePPOConfig(
+        output_dir=str(tmp_path), **{**SETTINGS, "max_steps": 1, "advantage_estimator": "grpo"}
+    )
+    trainer = VinePPOTrainer(model=_tiny_model(tok), args=args, processing_class=tok, **_case("environment"))
+    hook = trainer.compute_advantages
+
+    def compute(batch):
+        check(trainer, batch)
+        return hook(batch)
+
+    trainer.compute_advantages = compute
+    trainer.train()
+    assert checked["rounds"] > 0 and checked["credits"]
+    for credit in checked["credits"]:
+        assert all(math.isfinite(v) for v in credit.values)
+        assert credit.rollouts == len(credit.boundaries) - 1

@@ -422,6 +422,7 @@ METHODS = {
     "_save_checkpoint": (["self", "model", "trial"], "GRPOTrainerHooks._save_checkpoint"),
     "_get_output_dir": (["self", "trial"], "GRPOTrainerHooks._save_checkpoint"),
     "_tokenize_prompts": (["self", "prompts"], "GRPOTrainerHooks.tokenize_prompt_ids"),
+    "_get_tool_suffix_ids": (["self", "tool_messages"], "GRPOTrainerHooks.tool_result_ids"),
     "training_step": (["self", "model", "inputs", "num_items_in_batch"], "GRPOTrainerHooks.training_step"),
     "train": (["self", "resume_from_checkpoint", "trial"], "GRPOTrainerHooks.train"),
     "get_off_policy_mask": (
@@ -606,6 +607,16 @@ def test_environment_attributes_mcadvantage_reads(grpo_with_environments):
         "GRPOTrainer._tokenize_prompts with environments (no longer each prompt with its environment's tools, "
         "read from _batch_environments)",
         follow,
+    )
+    tools_follow = f"{COMPAT} GRPOTrainerHooks.parse_turn / standalone_tools / tool_result_ids"
+    assert [t.__name__ for t in trainer._env_tools["a"]] == ["add"] and trainer._standalone_tools == [], (
+        trl_changed(
+            "GRPOTrainer._env_tools / _standalone_tools (the tools per environment, the tools= given)",
+            tools_follow,
+        )
+    )
+    assert trainer._tokenizer is trainer.processing_class, trl_changed(
+        "GRPOTrainer._tokenizer (the tokenizer parse_response reads)", tools_follow
     )
 
 

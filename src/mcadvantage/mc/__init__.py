@@ -6,6 +6,7 @@ Modules, each importing only from those listed before it: :mod:`~mcadvantage.mc.
 functions), :mod:`~mcadvantage.mc.trajectory` (the input), :mod:`~mcadvantage.mc.planning` (which states),
 :mod:`~mcadvantage.mc.stats` (the typed record of what a wave and an estimate cost),
 :mod:`~mcadvantage.mc.rollouts` (requests, sampling, grading), :mod:`~mcadvantage.mc.pool` (free samples,
-leave-one-out) and :mod:`~mcadvantage.mc.estimator` (the orchestrator: it calls each stage in order, none calls
-back). The settings
-are one :class:`~mcadvantage.core.settings.MCSettings`."""
+leave-one-out) and :mod:`~mcadvantage.mc.estimator` (the orchestrator: it calls each stage in order, none calls back). The settings
+are one :class:`~mcadvantage.core.settings.MCSettings`. :mod:`~mcadvantage.mc.episodes` (standalone) holds what
+multi-turn episodes add: states at turn boundaries, environment replay, continuations through the tool loop;
+:mod:`~mcadvantage.mc.turn_credit` (on top of it) estimates every state's value of a batch of episodes."""

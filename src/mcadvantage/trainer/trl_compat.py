@@ -24,6 +24,10 @@ What is used, and why:
   own call (the prompt-length check at init runs before any batch); ``environments`` is what GRPO passes reward
   functions as ``environments=`` (an environment's ``get_reward`` among them). GRPO's ``tool_mask`` output (0 on
   tool-result tokens inside a completion) becomes ``AdvantageBatch.tool_mask``.
+- ``_get_tool_suffix_ids``, ``_env_tools``, ``_standalone_tools`` and ``_tokenizer`` (with TRL's public
+  ``parse_response``): what a Monte Carlo continuation of an episode needs to run GRPO's tool loop the way GRPO
+  runs it (:meth:`GRPOTrainerHooks.tool_result_ids`, :meth:`~GRPOTrainerHooks.parse_turn`,
+  :attr:`~GRPOTrainerHooks.standalone_tools`, :meth:`~GRPOTrainerHooks.agent_episodes`).
 - ``_tag_names`` / ``_name``: the model-card tags and trainer name.
 - ``Trainer._save_checkpoint`` / ``_get_output_dir`` and ``Trainer._load_optimizer_and_scheduler``: extended to
   save the advantage estimator's own state (the ``"gae"`` critic) in every checkpoint and restore it on resume.
@@ -34,6 +38,10 @@ What the product decides (the non-finite step guard and checkpoint verification:
 :mod:`mcadvantage.trainer.guards`; which reward function failed on which row, infinite rewards, the reward of a
 truncated response: :mod:`mcadvantage.rewards`) lives, and is tested, in those modules. What this module relies on
 in TRL is pinned by ``tests/trainer/test_trl_pins.py``.
+
+Why this module is long: the project keeps every TRL internal in this one module (``tests/trainer/
+test_trl_compat.py`` enforces it), so each GRPO feature mcadvantage follows (vLLM weight sync, checkpoints, guards,
+the agents' tool loop) adds its accessors here rather than in a module of its own.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from trl import GRPOTrainer
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.versions import check_version_range
 from mcadvantage.estimators.batch import AdvantageBatch
+from mcadvantage.mc.turn_credit import Episode
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
 from mcadvantage.rewards.truncation import score_truncated_responses, truncated_responses
 from mcadvantage.trainer.guards import checkpoint_to_resume, refuse_nonfinite_step
@@ -180,6 +189,7 @@ class GRPOTrainerHooks(GRPOTrainer):
             "inputs": inputs,
             "prompts": prompts,
             "completion_ids": [list(ids) for ids in completion_ids_list],
+            "completions": completions,
             "rewards_per_func": rewards_per_func,
         }
         return rewards_per_func
@@ -241,6 +251,7 @@ class GRPOTrainerHooks(GRPOTrainer):
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._mcadvantage_captured = None
         self._mcadvantage_tree_paths = None
+        self._mcadvantage_completions = None
         output = super()._generate_and_score_completions(inputs)
         captured, self._mcadvantage_captured = self._mcadvantage_captured, None
         if captured is None:  # GRPO changed how it grades: refuse rather than train on GRPO's advantages
@@ -269,6 +280,7 @@ class GRPOTrainerHooks(GRPOTrainer):
             tree_paths=self._mcadvantage_tree_paths,
             tool_mask=output.get("tool_mask"),
         )
+        self._mcadvantage_completions = captured["completions"]
         advantages = self.compute_advantages(batch)
         output["advantages"] = advantages
         self._replace_logged_advantages(
@@ -338,6 +350,55 @@ class GRPOTrainerHooks(GRPOTrainer):
             else:
                 self._batch_environments = saved
         return [list(ids) for ids in prompt_ids]
+
+    # -- agents: what Monte Carlo turn credit needs from GRPO's tool loop (mcadvantage.mc.episodes) ------------
+
+    def tool_result_ids(self, tool_messages: list[dict[str, Any]]) -> list[int]:
+        """The tokens GRPO's tool loop appends for one round of tool results: the chat template's tool turn and the
+        next assistant header, computed as GRPO computes them (``_get_tool_suffix_ids``)."""
+        return list(self._get_tool_suffix_ids(tool_messages))
+
+    def parse_turn(
+        self, turn_ids: list[int], context_ids: list[int], environment: Any = None
+    ) -> dict[str, Any]:
+        """A generated turn parsed as GRPO parses it: TRL's ``parse_response`` with the tools the episode's prompt
+        offers (its environment's, named as in a dict ``environment_factory``; None for one factory or tools
+        alone)."""
+        from trl.chat_template_utils import parse_response
+
+        tools = self._env_tools[environment] if self.environment_factories is not None else self.tools
+        return parse_response(self._tokenizer, turn_ids, prefix=context_ids, tools=tools)
+
+    @property
+    def standalone_tools(self) -> list[Any]:
+        """The ``tools=`` the trainer was given (without the environments' methods)."""
+        return list(self._standalone_tools)
+
+    def agent_episodes(self, batch: AdvantageBatch) -> list[Episode]:
+        """The local batch's episodes as :func:`~mcadvantage.mc.turn_credit.estimate_turn_credit` takes them: token
+        ids, tool mask, GRPO's parsed conversation (``completions``), the combined reward, and the row (as GRPO reset
+        the environment with it). Only for a batch of GRPO's tool loop (``batch.tool_mask`` set)."""
+        if batch.tool_mask is None:
+            raise ValueError(
+                "agent_episodes: the batch has no tool_mask (no tools= / environment_factory= episode)."
+            )
+        messages = self._mcadvantage_completions
+        masks = batch.tool_mask.cpu()
+        rewards = batch.rewards.tolist()
+        route = self.environment_route_column
+        return [
+            Episode(
+                prompt_ids=list(batch.prompt_ids[i]),
+                completion_ids=list(ids),
+                tool_mask=[int(m) for m in masks[i, : len(ids)]],
+                messages=list(messages[i]),
+                reward=rewards[i],
+                prompt=batch.prompts[i],
+                row=dict(batch.rows[i]),
+                environment=batch.rows[i].get(route) if route else None,
+            )
+            for i, ids in enumerate(batch.completion_ids)
+        ]
 
     @property
     def environment_route_column(self) -> str | None:

@@ -1,0 +1,253 @@
+"""Monte Carlo turn credit for multi-turn episodes: the value of every state of an episode from K continuations
+that resume it through the tool loop, each on its own replayed environment, graded by the episode's own reward
+sources; per-token advantages with tool results at 0.
+
+The pieces are :mod:`mcadvantage.mc.episodes`' (states, replay, continuations); this module runs them for a batch
+of episodes: every state's K continuations go through :func:`~mcadvantage.mc.episodes.continue_episodes` together
+(one engine call per turn for the whole batch), and are graded in one call per reward function with
+``environments=`` (so an environment's ``get_reward``, which TRL adds to the reward functions, scores each
+continuation from its own environment). An unscorable continuation (every reward function returned None) counts
+0, as an unscorable rollout does in :mod:`mcadvantage.mc.rollouts`. No state sharing or deduplication across
+episodes: agent states differ by their environment, not only by their tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcadvantage.mc.episodes import (
+    continue_episodes,
+    episode_step_boundaries,
+    episode_token_advantages,
+    recorded_tool_turns,
+    replay_environment,
+    tool_turns_before,
+)
+from mcadvantage.samplers.base import RolloutRequest, Sampler
+
+__all__ = ["Episode", "EpisodeCredit", "estimate_turn_credit", "messages_before_round", "sampler_generate"]
+
+
+@dataclass
+class Episode:
+    """One episode of TRL's tool loop, as the trainer has it after grading.
+
+    Attributes:
+        prompt_ids: the prompt's token ids (as generated from: the environment's observation included).
+        completion_ids: the completion (model turns and tool results, no padding).
+        tool_mask: TRL's tool mask of the completion (0 on tool-result tokens).
+        messages: TRL's parsed completion (``completions[i]``: assistant and tool messages).
+        reward: the episode's own combined reward ``R`` (``V(S_n) = R``; never estimated).
+        prompt: the prompt as reward functions take it (after ``reset``'s observation was appended).
+        row: the dataset row as TRL read it (every column, the original ``prompt`` included): ``reset(**row)``
+            rebuilds the environment (without the ``environment`` column when it routes a dict of factories), and
+            its columns other than ``prompt`` go to reward functions, as in TRL.
+        environment: the name of its environment in a dict ``environment_factory``; None for one factory.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    tool_mask: list[int]
+    messages: list[dict[str, Any]]
+    reward: float
+    prompt: Any = None
+    row: dict[str, Any] = field(default_factory=dict)
+    environment: str | None = None
+
+
+@dataclass
+class EpisodeCredit:
+    """The estimate for one episode: ``boundaries`` (its states), ``values`` ``[V(S_0), ..., V(S_{n-1}), R]``,
+    per-token ``advantages`` (tool results 0), and what it cost (``rollouts``; ``generated_tokens``: the
+    continuations' tokens, tool results included)."""
+
+    boundaries: list[int]
+    values: list[float]
+    advantages: list[float]
+    rollouts: int = 0
+    generated_tokens: int = 0
+
+
+def messages_before_round(messages: Sequence[Mapping[str, Any]], rounds: int) -> list[dict[str, Any]]:
+    """The episode's messages up to the end of its ``rounds``-th tool round (the assistant turns that called the tools
+    and their tool messages): what a continuation from a state after those rounds inherits. ``rounds=0``: none."""
+    if rounds <= 0:
+        return []
+    seen, i = 0, 0
+    while i < len(messages):
+        message = messages[i]
+        i += 1
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            j = i
+            while j < len(messages) and messages[j].get("role") == "tool":
+                j += 1
+            if j > i:
+                seen += 1
+                i = j
+                if seen == rounds:
+                    return [dict(m) for m in messages[:i]]
+    raise ValueError(
+        f"messages_before_round: the episode's messages hold {seen} tool rounds, not {rounds}; its tool_mask and "
+        "messages must describe the same episode (TRL's completion_ids / tool_mask and completions of one row)."
+    )
+
+
+def sampler_generate(sampler: Sampler) -> Callable[[list[list[int]], list[int]], list[list[int]]]:
+    """The ``generate`` of :func:`~mcadvantage.mc.episodes.continue_episodes` on a
+    :class:`~mcadvantage.samplers.base.Sampler`: one request per context (``n=1``, its budget as ``max_tokens``),
+    one ``sample`` call per turn for all of them; a context without budget gets no tokens."""
+
+    def generate(contexts: list[list[int]], budgets: list[int]) -> list[list[int]]:
+        asked = [i for i, b in enumerate(budgets) if b >= 1]
+        requests = [RolloutRequest(prefix_ids=tuple(contexts[i]), n=1, max_tokens=budgets[i]) for i in asked]
+        out: list[list[int]] = [[] for _ in contexts]
+        for i, conts in zip(asked, sampler.sample(requests) if requests else [], strict=True):
+            out[i] = list(conts[0].token_ids)
+        return out
+
+    return generate
+
+
+def _reset_kwargs(episode: Episode, routed: bool) -> dict[str, Any]:
+    # TRL resets an environment with the whole row ("prompt" included) except the routing column of a dict factory.
+    return {k: v for k, v in episode.row.items() if not (routed and k == "environment")}
+
+
+#: Row columns TRL does not pass to reward functions (they come as prompts= / completions= / completion_ids=).
+_NOT_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
+
+
+def _nansum(values: Sequence[Any], weights: Sequence[float]) -> float:
+    """Weighted sum skipping None / NaN (TRL's nansum); 0 when every reward function returned None."""
+    total, scored = 0.0, False
+    for value, weight in zip(values, weights, strict=True):
+        if value is not None and not math.isnan(float(value)):
+            total += float(value) * weight
+            scored = True
+    return total if scored else 0.0
+
+
+def estimate_turn_credit(
+    episodes: Sequence[Episode],
+    *,
+    num_rollouts: int,
+    environment_factories: Mapping[str | None, Callable[[], Any]] | None,
+    generate: Callable[[list[list[int]], list[int]], list[list[int]]],
+    parse: Callable[[list[int], list[int]], dict[str, Any]],
+    tool_suffix_ids: Callable[[list[dict[str, Any]]], list[int]],
+    reward_funcs: Sequence[Callable[..., Sequence[Any]]],
+    reward_weights: Sequence[float],
+    max_completion_length: int,
+    max_tool_calling_iterations: int | None = None,
+    standalone_tools: Sequence[Callable[..., Any]] = (),
+    turn_step_boundaries: Callable[[Episode, int, int], Sequence[int]] | None = None,
+    reward_kwargs: Mapping[str, Any] | None = None,
+) -> list[EpisodeCredit]:
+    """Monte Carlo values and advantages of every state of every episode.
+
+    Args:
+        episodes: the batch's episodes.
+        num_rollouts: K continuations per state.
+        environment_factories: ``{name: factory}`` (one factory: ``{None: factory}``); None for ``tools=`` alone.
+        generate: the engine, batched (:func:`~mcadvantage.mc.episodes.continue_episodes`; :func:`sampler_generate`
+            wraps a :class:`~mcadvantage.samplers.base.Sampler`).
+        parse: the response parser (TRL's ``parse_response``).
+        tool_suffix_ids: the tool results' tokens, as the chat template renders them.
+        reward_funcs: TRL-style reward functions (an environment's ``get_reward`` wrapper included); each gets
+            ``prompts``, ``completions`` (the inherited messages then the continuation's), ``completion_ids``,
+            ``environments``, the rows' columns and ``reward_kwargs``.
+        reward_weights: their weights.
+        max_completion_length: the episode's token budget.
+        max_tool_calling_iterations: TRL's limit on tool rounds per episode.
+        standalone_tools: the trainer's ``tools=``.
+        turn_step_boundaries: ``(episode, start, end) -> boundaries`` of the step segmenter inside a model turn
+            (None: one state per turn).
+        reward_kwargs: extra keyword arguments for every reward call (e.g. TRL's ``trainer_state``).
+
+    Raises:
+        :class:`~mcadvantage.mc.episodes.EnvironmentReplayError`: an environment that cannot be brought back to a
+            state of its episode.
+    """
+    if num_rollouts < 1:
+        raise ValueError(f"estimate_turn_credit: num_rollouts={num_rollouts} must be >= 1.")
+    routed = environment_factories is not None and None not in environment_factories
+    plans = []  # per episode: its boundaries
+    jobs = []  # per continuation: (episode index, state index)
+    prompts, prefixes, masks, envs = [], [], [], []
+    for e, episode in enumerate(episodes):
+        segment = (lambda s, t, ep=episode: turn_step_boundaries(ep, s, t)) if turn_step_boundaries else None
+        bounds = episode_step_boundaries(episode.tool_mask, segment)
+        plans.append(bounds)
+        turns = recorded_tool_turns(episode.messages)
+        factory = None
+        if environment_factories is not None:
+            if episode.environment not in environment_factories:
+                raise ValueError(
+                    f"estimate_turn_credit: episode {e} names environment {episode.environment!r}, which is not among "
+                    f"{sorted(map(repr, environment_factories))}."
+                )
+            factory = environment_factories[episode.environment]
+        for i, b in enumerate(bounds[:-1]):
+            rounds = tool_turns_before(episode.tool_mask, b)
+            for _ in range(num_rollouts):
+                env = (
+                    replay_environment(
+                        factory, _reset_kwargs(episode, routed), turns[:rounds], standalone_tools
+                    )
+                    if factory is not None
+                    else None
+                )
+                jobs.append((e, i))
+                prompts.append(episode.prompt_ids)
+                prefixes.append(episode.completion_ids[:b])
+                masks.append(episode.tool_mask[:b])
+                envs.append(env)
+    outs = continue_episodes(
+        prompts,
+        prefixes,
+        masks,
+        envs,
+        generate=generate,
+        parse=parse,
+        tool_suffix_ids=tool_suffix_ids,
+        max_completion_length=max_completion_length,
+        max_tool_calling_iterations=max_tool_calling_iterations,
+        standalone_tools=standalone_tools,
+    )
+    # Grade every continuation in one call per reward function.
+    completions, columns = [], {}
+    keys = list(dict.fromkeys(k for ep in episodes for k in ep.row if k not in _NOT_REWARD_COLUMNS))
+    for (e, i), out in zip(jobs, outs, strict=True):
+        episode = episodes[e]
+        rounds = tool_turns_before(episode.tool_mask, plans[e][i])
+        completions.append(messages_before_round(episode.messages, rounds) + out.messages)
+    columns = {k: [episodes[e].row.get(k) for e, _ in jobs] for k in keys}
+    per_func = []
+    for func in reward_funcs:
+        scores = func(
+            prompts=[episodes[e].prompt for e, _ in jobs],
+            completions=completions,
+            completion_ids=[out.completion_ids for out in outs],
+            environments=[out.environment for out in outs],
+            **columns,
+            **dict(reward_kwargs or {}),
+        )
+        if len(scores) != len(jobs):
+            raise RuntimeError(
+                f"reward function {getattr(func, '__name__', func)!r} returned {len(scores)} rewards for {len(jobs)} "
+                "continuations; it must return one per completion."
+            )
+        per_func.append(list(scores))
+    sums: list[list[float]] = [[0.0] * (len(b) - 1) for b in plans]
+    credits = [EpisodeCredit(boundaries=list(b), values=[], advantages=[]) for b in plans]
+    for j, ((e, i), out) in enumerate(zip(jobs, outs, strict=True)):
+        sums[e][i] += _nansum([pf[j] for pf in per_func], reward_weights)
+        credits[e].rollouts += 1
+        credits[e].generated_tokens += len(out.completion_ids) - plans[e][i]
+    for e, episode in enumerate(episodes):
+        credits[e].values = [s / num_rollouts for s in sums[e]] + [float(episode.reward)]
+        credits[e].advantages = episode_token_advantages(credits[e].values, plans[e], episode.tool_mask)
+    return credits

@@ -154,6 +154,9 @@ class ScriptedAgentSampler:
         self.rng = random.Random(seed)
         self.calls: list[list[RolloutRequest]] = []
         self._turn_ids: dict[int | None, tuple[int, ...]] = {}
+        # Decoding a prefix dominates a draw, and Monte Carlo continuations of one state share their prefixes:
+        # where a prefix stands is computed once (a pure function of the ids, for a fixed tokenizer).
+        self._opened: dict[tuple[int, ...], tuple[Progress, tuple[int, ...]]] = {}
 
     def turn_ids(self, choice: int | None) -> tuple[int, ...]:
         """The token ids of one turn: ``act(choice)``'s tool call, or :data:`FINAL_TEXT` for ``None``; then EOS."""
@@ -172,6 +175,13 @@ class ScriptedAgentSampler:
             ValueError: when the prefix does not end inside an assistant turn (e.g. it ends in a tool result with
                 no generation prompt), or is not an episode of the environment.
         """
+        key = tuple(prefix_ids)
+        if key not in self._opened:
+            self._opened[key] = self._read_open_turn(key)
+        view, partial = self._opened[key]
+        return view, list(partial)
+
+    def _read_open_turn(self, prefix_ids: tuple[int, ...]) -> tuple[Progress, tuple[int, ...]]:
         ids = list(prefix_ids)
         view = read_progress(self.tokenizer.decode(ids, skip_special_tokens=False))
         start_id = self.tokenizer.convert_tokens_to_ids("<|im_start|>")
@@ -187,7 +197,7 @@ class ScriptedAgentSampler:
         think = self.tokenizer("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]
         if partial[: len(think)] == think:
             partial = partial[len(think) :]
-        return view, partial
+        return view, tuple(partial)
 
     def turn_distribution(
         self, prefix_ids: Sequence[int]

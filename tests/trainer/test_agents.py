@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -304,8 +305,13 @@ def test_rloo_and_gae_train_environment_episodes_with_tool_tokens_left_out(
     assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
 
 
-@pytest.mark.parametrize("estimator", ["vineppo", "hybrid", "tree"])
-@pytest.mark.parametrize("kwarg", ["tools", "environment_factory", "rollout_func"])
+@pytest.mark.parametrize(
+    "estimator,kwarg",
+    [
+        *((e, k) for e in ("hybrid", "tree") for k in ("tools", "environment_factory", "rollout_func")),
+        ("vineppo", "rollout_func"),  # vineppo continues tools and environments, not a user's rollout
+    ],
+)
 def test_monte_carlo_estimators_refuse_agent_episodes_naming_the_estimator_and_the_fix(
     tmp_path, estimator, kwarg
 ):
@@ -436,3 +442,102 @@ def test_real_tool_loop_episodes_meet_the_turn_credit_contract(scripted_first_tu
     for credit in checked["credits"]:
         assert all(math.isfinite(v) for v in credit.values)
         assert credit.rollouts == len(credit.boundaries) - 1
+
+
+def _before_the_choice(text: str) -> list[str]:
+    """A step segmenter that cuts a tool call ``{"choice": 2}`` just before its argument's digits."""
+    return [part for part in re.split(r'(?<="choice": )(?=\d)', text) if part]
+
+
+def test_vineppo_gives_environment_episodes_unbiased_monte_carlo_turn_credit(tmp_path, monkeypatch):
+    """``advantage_estimator="vineppo"`` with ``environment_factory=``: on the testbed environment (every episode and
+    every Monte Carlo continuation played by one scripted tool-calling policy, whose value at any token prefix is
+    known exactly), two training steps run with finite weights, tool-result tokens get advantage exactly 0 and no
+    whitening weight, and the value of every state the trainer estimated (turn boundaries and the segmenter's steps
+    inside turns) equals its exact value within the Monte Carlo error of K continuations."""
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+    from testbed.agent_env import AgentEnv, AgentTask, KeyPolicy, make_agent_dataset
+    from testbed.agent_policy import ScriptedAgentSampler, build_agent_model, build_agent_tokenizer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tok = build_agent_tokenizer()
+    policy, k = KeyPolicy(0.5), 64
+    rollouts = ScriptedAgentSampler(policy, tok, seed=1)  # the Monte Carlo continuations
+    args = VinePPOConfig(
+        output_dir=str(tmp_path),
+        **{**SETTINGS, "generation_kwargs": None, "max_completion_length": 128, "num_generations": 4},
+        advantage_estimator="vineppo",
+        num_mc_rollouts=k,
+        # A step boundary inside every tool call, before the chosen digit: a continuation from there finishes the
+        # model's own turn (its value averages the choices still open), then runs its tool call.
+        step_segmenter=_before_the_choice,
+    )
+    trainer = VinePPOTrainer(
+        model=build_agent_model(tok, max_position_embeddings=512),
+        reward_funcs=None,  # AgentEnv.get_reward is the reward
+        args=args,
+        train_dataset=make_agent_dataset("recovery", 3, 4, seed=0),
+        processing_class=tok,
+        environment_factory=AgentEnv,
+        mc_sampler=rollouts,
+    )
+    episodes = ScriptedAgentSampler(
+        policy, tok, seed=2
+    )  # the training episodes: the same policy, its own draws
+
+    def scripted_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        return episodes.generate(prompt_ids, args.max_completion_length), None
+
+    trainer._generate_single_turn = scripted_turn
+    spies, seen = [], []
+    spies.append(_Spy(trainer))
+    hook = trainer.compute_advantages
+
+    def compute(batch):
+        out = hook(batch)
+        est = trainer.advantage_estimator
+        seen.append((trainer.last_advantage_result, list(est.last_rows), list(est.last_turn_credit)))
+        return out
+
+    trainer.compute_advantages = compute
+    trainer.train()
+
+    assert trainer.state.global_step == SETTINGS["max_steps"]
+    assert sum(_logged(trainer, "tools/call_frequency")) > 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+    assert _logged(trainer, "mc/rollouts") and all(
+        math.isfinite(v) for v in _logged(trainer, "mc/mean_value")
+    )
+    spies[0].check_tool_tokens_get_no_credit()
+
+    errors = []
+    for batch, (result, rows, credits) in zip(spies[0].batches, seen, strict=True):
+        assert rows == list(range(len(batch.completion_ids)))  # every episode ended and was scored
+        model_tokens = batch.completion_mask.bool() & batch.tool_mask.bool()
+        assert torch.equal(result.token_mask, model_tokens)
+        assert not result.advantages[~model_tokens].any()
+        assert result.values == [c.values for c in credits]
+        for i, credit in zip(rows, credits, strict=True):
+            ids = batch.completion_ids[i]
+            assert credit.values[-1] == float(batch.rewards[i])  # V(S_n) = R, never estimated
+            assert credit.rollouts == k * (len(credit.boundaries) - 1)
+            # Every turn boundary is a state (4 turns: 3 tool calls, then the answer), and states sit only on the
+            # model's own tokens.
+            starts = [
+                b
+                for b in range(len(ids))
+                if batch.tool_mask[i, b] and (b == 0 or not batch.tool_mask[i, b - 1])
+            ]
+            assert len(starts) == 4 and set(starts) <= set(credit.boundaries)
+            assert all(batch.tool_mask[i, b] for b in credit.boundaries[:-1])
+            task = AgentTask.from_row(batch.rows[i])
+            for b, value in zip(credit.boundaries[:-1], credit.values[:-1], strict=True):
+                exact = rollouts.exact_value(task, batch.prompt_ids[i] + ids[:b])
+                errors.append(value - exact)
+                # A mean of K rewards in [0, 1] has standard error <= 0.5 / sqrt(K): 5 of them.
+                assert abs(value - exact) <= 5 * 0.5 / k**0.5, (i, b, value, exact)
+    # The segmenter's steps inside the three tool calls add three states to the four turn boundaries.
+    assert len(errors) == 2 * 4 * (4 + 3)
+    # Unbiased over all states together (independent continuations): within 5 standard errors of the mean.
+    assert abs(sum(errors) / len(errors)) <= 5 * 0.5 / (k * len(errors)) ** 0.5

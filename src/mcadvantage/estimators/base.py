@@ -44,6 +44,7 @@ __all__ = [
     "AdvantageBatch",
     "AdvantageEstimator",
     "AdvantageResult",
+    "ContinuesEpisodes",
     "DrawsTrees",
     "EstimatorContext",
     "KeepsMonteCarloEstimate",
@@ -160,4 +161,18 @@ class DrawsTrees(Protocol):
 
     def tree_schedule(self, max_completion_length: int) -> TreeSchedule:
         """How each training group is drawn as a tree (:mod:`mcadvantage.mc.tree`)."""
+        ...
+
+
+@runtime_checkable
+class ContinuesEpisodes(Protocol):
+    """An estimator that samples continuations and can continue a multi-turn episode of GRPO's tool loop
+    (``tools=`` / ``environment_factory=``) through its tool calls and environment steps (``vineppo``: Monte Carlo
+    credit per turn, from ``EstimatorContext.episodes``). The trainer lets it take those arguments, after
+    :meth:`check_agent_support`; other estimators that sample continuations refuse them."""
+
+    def check_agent_support(self, given: Sequence[str]) -> None:
+        """Refuse, before a model is loaded, what it cannot do with episodes built by the trainer arguments
+        ``given`` (names among ``tools``, ``environment_factory``, ``rollout_func``) or with its own settings: raise
+        ``NotImplementedError`` for an argument, ``ValueError`` for a setting, naming it and the fix."""
         ...

@@ -14,12 +14,15 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from mcadvantage.core.advantages import masked_whiten
 from mcadvantage.samplers.base import Sampler
+
+if TYPE_CHECKING:
+    from mcadvantage.mc.turn_credit import AgentEpisodes
 
 __all__ = [
     "AdvantageBatch",
@@ -241,6 +244,10 @@ class EstimatorContext:
         broadcast_object: broadcast ``obj`` from the main process; returns it everywhere.
         policy_model: the (unwrapped) policy model, for estimators that need its weights (the ``"gae"`` critic is
             initialised from them); None when not available.
+        episodes: for a batch of GRPO's tool loop (``tools=`` / ``environment_factory=``), what continuing its
+            episodes needs (:class:`~mcadvantage.mc.turn_credit.AgentEpisodes`: each row's episode, the environment
+            factories, the parser, the tool results' tokens); None otherwise. ``"vineppo"`` reads it to give Monte
+            Carlo credit per turn.
     """
 
     policy_sampler: Callable[[], AbstractContextManager[Sampler | None]]
@@ -257,6 +264,7 @@ class EstimatorContext:
     gather_object: Callable[[list[Any]], list[Any]] = field(default_factory=lambda: _gather_one_process)
     broadcast_object: Callable[[Any], Any] = field(default_factory=lambda: _broadcast_one_process)
     policy_model: Any = None
+    episodes: AgentEpisodes | None = None
 
     @classmethod
     def single_process(

@@ -6,11 +6,19 @@ policy (the context's sampler) and grades them with the reward functions; every 
 ``V(S_i) - V(S_{i-1})`` (``V(S_n) = R``). With a vLLM server only the main process can sample: it gathers
 every process' responses, estimates them all (identical states dedup across processes) and sends each
 process its part.
+
+Multi-turn episodes of GRPO's tool loop (``batch.tool_mask`` set, ``context.episodes`` built by the trainer for
+``tools=`` / ``environment_factory=``) get Monte Carlo credit per turn instead
+(:func:`~mcadvantage.mc.turn_credit.estimate_agent_credit`): states at turn boundaries and at the segmenter's step
+boundaries inside the model's turns, ``num_mc_rollouts`` continuations per state that resume the episode through its
+tool calls on replayed environments, tool-result tokens at advantage 0 and out of the whitening statistics.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,12 +42,25 @@ from mcadvantage.estimators.rules import (
 )
 from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
 from mcadvantage.mc.stats import MCStats
+from mcadvantage.mc.turn_credit import EpisodeCredit, estimate_agent_credit, sampler_generate
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["VinePPOEstimator"]
 
 # Dataset columns that GRPO itself consumes; every other column is passed to the reward functions.
 _NON_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
+
+#: Monte Carlo settings that turn credit does not honour yet, with the value it needs: an agent episode is refused
+#: at trainer build time when one differs (the continuation of an episode has the episode's remaining budget, counts
+#: only fresh continuations, and estimates every state).
+_TURN_CREDIT_DEFAULTS = {
+    "rollout_budget": "remaining",
+    "max_estimated_steps": None,
+    "truncated_reward": None,
+    "reuse_samples": False,
+    "allocation": "uniform",
+    "min_step_tokens": None,
+}
 
 #: The config fields the Monte Carlo estimators read: every Monte Carlo setting and the segmenter.
 MONTE_CARLO_CONFIG_FIELDS = (*mc_config_names().values(), "step_segmenter")
@@ -59,6 +80,8 @@ class VinePPOEstimator(AdvantageEstimator):
             :class:`~mcadvantage.core.settings.MCSettings` field), applied over ``settings``.
 
     Attributes:
+        last_turn_credit: for a batch of multi-turn episodes, the :class:`~mcadvantage.mc.turn_credit.EpisodeCredit`
+            of each response in ``last_rows`` (``last_estimate`` is then None); empty otherwise.
         settings: the :class:`~mcadvantage.core.settings.MCSettings` every batch is estimated with
             (``estimator.num_rollouts`` and the other setting names read them; replace them whole to change one).
         last_estimate: the local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (estimated
@@ -80,6 +103,7 @@ class VinePPOEstimator(AdvantageEstimator):
         self.segmenter = None if step_segmenter is None else get_segmenter(step_segmenter)
         self.last_estimate: MCEstimate | None = None
         self.last_rows: list[int] = []
+        self.last_turn_credit: list[EpisodeCredit] = []
 
     def __getattr__(self, name: str) -> Any:
         return setting_attribute(self, name)  # estimator.num_rollouts etc.: the settings' values
@@ -98,10 +122,33 @@ class VinePPOEstimator(AdvantageEstimator):
         """Refuse invalid or contradictory Monte Carlo settings (with the config's field names)."""
         MCSettings.from_config(config)
 
+    def check_agent_support(self, given: Sequence[str]) -> None:
+        """Turn credit continues episodes of ``tools=`` and ``environment_factory=``; refuse ``rollout_func=`` (its
+        episodes cannot be resumed from a prefix) and the Monte Carlo settings turn credit does not honour."""
+        if "rollout_func" in given:
+            raise NotImplementedError(
+                f"advantage_estimator={self.name or type(self).__name__!r} does not support rollout_func= yet: a Monte "
+                "Carlo continuation would have to resume your rollout from a token prefix, and rollout_func gives no "
+                "way to do that. Use advantage_estimator='grpo', 'rloo' or 'gae' (they train rollout_func episodes "
+                "exactly as trl.GRPOTrainer does), or pass tools= / environment_factory= instead of rollout_func."
+            )
+        names = mc_config_names()
+        for name, needed in _TURN_CREDIT_DEFAULTS.items():
+            value = getattr(self.settings, name)
+            if value != needed:
+                raise ValueError(
+                    f"{names[name]}={value!r} is not supported with tools= / environment_factory= under "
+                    f"advantage_estimator={self.name or 'vineppo'!r}: Monte Carlo turn credit runs every state's "
+                    f"num_mc_rollouts continuations to the episode's end within max_completion_length. Set "
+                    f"{names[name]}={needed!r} (its default), or use advantage_estimator='grpo' / 'rloo' / 'gae'."
+                )
+
     # -- the seam ---------------------------------------------------------------------------------------------
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
         """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
+        if batch.tool_mask is not None:
+            return self._estimate_turns(batch, context)
         segmenter = self.segmenter if self.segmenter is not None else get_segmenter(context.segmenter)
         rewards = batch.rewards.cpu()
         mask = batch.completion_mask.detach().cpu()
@@ -135,7 +182,7 @@ class VinePPOEstimator(AdvantageEstimator):
             rows.append(i)
 
         estimate = self._run(trajectories, extras, context)
-        self.last_estimate, self.last_rows = estimate, rows
+        self.last_estimate, self.last_rows, self.last_turn_credit = estimate, rows, []
 
         advantages = torch.zeros(mask.shape, dtype=torch.float32)
         token_mask = torch.zeros(mask.shape, dtype=torch.bool)
@@ -150,6 +197,94 @@ class VinePPOEstimator(AdvantageEstimator):
             token_mask=token_mask.to(device),
             values=estimate.values,
             metrics=self._summarize(estimate, advantages, token_mask),
+            metric_reductions=MCStats.metric_reductions(),
+        )
+
+    def _estimate_turns(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
+        """Monte Carlo credit per turn for a batch of multi-turn episodes (``batch.tool_mask`` set)."""
+        agent = context.episodes
+        if agent is None:
+            raise ValueError(
+                "VinePPOEstimator: the batch has a tool_mask (multi-turn episodes) but context.episodes is None, so "
+                "its episodes cannot be continued through their tool calls. VinePPOTrainer builds it for tools= and "
+                "environment_factory= (not for rollout_func=); elsewhere pass EstimatorContext(episodes="
+                "mcadvantage.mc.turn_credit.AgentEpisodes(...)), or use advantage_estimator='grpo'."
+            )
+        if len(agent.episodes) != len(batch.completion_ids):
+            raise ValueError(
+                f"VinePPOEstimator: context.episodes holds {len(agent.episodes)} episodes for a batch of "
+                f"{len(batch.completion_ids)} responses; build one episode per local batch row, in batch order."
+            )
+        if context.sample_on_main_only:
+            raise NotImplementedError(
+                "Monte Carlo turn credit (tools= / environment_factory= under advantage_estimator='vineppo') does not "
+                "support vllm_mode='server' yet (only the main process can sample, and episodes are not gathered). "
+                "Use vllm_mode='colocate' or the transformers engine (use_vllm=False), or advantage_estimator='grpo'."
+            )
+        self.check_agent_support(())
+        if context.max_completion_length is None:
+            raise ValueError(
+                "VinePPOEstimator: context.max_completion_length is None; turn credit continues each episode within "
+                "the episode's token budget. Pass max_completion_length to the EstimatorContext."
+            )
+        segmenter = self.segmenter if self.segmenter is not None else get_segmenter(context.segmenter)
+        rewards = batch.rewards.cpu()
+        mask = batch.completion_mask.detach().cpu()
+        model_tokens = mask.bool() & batch.tool_mask.detach().cpu().bool()
+        # Empty, unscorable and masked-out responses (mask_truncated_completions) get advantage 0 and no weight.
+        rows = [
+            i
+            for i, ids in enumerate(batch.completion_ids)
+            if ids and math.isfinite(float(rewards[i])) and int(mask[i].sum()) > 0
+        ]
+        # No prompt-length check here: a continuation never passes its episode's budget (max_completion_length
+        # from the same prompt), which the engine already took for the episode itself.
+
+        def inside_turn(episode: Any, start: int, end: int) -> list[int]:
+            # The segmenter's step boundaries inside one model turn, as absolute positions.
+            bounds = segment_completion(segmenter, context.tokenizer, episode.completion_ids[start:end])
+            return [start + b for b in bounds[1:-1]]
+
+        started = time.perf_counter()
+        with context.policy_sampler() as sampler:
+            credits = estimate_agent_credit(
+                agent,
+                rows,
+                num_rollouts=self.settings.num_rollouts,
+                generate=sampler_generate(sampler),
+                reward_funcs=list(context.reward_funcs),
+                reward_weights=list(context.reward_weights),
+                max_completion_length=context.max_completion_length,
+                turn_step_boundaries=inside_turn,
+                reward_kwargs=context.reward_kwargs,
+            )
+        seconds = time.perf_counter() - started
+        ordered = [credits[i] for i in rows]
+        self.last_estimate, self.last_rows, self.last_turn_credit = None, rows, ordered
+
+        advantages = torch.zeros(mask.shape, dtype=torch.float32)
+        token_mask = torch.zeros(mask.shape, dtype=torch.bool)
+        for i, credit in zip(rows, ordered, strict=True):
+            advantages[i, : len(credit.advantages)] = torch.tensor(credit.advantages, dtype=torch.float32)
+            token_mask[i] = model_tokens[i]
+        advantages = advantages * token_mask  # tool results and padding: exactly 0
+        state_values = [v for credit in ordered for v in credit.values[:-1]]
+        tokens = float(token_mask.sum())
+        metrics = {
+            "mean_value": math.fsum(state_values) / len(state_values) if state_values else math.nan,
+            "mean_abs_advantage": float(advantages.abs().sum()) / tokens if tokens else math.nan,
+            "steps_per_response": len(state_values) / len(ordered) if ordered else math.nan,
+            "rollouts": float(sum(credit.rollouts for credit in ordered)),
+            "generated_tokens": float(sum(credit.generated_tokens for credit in ordered)),
+            "states": float(len(state_values)),
+            "seconds": seconds,
+        }
+        device = batch.completion_mask.device
+        return AdvantageResult(
+            advantages=advantages.to(device),
+            token_mask=token_mask.to(device),
+            values=[list(credit.values) for credit in ordered],
+            metrics=metrics,
             metric_reductions=MCStats.metric_reductions(),
         )
 

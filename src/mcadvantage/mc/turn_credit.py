@@ -13,6 +13,7 @@ episodes: agent states differ by their environment, not only by their tokens.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,15 @@ from mcadvantage.mc.episodes import (
 )
 from mcadvantage.samplers.base import RolloutRequest, Sampler
 
-__all__ = ["Episode", "EpisodeCredit", "estimate_turn_credit", "messages_before_round", "sampler_generate"]
+__all__ = [
+    "AgentEpisodes",
+    "Episode",
+    "EpisodeCredit",
+    "estimate_agent_credit",
+    "estimate_turn_credit",
+    "messages_before_round",
+    "sampler_generate",
+]
 
 
 @dataclass
@@ -69,6 +78,31 @@ class EpisodeCredit:
     advantages: list[float]
     rollouts: int = 0
     generated_tokens: int = 0
+
+
+@dataclass
+class AgentEpisodes:
+    """What continuing a batch's episodes needs, besides the engine and the graders: the trainer builds it from
+    GRPO's tool loop (``tools=`` / ``environment_factory=``) and hands it to the estimator
+    (``EstimatorContext.episodes``).
+
+    Attributes:
+        episodes: one :class:`Episode` per local batch row, in batch order.
+        environment_factories: ``{name: factory}`` as TRL keeps them (one factory: ``{None: factory}``); None for
+            ``tools=`` alone.
+        parse: ``(turn_ids, context_ids, environment) -> message``: a generated turn parsed as GRPO parses it, with
+            the tools of the episode's environment (its name in a dict ``environment_factory``, else None).
+        tool_suffix_ids: the chat template's tokens for one round of tool results (as GRPO appends them).
+        max_tool_calling_iterations: TRL's limit on tool rounds per episode (None: unlimited).
+        standalone_tools: the trainer's ``tools=``.
+    """
+
+    episodes: list[Episode]
+    environment_factories: Mapping[str | None, Callable[[], Any]] | None
+    parse: Callable[[list[int], list[int], str | None], dict[str, Any]]
+    tool_suffix_ids: Callable[[list[dict[str, Any]]], list[int]]
+    max_tool_calling_iterations: int | None = None
+    standalone_tools: Sequence[Callable[..., Any]] = ()
 
 
 def messages_before_round(messages: Sequence[Mapping[str, Any]], rounds: int) -> list[dict[str, Any]]:
@@ -251,3 +285,66 @@ def estimate_turn_credit(
         credits[e].values = [s / num_rollouts for s in sums[e]] + [float(episode.reward)]
         credits[e].advantages = episode_token_advantages(credits[e].values, plans[e], episode.tool_mask)
     return credits
+
+
+def estimate_agent_credit(
+    agent: AgentEpisodes,
+    rows: Sequence[int],
+    *,
+    num_rollouts: int,
+    generate: Callable[[list[list[int]], list[int]], list[list[int]]],
+    reward_funcs: Sequence[Callable[..., Sequence[Any]]],
+    reward_weights: Sequence[float],
+    max_completion_length: int,
+    turn_step_boundaries: Callable[[Episode, int, int], Sequence[int]] | None = None,
+    reward_kwargs: Mapping[str, Any] | None = None,
+) -> dict[int, EpisodeCredit]:
+    """:func:`estimate_turn_credit` of the episodes ``agent.episodes[i]`` for ``i`` in ``rows``, by row.
+
+    Episodes are estimated in one call per environment name: a dict ``environment_factory`` offers each environment
+    its own tools, and a turn's tool-call arguments are typed with the schema of the tools its prompt offered, so
+    the parser is bound to one environment per call."""
+    # Continuations of one state often write the same turn in the same context and get the same tool results, and
+    # rendering the chat template or parsing a turn costs far more than the rest of a continuation: both are pure
+    # functions of their arguments, so they are computed once per batch (a parsed message is copied on reuse, as
+    # continuations own their messages).
+    suffixes: dict[str, list[int]] = {}
+    parsed: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def tool_suffix_ids(tool_messages: list[dict[str, Any]]) -> list[int]:
+        key = repr(tool_messages)
+        if key not in suffixes:
+            suffixes[key] = list(agent.tool_suffix_ids(tool_messages))
+        return list(suffixes[key])
+
+    def parse_for(name: str | None) -> Callable[[list[int], list[int]], dict[str, Any]]:
+        def parse(turn: list[int], context: list[int]) -> dict[str, Any]:
+            key = (name, tuple(turn), tuple(context))
+            if key not in parsed:
+                parsed[key] = agent.parse(list(turn), list(context), name)
+            return copy.deepcopy(parsed[key])
+
+        return parse
+
+    by_environment: dict[str | None, list[int]] = {}
+    for i in rows:
+        by_environment.setdefault(agent.episodes[i].environment, []).append(i)
+    out: dict[int, EpisodeCredit] = {}
+    for name, group in by_environment.items():
+        credits = estimate_turn_credit(
+            [agent.episodes[i] for i in group],
+            num_rollouts=num_rollouts,
+            environment_factories=agent.environment_factories,
+            generate=generate,
+            parse=parse_for(name),
+            tool_suffix_ids=tool_suffix_ids,
+            reward_funcs=reward_funcs,
+            reward_weights=reward_weights,
+            max_completion_length=max_completion_length,
+            max_tool_calling_iterations=agent.max_tool_calling_iterations,
+            standalone_tools=agent.standalone_tools,
+            turn_step_boundaries=turn_step_boundaries,
+            reward_kwargs=reward_kwargs,
+        )
+        out.update(zip(group, credits, strict=True))
+    return out

@@ -15,6 +15,7 @@ __all__ = [
     "AGENT_KWARGS",
     "check_agent_kwargs",
     "check_dataset_columns",
+    "check_engine_settings",
     "check_reward_funcs",
     "check_rewards_and_datasets",
     "reward_func_name",
@@ -26,7 +27,8 @@ def reward_func_name(func: Any) -> str:
 
 
 #: The ``GRPOTrainer`` arguments that make an episode more than one generation: a tool loop, environments, or the
-#: user's own rollout. GRPO's own advantages pass them through (VinePPOTrainer keeps GRPO's loop); an estimator
+#: user's own rollout. GRPO's own advantages pass them through (VinePPOTrainer keeps GRPO's loop); ``"vineppo"``
+#: continues tool and environment episodes through their tool calls (Monte Carlo credit per turn); another estimator
 #: that samples continuations from a prefix would continue a multi-turn episode as plain text, so it refuses them.
 AGENT_KWARGS = ("tools", "environment_factory", "rollout_func")
 
@@ -35,16 +37,20 @@ def check_agent_kwargs(
     kwargs: dict[str, Any], estimator: AdvantageEstimator, max_completion_length: int | None
 ) -> None:
     """Refuse ``tools=`` / ``environment_factory=`` / ``rollout_func=`` under an estimator that samples
-    continuations (``uses_rollouts``) or draws its groups as trees: its continuations would be plain generations
-    from a token prefix, without the tool calls and environment steps of the episode they continue. Estimators
-    that only read the batch (``"grpo"``, ``"rloo"``, ``"gae"``) take them as ``GRPOTrainer`` does."""
+    continuations (``uses_rollouts``) or draws its groups as trees, unless it continues episodes through their tool
+    calls (:class:`~mcadvantage.estimators.base.ContinuesEpisodes`, ``"vineppo"``), which then checks what it
+    supports (its Monte Carlo settings, ``rollout_func``). Estimators that only read the batch (``"grpo"``,
+    ``"rloo"``, ``"gae"``) take them as ``GRPOTrainer`` does."""
     given = [name for name in AGENT_KWARGS if kwargs.get(name) is not None]
     if not given:
         return
-    from mcadvantage.estimators.base import DrawsTrees
+    from mcadvantage.estimators.base import ContinuesEpisodes, DrawsTrees
 
     name = estimator.name or type(estimator).__name__
     draws_trees = isinstance(estimator, DrawsTrees)
+    if isinstance(estimator, ContinuesEpisodes) and not draws_trees:
+        estimator.check_agent_support(given)
+        return
     if estimator.uses_rollouts or draws_trees:
         how = "draws its groups as trees" if draws_trees else "samples Monte Carlo continuations"
         raise NotImplementedError(
@@ -53,6 +59,21 @@ def check_agent_kwargs(
             "steps. Use advantage_estimator='grpo', 'rloo' or 'gae' (they train tool and environment episodes "
             "exactly as trl.GRPOTrainer does), or drop "
             f"{' / '.join(given)}."
+            + (
+                ""
+                if "rollout_func" in given
+                else " For Monte Carlo credit per turn, use advantage_estimator='vineppo'."
+            )
+        )
+
+
+def check_engine_settings(args: Any) -> None:
+    """Refuse engine settings the Monte Carlo rollouts cannot run with: colocated vLLM with tensor parallelism."""
+    if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_tensor_parallel_size > 1:
+        raise NotImplementedError(
+            f"vllm_tensor_parallel_size={args.vllm_tensor_parallel_size} is not supported by VinePPOTrainer in "
+            "colocate mode (every rank of a tensor-parallel group would have to submit the same rollout "
+            "requests). Use vllm_tensor_parallel_size=1 or vllm_mode='server'."
         )
 
 

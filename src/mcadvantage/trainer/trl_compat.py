@@ -47,6 +47,7 @@ the agents' tool loop) adds its accessors here rather than in a module of its ow
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,7 +59,7 @@ from trl import GRPOTrainer
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.versions import check_version_range
 from mcadvantage.estimators.batch import AdvantageBatch
-from mcadvantage.mc.turn_credit import Episode
+from mcadvantage.mc.turn_credit import AgentEpisodes, Episode
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
 from mcadvantage.rewards.truncation import score_truncated_responses, truncated_responses
 from mcadvantage.trainer.guards import checkpoint_to_resume, refuse_nonfinite_step
@@ -399,6 +400,22 @@ class GRPOTrainerHooks(GRPOTrainer):
             )
             for i, ids in enumerate(batch.completion_ids)
         ]
+
+    def agent_context(self, batch: AdvantageBatch) -> AgentEpisodes | None:
+        """What continuing the local batch's episodes through GRPO's tool loop needs (``EstimatorContext.episodes``):
+        for a batch of ``tools=`` / ``environment_factory=``; None otherwise (a ``rollout_func``'s episodes, whose
+        ``env_mask`` becomes the tool mask, cannot be resumed from a prefix)."""
+        if batch.tool_mask is None or (self.environment_factories is None and not self._standalone_tools):
+            return None
+        limit = self.max_tool_calling_iterations  # GRPO stores "no limit" as sys.maxsize
+        return AgentEpisodes(
+            episodes=self.agent_episodes(batch),
+            environment_factories=self.environment_factories,
+            parse=self.parse_turn,
+            tool_suffix_ids=self.tool_result_ids,
+            max_tool_calling_iterations=None if limit == sys.maxsize else limit,
+            standalone_tools=self.standalone_tools,
+        )
 
     @property
     def environment_route_column(self) -> str | None:

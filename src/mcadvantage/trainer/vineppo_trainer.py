@@ -28,13 +28,13 @@ from mcadvantage.estimators import (
     build_advantage_estimator,
     reduce_metrics,
 )
-from mcadvantage.estimators.base import AdvantageEstimator, KeepsMonteCarloEstimate
+from mcadvantage.estimators.base import AdvantageEstimator, ContinuesEpisodes, KeepsMonteCarloEstimate
 from mcadvantage.estimators.batch import finalize_advantages
 from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
 from mcadvantage.tasks.segmentation import get_segmenter
 from mcadvantage.trainer.checkpoints import ESTIMATOR_STATE_FILE, load_estimator_state, save_estimator_state
-from mcadvantage.trainer.checks import check_agent_kwargs, check_rewards_and_datasets
+from mcadvantage.trainer.checks import check_agent_kwargs, check_engine_settings, check_rewards_and_datasets
 from mcadvantage.trainer.config import VinePPOConfig
 from mcadvantage.trainer.policy import draw_group_trees, policy_sampler
 from mcadvantage.trainer.trl_compat import (
@@ -87,7 +87,9 @@ class VinePPOTrainer(GRPOTrainerHooks):
         advantage_estimator: optional estimator instance (anything with ``estimate(batch, context)``) used instead
             of the one ``args.advantage_estimator`` names.
         **kwargs: other ``GRPOTrainer`` keyword arguments; ``tools``, ``environment_factory`` and ``rollout_func``
-            work as in GRPO under ``"grpo"``, ``"rloo"``, ``"gae"`` (the Monte Carlo estimators refuse them).
+            work as in GRPO under ``"grpo"``, ``"rloo"``, ``"gae"``; ``"vineppo"`` gives tool and environment
+            episodes Monte Carlo credit per turn (``"hybrid"``, ``"tree"`` refuse them; so does ``"vineppo"``
+            ``rollout_func``).
 
     Attributes:
         advantage_estimator: the estimator in use (e.g. a :class:`~mcadvantage.estimators.VinePPOEstimator`).
@@ -138,12 +140,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         funcs = check_rewards_and_datasets(
             reward_funcs, train_dataset, eval_dataset, kwargs.get("environment_factory")
         )
-        if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_tensor_parallel_size > 1:
-            raise NotImplementedError(
-                f"vllm_tensor_parallel_size={args.vllm_tensor_parallel_size} is not supported by VinePPOTrainer in "
-                "colocate mode (every rank of a tensor-parallel group would have to submit the same rollout "
-                "requests). Use vllm_tensor_parallel_size=1 or vllm_mode='server'."
-            )
+        check_engine_settings(args)
         self.advantage_estimator = build_advantage_estimator(
             advantage_estimator or args.advantage_estimator, args
         )
@@ -217,8 +214,10 @@ class VinePPOTrainer(GRPOTrainerHooks):
         est = self.advantage_estimator
         return list(est.last_rows) if isinstance(est, KeepsMonteCarloEstimate) else []
 
-    def estimator_context(self) -> EstimatorContext:
-        """What the estimator may use: the live policy's sampler, the graders, the segmenter, the collectives."""
+    def estimator_context(self, batch: AdvantageBatch | None = None) -> EstimatorContext:
+        """What the estimator may use: the live policy's sampler, the graders, the segmenter, the collectives, and
+        for ``batch``'s tool and environment episodes what continuing them needs (estimators that continue them)."""
+        continues = batch is not None and isinstance(self.advantage_estimator, ContinuesEpisodes)
         return EstimatorContext(
             policy_sampler=self._rollout_sampler,
             reward_funcs=self._rollout_reward_funcs,
@@ -234,6 +233,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
             gather_object=gather_object,
             broadcast_object=_broadcast_from_main,
             policy_model=self.accelerator.unwrap_model(self.model),
+            episodes=self.agent_context(batch) if continues else None,
         )
 
     @contextlib.contextmanager
@@ -277,7 +277,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         if batch.mode == "eval" and samples and not self.args.mc_estimate_on_eval:
             # Rollouts on evaluation batches multiply the cost of evaluation: off unless asked for.
             return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        result = self.advantage_estimator.estimate(batch, self.estimator_context())
+        result = self.advantage_estimator.estimate(batch, self.estimator_context(batch))
         self.last_advantage_result = result
         metrics = reduce_metrics(gather_object([result.metrics]), result.metric_reductions)
         prefix = self.advantage_estimator.metric_prefix

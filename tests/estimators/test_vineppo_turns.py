@@ -1,0 +1,172 @@
+"""estimators/vineppo.py on multi-turn episodes (``batch.tool_mask`` set): Monte Carlo credit per turn through
+``EstimatorContext.episodes``, with a scripted engine and tool (no model): masked-out rows are skipped, tool-result
+tokens get exactly 0 and leave the whitening mask, the values are unbiased, and what turn credit cannot do is refused
+with the setting and the fix."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mcadvantage.estimators import AdvantageBatch, EstimatorContext, VinePPOEstimator  # noqa: E402
+from mcadvantage.mc.turn_credit import AgentEpisodes, Episode  # noqa: E402
+from mcadvantage.samplers.base import Continuation  # noqa: E402
+from mcadvantage.testing import build_char_tokenizer  # noqa: E402
+from mcadvantage.trainer.checks import check_agent_kwargs  # noqa: E402
+
+EOS, WORD, CALL, OPEN, CLOSE = 2, 5, 7, 90, 91
+P_CALL, LIMIT = 0.5, 3  # a turn calls the tool with probability 1/2; at most 3 tool rounds
+
+
+class Counter:
+    """reset(**row); add(a, b) counts the calls; the reward is the number of calls."""
+
+    def reset(self, **row):
+        self.calls = 0
+
+    def add(self, a: int, b: int) -> int:
+        self.calls += 1
+        return a + b
+
+    def get_reward(self) -> float:
+        return float(self.calls)
+
+
+def get_reward(environments, **kwargs):
+    return [env.get_reward() for env in environments]
+
+
+def parse(turn_ids, context, environment):
+    message = {"role": "assistant", "content": ""}
+    if CALL in turn_ids:
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+        ]
+    return message
+
+
+def tool_suffix(tool_messages):
+    return [OPEN, CLOSE]
+
+
+class TurnSampler:
+    """A turn is WORD, then CALL EOS with probability P_CALL, else EOS (a prefix ending in WORD gets the rest)."""
+
+    def __init__(self, seed):
+        self.rng = random.Random(seed)
+
+    def sample(self, requests):
+        out = []
+        for request in requests:
+            conts = []
+            for _ in range(request.n):
+                tail = [CALL, EOS] if self.rng.random() < P_CALL else [EOS]
+                ids = (([] if request.prefix_ids[-1] == WORD else [WORD]) + tail)[: request.max_tokens]
+                conts.append(Continuation(token_ids=tuple(ids), truncated=False))
+            out.append(conts)
+        return out
+
+
+def recorded(rounds: int) -> Episode:
+    """``rounds`` tool rounds then an answer, as TRL's loop leaves them."""
+    ids, mask, messages = [], [], []
+    for _ in range(rounds):
+        ids += [WORD, CALL, EOS, OPEN, CLOSE]
+        mask += [1, 1, 1, 0, 0]
+        messages += [parse([CALL], [], None), {"role": "tool", "name": "add", "content": "3"}]
+    ids += [WORD, EOS]
+    mask += [1, 1]
+    messages.append(parse([], [], None))
+    return Episode([1], ids, mask, messages, float(rounds), prompt="play", row={"prompt": "play"})
+
+
+def expected_calls(rounds_done: int) -> float:
+    return rounds_done + sum(P_CALL**j for j in range(1, LIMIT - rounds_done + 1))
+
+
+def _batch_and_context(recorded_episodes, masked=(), **context_kwargs):
+    episodes = recorded_episodes
+    width = max(len(e.completion_ids) for e in episodes)
+    completion_mask = torch.zeros(len(episodes), width)
+    tool_mask = torch.ones(len(episodes), width, dtype=torch.long)
+    for i, e in enumerate(episodes):
+        completion_mask[i, : len(e.completion_ids)] = 0.0 if i in masked else 1.0
+        tool_mask[i, : len(e.tool_mask)] = torch.tensor(e.tool_mask)
+    batch = AdvantageBatch(
+        prompt_ids=[e.prompt_ids for e in episodes],
+        completion_ids=[e.completion_ids for e in episodes],
+        completion_mask=completion_mask,
+        rewards_per_func=torch.tensor([[e.reward] for e in episodes]),
+        reward_weights=torch.tensor([1.0]),
+        local_slice=slice(0, len(episodes)),
+        group_size=len(episodes),
+        prompts=[e.prompt for e in episodes],
+        rows=[e.row for e in episodes],
+        tool_mask=tool_mask,
+    )
+    agent = AgentEpisodes(
+        list(episodes), {None: Counter}, parse, tool_suffix, max_tool_calling_iterations=LIMIT
+    )
+    context_kwargs.setdefault("episodes", agent)
+    context = EstimatorContext.single_process(
+        TurnSampler(3), [get_reward], build_char_tokenizer(), max_completion_length=64, **context_kwargs
+    )
+    return batch, context
+
+
+def test_turn_credit_is_unbiased_skips_masked_rows_and_gives_tool_tokens_nothing():
+    k = 400
+    episodes = [recorded(1), recorded(2), recorded(1)]
+    batch, context = _batch_and_context(episodes, masked=(2,))  # row 2: mask_truncated_completions masked it
+    estimator = VinePPOEstimator(num_rollouts=k, step_segmenter=lambda text: [text])
+    result = estimator.estimate(batch, context)
+
+    assert estimator.last_rows == [0, 1] and estimator.last_estimate is None
+    assert not result.advantages[2].any() and not result.token_mask[2].any()
+    model_tokens = batch.completion_mask.bool() & batch.tool_mask.bool()
+    assert torch.equal(result.token_mask, model_tokens)
+    assert not result.advantages[batch.tool_mask == 0].any()  # tool results: exactly 0
+    for episode, values in zip(episodes[:2], result.values, strict=True):
+        rounds = len([m for m in episode.messages if m["role"] == "tool"])
+        exact = [expected_calls(r) for r in range(rounds + 1)]  # one state per turn
+        # A mean of K counts in [0, LIMIT]: 5 standard errors of a variance <= LIMIT^2 / 4.
+        assert all(abs(v - x) <= 5 * (LIMIT / 2) / k**0.5 for v, x in zip(values[:-1], exact, strict=True))
+        assert values[-1] == episode.reward
+    assert result.metrics["rollouts"] == k * (2 + 3) and result.metrics["states"] == 5
+
+
+def test_turn_credit_needs_the_episodes_and_refuses_what_it_does_not_support():
+    batch, context = _batch_and_context([recorded(1)], episodes=None)
+    with pytest.raises(ValueError, match=r"context.episodes is None"):
+        VinePPOEstimator(num_rollouts=2).estimate(batch, context)
+    batch, context = _batch_and_context([recorded(1)], sample_on_main_only=True)
+    with pytest.raises(NotImplementedError, match=r"vllm_mode='server'"):
+        VinePPOEstimator(num_rollouts=2).estimate(batch, context)
+    with pytest.raises(
+        ValueError, match=r"mc_reuse_samples=True is not supported with tools= .*mc_reuse_samples"
+    ):
+        VinePPOEstimator(num_rollouts=2, reuse_samples=True).estimate(*_batch_and_context([recorded(1)]))
+
+
+@pytest.mark.parametrize(
+    "setting,value,config_name",
+    [
+        ("reuse_samples", True, "mc_reuse_samples"),
+        ("allocation", "variance", "mc_allocation"),
+        ("max_estimated_steps", 2, "mc_max_estimated_steps"),
+        ("truncated_reward", 0.0, "mc_truncated_reward"),
+        ("min_step_tokens", 4, "mc_min_step_tokens"),
+    ],
+)
+def test_the_trainer_refuses_monte_carlo_settings_turn_credit_ignores_before_loading_a_model(
+    setting, value, config_name
+):
+    estimator = VinePPOEstimator(num_rollouts=2, **{setting: value})
+    with pytest.raises(ValueError, match=rf"{config_name}=.* is not supported .* Set {config_name}="):
+        check_agent_kwargs({"environment_factory": Counter}, estimator, 64)
+    check_agent_kwargs({"tools": [print]}, VinePPOEstimator(num_rollouts=2), 64)  # the defaults pass
+    with pytest.raises(NotImplementedError, match=r"does not support rollout_func="):
+        check_agent_kwargs({"rollout_func": print}, VinePPOEstimator(num_rollouts=2), 64)

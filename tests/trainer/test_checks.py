@@ -42,6 +42,26 @@ def test_agent_arguments_refused_where_continuations_would_drop_the_episode(esti
         check_agent_kwargs({"tools": [print], "rollout_func": print}, estimator, 16)
 
 
+class _ContinuesEpisodes(_SamplesContinuations):
+    """Matches the ContinuesEpisodes protocol (as "vineppo"): it checks what it supports itself."""
+
+    def __init__(self):
+        self.asked = []
+
+    def check_agent_support(self, given):
+        self.asked.append(list(given))
+        if "rollout_func" in given:
+            raise NotImplementedError("no rollout_func")
+
+
+def test_an_estimator_that_continues_episodes_decides_what_it_takes():
+    estimator = _ContinuesEpisodes()
+    check_agent_kwargs({"tools": [print], "environment_factory": dict}, estimator, 16)  # no error
+    assert estimator.asked == [["tools", "environment_factory"]]
+    with pytest.raises(NotImplementedError, match="no rollout_func"):
+        check_agent_kwargs({"rollout_func": print}, estimator, 16)
+
+
 def test_environments_may_own_the_reward():
     assert check_reward_funcs(None, environment_factory=dict) == []
     assert check_reward_funcs([], environment_factory=dict) == []

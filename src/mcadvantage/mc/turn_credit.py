@@ -88,7 +88,7 @@ class AgentEpisodes:
 
     Attributes:
         episodes: one :class:`Episode` per local batch row, in batch order.
-        environment_factories: ``{name: factory}`` as TRL keeps them (one factory: ``{None: factory}``); None for
+        factories: the environment factories by name, as TRL keeps them (one factory: ``{None: factory}``); None for
             ``tools=`` alone.
         parse: ``(turn_ids, context_ids, environment) -> message``: a generated turn parsed as GRPO parses it, with
             the tools of the episode's environment (its name in a dict ``environment_factory``, else None).
@@ -98,7 +98,7 @@ class AgentEpisodes:
     """
 
     episodes: list[Episode]
-    environment_factories: Mapping[str | None, Callable[[], Any]] | None
+    factories: Mapping[str | None, Callable[[], Any]] | None
     parse: Callable[[list[int], list[int], str | None], dict[str, Any]]
     tool_suffix_ids: Callable[[list[dict[str, Any]]], list[int]]
     max_tool_calling_iterations: int | None = None
@@ -334,7 +334,7 @@ def estimate_agent_credit(
         credits = estimate_turn_credit(
             [agent.episodes[i] for i in group],
             num_rollouts=num_rollouts,
-            environment_factories=agent.environment_factories,
+            environment_factories=agent.factories,
             generate=generate,
             parse=parse_for(name),
             tool_suffix_ids=tool_suffix_ids,

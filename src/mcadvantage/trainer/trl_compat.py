@@ -410,7 +410,7 @@ class GRPOTrainerHooks(GRPOTrainer):
         limit = self.max_tool_calling_iterations  # GRPO stores "no limit" as sys.maxsize
         return AgentEpisodes(
             episodes=self.agent_episodes(batch),
-            environment_factories=self.environment_factories,
+            factories=self.environment_factories,
             parse=self.parse_turn,
             tool_suffix_ids=self.tool_result_ids,
             max_tool_calling_iterations=None if limit == sys.maxsize else limit,

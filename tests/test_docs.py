@@ -448,11 +448,24 @@ def test_command_line_flags_in_docs_exist(monkeypatch):
     common = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, common)  # dataclasses look their module up while it executes
     spec.loader.exec_module(common)
+    # examples/agent.py imports its neighbour _common as a script does (its folder first on sys.path).
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    agent_spec = importlib.util.spec_from_file_location(
+        "_docs_examples_agent", ROOT / "examples" / "agent.py"
+    )
+    agent = importlib.util.module_from_spec(agent_spec)
+    monkeypatch.setitem(sys.modules, agent_spec.name, agent)
+    agent_spec.loader.exec_module(agent)
     parsers = {
         "vllm-serve": _options(vllm_serve_parser()),
         "accelerate": _options(launch_command_parser()),
         "script": _options(common.make_parser()),  # VinePPOConfig + trl.ModelConfig + the examples' flags
+        "agent": _options(agent.make_parser()),  # examples/agent.py: its task flags, --estimator, --model
     }
+
+    def script_kind(path: str) -> str:
+        return "agent" if path.endswith("agent.py") else "script"
+
     problems = []
     checked = 0
     for page in _pages():
@@ -462,7 +475,10 @@ def test_command_line_flags_in_docs_exist(monkeypatch):
                 groups = [("vllm-serve", tokens[2:])]
             elif tokens[:2] == ["accelerate", "launch"]:
                 script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), len(tokens))
-                groups = [("accelerate", tokens[2:script]), ("script", tokens[script + 1 :])]
+                kind = script_kind(tokens[script]) if script < len(tokens) else "script"
+                groups = [("accelerate", tokens[2:script]), (kind, tokens[script + 1 :])]
+            elif tokens[:2] == ["python", "examples/agent.py"]:
+                groups = [("agent", tokens[2:])]
             else:
                 continue
             for kind, part in groups:

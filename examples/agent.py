@@ -95,8 +95,8 @@ class AgentConfig(VinePPOConfig):
         metadata={
             "aliases": ["--estimator"],
             "help": "The advantage estimator (as VinePPOConfig's advantage_estimator): 'grpo' (default), 'rloo' or "
-            "'gae' train tool and environment episodes exactly as trl.GRPOTrainer does; an estimator that does not "
-            "take them is refused with the reason and the fix.",
+            "'gae' train tool and environment episodes exactly as trl.GRPOTrainer does, 'vineppo' with Monte Carlo "
+            "credit per turn; an estimator that does not take them is refused with the reason and the fix.",
         },
     )
 
@@ -349,7 +349,7 @@ def build_trainer(model: Any, tokenizer: Any, training_args: AgentConfig, train_
             raise
         print(
             f"examples/agent.py: --estimator {training_args.advantage_estimator} cannot train this environment's "
-            f"episodes: {err}\nFix: pass --estimator grpo (or rloo, gae).",
+            f"episodes: {err}\nFix: pass --estimator grpo (or rloo, gae, vineppo).",
             file=sys.stderr,
         )
         raise SystemExit(EXIT_REFUSED) from err

@@ -57,6 +57,10 @@ class VinePPOConfig(GRPOConfig):
         critic_model (str | None): With `"gae"`: a model id or directory for a separate value model (loaded with
             a one-output token-classification head). `None` (default) copies the policy's weights and swaps the
             language-model head for a scalar head, as the paper did.
+        critic_warmup_steps (int): With `"gae"`: the first `critic_warmup_steps` training steps train the critic
+            alone on the starting policy's responses; the policy does not move (verl's `critic_warmup`). They count
+            toward `max_steps` (and the learning-rate schedule), so the policy takes `max_steps - critic_warmup_steps`
+            steps. Defaults to `0`.
         hybrid_budget (float): With `advantage_estimator="hybrid"` (GRPO's advantage, plus Monte Carlo step credit for
             the responses of groups whose rewards are all equal): the extra sampled tokens allowed per batch, as a
             fraction of its sampled response tokens (masked ones included, so masking does not change which other
@@ -165,6 +169,13 @@ class VinePPOConfig(GRPOConfig):
         metadata={
             "help": "'gae' only: a model id or directory for a separate value model. None: a copy of the policy "
             "with a scalar head (the paper's initialisation)."
+        },
+    )
+    critic_warmup_steps: int = field(
+        default=0,
+        metadata={
+            "help": "'gae' only: the first N training steps train the critic alone (the policy does not move; verl's "
+            "critic_warmup). They count toward max_steps. 0: no warm-up."
         },
     )
 

@@ -108,9 +108,10 @@ class GRPOTrainerHooks(GRPOTrainer):
         """Restore the advantage estimator's own state from a checkpoint directory."""
 
     def updates_policy(self) -> bool:
-        """Whether the policy takes the optimizer step now being trained (``state.global_step``); False drops its
-        gradients after the backward pass. Default: every step."""
-        return True
+        """Whether the policy takes the optimizer step now being trained: the advantage estimator's
+        ``updates_policy(state.global_step)`` (False in the ``"gae"`` critic's warm-up); every step without one."""
+        estimator = getattr(self, "advantage_estimator", None)
+        return estimator is None or bool(estimator.updates_policy(int(self.state.global_step)))
 
     # -- TRL's methods, each a call-through to the product function named in its docstring -------------------
 

@@ -267,11 +267,6 @@ class VinePPOTrainer(GRPOTrainerHooks):
         """Restore the estimator's state saved in ``checkpoint_dir`` (called when training resumes from it)."""
         load_estimator_state(self.advantage_estimator, checkpoint_dir)
 
-    def updates_policy(self) -> bool:
-        """Whether the policy takes the optimizer step now being trained: the estimator's answer for
-        ``state.global_step`` (False during the ``"gae"`` critic's warm-up, ``critic_warmup_steps``)."""
-        return bool(self.advantage_estimator.updates_policy(int(self.state.global_step)))
-
     def compute_advantages(self, batch: AdvantageBatch) -> torch.Tensor:
         """Per-token advantages ``(B, T)`` of the local batch from the estimator, whitened across processes when
         ``whiten_advantages``. Collective: every process calls it."""

@@ -290,7 +290,6 @@ def test_trainer_saves_and_resumes_the_critic(tiny_model_dir, tok, tmp_path):
     assert resumed.advantage_estimator.updates == 2
 
 
-@pytest.mark.slow
 def test_trainer_warmup_trains_the_critic_and_leaves_the_policy_untouched(tiny_model_dir, tok, tmp_path):
     from transformers import TrainerCallback
 

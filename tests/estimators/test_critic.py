@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -102,6 +103,47 @@ def test_the_value_head_learns_toward_the_true_values(tok, policy):
     assert after < 0.5 * before and after < 0.2, (before, after)
 
 
+def test_fresh_metrics_are_measured_before_the_update_on_that_batch(tok, policy):
+    ctx = context(tok, policy)
+    critic = CriticEstimator(learning_rate=1e-2, minibatch_size=4, seed=0)
+    batch = toy_batch(tok)
+    rewards = batch.rewards.unsqueeze(1).expand(8, 5)
+    mask = torch.ones(8, 5, dtype=torch.bool)
+
+    def expected(values: torch.Tensor) -> tuple[float, float]:
+        error = (rewards - values).double()
+        return float(1 - error.var() / rewards.double().var()), float((error**2).mean())
+
+    critic.ensure_value_model(ctx)
+    for call in range(3):
+        before = critic.token_values(batch.prompt_ids, batch.completion_ids, 5, grad=False).cpu()
+        out = critic.estimate(batch, ctx).metrics
+        ev, mse = expected(before)
+        # The values the metrics score are those before this batch's update (the update changes them: below).
+        assert out["explained_variance_fresh"] == pytest.approx(ev, abs=1e-5)
+        assert out["value_error_fresh"] == pytest.approx(mse, abs=1e-6)
+        assert out["explained_variance"] == pytest.approx(ev, abs=1e-5)  # the old name: the same number
+        after = critic.token_values(batch.prompt_ids, batch.completion_ids, 5, grad=False).cpu()
+        assert not torch.allclose(before, after)
+        # The constant predictor is the mean reward of the earlier training batches (none before the first).
+        if call == 0:
+            assert math.isnan(out["value_error_constant"])
+        else:
+            assert out["value_error_constant"] == pytest.approx(float(((rewards - 0.5) ** 2).mean()))
+    assert mask.all()
+    # Evaluation batches are measured but do not count toward the constant predictor's mean.
+    critic.estimate(toy_batch(tok, mode="eval"), ctx)
+    assert critic.state_dict()["reward_count"] == 24 and critic.state_dict()["reward_sum"] == 12.0
+
+
+def test_warmup_holds_the_policy_for_its_steps_only():
+    critic = CriticEstimator(warmup_steps=2)
+    assert [critic.updates_policy(step) for step in range(4)] == [False, False, True, True]
+    assert all(CriticEstimator().updates_policy(step) for step in range(3))
+    with pytest.raises(ValueError, match="warmup_steps=-1"):
+        CriticEstimator(warmup_steps=-1)
+
+
 def test_eval_batches_do_not_train_the_critic(tok, policy):
     critic = CriticEstimator(learning_rate=1e-2, minibatch_size=4)
     ctx = context(tok, policy)
@@ -151,6 +193,38 @@ def test_config_is_validated_and_reaches_the_estimator(tmp_path):
     )
     est = CriticEstimator.from_config(cfg)
     assert (est.gamma, est.lam, est.value_clip, est.learning_rate, est.epochs) == (1.0, 1.0, 0.2, 3e-6, 2)
+    assert est.warmup_steps == 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"critic_warmup_steps": -1}, "critic_warmup_steps=-1 is invalid: it must be an integer >= 0"),
+        ({"critic_warmup_steps": 1.5}, "critic_warmup_steps=1.5 is invalid"),
+        (
+            {"critic_warmup_steps": 10, "max_steps": 10},
+            "critic_warmup_steps=10 leaves the policy no step of max_steps=10",
+        ),
+    ],
+)
+def test_critic_warmup_setting_is_validated(tmp_path, settings, message):
+    from mcadvantage import VinePPOConfig
+
+    with pytest.raises(ValueError, match=message):
+        VinePPOConfig(output_dir=str(tmp_path), advantage_estimator="gae", report_to="none", **settings)
+
+
+def test_critic_warmup_setting_reaches_the_estimator(tmp_path):
+    from mcadvantage import VinePPOConfig
+
+    cfg = VinePPOConfig(
+        output_dir=str(tmp_path),
+        advantage_estimator="gae",
+        critic_warmup_steps=5,
+        max_steps=20,
+        report_to="none",
+    )
+    assert CriticEstimator.from_config(cfg).warmup_steps == 5
 
 
 # ----------------------------------------------------------------------------- in the trainer (slow)
@@ -214,6 +288,50 @@ def test_trainer_saves_and_resumes_the_critic(tiny_model_dir, tok, tmp_path):
     assert loaded and loaded[0]["updates"] == 1
     # Resumed at step 1, it trained once more on top of the restored critic.
     assert resumed.advantage_estimator.updates == 2
+
+
+def test_trainer_warmup_trains_the_critic_and_leaves_the_policy_untouched(tiny_model_dir, tok, tmp_path):
+    from transformers import TrainerCallback
+
+    from mcadvantage import VinePPOTrainer
+
+    snapshots: list[dict] = []
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+            critic = trainer.advantage_estimator
+            snapshots.append(
+                {
+                    "policy": [p.detach().clone() for p in model.parameters()],
+                    "policy_optimizer_state": len(optimizer.state),
+                    "critic_updates": critic.updates,
+                    "critic_optimizer_state": len(critic.optimizer.state),
+                }
+            )
+
+    trainer = VinePPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=_vowels,
+        # A large policy learning rate: any step it took would show.
+        args=_trainer_args(
+            tmp_path, critic_warmup_steps=1, max_steps=2, learning_rate=1e-2, max_completion_length=6
+        ),
+        train_dataset=_data(),
+        processing_class=tok,
+        callbacks=[Snapshot()],
+    )
+    start = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    warm, moved = snapshots
+    # The warm-up step: the critic trained on its batch (an AdamW step: its optimizer has state), the policy kept
+    # every weight and its optimizer has no state (no moments, no step count: its first real step is a first step).
+    assert warm["critic_updates"] == 1 and warm["critic_optimizer_state"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(start, warm["policy"], strict=True))
+    assert warm["policy_optimizer_state"] == 0
+    # The step after the warm-up trains both.
+    assert moved["critic_updates"] == 2
+    assert any(not torch.equal(a, b) for a, b in zip(start, moved["policy"], strict=True))
+    assert moved["policy_optimizer_state"] > 0
 
 
 @pytest.mark.slow

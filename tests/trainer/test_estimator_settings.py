@@ -41,6 +41,7 @@ CHANGES: dict[str, dict] = {
     "critic_value_clip": {"critic_value_clip": 0.5},
     "critic_learning_rate": {"critic_learning_rate": 1e-4},
     "critic_model": {"critic_model": "/nonexistent/value-model"},
+    "critic_warmup_steps": {"critic_warmup_steps": 2},
     "hybrid_budget": {"hybrid_budget": 0.5},
     "tree_branching": {"tree_branching": [2, 4]},
     "tree_depths": {"tree_depths": [0, 3]},

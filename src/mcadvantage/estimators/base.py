@@ -128,6 +128,12 @@ class AdvantageEstimator:
                 "load_state_dict(state), so a resumed run would lose it. Define load_state_dict to restore it."
             )
 
+    def updates_policy(self, global_step: int) -> bool:
+        """Whether the policy takes the optimizer step ``global_step`` (0-based: the step being trained). False
+        makes the trainer drop the policy's gradients before that step, so the policy does not move while the
+        estimator still sees the step's batch (the ``"gae"`` critic's warm-up). Default: every step."""
+        return True
+
     @property
     def has_state(self) -> bool:
         """Whether the estimator keeps state of its own (its class overrides :meth:`state_dict`): checkpoints then

@@ -78,6 +78,8 @@ class CriticEstimator(AdvantageEstimator):
             the policy's sampling is not disturbed).
         seed: seed of that generator and of the value head's initialisation.
         step_segmenter: cuts responses into steps for the reported step values (``AdvantageResult.values``).
+        warmup_steps: the first ``warmup_steps`` training steps train the critic only (``critic_warmup_steps``;
+            :meth:`updates_policy` tells the trainer to leave the policy as it is), as verl's ``critic_warmup``.
 
     Attributes:
         value_model: the critic (None until the first batch).
@@ -96,6 +98,7 @@ class CriticEstimator(AdvantageEstimator):
         "critic_value_clip",
         "critic_learning_rate",
         "critic_model",
+        "critic_warmup_steps",
         "step_segmenter",
     )
     config_rules = (no_reward_scaling, summed_rewards, token_level_loss)
@@ -114,6 +117,7 @@ class CriticEstimator(AdvantageEstimator):
         shuffle: bool = True,
         seed: int = 0,
         step_segmenter: Any = None,
+        warmup_steps: int = 0,
     ) -> None:
         for name, value in (("gamma", gamma), ("lam", lam)):
             if not 0.0 <= value <= 1.0:
@@ -122,6 +126,10 @@ class CriticEstimator(AdvantageEstimator):
             raise ValueError(f"CriticEstimator: value_clip={value_clip} must be > 0 (the paper uses 0.2).")
         if not learning_rate > 0:
             raise ValueError(f"CriticEstimator: learning_rate={learning_rate} must be > 0.")
+        if warmup_steps < 0:
+            raise ValueError(
+                f"CriticEstimator: warmup_steps={warmup_steps} must be >= 0 (0: the policy moves from the first step)."
+            )
         if epochs < 1 or minibatch_size < 1:
             raise ValueError(
                 f"CriticEstimator: epochs={epochs} and minibatch_size={minibatch_size} must be >= 1."
@@ -136,6 +144,7 @@ class CriticEstimator(AdvantageEstimator):
         self.critic_model = critic_model
         self.shuffle = shuffle
         self.seed = int(seed)
+        self.warmup_steps = int(warmup_steps)
         self.segmenter = None if step_segmenter is None else get_segmenter(step_segmenter)
         self.value_model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -143,6 +152,12 @@ class CriticEstimator(AdvantageEstimator):
         self._pending_state: dict[str, Any] | None = None
         self.last_values: list[list[float]] = []
         self.last_rows: list[int] = []
+        # Rewards of the training batches so far, for the constant predictor's value error.
+        self._reward_sum = 0.0
+        self._reward_count = 0
+
+    def _mean_reward(self) -> float:
+        return self._reward_sum / self._reward_count if self._reward_count else math.nan
 
     @classmethod
     def from_config(cls, config: Any) -> CriticEstimator:
@@ -158,6 +173,7 @@ class CriticEstimator(AdvantageEstimator):
             critic_model=config.critic_model,
             seed=config.seed,
             step_segmenter=config.step_segmenter,
+            warmup_steps=config.critic_warmup_steps,
         )
 
     @staticmethod
@@ -176,6 +192,28 @@ class CriticEstimator(AdvantageEstimator):
                 f"critic_learning_rate={config.critic_learning_rate} is invalid: it must be > 0, or None for the "
                 "policy's learning_rate."
             )
+        warmup = config.critic_warmup_steps
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+            raise ValueError(
+                f"critic_warmup_steps={warmup!r} is invalid: it must be an integer >= 0 (0: no warm-up; e.g. 10 trains "
+                "the critic alone on the first 10 training steps' batches)."
+            )
+        if warmup and config.max_steps > 0 and warmup >= config.max_steps:
+            raise ValueError(
+                f"critic_warmup_steps={warmup} leaves the policy no step of max_steps={config.max_steps}: the warm-up "
+                "steps count toward max_steps. Raise max_steps to the policy's steps plus the warm-up, or lower "
+                "critic_warmup_steps."
+            )
+        if warmup and getattr(config, "deepspeed", None):
+            raise NotImplementedError(
+                f"critic_warmup_steps={warmup} with deepspeed: DeepSpeed's engine takes the optimizer step itself, "
+                "so the trainer cannot hold the policy still during the warm-up. Use critic_warmup_steps=0, or DDP/FSDP."
+            )
+
+    def updates_policy(self, global_step: int) -> bool:
+        """False on the warm-up's steps (``global_step < warmup_steps``): the trainer then leaves the policy as it
+        is, while this estimator still trains the critic on the step's batch (the starting policy's responses)."""
+        return global_step >= self.warmup_steps
 
     # -- the critic -------------------------------------------------------------------------------------------
 
@@ -294,12 +332,9 @@ class CriticEstimator(AdvantageEstimator):
         old_values = (
             self.token_values(batch.prompt_ids, batch.completion_ids, width, grad=False).detach().cpu()
         )
+        clean_rewards = torch.where(finite, rewards, torch.zeros_like(rewards))
         advantages, returns = gae_advantages(
-            old_values * token_mask,
-            torch.where(finite, rewards, torch.zeros_like(rewards)),
-            token_mask,
-            gamma=self.gamma,
-            lam=self.lam,
+            old_values * token_mask, clean_rewards, token_mask, gamma=self.gamma, lam=self.lam
         )
         self._record_step_values(batch, context, old_values, valid)
         if batch.tool_mask is not None:
@@ -309,14 +344,30 @@ class CriticEstimator(AdvantageEstimator):
             token_mask = token_mask & batch.tool_mask.bool().cpu()
             advantages = advantages * token_mask
 
+        # What V(s_t) estimates whatever lambda: the discounted reward-to-go (lambda = 1 returns).
+        _, reward_to_go = gae_advantages(
+            old_values * token_mask, clean_rewards, token_mask, gamma=self.gamma, lam=1.0
+        )
+        # Measured before this batch's update: the critic has never trained on these states (fresh), so this is
+        # how well it predicts, not how well it fits.
         metrics = {
             "mean_value": float((old_values * token_mask).sum() / token_mask.sum())
             if token_mask.any()
             else math.nan,
+            # The metric's historical name (GAE returns; equal to explained_variance_fresh at lambda = 1).
             "explained_variance": _explained_variance(old_values, returns, token_mask),
+            "explained_variance_fresh": _explained_variance(old_values, reward_to_go, token_mask),
+            "value_error_fresh": _mean_squared_error(old_values, reward_to_go, token_mask),
+            # The same error for the constant predictor "mean reward of the earlier training batches": a critic
+            # below it predicts better than one that learned only the mean (NaN before any training batch).
+            "value_error_constant": _mean_squared_error(
+                torch.full_like(old_values, self._mean_reward()), reward_to_go, token_mask
+            ),
         }
         if batch.mode == "train":
             metrics["value_loss"] = self._train(batch, old_values, returns, token_mask)
+            self._reward_sum += float(clean_rewards[valid].sum())
+            self._reward_count += int(valid.sum())
         device = batch.completion_mask.device
         return AdvantageResult(
             advantages=advantages.to(device),
@@ -406,6 +457,8 @@ class CriticEstimator(AdvantageEstimator):
             "value_model": self.value_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "updates": self.updates,
+            "reward_sum": self._reward_sum,
+            "reward_count": self._reward_count,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -419,6 +472,15 @@ class CriticEstimator(AdvantageEstimator):
         self.value_model.load_state_dict(state["value_model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state.get("updates", 0))
+        self._reward_sum = float(state.get("reward_sum", 0.0))
+        self._reward_count = int(state.get("reward_count", 0))
+
+
+def _mean_squared_error(values: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> float:
+    """``mean((V - G)^2)`` over the masked tokens (NaN without any)."""
+    if not mask.any():
+        return math.nan
+    return float(((values[mask].double() - targets[mask].double()) ** 2).mean())
 
 
 def _explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

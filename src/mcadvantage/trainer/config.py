@@ -94,7 +94,9 @@ class VinePPOConfig(GRPOConfig):
     **`"gae"`** (PPO's learned critic): `gae_gamma` and `gae_lambda` (GAE's discount and parameter, the paper's
     `1.0` and `1.0`, then `A_t = R - V(s_t)`), `critic_value_clip` (PPO's value clipping, `0.2`),
     `critic_learning_rate` (`None`: the policy's `learning_rate`), `critic_model` (`None`: a copy of the policy
-    with a scalar head, as the paper), and `step_segmenter` (for the reported step values).
+    with a scalar head, as the paper), `critic_warmup_steps` (the first N training steps train the critic alone on
+    the starting policy's responses, as verl's `critic_warmup`; they count toward `max_steps`; default `0`), and
+    `step_segmenter` (for the reported step values).
 
     **`"hybrid"`** (GRPO plus Monte Carlo step credit for the responses of groups whose rewards all tie):
     `hybrid_budget` (the extra sampled tokens per batch as a fraction of its sampled response tokens, masked ones
@@ -151,6 +153,13 @@ class VinePPOConfig(GRPOConfig):
         metadata={
             "help": "'gae' only: a model id or directory for a separate value model. None: a copy of the policy "
             "with a scalar head (the paper's initialisation)."
+        },
+    )
+    critic_warmup_steps: int = field(
+        default=0,
+        metadata={
+            "help": "'gae' only: the first N training steps train the critic alone (the policy does not move; verl's "
+            "critic_warmup). They count toward max_steps. 0: no warm-up."
         },
     )
 

@@ -124,11 +124,19 @@ class GRPOTrainerHooks(GRPOTrainer):
     def load_estimator_state(self, checkpoint_dir: str) -> None:
         """Restore the advantage estimator's own state from a checkpoint directory."""
 
+    def updates_policy(self) -> bool:
+        """Whether the policy takes the optimizer step now being trained: the advantage estimator's
+        ``updates_policy(state.global_step)`` (False in the ``"gae"`` critic's warm-up); every step without one."""
+        estimator = getattr(self, "advantage_estimator", None)
+        return estimator is None or bool(estimator.updates_policy(int(self.state.global_step)))
+
     # -- TRL's methods, each a call-through to the product function named in its docstring -------------------
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         """GRPO's training step, then :func:`~mcadvantage.trainer.guards.refuse_nonfinite_step`: a non-finite loss
-        or gradient raises ``FloatingPointError`` before the optimizer step."""
+        or gradient raises ``FloatingPointError`` before the optimizer step. On a step where :meth:`updates_policy`
+        is False the gradients are then dropped (set to None, so the optimizer skips every parameter: no update, no
+        weight decay, and its step count and moments stay as they were)."""
         loss = super().training_step(model, inputs, num_items_in_batch)
         refuse_nonfinite_step(
             loss,
@@ -137,6 +145,8 @@ class GRPOTrainerHooks(GRPOTrainer):
             learning_rate=self.args.learning_rate,
             num_iterations=self.args.num_iterations,
         )
+        if not self.updates_policy():
+            model.zero_grad(set_to_none=True)
         return loss
 
     def train(self, resume_from_checkpoint: Any = None, trial: Any = None, **kwargs: Any) -> Any:

@@ -48,7 +48,9 @@ SCOUT_SEEDS = (0, 1, 2)
 CONFIRM_SEEDS = tuple(range(12))
 CONFIRM_MIN = 12  # seeds a cell needs to be tested (Holm) rather than drawn as a scout
 ALPHA = 0.05
-PRACTICAL = tuple(a for a in ARMS if a not in GRPO_ARMS and a != "oracle")
+#: Exploratory arms (protocol amendment): reported, never a "best GRPO" candidate nor in the Holm family.
+EXPLORATORY = ("grpo_tree_tokens",)
+PRACTICAL = tuple(a for a in ARMS if a not in GRPO_ARMS and a != "oracle" and a not in EXPLORATORY)
 
 Cell = tuple[str, str, int, float]  # parameterization, structure, horizon, start rate
 
@@ -197,6 +199,22 @@ def _r(x: float, digits: int = 4) -> float | None:
     return round(x, digits) if isinstance(x, int | float) and math.isfinite(x) else None
 
 
+def _seed_count(arms: dict[str, dict[int, dict[str, Any]]]) -> int:
+    """Seeds every protocol arm of a cell has (exploratory arms do not decide a cell's stage)."""
+    return min((len(v) for a, v in arms.items() if a not in EXPLORATORY), default=0)
+
+
+def _paired(arms: dict[str, dict[int, dict[str, Any]]], arm: str, against: str) -> dict[str, Any] | None:
+    """Paired t-test of ``arm`` minus ``against`` over their common seeds (None with fewer than 2)."""
+    a, b = arms.get(arm, {}), arms.get(against, {})
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    test = paired_t_test([a[s]["success_at_budget"] - b[s]["success_at_budget"] for s in seeds])
+    return {"n": test["n"], "mean": _r(test["mean"]), "ci95": [_r(test["ci95"][0]), _r(test["ci95"][1])],
+            "p": _r(test["p"], 6)}  # fmt: skip
+
+
 def summarize(
     records: dict[Cell, dict[str, dict[int, dict[str, Any]]]], budget: int = BUDGET_EPISODES
 ) -> dict:
@@ -250,8 +268,8 @@ def summarize(
                     "verdict": None,
                 }
             cell_rows.append(row)
-        confirmed = bool(base) and min(len(arms[a]) for a in arms) >= CONFIRM_MIN
-        tested = [r for r in cell_rows if r["arm"] not in GRPO_ARMS and r["vs_best_grpo"]]
+        confirmed = bool(base) and _seed_count(arms) >= CONFIRM_MIN
+        tested = [r for r in cell_rows if r["arm"] not in GRPO_ARMS + EXPLORATORY and r["vs_best_grpo"]]
         if confirmed and tested:
             adjusted = holm_adjust([r["vs_best_grpo"]["p"] for r in tested])
             for r, p in zip(tested, adjusted, strict=True):
@@ -272,13 +290,14 @@ def summarize(
                 "horizon": cell[2],
                 "start_rate": cell[3],
                 "stage": "confirmed" if confirmed else "scout",
-                "seeds": min(len(arms[a]) for a in arms),
+                "seeds": _seed_count(arms),
                 "best_grpo": base,
                 "best_grpo_success": _r(_mean([r["success_at_budget"] for r in base_runs.values()])),
                 "best_arm": best_any["arm"],
                 "best_practical": best_practical["arm"] if best_practical else None,
                 "practical_gap": best_practical["vs_best_grpo"] if best_practical else None,
                 "oracle_gap": oracle["vs_best_grpo"] if oracle else None,
+                "tree_vs_grpo_tree_tokens": _paired(arms, "tree", "grpo_tree_tokens"),
                 "paying_arms": [r["arm"] for r in tested if r["vs_best_grpo"]["verdict"] == "pays"],
                 "losing_arms": [r["arm"] for r in tested if r["vs_best_grpo"]["verdict"] == "loses"],
             }
@@ -308,12 +327,27 @@ def _gap(v: dict[str, Any] | None) -> str:
     return f"{v['mean']:+.3f} [{_fmt(v['ci95'][0])}, {_fmt(v['ci95'][1])}]"
 
 
+def _count(cells: Sequence[dict[str, Any]], key: str, sign: int) -> int:
+    """Cells whose ``key`` comparison's 95% interval lies wholly above 0 (``sign`` 1) or below it (-1)."""
+    n = 0
+    for c in cells:
+        v = c.get(key)
+        if v and v["ci95"][0] is not None:
+            n += (v["ci95"][0] > 0) if sign > 0 else (v["ci95"][1] < 0)
+    return n
+
+
 def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pays.png") -> str:
     """The results page, every number read from ``summary``."""
     cells = summary["cells"]
     rows = summary["records"]
     confirmed = [c for c in cells if c["stage"] == "confirmed"]
-    pays = [(c, a) for c in confirmed for a in c["paying_arms"]]
+    pays = [
+        f"{c['parameterization']}/{c['structure']} H={c['horizon']} r={c['start_rate']:g}: "
+        + ", ".join(a for a in c["paying_arms"] if a in PRACTICAL)
+        for c in confirmed
+        if any(a in PRACTICAL for a in c["paying_arms"])
+    ]
     oracle_pays = [c for c in confirmed if c["oracle_gap"] and (c["oracle_gap"].get("verdict") == "pays")]
     lines = [
         "# Where does turn credit pay? The map on the agent credit toy",
@@ -330,17 +364,7 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         "",
         f"- Confirmed cells (12 paired seeds, Holm over the 10 non-GRPO arms): {len(confirmed)} of {len(cells)}.",
         f"- Cells where a practical credit arm (the library's estimators or the tabular critic) beats the best GRPO "
-        f"arm at equal sampled tokens: {len({id(c) for c, _ in pays})}"
-        + (
-            " ("
-            + "; ".join(
-                f"{c['parameterization']}/{c['structure']} H={c['horizon']} r={c['start_rate']:g}: {a}"
-                for c, a in pays
-            )
-            + ")."
-            if pays
-            else "."
-        ),
+        f"arm at equal sampled tokens: {len(pays)}" + (" (" + "; ".join(pays) + ")." if pays else "."),
         f"- Cells where the oracle (exact turn advantages, no sampling cost) beats it: {len(oracle_pays)}"
         + (
             " ("
@@ -352,8 +376,32 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             if oracle_pays
             else "."
         ),
+        f"- Losses (Holm, practical credit arms and the oracle against the best GRPO arm): "
+        f"{sum(len(c['losing_arms']) for c in confirmed)} arm-cell pairs in {len(confirmed)} confirmed cells "
+        f"(the ties and the rest are level).",
+        f"- `tree` against `grpo_tree_tokens` (confirmed cells, paired, 95% interval, no correction): ahead in "
+        f"{_count(confirmed, 'tree_vs_grpo_tree_tokens', 1)}, behind in "
+        f"{_count(confirmed, 'tree_vs_grpo_tree_tokens', -1)}, level in "
+        f"{sum(1 for c in confirmed if c['tree_vs_grpo_tree_tokens']) - _count(confirmed, 'tree_vs_grpo_tree_tokens', 1) - _count(confirmed, 'tree_vs_grpo_tree_tokens', -1)}.",
         "",
         f"![The map]({figure})",
+        "",
+        "## How to read it",
+        "",
+        "- **The toy** (`testbed/agent_credit.py`): the agent testbed's environment (4 choices; decisive turn 0; in "
+        "`recovery` the last turn can repair a wrong first choice; every other turn changes nothing), played by a "
+        "softmax policy whose values, turn advantages and gradient are exact. `turn`: logits per (turn, state), so a "
+        "turn that does not matter has parameters of its own. `shared`: logits per state, shared by every turn, as "
+        "one network acts at every turn of an LLM agent; credit on turns that do not matter then lands on the "
+        "decisive turn's parameters.",
+        "- **The oracle** gets the exact turn advantages for free: where it does not beat GRPO, per-turn credit has "
+        "nothing to give on this task. The practical arms pay for their credit in sampled tokens (Monte Carlo "
+        "rollouts, a tree's shape, a critic's warm-up).",
+        "- **`grpo_tree_tokens`** (exploratory, protocol amendment) is GRPO with the tree's sampled tokens per batch "
+        "(3 prompts x 4): with Adam at a fixed learning rate, a cheaper batch means more steps at equal tokens, and "
+        "the last column tells that apart from the tree's credit.",
+        "- The critic arms use a *tabular* critic (exact state features, no generalisation error): the best case "
+        'for PPO, not the library\'s LM critic (`advantage_estimator="gae"`).',
         "",
         "## Per cell: best arm at equal tokens and the gaps",
         "",
@@ -361,8 +409,8 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         "(scout cells: 3 seeds, no test).",
         "",
         "| param | structure | H | start | stage | best GRPO (success) | best arm | best practical credit arm: gap "
-        "| oracle gap | pays (Holm) | loses (Holm) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| oracle gap | pays (Holm) | loses (Holm) | tree vs GRPO at the tree's tokens per batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         gap = c["practical_gap"]
@@ -370,7 +418,8 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             f"| {c['parameterization']} | {c['structure']} | {c['horizon']} | {c['start_rate']:g} | "
             f"{c['stage']} ({c['seeds']}) | {c['best_grpo']} ({_fmt(c['best_grpo_success'])}) | {c['best_arm']} | "
             f"{c['best_practical']}: {_gap(gap)} | {_gap(c['oracle_gap'])} | "
-            f"{', '.join(c['paying_arms']) or '-'} | {', '.join(c['losing_arms']) or '-'} |"
+            f"{', '.join(c['paying_arms']) or '-'} | {', '.join(c['losing_arms']) or '-'} | "
+            f"{_gap(c['tree_vs_grpo_tree_tokens'])} |"
         )
     lines += [
         "",
@@ -481,7 +530,8 @@ def make_figure(summary: dict[str, Any], path: Path) -> None:
                 gap = c["practical_gap"]
                 if gap:
                     ax.annotate(
-                        f"{c['best_arm']}{'' if c['stage'] == 'confirmed' else ' (scout)'}",
+                        f"{c['best_practical']} (best: {c['best_arm']})"
+                        f"{'' if c['stage'] == 'confirmed' else ', scout'}",
                         (c["horizon"], gap["mean"]),
                         textcoords="offset points",
                         xytext=(0, 8),
@@ -498,7 +548,10 @@ def make_figure(summary: dict[str, Any], path: Path) -> None:
             ax.tick_params(labelsize=7)
             if i == 0 and j == 0:
                 ax.legend(fontsize=7)
-    fig.suptitle("Where turn credit pays at equal sampled tokens (label: best arm of the cell)", fontsize=10)
+    fig.suptitle(
+        "Where turn credit pays at equal sampled tokens (label: best practical credit arm; best arm of the cell)",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -456,6 +456,9 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("oracle", "oracle", whiten=False),
         ArmSpec("critic_l1", "critic", lam=1.0, whiten=True),
         ArmSpec("critic_l095", "critic", lam=0.95, whiten=True),
+        # Exploratory (protocol amendment): GRPO at the (2, 2) tree's sampled tokens per batch (3 H per group of 4
+        # leaves, so 3 prompts x 4), to separate the tree's credit from its cheaper batch.
+        ArmSpec("grpo_tree_tokens", "estimator", build=lambda h: GRPOEstimator(), prompts=lambda h: 3),
     )
 }
 GRPO_ARMS = ("grpo", "grpo_prompts", "grpo_samples")

@@ -1,0 +1,74 @@
+"""benchmarks/horizon_sweep.py: the runner resumes per record, the confirm rule follows the protocol, and the
+committed page and summary are what the committed records give."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import horizon_sweep as hs  # noqa: E402
+
+TINY = ["--params", "shared", "--structures", "delayed", "--horizons", "2", "--rates", "0.5",
+        "--arms", "grpo", "oracle", "vineppo_k1", "--budget", "32"]  # fmt: skip
+
+
+def _ran(capsys) -> int:
+    out = capsys.readouterr().out
+    return int(out.strip().splitlines()[-1].split()[1])
+
+
+def test_runs_resume_per_record_and_rerun_torn_or_changed_ones(tmp_path, capsys):
+    root = tmp_path / "runs"
+    assert hs.main(["run", "--root", str(root), "--seeds", "0", "1", *TINY]) == 0
+    assert _ran(capsys) == 6
+    cell = ("shared", "delayed", 2, 0.5)
+    path = hs.record_path(root, cell, "oracle", 1)
+    first = json.loads(path.read_text())
+    assert first["settings"]["seed"] == 1 and first["steps"] >= 1
+    assert hs.main(["run", "--root", str(root), "--seeds", "0", "1", *TINY]) == 0
+    assert _ran(capsys) == 0  # everything recorded: nothing runs again
+    path.write_text("{torn")
+    assert hs.main(["run", "--root", str(root), "--seeds", "0", "1", "2", *TINY]) == 0
+    assert _ran(capsys) == 1 + 3  # the torn record and seed 2 of each arm
+    assert json.loads(path.read_text()) == {**first, "seconds": json.loads(path.read_text())["seconds"]}
+    assert not list(root.rglob("*.tmp"))
+    # the report reads the records back: one row per arm, paired against the best GRPO arm
+    summary = hs.report(root, tmp_path / "s.json", tmp_path / "page.md", tmp_path / "fig.png", budget=32)
+    assert [r["arm"] for r in summary["records"]] == ["grpo", "vineppo_k1", "oracle"]
+    assert summary["records"][2]["vs_best_grpo"]["n"] == 3 and summary["cells"][0]["stage"] == "scout"
+    page = (tmp_path / "page.md").read_text()
+    assert page == hs.render_page(json.loads((tmp_path / "s.json").read_text()), figure="fig.png")
+    assert f"grpo ({summary['cells'][0]['best_grpo_success']:.3f})" in page
+    assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _fake(success: float) -> dict:
+    return {"success_at_budget": success}
+
+
+def test_confirm_rule_takes_both_ends_and_interior_sign_changes():
+    def cell_records(gap: float) -> dict:
+        return {"grpo": {s: _fake(0.5) for s in hs.SCOUT_SEEDS}, "oracle": {s: _fake(0.9) for s in hs.SCOUT_SEEDS},
+                "tree": {s: _fake(0.5 + gap) for s in hs.SCOUT_SEEDS}}  # fmt: skip
+
+    gaps = {2: -0.1, 4: -0.05, 8: 0.02, 16: 0.1}  # crosses between 4 and 8; the oracle's lead is ignored
+    records = {("turn", "delayed", h, 0.15): cell_records(g) for h, g in gaps.items()}
+    records |= {("turn", "recovery", h, 0.15): cell_records(-0.1) for h in gaps}
+    chosen = hs.confirm_cells(records)
+    assert [c for c in chosen if c[1] == "delayed"] == [("turn", "delayed", h, 0.15) for h in (2, 4, 8, 16)]
+    assert [c for c in chosen if c[1] == "recovery"] == [("turn", "recovery", h, 0.15) for h in (2, 16)]
+
+
+def test_committed_summary_and_page_regenerate_from_the_committed_records():
+    committed = json.loads(hs.SUMMARY.read_text())
+    regenerated = json.loads(
+        json.dumps(hs.summarize(hs.load_records(hs.RUNS), committed["budget_episode_equivalents"]))
+    )
+    assert regenerated == committed
+    assert hs.PAGE.read_text() == hs.render_page(committed, figure="figures/where_credit_pays.png")
+    confirmed = [c for c in committed["cells"] if c["stage"] == "confirmed"]
+    assert confirmed and all(c["seeds"] >= 12 for c in confirmed)

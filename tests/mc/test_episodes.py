@@ -9,6 +9,7 @@ import pytest
 
 from mcadvantage.mc.episodes import (
     EnvironmentReplayError,
+    ToolLoop,
     ToolTurn,
     continue_episodes,
     environment_tools,
@@ -218,16 +219,8 @@ class ScriptedEngine:
 
 def _continue(prefixes, masks, envs, engine, **kw):
     kw.setdefault("max_completion_length", 100)
-    return continue_episodes(
-        [[1]] * len(prefixes),
-        prefixes,
-        masks,
-        envs,
-        generate=engine,
-        parse=parse,
-        tool_suffix_ids=tool_suffix,
-        **kw,
-    )
+    loop = ToolLoop(generate=engine, parse=parse, tool_suffix_ids=tool_suffix, **kw)
+    return continue_episodes([[1]] * len(prefixes), prefixes, masks, envs, loop=loop)
 
 
 def _env(calls_done=0):

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from mcadvantage.mc.episodes import EnvironmentReplayError
-from mcadvantage.mc.turn_credit import Episode, estimate_turn_credit, messages_before_round
+from mcadvantage.mc.turn_credit import Episode, Graders, ToolLoop, estimate_turn_credit, messages_before_round
 
 EOS, WORD, CALL, OPEN, CLOSE = 2, 5, 7, 90, 91
 P_CALL, LIMIT = 0.5, 3
@@ -100,18 +100,28 @@ def exact_value(rounds_done: int) -> float:
     return rounds_done + sum(P_CALL**j for j in range(1, LIMIT - rounds_done + 1))
 
 
-def _estimate(episodes, k, **kw):
+def _estimate(
+    episodes,
+    k,
+    *,
+    reward_funcs=(get_reward, tool_messages),
+    reward_weights=(0.5, 0.5),
+    standalone_tools=(),
+    **kw,
+):
     kw.setdefault("environment_factories", {None: Counter})
-    kw.setdefault("reward_funcs", [get_reward, tool_messages])
-    kw.setdefault("reward_weights", [0.5, 0.5])
     return estimate_turn_credit(
         episodes,
         num_rollouts=k,
-        generate=engine(11),
-        parse=parse,
-        tool_suffix_ids=tool_suffix,
-        max_completion_length=200,
-        max_tool_calling_iterations=LIMIT,
+        loop=ToolLoop(
+            generate=engine(11),
+            parse=parse,
+            tool_suffix_ids=tool_suffix,
+            max_completion_length=200,
+            max_tool_calling_iterations=LIMIT,
+            standalone_tools=standalone_tools,
+        ),
+        graders=Graders(list(reward_funcs), list(reward_weights)),
         **kw,
     )
 

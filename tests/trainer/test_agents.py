@@ -390,7 +390,7 @@ def test_real_tool_loop_episodes_meet_the_turn_credit_contract(scripted_first_tu
         replay_environment,
         tool_spans,
     )
-    from mcadvantage.mc.turn_credit import estimate_turn_credit, sampler_generate
+    from mcadvantage.mc.turn_credit import Graders, ToolLoop, estimate_turn_credit, sampler_generate
 
     checked = {"rounds": 0, "credits": []}
 
@@ -416,13 +416,14 @@ def test_real_tool_loop_episodes_meet_the_turn_credit_contract(scripted_first_tu
                 episodes,
                 num_rollouts=1,
                 environment_factories={None: Adder},
-                generate=sampler_generate(sampler),
-                parse=trainer.parse_turn,
-                tool_suffix_ids=trainer.tool_result_ids,
-                reward_funcs=trainer.reward_funcs,
-                reward_weights=trainer.reward_weights.tolist(),
-                max_completion_length=trainer.max_completion_length,
-                max_tool_calling_iterations=2,
+                loop=ToolLoop(
+                    generate=sampler_generate(sampler),
+                    parse=trainer.parse_turn,
+                    tool_suffix_ids=trainer.tool_result_ids,
+                    max_completion_length=trainer.max_completion_length,
+                    max_tool_calling_iterations=2,
+                ),
+                graders=Graders(trainer.reward_funcs, trainer.reward_weights.tolist()),
             )
 
     tok = build_tool_calling_tokenizer()

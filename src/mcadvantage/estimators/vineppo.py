@@ -42,7 +42,7 @@ from mcadvantage.estimators.rules import (
 )
 from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
 from mcadvantage.mc.stats import MCStats
-from mcadvantage.mc.turn_credit import EpisodeCredit, estimate_agent_credit, sampler_generate
+from mcadvantage.mc.turn_credit import EpisodeCredit, Graders, estimate_agent_credit, sampler_generate
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["VinePPOEstimator"]
@@ -252,11 +252,11 @@ class VinePPOEstimator(AdvantageEstimator):
                 rows,
                 num_rollouts=self.settings.num_rollouts,
                 generate=sampler_generate(sampler),
-                reward_funcs=list(context.reward_funcs),
-                reward_weights=list(context.reward_weights),
                 max_completion_length=context.max_completion_length,
+                graders=Graders(
+                    list(context.reward_funcs), list(context.reward_weights), context.reward_kwargs
+                ),
                 turn_step_boundaries=inside_turn,
-                reward_kwargs=context.reward_kwargs,
             )
         seconds = time.perf_counter() - started
         ordered = [credits[i] for i in rows]

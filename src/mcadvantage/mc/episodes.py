@@ -35,6 +35,7 @@ from typing import Any
 __all__ = [
     "EnvironmentReplayError",
     "EpisodeContinuation",
+    "ToolLoop",
     "ToolTurn",
     "continue_episodes",
     "environment_tools",
@@ -306,18 +307,34 @@ class EpisodeContinuation:
     tool_rounds: int = 0
 
 
+@dataclass(frozen=True)
+class ToolLoop:
+    """How an episode goes on, as GRPO's tool loop runs it: what continuing episodes needs besides their states.
+
+    Attributes:
+        generate: the engine, batched: ``generate(contexts, budgets)`` returns each context's new tokens.
+        parse: the response parser: ``parse(turn_ids, context_before_turn)`` (TRL's ``parse_response``).
+        tool_suffix_ids: the tool results' tokens: ``tool_suffix_ids(tool_messages)``.
+        max_completion_length: the episode's token budget (prefix included).
+        max_tool_calling_iterations: TRL's limit on tool rounds per episode (None: unlimited).
+        standalone_tools: the trainer's ``tools=``.
+    """
+
+    generate: Callable[[list[list[int]], list[int]], list[list[int]]]
+    parse: Callable[[list[int], list[int]], dict[str, Any]]
+    tool_suffix_ids: Callable[[list[dict[str, Any]]], list[int]]
+    max_completion_length: int
+    max_tool_calling_iterations: int | None = None
+    standalone_tools: Sequence[Callable[..., Any]] = ()
+
+
 def continue_episodes(
     prompt_ids: Sequence[Sequence[int]],
     prefixes: Sequence[Sequence[int]],
     prefix_tool_masks: Sequence[Sequence[int]],
     environments: Sequence[Any],
     *,
-    generate: Callable[[list[list[int]], list[int]], list[list[int]]],
-    parse: Callable[[list[int], list[int]], dict[str, Any]],
-    tool_suffix_ids: Callable[[list[dict[str, Any]]], list[int]],
-    max_completion_length: int,
-    max_tool_calling_iterations: int | None = None,
-    standalone_tools: Sequence[Callable[..., Any]] = (),
+    loop: ToolLoop,
 ) -> list[EpisodeContinuation]:
     """Resume episodes from their states until each ends.
 
@@ -339,14 +356,11 @@ def continue_episodes(
         prefix_tool_masks: their tool masks.
         environments: per continuation, its own environment at the state (:func:`replay_environment`), or None
             for standalone tools only.
-        generate: the engine, batched.
-        parse: the response parser.
-        tool_suffix_ids: the tool results' tokens.
-        max_completion_length: the episode's token budget (prefix included).
-        max_tool_calling_iterations: TRL's limit on tool rounds per episode (None: unlimited).
-        standalone_tools: the trainer's ``tools=``.
+        loop: the engine, the parser, the tool results' tokens and the limits (:class:`ToolLoop`).
     """
-    limit = max_tool_calling_iterations if max_tool_calling_iterations is not None else float("inf")
+    generate, parse, tool_suffix_ids = loop.generate, loop.parse, loop.tool_suffix_ids
+    max_completion_length, standalone_tools = loop.max_completion_length, loop.standalone_tools
+    limit = loop.max_tool_calling_iterations if loop.max_tool_calling_iterations is not None else float("inf")
     states = []
     for prompt, prefix, mask, env in zip(prompt_ids, prefixes, prefix_tool_masks, environments, strict=True):
         if len(prefix) != len(mask):

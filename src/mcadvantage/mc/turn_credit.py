@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcadvantage.mc.episodes import (
+    ToolLoop,
     continue_episodes,
     episode_step_boundaries,
     episode_token_advantages,
@@ -33,6 +34,8 @@ __all__ = [
     "AgentEpisodes",
     "Episode",
     "EpisodeCredit",
+    "Graders",
+    "ToolLoop",
     "estimate_agent_credit",
     "estimate_turn_credit",
     "messages_before_round",
@@ -164,21 +167,26 @@ def _nansum(values: Sequence[Any], weights: Sequence[float]) -> float:
     return total if scored else 0.0
 
 
+@dataclass(frozen=True)
+class Graders:
+    """What grades a continuation: TRL-style reward functions (an environment's ``get_reward`` wrapper included),
+    their weights, and extra keyword arguments for every call (e.g. TRL's ``trainer_state``). Each function gets
+    ``prompts``, ``completions`` (the inherited messages then the continuation's), ``completion_ids``,
+    ``environments``, the rows' columns and ``reward_kwargs``."""
+
+    reward_funcs: Sequence[Callable[..., Sequence[Any]]]
+    reward_weights: Sequence[float]
+    reward_kwargs: Mapping[str, Any] | None = None
+
+
 def estimate_turn_credit(
     episodes: Sequence[Episode],
     *,
     num_rollouts: int,
     environment_factories: Mapping[str | None, Callable[[], Any]] | None,
-    generate: Callable[[list[list[int]], list[int]], list[list[int]]],
-    parse: Callable[[list[int], list[int]], dict[str, Any]],
-    tool_suffix_ids: Callable[[list[dict[str, Any]]], list[int]],
-    reward_funcs: Sequence[Callable[..., Sequence[Any]]],
-    reward_weights: Sequence[float],
-    max_completion_length: int,
-    max_tool_calling_iterations: int | None = None,
-    standalone_tools: Sequence[Callable[..., Any]] = (),
+    loop: ToolLoop,
+    graders: Graders,
     turn_step_boundaries: Callable[[Episode, int, int], Sequence[int]] | None = None,
-    reward_kwargs: Mapping[str, Any] | None = None,
 ) -> list[EpisodeCredit]:
     """Monte Carlo values and advantages of every state of every episode.
 
@@ -186,20 +194,12 @@ def estimate_turn_credit(
         episodes: the batch's episodes.
         num_rollouts: K continuations per state.
         environment_factories: ``{name: factory}`` (one factory: ``{None: factory}``); None for ``tools=`` alone.
-        generate: the engine, batched (:func:`~mcadvantage.mc.episodes.continue_episodes`; :func:`sampler_generate`
-            wraps a :class:`~mcadvantage.samplers.base.Sampler`).
-        parse: the response parser (TRL's ``parse_response``).
-        tool_suffix_ids: the tool results' tokens, as the chat template renders them.
-        reward_funcs: TRL-style reward functions (an environment's ``get_reward`` wrapper included); each gets
-            ``prompts``, ``completions`` (the inherited messages then the continuation's), ``completion_ids``,
-            ``environments``, the rows' columns and ``reward_kwargs``.
-        reward_weights: their weights.
-        max_completion_length: the episode's token budget.
-        max_tool_calling_iterations: TRL's limit on tool rounds per episode.
-        standalone_tools: the trainer's ``tools=``.
+        loop: how an episode goes on (:class:`~mcadvantage.mc.episodes.ToolLoop`: the engine, batched, of which
+            :func:`sampler_generate` wraps a :class:`~mcadvantage.samplers.base.Sampler`; TRL's response parser; the
+            tool results' tokens; the episode's token budget and tool-round limit; the trainer's ``tools=``).
+        graders: the reward functions, their weights and extra keyword arguments (:class:`Graders`).
         turn_step_boundaries: ``(episode, start, end) -> boundaries`` of the step segmenter inside a model turn
             (None: one state per turn).
-        reward_kwargs: extra keyword arguments for every reward call (e.g. TRL's ``trainer_state``).
 
     Raises:
         :class:`~mcadvantage.mc.episodes.EnvironmentReplayError`: an environment that cannot be brought back to a
@@ -207,6 +207,12 @@ def estimate_turn_credit(
     """
     if num_rollouts < 1:
         raise ValueError(f"estimate_turn_credit: num_rollouts={num_rollouts} must be >= 1.")
+    standalone_tools = loop.standalone_tools
+    reward_funcs, reward_weights, reward_kwargs = (
+        graders.reward_funcs,
+        graders.reward_weights,
+        graders.reward_kwargs,
+    )
     routed = environment_factories is not None and None not in environment_factories
     plans = []  # per episode: its boundaries
     jobs = []  # per continuation: (episode index, state index)
@@ -239,18 +245,7 @@ def estimate_turn_credit(
                 prefixes.append(episode.completion_ids[:b])
                 masks.append(episode.tool_mask[:b])
                 envs.append(env)
-    outs = continue_episodes(
-        prompts,
-        prefixes,
-        masks,
-        envs,
-        generate=generate,
-        parse=parse,
-        tool_suffix_ids=tool_suffix_ids,
-        max_completion_length=max_completion_length,
-        max_tool_calling_iterations=max_tool_calling_iterations,
-        standalone_tools=standalone_tools,
-    )
+    outs = continue_episodes(prompts, prefixes, masks, envs, loop=loop)
     # Grade every continuation in one call per reward function.
     completions, columns = [], {}
     keys = list(dict.fromkeys(k for ep in episodes for k in ep.row if k not in _NOT_REWARD_COLUMNS))
@@ -293,11 +288,9 @@ def estimate_agent_credit(
     *,
     num_rollouts: int,
     generate: Callable[[list[list[int]], list[int]], list[list[int]]],
-    reward_funcs: Sequence[Callable[..., Sequence[Any]]],
-    reward_weights: Sequence[float],
     max_completion_length: int,
+    graders: Graders,
     turn_step_boundaries: Callable[[Episode, int, int], Sequence[int]] | None = None,
-    reward_kwargs: Mapping[str, Any] | None = None,
 ) -> dict[int, EpisodeCredit]:
     """:func:`estimate_turn_credit` of the episodes ``agent.episodes[i]`` for ``i`` in ``rows``, by row.
 
@@ -335,16 +328,16 @@ def estimate_agent_credit(
             [agent.episodes[i] for i in group],
             num_rollouts=num_rollouts,
             environment_factories=agent.factories,
-            generate=generate,
-            parse=parse_for(name),
-            tool_suffix_ids=tool_suffix_ids,
-            reward_funcs=reward_funcs,
-            reward_weights=reward_weights,
-            max_completion_length=max_completion_length,
-            max_tool_calling_iterations=agent.max_tool_calling_iterations,
-            standalone_tools=agent.standalone_tools,
+            loop=ToolLoop(
+                generate=generate,
+                parse=parse_for(name),
+                tool_suffix_ids=tool_suffix_ids,
+                max_completion_length=max_completion_length,
+                max_tool_calling_iterations=agent.max_tool_calling_iterations,
+                standalone_tools=agent.standalone_tools,
+            ),
+            graders=graders,
             turn_step_boundaries=turn_step_boundaries,
-            reward_kwargs=reward_kwargs,
         )
         out.update(zip(group, credits, strict=True))
     return out

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
-from _helpers import tiny_config  # noqa: E402
+from _helpers import settings_it_reads, tiny_config  # noqa: E402
 from datasets import Dataset, IterableDataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
@@ -64,6 +64,7 @@ def config(tmp_path, **overrides) -> VinePPOConfig:
         learning_rate=1e-2,  # tiny random model: a large step makes "the parameters moved" unambiguous
         logging_steps=1,
     )
+    settings = settings_it_reads(settings, overrides.get("advantage_estimator", "vineppo"))
     return tiny_config(tmp_path / "out", **(settings | overrides))
 
 

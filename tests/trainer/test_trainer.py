@@ -123,16 +123,16 @@ def test_reward_funcs_are_optional_in_the_signature_as_in_grpo(model, tok, tmp_p
         )
 
 
-def test_tools_refused_under_the_default_monte_carlo_estimator(model, tok, tmp_path):
+def test_tools_refused_under_an_estimator_that_cannot_continue_episodes(model, tok, tmp_path):
     def add(a: int, b: int) -> int:
         """Add two numbers."""
         return a + b
 
-    with pytest.raises(NotImplementedError, match="advantage_estimator='vineppo' does not support tools="):
+    with pytest.raises(NotImplementedError, match="advantage_estimator='hybrid' does not support tools="):
         VinePPOTrainer(
             model=model,
             reward_funcs=vowel_reward,
-            args=config(tmp_path),
+            args=config(tmp_path, advantage_estimator="hybrid"),
             train_dataset=arithmetic(),
             processing_class=tok,
             tools=[add],

@@ -103,7 +103,9 @@ def run_estimate(model_dir: str, out: Path, main_only: bool = False) -> None:
         import dataclasses
 
         make_context = trainer.estimator_context
-        trainer.estimator_context = lambda: dataclasses.replace(make_context(), sample_on_main_only=True)
+        trainer.estimator_context = lambda batch=None: dataclasses.replace(
+            make_context(batch), sample_on_main_only=True
+        )
     acc = trainer.accelerator
     rows = [(p, r) for p, responses in zip(PROMPTS, RESPONSES, strict=True) for r in responses]
     per_rank = len(rows) // acc.num_processes

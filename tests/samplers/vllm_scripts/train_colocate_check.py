@@ -65,11 +65,11 @@ def main() -> None:
         max_completion_length=16,
         num_generations=4 if args.tree else 2,
         per_device_train_batch_size=4,
-        num_mc_rollouts=2,
+        # The tree reads neither K nor the segmenter (it would refuse them); VinePPO reads both.
         **(
             {"advantage_estimator": "tree", "tree_branching": [2, 2], "tree_depths": [0, 4]}
             if args.tree
-            else {}
+            else {"num_mc_rollouts": 2, "step_segmenter": "newline"}
         ),
         num_iterations=1,  # one optimizer step per generation: every step syncs and generates
         max_steps=args.max_steps,
@@ -82,7 +82,6 @@ def main() -> None:
         save_strategy="no",
         report_to="none",
         seed=0,
-        step_segmenter="newline",
     )
     peft_config = None
     if args.peft:

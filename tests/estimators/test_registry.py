@@ -289,7 +289,11 @@ def test_no_estimator_attribute_is_read_with_a_default_outside_the_contract():
     offending = []
     for path in sorted(SRC.rglob("*.py")):
         # the contract, the registry's adaptation of 0.1-protocol classes, and the public contract check
-        if path in (SRC / "estimators" / "base.py", SRC / "estimators" / "registry.py", SRC / "testing.py"):
+        if path in (
+            SRC / "estimators" / "base.py",
+            SRC / "estimators" / "registry.py",
+            SRC / "testing" / "estimator_check.py",
+        ):
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if any(p.search(line) for p in patterns):

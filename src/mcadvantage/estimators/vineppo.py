@@ -50,17 +50,17 @@ __all__ = ["VinePPOEstimator"]
 # Dataset columns that GRPO itself consumes; every other column is passed to the reward functions.
 _NON_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
 
-#: Monte Carlo settings that turn credit does not honour yet, with the value it needs: an agent episode is refused
-#: at trainer build time when one differs (the continuation of an episode has the episode's remaining budget, counts
-#: only fresh continuations, and estimates every state).
-_TURN_CREDIT_DEFAULTS = {
-    "rollout_budget": "remaining",
-    "max_estimated_steps": None,
-    "truncated_reward": None,
-    "reuse_samples": False,
-    "allocation": "uniform",
-    "min_step_tokens": None,
-}
+#: Monte Carlo settings that turn credit does not honour yet: an agent episode is refused at trainer build time when
+#: one differs from its default (the continuation of an episode has the episode's remaining budget, counts only
+#: fresh continuations, and estimates every state).
+_TURN_CREDIT_AT_DEFAULT = (
+    "rollout_budget",
+    "max_estimated_steps",
+    "truncated_reward",
+    "reuse_samples",
+    "allocation",
+    "min_step_tokens",
+)
 
 #: The config fields the Monte Carlo estimators read: every Monte Carlo setting and the segmenter.
 MONTE_CARLO_CONFIG_FIELDS = (*mc_config_names().values(), "step_segmenter")
@@ -132,9 +132,9 @@ class VinePPOEstimator(AdvantageEstimator):
                 "way to do that. Use advantage_estimator='grpo', 'rloo' or 'gae' (they train rollout_func episodes "
                 "exactly as trl.GRPOTrainer does), or pass tools= / environment_factory= instead of rollout_func."
             )
-        names = mc_config_names()
-        for name, needed in _TURN_CREDIT_DEFAULTS.items():
-            value = getattr(self.settings, name)
+        names, defaults = mc_config_names(), MCSettings().as_dict()
+        for name in _TURN_CREDIT_AT_DEFAULT:
+            value, needed = getattr(self.settings, name), defaults[name]
             if value != needed:
                 raise ValueError(
                     f"{names[name]}={value!r} is not supported with tools= / environment_factory= under "

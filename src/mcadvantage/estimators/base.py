@@ -163,7 +163,10 @@ class KeepsMonteCarloEstimate(Protocol):
 @runtime_checkable
 class DrawsTrees(Protocol):
     """An estimator whose training groups are drawn as trees of shared prefixes (``tree``): the trainer's policy
-    sampler reads :meth:`tree_schedule` (:func:`~mcadvantage.trainer.policy.draw_group_trees`)."""
+    sampler reads :meth:`tree_schedule` (:func:`~mcadvantage.trainer.policy.draw_group_trees`). With ``tools=`` /
+    ``environment_factory=`` the tree is drawn in the first model turn only and GRPO's tool loop finishes every leaf,
+    so the estimator gets whole episodes (``batch.tool_mask`` set) whose ``tree_paths`` branch inside the first turn;
+    ``rollout_func=`` is refused (its rollout never reaches the generation a tree is drawn in)."""
 
     def tree_schedule(self, max_completion_length: int) -> TreeSchedule:
         """How each training group is drawn as a tree (:mod:`mcadvantage.mc.tree`)."""
@@ -173,9 +176,10 @@ class DrawsTrees(Protocol):
 @runtime_checkable
 class ContinuesEpisodes(Protocol):
     """An estimator that samples continuations and can continue a multi-turn episode of GRPO's tool loop
-    (``tools=`` / ``environment_factory=``) through its tool calls and environment steps (``vineppo``: Monte Carlo
-    credit per turn, from ``EstimatorContext.episodes``). The trainer lets it take those arguments, after
-    :meth:`check_agent_support`; other estimators that sample continuations refuse them."""
+    (``tools=`` / ``environment_factory=``) through its tool calls and environment steps (``vineppo``, ``hybrid``:
+    Monte Carlo credit per turn, from ``EstimatorContext.episodes``). The trainer lets it take those arguments, after
+    :meth:`check_agent_support`, and builds ``EstimatorContext.episodes`` for it; other estimators that sample
+    continuations refuse them."""
 
     def check_agent_support(self, given: Sequence[str]) -> None:
         """Refuse, before a model is loaded, what it cannot do with episodes built by the trainer arguments

@@ -31,6 +31,15 @@ one response at a time in a seeded random order, as long as the predicted rollou
   gradient | degenerate]``, which is not zero. In an all-fail group each response's step credits sum to
   ``-V(S_0)``: the estimator pushes down the steps that lost value, a signal GRPO's expectation does not contain.
   It is a different estimator of the policy gradient, not an unbiased one.
+- **Agents** (``tools=`` / ``environment_factory=``: a batch with a ``tool_mask`` and ``context.episodes``): every
+  episode gets GRPO's advantage; a chosen episode gets Monte Carlo credit per turn exactly as ``"vineppo"`` gives it
+  (:meth:`VinePPOEstimator._estimate_turns <mcadvantage.estimators.VinePPOEstimator>` on the chosen rows: states at
+  turn boundaries and at the segmenter's steps inside the model's turns, continuations that resume the episode
+  through its tool calls on replayed environments). The prediction counts ``K x (episode length - state position)``
+  over those states, tool-result tokens included (as ``generated_tokens`` counts them), and so does the budget's
+  base. Tool-result tokens get advantage 0 and no whitening weight. The Monte Carlo settings turn credit does not
+  honour, and ``rollout_func=`` (whose episodes cannot be resumed from a prefix), are refused when the trainer is
+  built (:meth:`HybridEstimator.check_agent_support`).
 - **Processes**: each process selects among the degenerate groups of its own rows, with its own budget.
 - **Resuming**: the seeded order's position is the estimator's state (:meth:`HybridEstimator.state_dict`), so a
   single-process run resumed from a checkpoint offers the budget in the order the uninterrupted run would have. The
@@ -39,18 +48,27 @@ one response at a time in a seeded random order, as long as the predicted rollou
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.settings import MCSettings
 from mcadvantage.estimators.base import AdvantageEstimator
 from mcadvantage.estimators.baselines import GRPOEstimator, nanstd
 from mcadvantage.estimators.batch import AdvantageBatch, AdvantageResult, EstimatorContext
 from mcadvantage.estimators.registry import register_advantage_estimator
 from mcadvantage.estimators.rules import sampled_continuations, summed_rewards, token_level_loss
-from mcadvantage.estimators.vineppo import MONTE_CARLO_CONFIG_FIELDS, VinePPOEstimator
+from mcadvantage.estimators.vineppo import (
+    MONTE_CARLO_CONFIG_FIELDS,
+    VinePPOEstimator,
+    check_turn_credit_support,
+    segmenter_inside_turns,
+)
+from mcadvantage.mc.episodes import episode_step_boundaries
 from mcadvantage.mc.planning import estimated_boundaries
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
@@ -211,11 +229,19 @@ class HybridEstimator(AdvantageEstimator):
             )
         VinePPOEstimator.validate_config(config)
 
+    def check_agent_support(self, given: Sequence[str]) -> None:
+        """Tool and environment episodes get Monte Carlo credit per turn, as under ``"vineppo"``; refuse
+        ``rollout_func=`` (its episodes cannot be resumed from a prefix) and the Monte Carlo settings turn credit
+        does not honour, with ``"vineppo"``'s messages (:func:`~mcadvantage.estimators.vineppo.check_turn_credit_support`)."""
+        check_turn_credit_support(self.settings, given, self.name or type(self).__name__)
+
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
         """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
         result = self.grpo.estimate(batch, context)
         self.last_rows = []
         mask = batch.completion_mask
+        # The tokens of the loss: tool results (tool_mask 0) get no credit from either estimator.
+        loss_mask = loss_token_mask(mask, batch.tool_mask)
         # Sampled tokens, masked responses included: masking (often chosen by outcome) must not move the budget.
         response_tokens = sum(len(ids) for ids in batch.completion_ids)
         allowed = self.budget * response_tokens
@@ -234,9 +260,13 @@ class HybridEstimator(AdvantageEstimator):
         ]
         if allowed <= 0 or not candidates:
             return AdvantageResult(
-                advantages=result.advantages, metrics=metrics, metric_reductions=reductions
+                advantages=result.advantages,
+                token_mask=result.token_mask,
+                metrics=metrics,
+                metric_reductions=reductions,
             )
         segmenter = self.monte_carlo.segmenter or get_segmenter(context.segmenter)
+        state_boundaries = self._state_boundaries(batch, context, segmenter)
         # Responses of degenerate groups, in a seeded random order, each taken while its predicted cost fits:
         # a whole group of long responses rarely fits a budget near GRPO's price, one response often does. The
         # order and the budget ignore the mask; a chosen masked response keeps its share but is not estimated, so
@@ -251,11 +281,7 @@ class HybridEstimator(AdvantageEstimator):
         chosen_rows: list[int] = []
         reserved = spent = 0
         for r in rows:
-            # the states the credit will estimate (the step budget applied), not every step of the response
-            boundaries = segment_completion(segmenter, context.tokenizer, list(batch.completion_ids[r]))
-            cost = predicted_rollout_tokens(
-                estimated_boundaries(boundaries, self.settings), self.settings.num_rollouts
-            )
+            cost = predicted_rollout_tokens(state_boundaries(r), self.settings.num_rollouts)
             if reserved + cost <= allowed:
                 reserved += cost
                 if int(mask[r].sum()) > 0:
@@ -263,11 +289,22 @@ class HybridEstimator(AdvantageEstimator):
                     spent += cost
         if not chosen_rows:
             return AdvantageResult(
-                advantages=result.advantages, metrics=metrics, metric_reductions=reductions
+                advantages=result.advantages,
+                token_mask=result.token_mask,
+                metrics=metrics,
+                metric_reductions=reductions,
             )
         self.last_rows = sorted(chosen_rows)
         sub = _sub_batch(batch, self.last_rows)
-        mc = self.monte_carlo.estimate(sub, context)
+        sub_context = context
+        if context.episodes is not None:  # the chosen rows' episodes, in the sub-batch's order
+            sub_context = dataclasses.replace(
+                context,
+                episodes=dataclasses.replace(
+                    context.episodes, episodes=[context.episodes.episodes[r] for r in self.last_rows]
+                ),
+            )
+        mc = self.monte_carlo.estimate(sub, sub_context)
         scale = 1.0
         if self.grpo.scale_rewards != "none":
             std = float(nanstd(all_rewards)) if all_rewards.numel() > 1 else 0.0
@@ -277,7 +314,7 @@ class HybridEstimator(AdvantageEstimator):
             width = mc.advantages.shape[1]
             advantages[r] = 0.0
             advantages[r, :width] = mc.advantages[j].to(advantages.device) * scale
-        advantages = advantages * mask
+        advantages = advantages * loss_mask
         metrics.update(
             generated_tokens=float(mc.metrics.get("generated_tokens", 0.0)),
             groups_estimated=float(len({(start + r) // batch.group_size for r in chosen_rows})),
@@ -285,7 +322,47 @@ class HybridEstimator(AdvantageEstimator):
             predicted_tokens=float(spent),
         )
         reductions.update(predicted_tokens="sum", responses_estimated="sum")
-        return AdvantageResult(advantages=advantages, metrics=metrics, metric_reductions=reductions)
+        return AdvantageResult(
+            advantages=advantages,
+            token_mask=result.token_mask,
+            metrics=metrics,
+            metric_reductions=reductions,
+        )
+
+    def _state_boundaries(
+        self, batch: AdvantageBatch, context: EstimatorContext, segmenter: Any
+    ) -> Callable[[int], list[int]]:
+        """``row -> boundaries`` of the states the credit of local row ``row`` will estimate (what its predicted
+        cost counts): for a single-turn response, the segmenter's steps after the step budget; for an agent
+        episode (``batch.tool_mask`` set), every state turn credit estimates (turn boundaries and the segmenter's
+        steps inside the model's turns, :func:`~mcadvantage.mc.episodes.episode_step_boundaries`)."""
+        if batch.tool_mask is None:
+
+            def single_turn(r: int) -> list[int]:
+                boundaries = segment_completion(segmenter, context.tokenizer, list(batch.completion_ids[r]))
+                return estimated_boundaries(boundaries, self.settings)
+
+            return single_turn
+        agent = context.episodes
+        if agent is None:
+            raise ValueError(
+                "HybridEstimator: the batch has a tool_mask (multi-turn episodes) but context.episodes is None, so "
+                "its episodes cannot be continued through their tool calls. VinePPOTrainer builds it for tools= and "
+                "environment_factory= (not for rollout_func=); elsewhere pass EstimatorContext(episodes="
+                "mcadvantage.mc.turn_credit.AgentEpisodes(...)), or use advantage_estimator='grpo'."
+            )
+        if len(agent.episodes) != len(batch.completion_ids):
+            raise ValueError(
+                f"HybridEstimator: context.episodes holds {len(agent.episodes)} episodes for a batch of "
+                f"{len(batch.completion_ids)} responses; build one episode per local batch row, in batch order."
+            )
+        inside = segmenter_inside_turns(segmenter, context.tokenizer)
+
+        def episode_states(r: int) -> list[int]:
+            episode = agent.episodes[r]
+            return episode_step_boundaries(episode.tool_mask, lambda start, end: inside(episode, start, end))
+
+        return episode_states
 
 
 def _sub_batch(batch: AdvantageBatch, rows: list[int]) -> AdvantageBatch:
@@ -303,4 +380,5 @@ def _sub_batch(batch: AdvantageBatch, rows: list[int]) -> AdvantageBatch:
         prompts=[batch.prompts[r] for r in rows] if batch.prompts else [],
         rows=[batch.rows[r] for r in rows] if batch.rows else [],
         mode=batch.mode,
+        tool_mask=None if batch.tool_mask is None else batch.tool_mask[index.to(batch.tool_mask.device)],
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -45,7 +45,7 @@ from mcadvantage.mc.stats import MCStats
 from mcadvantage.mc.turn_credit import EpisodeCredit, Graders, estimate_agent_credit, sampler_generate
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
-__all__ = ["VinePPOEstimator"]
+__all__ = ["VinePPOEstimator", "check_turn_credit_support", "segmenter_inside_turns"]
 
 # Dataset columns that GRPO itself consumes; every other column is passed to the reward functions.
 _NON_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
@@ -64,6 +64,43 @@ _TURN_CREDIT_AT_DEFAULT = (
 
 #: The config fields the Monte Carlo estimators read: every Monte Carlo setting and the segmenter.
 MONTE_CARLO_CONFIG_FIELDS = (*mc_config_names().values(), "step_segmenter")
+
+
+def segmenter_inside_turns(segmenter: Any, tokenizer: Any) -> Callable[[Any, int, int], list[int]]:
+    """``(episode, start, end) -> boundaries``: the step segmenter's boundaries inside one model turn
+    ``[start, end)`` of an episode (:class:`~mcadvantage.mc.turn_credit.Episode`), as absolute positions strictly
+    inside the turn (what :func:`~mcadvantage.mc.episodes.episode_step_boundaries` takes)."""
+
+    def inside_turn(episode: Any, start: int, end: int) -> list[int]:
+        bounds = segment_completion(segmenter, tokenizer, episode.completion_ids[start:end])
+        return [start + b for b in bounds[1:-1]]
+
+    return inside_turn
+
+
+def check_turn_credit_support(settings: MCSettings, given: Sequence[str], estimator: str) -> None:
+    """Refuse what Monte Carlo turn credit cannot do, for an estimator that gives it (``"vineppo"``, ``"hybrid"``):
+    ``rollout_func=`` among the trainer arguments ``given`` (``NotImplementedError``: its episodes cannot be resumed
+    from a prefix), and a Monte Carlo setting of ``settings`` that turn credit does not honour (``ValueError``: it
+    runs every state's continuations to the episode's end within ``max_completion_length``). ``estimator`` is the
+    name the messages give (``advantage_estimator=...``)."""
+    if "rollout_func" in given:
+        raise NotImplementedError(
+            f"advantage_estimator={estimator!r} does not support rollout_func= yet: a Monte Carlo continuation would "
+            "have to resume your rollout from a token prefix, and rollout_func gives no way to do that. Use "
+            "advantage_estimator='grpo', 'rloo' or 'gae' (they train rollout_func episodes exactly as "
+            "trl.GRPOTrainer does), or pass tools= / environment_factory= instead of rollout_func."
+        )
+    names, defaults = mc_config_names(), MCSettings().as_dict()
+    for name in _TURN_CREDIT_AT_DEFAULT:
+        value, needed = getattr(settings, name), defaults[name]
+        if value != needed:
+            raise ValueError(
+                f"{names[name]}={value!r} is not supported with tools= / environment_factory= under "
+                f"advantage_estimator={estimator!r}: Monte Carlo turn credit runs every state's num_mc_rollouts "
+                f"continuations to the episode's end within max_completion_length. Set {names[name]}={needed!r} (its "
+                "default), or use advantage_estimator='grpo' / 'rloo' / 'gae'."
+            )
 
 
 @register_advantage_estimator("vineppo")
@@ -124,24 +161,9 @@ class VinePPOEstimator(AdvantageEstimator):
 
     def check_agent_support(self, given: Sequence[str]) -> None:
         """Turn credit continues episodes of ``tools=`` and ``environment_factory=``; refuse ``rollout_func=`` (its
-        episodes cannot be resumed from a prefix) and the Monte Carlo settings turn credit does not honour."""
-        if "rollout_func" in given:
-            raise NotImplementedError(
-                f"advantage_estimator={self.name or type(self).__name__!r} does not support rollout_func= yet: a Monte "
-                "Carlo continuation would have to resume your rollout from a token prefix, and rollout_func gives no "
-                "way to do that. Use advantage_estimator='grpo', 'rloo' or 'gae' (they train rollout_func episodes "
-                "exactly as trl.GRPOTrainer does), or pass tools= / environment_factory= instead of rollout_func."
-            )
-        names, defaults = mc_config_names(), MCSettings().as_dict()
-        for name in _TURN_CREDIT_AT_DEFAULT:
-            value, needed = getattr(self.settings, name), defaults[name]
-            if value != needed:
-                raise ValueError(
-                    f"{names[name]}={value!r} is not supported with tools= / environment_factory= under "
-                    f"advantage_estimator={self.name or 'vineppo'!r}: Monte Carlo turn credit runs every state's "
-                    f"num_mc_rollouts continuations to the episode's end within max_completion_length. Set "
-                    f"{names[name]}={needed!r} (its default), or use advantage_estimator='grpo' / 'rloo' / 'gae'."
-                )
+        episodes cannot be resumed from a prefix) and the Monte Carlo settings turn credit does not honour
+        (:func:`check_turn_credit_support`)."""
+        check_turn_credit_support(self.settings, given, self.name or type(self).__name__)
 
     # -- the seam ---------------------------------------------------------------------------------------------
 
@@ -217,7 +239,8 @@ class VinePPOEstimator(AdvantageEstimator):
             )
         if context.sample_on_main_only:
             raise NotImplementedError(
-                "Monte Carlo turn credit (tools= / environment_factory= under advantage_estimator='vineppo') does not "
+                "Monte Carlo turn credit (tools= / environment_factory= under advantage_estimator='vineppo' or "
+                "'hybrid') does not "
                 "support vllm_mode='server' yet (only the main process can sample, and episodes are not gathered). "
                 "Use vllm_mode='colocate' or the transformers engine (use_vllm=False), or advantage_estimator='grpo'."
             )
@@ -240,11 +263,6 @@ class VinePPOEstimator(AdvantageEstimator):
         # No prompt-length check here: a continuation never passes its episode's budget (max_completion_length
         # from the same prompt), which the engine already took for the episode itself.
 
-        def inside_turn(episode: Any, start: int, end: int) -> list[int]:
-            # The segmenter's step boundaries inside one model turn, as absolute positions.
-            bounds = segment_completion(segmenter, context.tokenizer, episode.completion_ids[start:end])
-            return [start + b for b in bounds[1:-1]]
-
         started = time.perf_counter()
         with context.policy_sampler() as sampler:
             credits = estimate_agent_credit(
@@ -256,7 +274,7 @@ class VinePPOEstimator(AdvantageEstimator):
                 graders=Graders(
                     list(context.reward_funcs), list(context.reward_weights), context.reward_kwargs
                 ),
-                turn_step_boundaries=inside_turn,
+                turn_step_boundaries=segmenter_inside_turns(segmenter, context.tokenizer),
             )
         seconds = time.perf_counter() - started
         ordered = [credits[i] for i in rows]

@@ -27,42 +27,60 @@ def reward_func_name(func: Any) -> str:
 
 
 #: The ``GRPOTrainer`` arguments that make an episode more than one generation: a tool loop, environments, or the
-#: user's own rollout. GRPO's own advantages pass them through (VinePPOTrainer keeps GRPO's loop); ``"vineppo"``
-#: continues tool and environment episodes through their tool calls (Monte Carlo credit per turn); another estimator
-#: that samples continuations from a prefix would continue a multi-turn episode as plain text, so it refuses them.
+#: user's own rollout. GRPO's own advantages pass them through (VinePPOTrainer keeps GRPO's loop); ``"vineppo"`` and
+#: ``"hybrid"`` continue tool and environment episodes through their tool calls (Monte Carlo credit per turn);
+#: ``"tree"`` branches inside the first model turn and lets GRPO's tool loop finish every leaf. Only ``rollout_func``
+#: stays refused by those three (its episodes cannot be resumed from a prefix, and its rollout never reaches the
+#: generation a tree is drawn in).
 AGENT_KWARGS = ("tools", "environment_factory", "rollout_func")
 
 
 def check_agent_kwargs(
     kwargs: dict[str, Any], estimator: AdvantageEstimator, max_completion_length: int | None
 ) -> None:
-    """Refuse ``tools=`` / ``environment_factory=`` / ``rollout_func=`` under an estimator that samples
-    continuations (``uses_rollouts``) or draws its groups as trees, unless it continues episodes through their tool
-    calls (:class:`~mcadvantage.estimators.base.ContinuesEpisodes`, ``"vineppo"``), which then checks what it
-    supports (its Monte Carlo settings, ``rollout_func``). Estimators that only read the batch (``"grpo"``,
-    ``"rloo"``, ``"gae"``) take them as ``GRPOTrainer`` does."""
+    """Check ``tools=`` / ``environment_factory=`` / ``rollout_func=`` against the estimator before a model is
+    loaded.
+
+    - An estimator that continues episodes through their tool calls
+      (:class:`~mcadvantage.estimators.base.ContinuesEpisodes`: ``"vineppo"``, ``"hybrid"``) checks what it supports
+      itself (``rollout_func``, its Monte Carlo settings).
+    - An estimator that draws its groups as trees (:class:`~mcadvantage.estimators.base.DrawsTrees`: ``"tree"``)
+      takes tools and environments (the tree branches inside the first model turn) and refuses ``rollout_func``.
+    - Another estimator that samples continuations (``uses_rollouts``) refuses all three: it would continue a
+      multi-turn episode as plain text.
+    - Estimators that only read the batch (``"grpo"``, ``"rloo"``, ``"gae"``) take them as ``GRPOTrainer`` does.
+    """
     given = [name for name in AGENT_KWARGS if kwargs.get(name) is not None]
     if not given:
         return
     from mcadvantage.estimators.base import ContinuesEpisodes, DrawsTrees
 
     name = estimator.name or type(estimator).__name__
-    draws_trees = isinstance(estimator, DrawsTrees)
-    if isinstance(estimator, ContinuesEpisodes) and not draws_trees:
+    if isinstance(estimator, ContinuesEpisodes):
         estimator.check_agent_support(given)
         return
-    if estimator.uses_rollouts or draws_trees:
-        how = "draws its groups as trees" if draws_trees else "samples Monte Carlo continuations"
+    if isinstance(estimator, DrawsTrees):
+        if "rollout_func" in given:
+            raise NotImplementedError(
+                f"advantage_estimator={name!r} does not support rollout_func= yet: the trainer draws each group as a "
+                "tree in its own first model turn, which a rollout_func replaces, so no tree would be drawn. Use "
+                "advantage_estimator='grpo', 'rloo' or 'gae' (they train rollout_func episodes exactly as "
+                "trl.GRPOTrainer does), or pass tools= / environment_factory= instead of rollout_func (the tree then "
+                "branches inside the first model turn)."
+            )
+        return
+    if estimator.uses_rollouts:
         raise NotImplementedError(
-            f"advantage_estimator={name!r} does not support {', '.join(f'{g}=' for g in given)} yet: it {how} "
-            "from token prefixes, which would continue a multi-turn episode without its tool calls and environment "
-            "steps. Use advantage_estimator='grpo', 'rloo' or 'gae' (they train tool and environment episodes "
-            "exactly as trl.GRPOTrainer does), or drop "
+            f"advantage_estimator={name!r} does not support {', '.join(f'{g}=' for g in given)}: it samples Monte "
+            "Carlo continuations from token prefixes, which would continue a multi-turn episode without its tool "
+            "calls and environment steps. Use advantage_estimator='grpo', 'rloo' or 'gae' (they train tool and "
+            "environment episodes exactly as trl.GRPOTrainer does), or drop "
             f"{' / '.join(given)}."
             + (
                 ""
                 if "rollout_func" in given
-                else " For Monte Carlo credit per turn, use advantage_estimator='vineppo'."
+                else " For Monte Carlo credit per turn, use advantage_estimator='vineppo' or 'hybrid' (or give "
+                "your estimator a check_agent_support method: mcadvantage.estimators.base.ContinuesEpisodes)."
             )
         )
 

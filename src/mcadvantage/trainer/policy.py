@@ -148,7 +148,9 @@ def draw_group_trees(
         if any(list(ids) != first for ids in prompt_ids[g * num_generations : (g + 1) * num_generations]):
             raise ValueError(
                 f"advantage_estimator='tree': rows {g * num_generations}-{(g + 1) * num_generations - 1} of the "
-                "generation batch are not one prompt repeated; a tree needs each group on one process."
+                "generation batch are not one prompt repeated; a tree needs each group on one process, and with "
+                "environment_factory= an environment's reset must give the rows of one dataset row the same "
+                "observation (make reset a function of the row)."
             )
     context = sampler_context if sampler_context is not None else policy_sampler(trainer)
     with context as sampler:

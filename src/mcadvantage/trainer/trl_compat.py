@@ -28,6 +28,9 @@ What is used, and why:
   ``parse_response``): what a Monte Carlo continuation of an episode needs to run GRPO's tool loop the way GRPO
   runs it (:meth:`GRPOTrainerHooks.tool_result_ids`, :meth:`~GRPOTrainerHooks.parse_turn`,
   :attr:`~GRPOTrainerHooks.standalone_tools`, :meth:`~GRPOTrainerHooks.agent_episodes`).
+- ``_generate_single_turn`` and ``_tool_call_loop``: with ``advantage_estimator="tree"``, a training batch's
+  first model turn is drawn as trees instead of GRPO's independent samples; the tool loop is wrapped only to mark
+  its own calls (every later turn, ``num_generations=1``), which generate as GRPO does.
 - ``_tag_names`` / ``_name``: the model-card tags and trainer name.
 - ``Trainer._save_checkpoint`` / ``_get_output_dir`` and ``Trainer._load_optimizer_and_scheduler``: extended to
   save the advantage estimator's own state (the ``"gae"`` critic) in every checkpoint and restore it on resume.
@@ -244,15 +247,33 @@ class GRPOTrainerHooks(GRPOTrainer):
         completion), or None for GRPO's own generation."""
         return None
 
+    #: True while GRPO's tool loop runs (:meth:`_tool_call_loop`): its generations continue single leaves.
+    _mcadvantage_in_tool_loop = False
+
+    def _tool_call_loop(self, *args: Any, **kwargs: Any) -> Any:
+        """GRPO's tool loop, marked as running: the model turns it generates after each tool result
+        (``_generate_single_turn(..., num_generations=1)``, one per episode) continue an episode, so they never
+        draw trees."""
+        self._mcadvantage_in_tool_loop = True
+        try:
+            return super()._tool_call_loop(*args, **kwargs)
+        finally:
+            self._mcadvantage_in_tool_loop = False
+
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
     ):
-        if self.model.training and not images and not self.tools:
+        # Trees are drawn for training batches in the episode's first model turn only: GRPO's _generate calls this
+        # once for the first turn with the group size; with tools= / environment_factory= its tool loop then calls
+        # it again for every later turn of each leaf (num_generations=1), and those generate as GRPO does.
+        if self.model.training and not images and not self._mcadvantage_in_tool_loop:
             drawn = self.draw_group_trees(prompt_ids, num_generations)
             if drawn is not None:
                 completions, self._mcadvantage_tree_paths = drawn
                 # No engine log-probabilities for tree leaves: with vLLM, NaN makes GRPO's importance-sampling
                 # correction a ratio of exactly 1 for these tokens (TRL's documented handling of missing logprobs).
+                # GRPO's tool loop appends 0.0 for tool results (outside the loss) and the engine's log-probabilities
+                # of the later turns, so only the first turn's tokens go uncorrected.
                 logprobs = [[float("nan")] * len(c) for c in completions] if self.use_vllm else None
                 return completions, logprobs
         return super()._generate_single_turn(

@@ -1,7 +1,8 @@
 """estimators/vineppo.py on multi-turn episodes (``batch.tool_mask`` set): Monte Carlo credit per turn through
 ``EstimatorContext.episodes``, with a scripted engine and tool (no model): masked-out rows are skipped, tool-result
 tokens get exactly 0 and leave the whitening mask, the values are unbiased, and what turn credit cannot do is refused
-with the setting and the fix."""
+with the setting and the fix. Also ``"hybrid"`` on the same episodes (it reuses this turn credit for the episodes of
+degenerate groups it chooses)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mcadvantage.estimators import AdvantageBatch, EstimatorContext, VinePPOEstimator  # noqa: E402
+from mcadvantage.estimators import (  # noqa: E402
+    AdvantageBatch,
+    EstimatorContext,
+    GRPOEstimator,
+    HybridEstimator,
+    VinePPOEstimator,
+)
 from mcadvantage.mc.turn_credit import AgentEpisodes, Episode  # noqa: E402
 from mcadvantage.samplers.base import Continuation  # noqa: E402
 from mcadvantage.testing import build_char_tokenizer  # noqa: E402
@@ -87,7 +94,7 @@ def expected_calls(rounds_done: int) -> float:
     return rounds_done + sum(P_CALL**j for j in range(1, LIMIT - rounds_done + 1))
 
 
-def _batch_and_context(recorded_episodes, masked=(), **context_kwargs):
+def _batch_and_context(recorded_episodes, masked=(), group_size=None, seed=3, **context_kwargs):
     episodes = recorded_episodes
     width = max(len(e.completion_ids) for e in episodes)
     completion_mask = torch.zeros(len(episodes), width)
@@ -102,7 +109,7 @@ def _batch_and_context(recorded_episodes, masked=(), **context_kwargs):
         rewards_per_func=torch.tensor([[e.reward] for e in episodes]),
         reward_weights=torch.tensor([1.0]),
         local_slice=slice(0, len(episodes)),
-        group_size=len(episodes),
+        group_size=group_size or len(episodes),
         prompts=[e.prompt for e in episodes],
         rows=[e.row for e in episodes],
         tool_mask=tool_mask,
@@ -112,7 +119,7 @@ def _batch_and_context(recorded_episodes, masked=(), **context_kwargs):
     )
     context_kwargs.setdefault("episodes", agent)
     context = EstimatorContext.single_process(
-        TurnSampler(3), [get_reward], build_char_tokenizer(), max_completion_length=64, **context_kwargs
+        TurnSampler(seed), [get_reward], build_char_tokenizer(), max_completion_length=64, **context_kwargs
     )
     return batch, context
 
@@ -170,3 +177,71 @@ def test_the_trainer_refuses_monte_carlo_settings_turn_credit_ignores_before_loa
     check_agent_kwargs({"tools": [print]}, VinePPOEstimator(num_rollouts=2), 64)  # the defaults pass
     with pytest.raises(NotImplementedError, match=r"does not support rollout_func="):
         check_agent_kwargs({"rollout_func": print}, VinePPOEstimator(num_rollouts=2), 64)
+
+
+def _one_step(text):
+    return [text]
+
+
+def test_hybrid_gives_the_chosen_episodes_of_degenerate_groups_vineppos_turn_credit():
+    """Groups of 2: group 0 is degenerate (1 tool round each, reward 1), group 1 is not (2 and 1 rounds). A chosen
+    episode's credit is exactly what "vineppo" gives the same episodes with the same engine draws; the others keep
+    GRPO's advantage; tool-result tokens get 0 and no weight."""
+    episodes = [recorded(1), recorded(1), recorded(2), recorded(1)]
+    batch, context = _batch_and_context(episodes, group_size=2, seed=5)
+    hybrid = HybridEstimator(budget=10.0, scale_rewards="none", num_rollouts=3, step_segmenter=_one_step)
+    result = hybrid.estimate(batch, context)
+
+    assert hybrid.last_rows == [0, 1] and hybrid.monte_carlo.last_rows == [0, 1]
+    sub_batch, sub_context = _batch_and_context(episodes[:2], seed=5)  # the chosen episodes, the same draws
+    vineppo = VinePPOEstimator(num_rollouts=3, step_segmenter=_one_step)
+    expected = vineppo.estimate(sub_batch, sub_context)
+    width = expected.advantages.shape[1]
+    assert torch.equal(result.advantages[:2, :width], expected.advantages)
+    assert not result.advantages[:2, width:].any()
+    assert [c.values for c in hybrid.monte_carlo.last_turn_credit] == expected.values
+    assert result.advantages[:2].any()  # the turn credit is not all zero (the Counter's calls vary)
+    grpo = GRPOEstimator(scale_rewards="none").estimate(batch, context)
+    assert torch.equal(result.advantages[2:], grpo.advantages[2:])
+    assert set(result.advantages[2][batch.tool_mask[2] == 1].tolist()) == {0.5}
+    model_tokens = batch.completion_mask.bool() & batch.tool_mask.bool()
+    assert not result.advantages[~model_tokens].any()
+    assert torch.equal(result.token_mask, model_tokens)
+    assert result.metrics["responses_estimated"] == 2 and result.metrics["generated_tokens"] > 0
+
+
+def test_hybrid_predicts_an_episodes_cost_from_its_turn_states():
+    """An episode of one tool round (7 tokens, the model's second turn starting at 5) has two states: K x (7 + 2)
+    predicted tokens, not the K x 7 of one state a single-turn reading would give. A budget of 30 tokens (K = 2)
+    takes one of the two episodes (18 + 18 > 30), where a single-turn prediction would take both (14 + 14)."""
+    episodes = [recorded(1), recorded(1), recorded(2), recorded(1)]
+    batch, context = _batch_and_context(episodes, group_size=2)
+    tokens = sum(len(e.completion_ids) for e in episodes)
+    hybrid = HybridEstimator(
+        budget=30 / tokens, scale_rewards="none", num_rollouts=2, step_segmenter=_one_step
+    )
+    result = hybrid.estimate(batch, context)
+    assert len(hybrid.last_rows) == 1 and result.metrics["predicted_tokens"] == 2 * (7 + 2)
+    credit = hybrid.monte_carlo.last_turn_credit[0]
+    assert credit.boundaries == [0, 5, 7] and credit.rollouts == 2 * 2
+
+
+def test_hybrid_needs_the_episodes_and_refuses_what_turn_credit_does_not_support():
+    batch, context = _batch_and_context([recorded(1), recorded(1)], episodes=None)
+    with pytest.raises(
+        ValueError, match=r"HybridEstimator: the batch has a tool_mask .* context.episodes is None"
+    ):
+        HybridEstimator(budget=10.0, step_segmenter=_one_step).estimate(batch, context)
+    check_agent_kwargs(
+        {"tools": [print], "environment_factory": Counter}, HybridEstimator(), 64
+    )  # defaults pass
+    with pytest.raises(
+        NotImplementedError, match=r"advantage_estimator='hybrid' does not support rollout_func="
+    ):
+        check_agent_kwargs({"rollout_func": print}, HybridEstimator(), 64)
+    with pytest.raises(
+        ValueError,
+        match=r"mc_max_estimated_steps=2 is not supported with tools= / environment_factory= under "
+        r"advantage_estimator='hybrid'.* Set mc_max_estimated_steps=None",
+    ):
+        check_agent_kwargs({"environment_factory": Counter}, HybridEstimator(max_estimated_steps=2), 64)

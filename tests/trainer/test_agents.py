@@ -305,19 +305,13 @@ def test_rloo_and_gae_train_environment_episodes_with_tool_tokens_left_out(
     assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
 
 
-@pytest.mark.parametrize(
-    "estimator,kwarg",
-    [
-        *((e, k) for e in ("hybrid", "tree") for k in ("tools", "environment_factory", "rollout_func")),
-        ("vineppo", "rollout_func"),  # vineppo continues tools and environments, not a user's rollout
-    ],
-)
-def test_monte_carlo_estimators_refuse_agent_episodes_naming_the_estimator_and_the_fix(
-    tmp_path, estimator, kwarg
-):
+@pytest.mark.parametrize("estimator", ["vineppo", "hybrid", "tree"])
+def test_monte_carlo_estimators_refuse_rollout_func_naming_the_estimator_and_the_fix(tmp_path, estimator):
+    """vineppo and hybrid continue tools and environments, not a user's rollout; tree draws its first turn in the
+    trainer's own generation, which a rollout_func replaces."""
     from mcadvantage import VinePPOConfig, VinePPOTrainer
 
-    value = {"tools": [add], "environment_factory": Adder, "rollout_func": scripted_rollout}[kwarg]
+    kwarg, value = "rollout_func", scripted_rollout
     tok = build_tool_calling_tokenizer()
     tree = {"tree_branching": [2]} if estimator == "tree" else {}  # groups of num_generations=2
     args = VinePPOConfig(output_dir=str(tmp_path), **{**SETTINGS, "advantage_estimator": estimator, **tree})
@@ -542,3 +536,155 @@ def test_vineppo_gives_environment_episodes_unbiased_monte_carlo_turn_credit(tmp
     assert len(errors) == 2 * 4 * (4 + 3)
     # Unbiased over all states together (independent continuations): within 5 standard errors of the mean.
     assert abs(sum(errors) / len(errors)) <= 5 * 0.5 / (k * len(errors)) ** 0.5
+
+
+def called_a_tool(completions, **kwargs) -> list[float]:
+    """1 when the episode ran a tool round, else 0: groups of 2 tie often (degenerate), as the hybrid needs."""
+    return [float(any(m["role"] == "tool" for m in messages)) for messages in completions]
+
+
+def _one_step(text: str) -> list[str]:
+    """One step per model turn (module level, so picklable): the states are the turn boundaries."""
+    return [text]
+
+
+def test_hybrid_gives_the_chosen_tool_episodes_turn_credit_and_trains(scripted_first_turn, tmp_path):
+    """``advantage_estimator="hybrid"`` with ``tools=`` on TRL's real tool loop (the tiny model continues the
+    episodes): two steps train with finite weights, the episodes of degenerate groups it chose carry exactly their
+    turn credit (tool results 0), every other episode GRPO's advantage, and tool tokens get no credit."""
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+    from mcadvantage.estimators import GRPOEstimator
+
+    spies, seen = [], []
+    extra = {
+        "advantage_estimator": "hybrid",
+        "hybrid_budget": 20.0,  # every degenerate episode fits
+        "num_mc_rollouts": 2,
+        "step_segmenter": _one_step,
+        "scale_rewards": "none",
+    }
+    tok = build_tool_calling_tokenizer()
+    args = VinePPOConfig(output_dir=str(tmp_path), **SETTINGS, **extra)
+    trainer = VinePPOTrainer(
+        model=_tiny_model(tok), reward_funcs=[called_a_tool], args=args, processing_class=tok, tools=[add],
+        train_dataset=_prompts(),
+    )  # fmt: skip
+    spies.append(_Spy(trainer))
+    contexts = []
+    context_of = trainer.estimator_context
+
+    def context(batch=None):
+        contexts.append(context_of(batch))
+        return contexts[-1]
+
+    trainer.estimator_context = context
+    hook = trainer.compute_advantages
+
+    def compute(batch):
+        out = hook(batch)
+        est = trainer.advantage_estimator
+        seen.append((contexts[-1], list(est.last_rows), list(est.monte_carlo.last_turn_credit)))
+        return out
+
+    trainer.compute_advantages = compute
+    trainer.train()
+
+    assert trainer.state.global_step == SETTINGS["max_steps"]
+    assert sum(_logged(trainer, "tools/call_frequency")) > 0
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    spies[0].check_tool_tokens_get_no_credit()
+    chosen = 0
+    for batch, advantages, (built, rows, credits) in zip(
+        spies[0].batches, spies[0].advantages, seen, strict=True
+    ):
+        assert built.episodes is not None and len(built.episodes.episodes) == len(batch.completion_ids)
+        grpo = GRPOEstimator(scale_rewards="none").estimate(batch, built).advantages
+        for i in range(len(batch.completion_ids)):
+            if i not in rows:
+                assert torch.equal(advantages[i], grpo[i])
+        for i, credit in zip(rows, credits, strict=True):
+            chosen += 1
+            length = len(batch.completion_ids[i])
+            assert advantages[i, :length].tolist() == pytest.approx(credit.advantages)
+            assert credit.rollouts == 2 * (len(credit.boundaries) - 1)
+    assert chosen > 0, "no degenerate episode was chosen: the turn-credit path did not run"
+    assert sum(_logged(trainer, "hybrid/responses_estimated")) == chosen
+
+
+def _testbed_trainer(tmp_path, monkeypatch, policy, extra, *, rollout_seed=1):
+    """A trainer on the agent testbed (``AgentEnv``, its reward alone) whose episodes and continuations are played
+    by the scripted policy: ``mc_sampler`` (the Monte Carlo continuations, and a tree's first turn) and every turn
+    GRPO's own generation asks for (patched on ``GRPOTrainer``, so the trainer's tree hook still runs first)."""
+    from trl import GRPOTrainer
+
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+    from testbed.agent_env import AgentEnv, make_agent_dataset
+    from testbed.agent_policy import ScriptedAgentSampler, build_agent_model, build_agent_tokenizer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tok = build_agent_tokenizer()
+    episodes = ScriptedAgentSampler(policy, tok, seed=2)
+    rollouts = ScriptedAgentSampler(policy, tok, seed=rollout_seed)
+    turns = []
+
+    def scripted_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        turns.append((num_generations, [tok.decode(ids) for ids in prompt_ids]))
+        return episodes.generate(prompt_ids, self.max_completion_length), None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted_turn)
+    args = VinePPOConfig(
+        output_dir=str(tmp_path),
+        **{**SETTINGS, "generation_kwargs": None, "max_completion_length": 128, **extra},
+    )
+    trainer = VinePPOTrainer(
+        model=build_agent_model(tok, max_position_embeddings=512),
+        reward_funcs=None,  # AgentEnv.get_reward is the reward
+        args=args,
+        train_dataset=make_agent_dataset("delayed", 2, 4, seed=0),
+        processing_class=tok,
+        environment_factory=AgentEnv,
+        mc_sampler=rollouts,
+    )
+    return trainer, rollouts, turns
+
+
+def test_hybrid_turn_credit_on_environment_episodes_is_unbiased(tmp_path, monkeypatch):
+    """``"hybrid"`` with ``environment_factory=`` on the testbed (exact values known): the chosen episodes' state
+    values equal the exact values within the Monte Carlo error of K, tool results get 0, and training stays finite."""
+    from testbed.agent_env import AgentTask, KeyPolicy
+
+    k = 48
+    policy = KeyPolicy(0.3)  # success 0.3: groups of 2 often all fail (degenerate)
+    extra = {
+        "advantage_estimator": "hybrid",
+        "hybrid_budget": 50.0,
+        "num_mc_rollouts": k,
+        "step_segmenter": _one_step,
+        "scale_rewards": "none",
+    }
+    trainer, rollouts, _ = _testbed_trainer(tmp_path, monkeypatch, policy, extra)
+    spies, seen = [_Spy(trainer)], []
+    hook = trainer.compute_advantages
+
+    def compute(batch):
+        out = hook(batch)
+        est = trainer.advantage_estimator
+        seen.append((list(est.last_rows), list(est.monte_carlo.last_turn_credit)))
+        return out
+
+    trainer.compute_advantages = compute
+    trainer.train()
+    assert trainer.state.global_step == SETTINGS["max_steps"]
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    spies[0].check_tool_tokens_get_no_credit()
+    checked = 0
+    for batch, advantages, (rows, credits) in zip(spies[0].batches, spies[0].advantages, seen, strict=True):
+        for i, credit in zip(rows, credits, strict=True):
+            ids = batch.completion_ids[i]
+            assert advantages[i, : len(ids)].tolist() == pytest.approx(credit.advantages)
+            task = AgentTask.from_row(batch.rows[i])
+            for b, value in zip(credit.boundaries[:-1], credit.values[:-1], strict=True):
+                exact = rollouts.exact_value(task, batch.prompt_ids[i] + ids[:b])
+                assert abs(value - exact) <= 5 * 0.5 / k**0.5, (i, b, value, exact)
+                checked += 1
+    assert checked >= 3  # turn boundaries of some chosen episodes (3 turns each: 2 tool calls and the answer)

@@ -96,7 +96,9 @@ class AgentConfig(VinePPOConfig):
             "aliases": ["--estimator"],
             "help": "The advantage estimator (as VinePPOConfig's advantage_estimator): 'grpo' (default), 'rloo' or "
             "'gae' train tool and environment episodes exactly as trl.GRPOTrainer does, 'vineppo' with Monte Carlo "
-            "credit per turn; an estimator that does not take them is refused with the reason and the fix.",
+            "credit per turn, 'hybrid' with GRPO's advantage plus that credit for tied groups, 'tree' with groups "
+            "branching in the first turn; an estimator that does not take them is refused with the reason and the "
+            "fix.",
         },
     )
 
@@ -346,7 +348,7 @@ def build_trainer(model: Any, tokenizer: Any, training_args: AgentConfig, train_
             raise
         print(
             f"examples/agent.py: --estimator {training_args.advantage_estimator} cannot train this environment's "
-            f"episodes: {err}\nFix: pass --estimator grpo (or rloo, gae, vineppo).",
+            f"episodes: {err}\nFix: pass --estimator grpo (or rloo, gae, vineppo, hybrid, tree).",
             file=sys.stderr,
         )
         raise SystemExit(EXIT_REFUSED) from err

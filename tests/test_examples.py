@@ -720,34 +720,24 @@ def test_agent_example_warm_up_episodes_mask_the_models_turns_only(agent_example
 
 
 def test_agent_example_refuses_an_estimator_that_does_not_take_agent_episodes(
-    agent_example, tmp_path, capsys
+    agent_example, tmp_path, capsys, monkeypatch
 ):
     """An estimator the library refuses with environments ends the script with exit status 2, before any training:
-    the library's reason and the flag that fixes it, on stderr."""
-    from mcadvantage.estimators import build_advantage_estimator
-    from mcadvantage.trainer.checks import check_agent_kwargs
-    from testbed.agent_env import AgentEnv
+    the library's reason and the flag that fixes it, on stderr. Every built-in estimator takes environments, so the
+    refused one is registered here: it samples continuations but cannot continue an episode through its tool calls
+    (no ``check_agent_support``)."""
+    from mcadvantage.estimators import AdvantageEstimator, register_advantage_estimator, registry
 
-    refused = []
-    for name in ("vineppo", "hybrid", "tree"):  # whichever the library refuses today
-        try:
-            _, args, _ = agent_example.parse_args(
-                ["--quick", "--estimator", name, "--output_dir", str(tmp_path)]
-            )
-            check_agent_kwargs(
-                {"environment_factory": AgentEnv},
-                build_advantage_estimator(name, args),
-                args.max_completion_length,
-            )
-        except NotImplementedError:
-            refused.append(name)
-        except (
-            ValueError
-        ):  # needs settings of its own first (tree: tree_branching); the others show the refusal
-            continue
-    if not refused:
-        pytest.skip("the library refuses no built-in estimator with environment_factory any more")
-    name = refused[0]
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # registered for this test only
+    name = "plain_text_rollouts"
+
+    @register_advantage_estimator(name)
+    class PlainTextRollouts(AdvantageEstimator):
+        uses_rollouts = True
+
+        def estimate(self, batch, context):
+            raise AssertionError("refused before training: never estimates")
+
     with pytest.raises(SystemExit) as exit_:
         agent_example.main(["--quick", "--estimator", name, "--output_dir", str(tmp_path / "out")])
     assert exit_.value.code == agent_example.EXIT_REFUSED == 2

@@ -688,3 +688,96 @@ def test_hybrid_turn_credit_on_environment_episodes_is_unbiased(tmp_path, monkey
                 assert abs(value - exact) <= 5 * 0.5 / k**0.5, (i, b, value, exact)
                 checked += 1
     assert checked >= 3  # turn boundaries of some chosen episodes (3 turns each: 2 tool calls and the answer)
+
+
+@pytest.mark.parametrize("depths", [[0, 3], [0, 8]], ids=["branch inside the turn", "turn ends first"])
+def test_tree_branches_in_the_first_model_turn_and_the_tool_loop_finishes_every_leaf(
+    tmp_path, monkeypatch, depths
+):
+    """``advantage_estimator="tree"`` with ``environment_factory=`` on the testbed (a first turn is 6 tokens:
+    ``<tool_call>``, the call's text up to the choice, the choice, the rest, ``</tool_call>``, EOS).
+
+    - ``[0, 3]``: two first-level children of 3 tokens each (the choice is their last token), two leaves each; the
+      leaves of one child share its first 3 tokens (and here the whole first turn, whose rest is fixed text).
+    - ``[0, 8]``: every first turn ends (at its tool call) before depth 8, so each child is a leaf at once and the
+      group's other leaves are top-ups, as the tree's early-ending rule says.
+
+    Either way the tree is drawn only for the first turn (GRPO's tool loop generates every later turn, one leaf at a
+    time, never as a tree), the advantages are the tree's credit over the whole episode (tool results 0, whitened
+    over the model's tokens only), and two steps train; with ``[0, 3]``, leaves that share a first turn differ later."""
+    from mcadvantage.mc.tree import tree_advantages
+    from testbed.agent_env import KeyPolicy
+
+    extra = {
+        "advantage_estimator": "tree",
+        "num_generations": 4,
+        "tree_branching": [2, 2],
+        "tree_depths": depths,
+    }
+    trainer, _, turns = _testbed_trainer(tmp_path, monkeypatch, KeyPolicy(0.5), extra)
+    trees = []
+    draw = trainer.draw_group_trees
+
+    def spy_draw(prompt_ids, num_generations):
+        drawn = draw(prompt_ids, num_generations)
+        # A copy: GRPO's tool loop replaces the list's completions with the whole episodes.
+        leaves = ([list(c) for c in drawn[0]], list(drawn[1]))
+        trees.append((num_generations, [trainer.processing_class.decode(ids) for ids in prompt_ids], leaves))
+        return drawn
+
+    trainer.draw_group_trees = spy_draw
+    spy, results = _Spy(trainer), []
+    estimate = trainer.advantage_estimator.estimate
+
+    def spy_estimate(batch, context):
+        results.append(estimate(batch, context))
+        return results[-1]
+
+    trainer.advantage_estimator.estimate = spy_estimate
+    trainer.train()
+
+    assert trainer.state.global_step == SETTINGS["max_steps"]
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+    # One tree draw per generation batch, for the first turn; every later turn came from GRPO's tool loop.
+    assert len(trees) == len(spy.batches) == SETTINGS["max_steps"]
+    assert all(n == 4 and not any("<tool_response>" in p for p in prompts) for n, prompts, _ in trees)
+    assert turns and all(n == 1 and all("<tool_response>" in p for p in prompts) for n, prompts in turns)
+    # Horizon 2: every leaf runs two tool rounds, so GRPO's loop generates its two later turns.
+    assert sum(len(prompts) for _, prompts in turns) == 2 * sum(len(b.completion_ids) for b in spy.batches)
+    spy.check_tool_tokens_get_no_credit()
+    later_turns_differ = False
+    batches = zip(trees, spy.batches, spy.advantages, results, strict=True)
+    for (_, _, (leaves, paths)), batch, advantages, result in batches:
+        assert batch.tree_paths == paths
+        first_turns = [
+            ids[: batch.tool_mask[i].tolist().index(0)] for i, ids in enumerate(batch.completion_ids)
+        ]
+        assert [ids[: len(first)] for ids, first in zip(leaves, first_turns, strict=True)] == first_turns
+        assert all(len(leaf) == len(first) == 6 for leaf, first in zip(leaves, first_turns, strict=True))
+        for g in range(0, len(paths), 4):
+            group = range(g, g + 4)
+            if depths == [0, 3]:
+                assert [paths[i].children for i in group] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+                assert all(paths[i].offsets == (0, 3) for i in group)
+                for a, b in ((g, g + 1), (g + 2, g + 3)):  # siblings share their node's 3 tokens
+                    assert first_turns[a][:3] == first_turns[b][:3]
+                    later_turns_differ |= batch.completion_ids[a] != batch.completion_ids[b]
+            else:
+                assert [paths[i].children for i in group] == [(0,), (1,), (2,), (3,)]
+                assert [paths[i].widths for i in group] == [(2,)] * 4  # children 2 and 3 are top-ups
+            rewards = [float(batch.rewards[i]) for i in group]
+            lengths = [len(batch.completion_ids[i]) for i in group]
+            expected, _ = tree_advantages([paths[i] for i in group], rewards, lengths)
+            for i, adv in zip(group, expected, strict=True):
+                model = batch.tool_mask[i, : lengths[i - g]].bool()
+                got = result.advantages[i, : lengths[i - g]]
+                # The tree's credit over the whole episode (the last segment covers the later turns), tool
+                # results 0.
+                assert torch.equal(got[model], adv[model]) and not got[~model].any()
+        loss_tokens = (batch.completion_mask * batch.tool_mask).bool()
+        assert abs(float(advantages[loss_tokens].mean())) < 1e-5  # whitened over the model's tokens only
+    if depths == [0, 3]:
+        assert later_turns_differ, (
+            "siblings sharing a first turn never differed later: the tool loop did not run"
+        )

@@ -30,16 +30,24 @@ def test_agent_arguments_pass_to_estimators_that_only_read_the_batch():
     check_agent_kwargs({"tools": None, "beta": 0.1}, _SamplesContinuations(), 16)  # nothing agent-like given
 
 
-@pytest.mark.parametrize(
-    "estimator,how",
-    [(_SamplesContinuations(), "samples Monte Carlo"), (_DrawsTrees(), "draws its groups as trees")],
-)
-def test_agent_arguments_refused_where_continuations_would_drop_the_episode(estimator, how):
+def test_agent_arguments_refused_where_continuations_would_drop_the_episode():
     with pytest.raises(
         NotImplementedError,
-        match=rf"advantage_estimator='mine' does not support tools=, rollout_func= yet: it {how}",
+        match=r"advantage_estimator='mine' does not support tools=, rollout_func=: it samples Monte Carlo",
     ):
-        check_agent_kwargs({"tools": [print], "rollout_func": print}, estimator, 16)
+        check_agent_kwargs({"tools": [print], "rollout_func": print}, _SamplesContinuations(), 16)
+
+
+def test_an_estimator_that_draws_trees_takes_tools_and_environments_not_a_rollout_func():
+    """The tree branches inside the first model turn and GRPO's tool loop finishes every leaf; a rollout_func
+    replaces the generation the tree is drawn in."""
+    check_agent_kwargs({"tools": [print], "environment_factory": dict}, _DrawsTrees(), 16)  # no error
+    with pytest.raises(
+        NotImplementedError,
+        match=r"advantage_estimator='mine' does not support rollout_func= yet: the trainer draws each group as a "
+        r"tree .* pass tools= / environment_factory= instead",
+    ):
+        check_agent_kwargs({"tools": [print], "rollout_func": print}, _DrawsTrees(), 16)
 
 
 class _ContinuesEpisodes(_SamplesContinuations):

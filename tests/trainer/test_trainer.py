@@ -124,18 +124,29 @@ def test_reward_funcs_are_optional_in_the_signature_as_in_grpo(model, tok, tmp_p
 
 
 def test_tools_refused_under_an_estimator_that_cannot_continue_episodes(model, tok, tmp_path):
+    """Every built-in estimator takes tools=; one of your own that samples continuations without continuing an
+    episode through its tool calls (no check_agent_support) is refused before training."""
+    from mcadvantage.estimators import AdvantageEstimator
+
+    class PlainTextRollouts(AdvantageEstimator):
+        uses_rollouts = True
+
     def add(a: int, b: int) -> int:
         """Add two numbers."""
         return a + b
 
-    with pytest.raises(NotImplementedError, match="advantage_estimator='hybrid' does not support tools="):
+    with pytest.raises(
+        NotImplementedError,
+        match="advantage_estimator='PlainTextRollouts' does not support tools=: it samples Monte Carlo",
+    ):
         VinePPOTrainer(
             model=model,
             reward_funcs=vowel_reward,
-            args=config(tmp_path, advantage_estimator="hybrid"),
+            args=config(tmp_path, advantage_estimator="grpo"),
             train_dataset=arithmetic(),
             processing_class=tok,
             tools=[add],
+            advantage_estimator=PlainTextRollouts(),
         )
 
 

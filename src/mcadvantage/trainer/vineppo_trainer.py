@@ -88,8 +88,8 @@ class VinePPOTrainer(GRPOTrainerHooks):
             of the one ``args.advantage_estimator`` names.
         **kwargs: other ``GRPOTrainer`` keyword arguments; ``tools``, ``environment_factory`` and ``rollout_func``
             work as in GRPO under ``"grpo"``, ``"rloo"``, ``"gae"``; ``"vineppo"`` gives tool and environment
-            episodes Monte Carlo credit per turn (``"hybrid"``, ``"tree"`` refuse them; so does ``"vineppo"``
-            ``rollout_func``).
+            episodes Monte Carlo credit per turn, ``"hybrid"`` the same for the episodes of tied groups it chooses,
+            ``"tree"`` branches inside the first model turn (all three refuse ``rollout_func``).
 
     Attributes:
         advantage_estimator: the estimator in use (e.g. a :class:`~mcadvantage.estimators.VinePPOEstimator`).

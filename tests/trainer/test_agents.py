@@ -611,10 +611,11 @@ def test_hybrid_gives_the_chosen_tool_episodes_turn_credit_and_trains(scripted_f
     assert sum(_logged(trainer, "hybrid/responses_estimated")) == chosen
 
 
-def _testbed_trainer(tmp_path, monkeypatch, policy, extra, *, rollout_seed=1):
+def _testbed_trainer(tmp_path, monkeypatch, policy, extra, *, rollout_seed=1, engine_logprob=None):
     """A trainer on the agent testbed (``AgentEnv``, its reward alone) whose episodes and continuations are played
     by the scripted policy: ``mc_sampler`` (the Monte Carlo continuations, and a tree's first turn) and every turn
-    GRPO's own generation asks for (patched on ``GRPOTrainer``, so the trainer's tree hook still runs first)."""
+    GRPO's own generation asks for (patched on ``GRPOTrainer``, so the trainer's tree hook still runs first), with
+    ``engine_logprob`` as every generated token's log-probability (None: no log-probabilities, as transformers)."""
     from trl import GRPOTrainer
 
     from mcadvantage import VinePPOConfig, VinePPOTrainer
@@ -629,7 +630,8 @@ def _testbed_trainer(tmp_path, monkeypatch, policy, extra, *, rollout_seed=1):
 
     def scripted_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         turns.append((num_generations, [tok.decode(ids) for ids in prompt_ids]))
-        return episodes.generate(prompt_ids, self.max_completion_length), None
+        out = episodes.generate(prompt_ids, self.max_completion_length)
+        return out, None if engine_logprob is None else [[engine_logprob] * len(ids) for ids in out]
 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted_turn)
     args = VinePPOConfig(
@@ -781,3 +783,52 @@ def test_tree_branches_in_the_first_model_turn_and_the_tool_loop_finishes_every_
         assert later_turns_differ, (
             "siblings sharing a first turn never differed later: the tool loop did not run"
         )
+
+
+def test_tree_leaves_first_turns_carry_no_engine_logprobs_and_their_later_turns_the_engines(
+    tmp_path, monkeypatch
+):
+    """With vLLM, a tree's tokens have no engine log-probabilities (NaN) and GRPO's tool loop appends 0.0 for tool
+    results and the engine's for the later turns: GRPO's vLLM bookkeeping (``use_vllm``, its importance-sampling
+    correction on, default ``"sequence_mask"``) on a scripted engine whose every token has log-probability -1.
+    Each episode's sampling log-probabilities are NaN on its first turn, 0.0 on tool results and -1 on later turns,
+    the importance-sampling ratio stays finite, and two steps train with finite weights."""
+    from testbed.agent_env import KeyPolicy
+
+    extra = {
+        "advantage_estimator": "tree",
+        "num_generations": 4,
+        "tree_branching": [2, 2],
+        "tree_depths": [0, 3],
+    }
+    trainer, _, turns = _testbed_trainer(tmp_path, monkeypatch, KeyPolicy(0.5), extra, engine_logprob=-1.0)
+    # The engine is scripted (no vLLM is started): only GRPO's vLLM bookkeeping is switched on.
+    trainer.use_vllm, trainer.vllm_mode = True, "server"
+    outputs = []
+    generate_and_score = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        outputs.append(generate_and_score(inputs))
+        return outputs[-1]
+
+    trainer._generate_and_score_completions = spy
+    trainer.train()
+
+    assert trainer.state.global_step == SETTINGS["max_steps"] and turns
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+    for output in outputs:
+        logps, tool_mask, mask = (
+            output["sampling_per_token_logps"],
+            output["tool_mask"],
+            output["completion_mask"],
+        )
+        assert torch.isfinite(output["importance_sampling_ratio"]).all()
+        for row in range(logps.shape[0]):
+            length = int(mask[row].sum())
+            first = tool_mask[row].tolist().index(0)
+            assert torch.isnan(logps[row, :first]).all()
+            later = tool_mask[row, first:length].bool()
+            assert (logps[row, first:length][~later] == 0.0).all() and (
+                logps[row, first:length][later] == -1.0
+            ).all()

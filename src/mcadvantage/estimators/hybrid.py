@@ -33,7 +33,7 @@ one response at a time in a seeded random order, as long as the predicted rollou
   It is a different estimator of the policy gradient, not an unbiased one.
 - **Agents** (``tools=`` / ``environment_factory=``: a batch with a ``tool_mask`` and ``context.episodes``): every
   episode gets GRPO's advantage; a chosen episode gets Monte Carlo credit per turn exactly as ``"vineppo"`` gives it
-  (:meth:`VinePPOEstimator._estimate_turns <mcadvantage.estimators.VinePPOEstimator>` on the chosen rows: states at
+  (:class:`~mcadvantage.estimators.VinePPOEstimator` on the chosen rows, their episodes narrowed to them: states at
   turn boundaries and at the segmenter's steps inside the model's turns, continuations that resume the episode
   through its tool calls on replayed environments). The prediction counts ``K x (episode length - state position)``
   over those states, tool-result tokens included (as ``generated_tokens`` counts them), and so does the budget's

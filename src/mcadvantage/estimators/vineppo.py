@@ -240,8 +240,8 @@ class VinePPOEstimator(AdvantageEstimator):
         if context.sample_on_main_only:
             raise NotImplementedError(
                 "Monte Carlo turn credit (tools= / environment_factory= under advantage_estimator='vineppo' or "
-                "'hybrid') does not "
-                "support vllm_mode='server' yet (only the main process can sample, and episodes are not gathered). "
+                "'hybrid') does not support vllm_mode='server' yet (only the main process can sample, and episodes "
+                "are not gathered). "
                 "Use vllm_mode='colocate' or the transformers engine (use_vllm=False), or advantage_estimator='grpo'."
             )
         self.check_agent_support(())

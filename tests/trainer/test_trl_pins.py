@@ -415,6 +415,19 @@ METHODS = {
         ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
         "GRPOTrainerHooks._generate_single_turn",
     ),
+    "_tool_call_loop": (
+        [
+            "self",
+            "prompts",
+            "prompt_ids",
+            "completion_ids",
+            "completions",
+            "logprobs",
+            "images",
+            "multimodal_fields",
+        ],
+        "GRPOTrainerHooks._tool_call_loop",
+    ),
     "_load_optimizer_and_scheduler": (
         ["self", "checkpoint"],
         "GRPOTrainerHooks._load_optimizer_and_scheduler",

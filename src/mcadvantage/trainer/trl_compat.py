@@ -250,13 +250,17 @@ class GRPOTrainerHooks(GRPOTrainer):
     #: True while GRPO's tool loop runs (:meth:`_tool_call_loop`): its generations continue single leaves.
     _mcadvantage_in_tool_loop = False
 
-    def _tool_call_loop(self, *args: Any, **kwargs: Any) -> Any:
+    def _tool_call_loop(
+        self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+    ):
         """GRPO's tool loop, marked as running: the model turns it generates after each tool result
         (``_generate_single_turn(..., num_generations=1)``, one per episode) continue an episode, so they never
         draw trees."""
         self._mcadvantage_in_tool_loop = True
         try:
-            return super()._tool_call_loop(*args, **kwargs)
+            return super()._tool_call_loop(
+                prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+            )
         finally:
             self._mcadvantage_in_tool_loop = False
 

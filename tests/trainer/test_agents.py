@@ -309,7 +309,7 @@ def test_rloo_and_gae_train_environment_episodes_with_tool_tokens_left_out(
     "estimator,kwarg",
     [
         *((e, k) for e in ("hybrid", "tree") for k in ("tools", "environment_factory", "rollout_func")),
-        ("vineppo", "rollout_func"),  # vineppo continues tools and environments, not a user's rollout
+        # vineppo with rollout_func alone: tests/trainer/test_continuation.py (it needs a continuation_func)
     ],
 )
 def test_monte_carlo_estimators_refuse_agent_episodes_naming_the_estimator_and_the_fix(

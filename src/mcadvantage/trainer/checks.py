@@ -60,7 +60,8 @@ def check_agent_kwargs(
             "exactly as trl.GRPOTrainer does), or drop "
             f"{' / '.join(given)}."
             + (
-                ""
+                " For Monte Carlo credit on rollout_func episodes, use advantage_estimator='vineppo' with "
+                "continuation_func= (docs/howto/turn-credit-for-agents.md)."
                 if "rollout_func" in given
                 else " For Monte Carlo credit per turn, use advantage_estimator='vineppo'."
             )

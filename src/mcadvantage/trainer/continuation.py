@@ -24,18 +24,22 @@ padding) token counts as truncated (TRL's rule for a response).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from mcadvantage.samplers.base import Continuation, RolloutRequest
 
 if TYPE_CHECKING:
     from mcadvantage.estimators.base import AdvantageEstimator
+    from mcadvantage.estimators.batch import AdvantageBatch
+    from mcadvantage.samplers.base import Sampler
 
 __all__ = [
     "ContinuationRequest",
     "ContinuationSampler",
+    "RolloutContinuation",
     "RolloutFields",
+    "attach_continuation",
     "check_continuation_func",
     "rollout_extra_fields",
 ]
@@ -94,11 +98,11 @@ def rollout_extra_fields(output: Mapping[str, Any]) -> set[str]:
 
 
 def check_continuation_func(
-    continuation_func: Any, kwargs: Mapping[str, Any], estimator: AdvantageEstimator, mc_sampler: Any
+    continuation_func: Any, kwargs: Mapping[str, Any], estimator: AdvantageEstimator
 ) -> None:
     """Refuse a ``continuation_func`` that would be silently ignored: without ``rollout_func=``, under an estimator
     other than ``"vineppo"`` (``"grpo"`` / ``"rloo"`` / ``"gae"`` sample nothing; ``"hybrid"`` / ``"tree"`` do
-    not take a ``rollout_func``), next to an ``mc_sampler`` (two sources of continuations), or not callable."""
+    not take a ``rollout_func``), or not callable."""
     if continuation_func is None:
         return
     from mcadvantage.estimators.vineppo import VinePPOEstimator
@@ -125,11 +129,6 @@ def check_continuation_func(
             f"continuation_func= is given with advantage_estimator={name!r}, which {why}. Use "
             "advantage_estimator='vineppo' for Monte Carlo credit on rollout_func episodes, or drop continuation_func "
             "(advantage_estimator='grpo', 'rloo' and 'gae' train rollout_func episodes as trl.GRPOTrainer does)."
-        )
-    if mc_sampler is not None:
-        raise ValueError(
-            f"continuation_func= and mc_sampler={mc_sampler!r} are both given; both would draw the Monte Carlo "
-            "continuations. Pass one: continuation_func for rollout_func episodes."
         )
 
 
@@ -277,3 +276,67 @@ class ContinuationSampler:
                 for j in range(size):
                     per_item[j][key] = values
         return tokens, per_item
+
+
+class RolloutContinuation:
+    """What :class:`~mcadvantage.trainer.vineppo_trainer.VinePPOTrainer` holds for its ``continuation_func`` (None:
+    none given, and every method leaves things as they are).
+
+    Args:
+        func: the ``continuation_func``, or None.
+        fields: the wrapped ``rollout_func`` that records its extra fields (None without ``func``).
+    """
+
+    def __init__(self, func: ContinuationFunc | None, fields: RolloutFields | None = None) -> None:
+        self.func = func
+        self.fields = fields
+
+    @property
+    def active(self) -> bool:
+        return self.func is not None
+
+    def sampler(self, trainer: Any, default: Sampler | None = None) -> Sampler | None:
+        """The Monte Carlo sampler around ``func`` for ``trainer`` (called after GRPO's init: it reads the stop
+        tokens), or ``default`` (the trainer's ``mc_sampler``) without a ``continuation_func``; both is refused."""
+        if self.func is None:
+            return default
+        if default is not None:
+            raise ValueError(
+                f"continuation_func= and mc_sampler={default!r} are both given; both would draw the Monte Carlo "
+                "continuations. Pass one: continuation_func for rollout_func episodes."
+            )
+        fields = self.fields
+        return ContinuationSampler(
+            self.func,
+            trainer,
+            trainer.stop_token_ids(),
+            required_fields=lambda: fields.keys if fields is not None else (),
+        )
+
+    def dataset_rows(self, batch: AdvantageBatch) -> AdvantageBatch:
+        """``batch`` with rows holding only the dataset's columns: ``rollout_func``'s extra fields described its
+        responses, not their continuations (which return their own). So identical states of two responses to one
+        prompt are estimated once, and ``continuation_func`` gets the dataset row."""
+        if self.fields is None:
+            return batch
+        own = self.fields.keys | {"logprob_token_ids"}
+        return replace(batch, rows=[{k: v for k, v in row.items() if k not in own} for row in batch.rows])
+
+
+def attach_continuation(
+    continuation_func: Any, kwargs: dict[str, Any], estimator: AdvantageEstimator, args: Any
+) -> RolloutContinuation:
+    """The trainer's agent checks with a ``continuation_func``: refuse one that would be ignored
+    (:func:`check_continuation_func`), run :func:`~mcadvantage.trainer.checks.check_agent_kwargs` on the other agent
+    arguments (with a ``continuation_func``, ``rollout_func`` episodes go through the single-turn Monte Carlo
+    pipeline, where every ``mc_*`` setting works), and wrap ``kwargs["rollout_func"]`` in place to record its extra
+    fields. ``args`` is the trainer's config (``max_completion_length``)."""
+    from mcadvantage.trainer.checks import check_agent_kwargs
+
+    check_continuation_func(continuation_func, kwargs, estimator)
+    agent_kwargs = kwargs if continuation_func is None else {**kwargs, "rollout_func": None}
+    check_agent_kwargs(agent_kwargs, estimator, args.max_completion_length)
+    if continuation_func is None:
+        return RolloutContinuation(None)
+    fields = kwargs["rollout_func"] = RolloutFields(kwargs["rollout_func"])
+    return RolloutContinuation(continuation_func, fields)

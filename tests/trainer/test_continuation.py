@@ -253,6 +253,8 @@ def test_continuations_are_truncated_without_eos_and_carry_their_fields():
          r"advantage_estimator='grpo', which samples no continuations.*drop continuation_func"),
         ("hybrid", {"rollout_func": scripted_rollout, "continuation_func": ScriptedContinuation()}, ValueError,
          r"advantage_estimator='hybrid', which does not take a rollout_func.*'vineppo'"),
+        ("vineppo", {"rollout_func": scripted_rollout, "continuation_func": ScriptedContinuation(), "tools": [len]},
+         ValueError, r"continuation_func= is given with tools=.*Drop continuation_func"),
         ("vineppo", {"rollout_func": scripted_rollout, "continuation_func": "g"}, TypeError,
          r"continuation_func='g' is not callable"),
         ("vineppo", {"rollout_func": scripted_rollout, "continuation_func": ScriptedContinuation(),

@@ -102,7 +102,8 @@ def check_continuation_func(
 ) -> None:
     """Refuse a ``continuation_func`` that would be silently ignored: without ``rollout_func=``, under an estimator
     other than ``"vineppo"`` (``"grpo"`` / ``"rloo"`` / ``"gae"`` sample nothing; ``"hybrid"`` / ``"tree"`` do
-    not take a ``rollout_func``), or not callable."""
+    not take a ``rollout_func``), next to ``tools=`` / ``environment_factory=`` (those episodes are continued through
+    TRL's tool loop), or not callable."""
     if continuation_func is None:
         return
     from mcadvantage.estimators.vineppo import VinePPOEstimator
@@ -117,6 +118,13 @@ def check_continuation_func(
             "continuation_func= is given without rollout_func=: it continues a rollout_func's episodes for Monte Carlo "
             "credit, and the trainer's own generation is continued by its engine already. Drop continuation_func, or "
             "pass the rollout_func whose episodes it continues."
+        )
+    agents = [k for k in ("tools", "environment_factory") if kwargs.get(k) is not None]
+    if agents:
+        raise ValueError(
+            f"continuation_func= is given with {' and '.join(f'{k}=' for k in agents)}: those episodes are continued "
+            "through TRL's tool loop, so continuation_func would be ignored. Drop continuation_func, or drop "
+            f"{' / '.join(agents)} and let your rollout_func run its tools."
         )
     name = estimator.name or type(estimator).__name__
     if not isinstance(estimator, VinePPOEstimator):

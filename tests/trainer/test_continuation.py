@@ -266,3 +266,28 @@ def test_misuses_are_refused_at_init_naming_the_parameter_and_the_fix(
 ):
     with pytest.raises(error, match=message):
         _trainer(tmp_path, estimator, **kwargs)
+
+
+def test_environment_tokens_before_the_first_model_token_start_no_step():
+    """A completion that opens with an observation: the prompt state, then the first model token, then the
+    segmenter's boundary inside the model's run; the observation's tokens get advantage 0."""
+    from mcadvantage.estimators import AdvantageBatch, EstimatorContext, VinePPOEstimator
+    from mcadvantage.trainer.continuation import ContinuationSampler
+
+    ids = TOK("[o]ab\ncd", add_special_tokens=False)["input_ids"] + [EOS]
+    mask = [0, 0, 0] + [1] * 6
+    batch = AdvantageBatch(
+        prompt_ids=[TOK("q:")["input_ids"]], completion_ids=[ids], completion_mask=torch.ones(1, len(ids)),
+        rewards_per_func=torch.tensor([[1.0]]), reward_weights=torch.tensor([1.0]), local_slice=slice(0, 1),
+        group_size=1, prompts=["q:"], rows=[{"prompt": "q:"}], tool_mask=torch.tensor([mask]),
+    )  # fmt: skip
+    continuation = ScriptedContinuation()
+    context = EstimatorContext.single_process(
+        ContinuationSampler(continuation, None, [EOS], required_fields=("source",)), [z_count], TOK,
+        max_completion_length=MAX_COMPLETION_LENGTH,
+    )  # fmt: skip
+    result = VinePPOEstimator(num_rollouts=1, step_segmenter="newline").estimate(batch, context)
+    assert [len(r.completion_ids) for r in continuation.calls[0]] == [0, 3, 6]
+    assert result.values == [[_value(0), _value(3), _value(6), 1.0]]
+    assert result.advantages[0, :3].tolist() == [0.0] * 3 and not result.token_mask[0, :3].any()
+    assert result.advantages[0, 3:].tolist() == [_value(6) - _value(3)] * 3 + [1.0 - _value(6)] * 3

@@ -147,8 +147,9 @@ def test_turn_credit_is_unbiased_skips_masked_rows_and_gives_tool_tokens_nothing
 
 def test_turn_credit_needs_the_episodes_and_refuses_what_it_does_not_support():
     batch, context = _batch_and_context([recorded(1)], episodes=None)
-    with pytest.raises(ValueError, match=r"context.episodes is None"):
-        VinePPOEstimator(num_rollouts=2).estimate(batch, context)
+    # Without episodes, only a sampler that continues episodes (a rollout_func's continuation_func) may take the batch.
+    with pytest.raises(ValueError, match=r"context.episodes is None, and the sampler continues plain text"):
+        VinePPOEstimator(num_rollouts=2, step_segmenter="newline").estimate(batch, context)
     batch, context = _batch_and_context([recorded(1)], sample_on_main_only=True)
     with pytest.raises(NotImplementedError, match=r"vllm_mode='server'"):
         VinePPOEstimator(num_rollouts=2).estimate(batch, context)
@@ -175,7 +176,9 @@ def test_the_trainer_refuses_monte_carlo_settings_turn_credit_ignores_before_loa
     with pytest.raises(ValueError, match=rf"{config_name}=.* is not supported .* Set {config_name}="):
         check_agent_kwargs({"environment_factory": Counter}, estimator, 64)
     check_agent_kwargs({"tools": [print]}, VinePPOEstimator(num_rollouts=2), 64)  # the defaults pass
-    with pytest.raises(NotImplementedError, match=r"does not support rollout_func="):
+    with pytest.raises(
+        NotImplementedError, match=r"'vineppo' needs continuation_func= next to rollout_func="
+    ):
         check_agent_kwargs({"rollout_func": print}, VinePPOEstimator(num_rollouts=2), 64)
 
 

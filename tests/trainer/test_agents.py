@@ -305,10 +305,11 @@ def test_rloo_and_gae_train_environment_episodes_with_tool_tokens_left_out(
     assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
 
 
-@pytest.mark.parametrize("estimator", ["vineppo", "hybrid", "tree"])
+@pytest.mark.parametrize("estimator", ["hybrid", "tree"])
 def test_monte_carlo_estimators_refuse_rollout_func_naming_the_estimator_and_the_fix(tmp_path, estimator):
-    """vineppo and hybrid continue tools and environments, not a user's rollout; tree draws its first turn in the
-    trainer's own generation, which a rollout_func replaces."""
+    """hybrid continues tools and environments, not a user's rollout; tree draws its first turn in the trainer's own
+    generation, which a rollout_func replaces. (vineppo with rollout_func needs a continuation_func:
+    tests/trainer/test_continuation.py.)"""
     from mcadvantage import VinePPOConfig, VinePPOTrainer
 
     kwarg, value = "rollout_func", scripted_rollout

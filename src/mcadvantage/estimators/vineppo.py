@@ -40,6 +40,7 @@ from mcadvantage.estimators.rules import (
     summed_rewards,
     token_level_loss,
 )
+from mcadvantage.mc.episodes import episode_step_boundaries
 from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
 from mcadvantage.mc.stats import MCStats
 from mcadvantage.mc.turn_credit import EpisodeCredit, Graders, estimate_agent_credit, sampler_generate
@@ -80,16 +81,24 @@ def segmenter_inside_turns(segmenter: Any, tokenizer: Any) -> Callable[[Any, int
 
 def check_turn_credit_support(settings: MCSettings, given: Sequence[str], estimator: str) -> None:
     """Refuse what Monte Carlo turn credit cannot do, for an estimator that gives it (``"vineppo"``, ``"hybrid"``):
-    ``rollout_func=`` among the trainer arguments ``given`` (``NotImplementedError``: its episodes cannot be resumed
-    from a prefix), and a Monte Carlo setting of ``settings`` that turn credit does not honour (``ValueError``: it
+    ``rollout_func=`` among the trainer arguments ``given`` (``NotImplementedError``: its episodes can be resumed from
+    a prefix only by a ``continuation_func``, which ``"vineppo"`` takes), and a Monte Carlo setting of ``settings`` that turn credit does not honour (``ValueError``: it
     runs every state's continuations to the episode's end within ``max_completion_length``). ``estimator`` is the
     name the messages give (``advantage_estimator=...``)."""
     if "rollout_func" in given:
+        how = (
+            "needs continuation_func= next to rollout_func=: a Monte Carlo continuation resumes your rollout from a "
+            "prefix of its completion, which only your code can do. Pass VinePPOTrainer(..., rollout_func=f, "
+            "continuation_func=g), g(requests, trainer) returning the tokens after each request's prefix "
+            "(mcadvantage.trainer.continuation; docs/howto/turn-credit-for-agents.md)"
+            if estimator == "vineppo"
+            else "does not support rollout_func=: its Monte Carlo credit would have to resume your rollout from a "
+            "prefix, which only your code can do. Use advantage_estimator='vineppo' with continuation_func= "
+            "(docs/howto/turn-credit-for-agents.md)"
+        )
         raise NotImplementedError(
-            f"advantage_estimator={estimator!r} does not support rollout_func= yet: a Monte Carlo continuation would "
-            "have to resume your rollout from a token prefix, and rollout_func gives no way to do that. Use "
-            "advantage_estimator='grpo', 'rloo' or 'gae' (they train rollout_func episodes exactly as "
-            "trl.GRPOTrainer does), or pass tools= / environment_factory= instead of rollout_func."
+            f"advantage_estimator={estimator!r} {how}, or use advantage_estimator='grpo', 'rloo' or 'gae' (they "
+            "train rollout_func episodes exactly as trl.GRPOTrainer does)."
         )
     names, defaults = mc_config_names(), MCSettings().as_dict()
     for name in _TURN_CREDIT_AT_DEFAULT:
@@ -160,8 +169,9 @@ class VinePPOEstimator(AdvantageEstimator):
         MCSettings.from_config(config)
 
     def check_agent_support(self, given: Sequence[str]) -> None:
-        """Turn credit continues episodes of ``tools=`` and ``environment_factory=``; refuse ``rollout_func=`` (its
-        episodes cannot be resumed from a prefix) and the Monte Carlo settings turn credit does not honour
+        """Turn credit continues episodes of ``tools=`` and ``environment_factory=``; refuse ``rollout_func=`` alone
+        (its episodes can be resumed from a prefix only by the user's ``continuation_func``: the trainer drops
+        ``rollout_func`` from ``given`` when one is passed) and the Monte Carlo settings turn credit does not honour
         (:func:`check_turn_credit_support`)."""
         check_turn_credit_support(self.settings, given, self.name or type(self).__name__)
 
@@ -169,8 +179,18 @@ class VinePPOEstimator(AdvantageEstimator):
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
         """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
-        if batch.tool_mask is not None:
+        if batch.tool_mask is not None and context.episodes is not None:
             return self._estimate_turns(batch, context)
+        # A tool mask without episodes to replay: a rollout_func's env_mask, continued by the user's
+        # continuation_func (the sampler must say it continues episodes, checked in _run). The single-turn pipeline
+        # runs with states only at the model's tokens, and the other tokens get no credit.
+        env_mask = None if batch.tool_mask is None else batch.tool_mask.detach().cpu().bool()
+        if env_mask is not None and context.sample_on_main_only:
+            raise NotImplementedError(
+                "VinePPOEstimator: a batch with a tool_mask but no context.episodes (a rollout_func's env_mask) is "
+                "continued on every process by its continuation_func; sample_on_main_only=True (a vLLM server "
+                "sampler) cannot do that. Pass the continuation_func's sampler on every process."
+            )
         segmenter = self.segmenter if self.segmenter is not None else get_segmenter(context.segmenter)
         rewards = batch.rewards.cpu()
         mask = batch.completion_mask.detach().cpu()
@@ -203,7 +223,7 @@ class VinePPOEstimator(AdvantageEstimator):
             trajectories.append(self._trajectory(batch, i, segmenter, context, reward))
             rows.append(i)
 
-        estimate = self._run(trajectories, extras, context)
+        estimate = self._run(trajectories, extras, context, continues_episodes=env_mask is not None)
         self.last_estimate, self.last_rows, self.last_turn_credit = estimate, rows, []
 
         advantages = torch.zeros(mask.shape, dtype=torch.float32)
@@ -211,8 +231,8 @@ class VinePPOEstimator(AdvantageEstimator):
         for j, i in enumerate(rows):
             token_advs = estimate.token_advantages[j]
             advantages[i, : len(token_advs)] = token_advs
-            token_mask[i] = mask[i].bool()
-        advantages = advantages * token_mask
+            token_mask[i] = mask[i].bool() if env_mask is None else mask[i].bool() & env_mask[i]
+        advantages = advantages * token_mask  # padding and environment tokens: exactly 0
         device = batch.completion_mask.device
         return AdvantageResult(
             advantages=advantages.to(device),
@@ -314,15 +334,33 @@ class VinePPOEstimator(AdvantageEstimator):
         pool (its steps are never estimated, so it is not segmented: one step)."""
         ids = list(batch.completion_ids[i])
         row = batch.rows[i] if batch.rows else {}
+        mask = None if batch.tool_mask is None else [int(m) for m in batch.tool_mask[i, : len(ids)].tolist()]
+        if segmenter is None:
+            bounds = [0, len(ids)]
+        elif mask is None:
+            bounds = segment_completion(segmenter, context.tokenizer, ids)
+        else:
+            # Environment tokens (env_mask 0) never start a step: states sit at the first token of every model turn
+            # and at the segmenter's boundaries inside the turns, as for GRPO's tool loop.
+            def inside_turn(start: int, end: int) -> list[int]:
+                turn = segment_completion(segmenter, context.tokenizer, ids[start:end])
+                return [start + b for b in turn[1:-1]]
+
+            # A completion may open with environment tokens (an observation before the model's first turn): the
+            # prompt state stays b_0 = 0 and the first model token is the next state.
+            lead = next((t for t, m in enumerate(mask) if m), len(mask))
+            later = episode_step_boundaries(
+                mask[lead:], lambda a, b: [x - lead for x in inside_turn(a + lead, b + lead)]
+            )
+            bounds = sorted({0, *(lead + b for b in later)})
         return Trajectory(
             prompt_ids=list(batch.prompt_ids[i]),
             completion_ids=ids,
-            step_boundaries=[0, len(ids)]
-            if segmenter is None
-            else segment_completion(segmenter, context.tokenizer, ids),
+            step_boundaries=bounds,
             reward=reward,
             prompt=batch.prompts[i] if batch.prompts else None,
             fields={k: v for k, v in row.items() if k not in _NON_REWARD_COLUMNS},
+            tool_mask=mask,
         )
 
     # -- I/O around the pure estimator ------------------------------------------------------------------------
@@ -342,10 +380,25 @@ class VinePPOEstimator(AdvantageEstimator):
         )
 
     def _run(
-        self, trajectories: list[Trajectory], extras: list[Trajectory], context: EstimatorContext
+        self,
+        trajectories: list[Trajectory],
+        extras: list[Trajectory],
+        context: EstimatorContext,
+        *,
+        continues_episodes: bool = False,
     ) -> MCEstimate:
         if not context.sample_on_main_only:
             with context.policy_sampler() as sampler:
+                if continues_episodes and not getattr(sampler, "continues_episodes", False):
+                    raise ValueError(
+                        "VinePPOEstimator: the batch has a tool_mask (multi-turn episodes) but context.episodes is "
+                        "None, and the sampler continues plain text, so a continuation would resume an episode without "
+                        "its tool calls and environment steps. VinePPOTrainer builds the episodes for tools= and "
+                        "environment_factory=, and continues rollout_func= episodes with your continuation_func=; "
+                        "elsewhere pass EstimatorContext(episodes=mcadvantage.mc.turn_credit.AgentEpisodes(...)) or a "
+                        "sampler that continues episodes (mcadvantage.trainer.continuation.ContinuationSampler), or "
+                        "use advantage_estimator='grpo'."
+                    )
                 return self.make_estimator(sampler, context).estimate(
                     trajectories, reward_kwargs=context.reward_kwargs, extra_responses=extras
                 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mcadvantage.core.settings import MCSettings
@@ -137,7 +137,9 @@ def build_requests(
             continue
         request_of_state.append(len(requests))
         prefix = tuple(traj.prompt_ids) + tuple(traj.completion_ids[:prefix_len])
-        requests.append(RolloutRequest(prefix_ids=prefix, n=n, max_tokens=max_tokens))
+        requests.append(
+            RolloutRequest(prefix_ids=prefix, n=n, max_tokens=max_tokens, origin=(traj, prefix_len))
+        )
     return requests, request_of_state
 
 
@@ -292,7 +294,9 @@ def sample_and_grade(
                 out[u].append((ids, truncated_reward))
                 tally.rollout_rewards.append(truncated_reward)
             else:
-                to_grade.append((traj, ids))
+                # A continuation's own fields (a continuation_func's extra outputs) go over the state's row fields.
+                graded_as = replace(traj, fields={**traj.fields, **cont.fields}) if cont.fields else traj
+                to_grade.append((graded_as, ids))
                 slots.append(u)
     tally.requests = len(requests)
 

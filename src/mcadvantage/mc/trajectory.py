@@ -28,6 +28,10 @@ class Trajectory:
             conversational data); passed through as ``prompts=`` when grading rollouts.
         fields: the dataset row's other columns (e.g. ``answer``), passed to reward functions as
             keyword arguments.
+        tool_mask: per completion token, 0 where the model did not generate it (a ``rollout_func``'s ``env_mask``:
+            environment or tool tokens), 1 elsewhere; None: every token is the model's. The estimator does not read
+            it (the caller places the step boundaries and zeroes those tokens' credit); a sampler that continues
+            episodes receives it with the state (``RolloutRequest.origin``).
     """
 
     prompt_ids: list[int]
@@ -36,3 +40,4 @@ class Trajectory:
     reward: float
     prompt: Any = None
     fields: dict[str, Any] = field(default_factory=dict)
+    tool_mask: list[int] | None = None

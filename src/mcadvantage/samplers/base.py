@@ -8,21 +8,26 @@ this protocol so the estimator stays engine-agnostic and testable with a fake sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
 class RolloutRequest:
     """Sample ``n`` continuations of ``prefix_ids`` with at most ``max_tokens`` new tokens each.
 
-    ``prefix_ids`` is the full model input: prompt token ids followed by the completion prefix.
+    ``prefix_ids`` is the full model input: prompt token ids followed by the completion prefix. ``origin`` says
+    which state asked, for samplers that continue from more than tokens (a ``continuation_func``,
+    :mod:`mcadvantage.trainer.continuation`): the Monte Carlo estimator sets it to ``(trajectory, prefix_len)``,
+    the :class:`~mcadvantage.mc.trajectory.Trajectory` and the length of its completion prefix; None elsewhere.
+    Engines ignore it; it takes no part in equality.
     """
 
     prefix_ids: tuple[int, ...]
     n: int
     max_tokens: int
+    origin: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -42,11 +47,14 @@ class Continuation:
 
     ``token_ids`` are the generated tokens, including the EOS token when one was generated and
     excluding any padding. ``truncated`` is True when generation stopped because the budget
-    (``max_tokens``) ran out rather than at EOS.
+    (``max_tokens``) ran out rather than at EOS. ``fields``: extra keyword arguments for the reward functions that
+    grade this continuation (what a ``continuation_func`` returned besides its tokens, as ``rollout_func``'s extra
+    fields reach them), over the state's own row fields; engines leave it empty.
     """
 
     token_ids: tuple[int, ...]
     truncated: bool
+    fields: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 @runtime_checkable

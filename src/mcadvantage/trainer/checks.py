@@ -65,8 +65,9 @@ def check_agent_kwargs(
                 f"advantage_estimator={name!r} does not support rollout_func= yet: the trainer draws each group as a "
                 "tree in its own first model turn, which a rollout_func replaces, so no tree would be drawn. Use "
                 "advantage_estimator='grpo', 'rloo' or 'gae' (they train rollout_func episodes exactly as "
-                "trl.GRPOTrainer does), or pass tools= / environment_factory= instead of rollout_func (the tree then "
-                "branches inside the first model turn)."
+                "trl.GRPOTrainer does), advantage_estimator='vineppo' with continuation_func= for Monte Carlo credit "
+                "on them, or pass tools= / environment_factory= instead of rollout_func (the tree then branches "
+                "inside the first model turn)."
             )
         return
     if estimator.uses_rollouts:
@@ -77,7 +78,8 @@ def check_agent_kwargs(
             "environment episodes exactly as trl.GRPOTrainer does), or drop "
             f"{' / '.join(given)}."
             + (
-                ""
+                " For Monte Carlo credit on rollout_func episodes, use advantage_estimator='vineppo' with "
+                "continuation_func= (docs/howto/turn-credit-for-agents.md)."
                 if "rollout_func" in given
                 else " For Monte Carlo credit per turn, use advantage_estimator='vineppo' or 'hybrid' (or give "
                 "your estimator a check_agent_support method: mcadvantage.estimators.base.ContinuesEpisodes)."

@@ -1,10 +1,10 @@
 """``VinePPOTrainer``: TRL's ``GRPOTrainer`` with a pluggable advantage estimator (VinePPO's Monte Carlo by default).
 
 TRL 1.16's ``GRPOTrainer`` already implements VinePPO's policy loss (PPO clipped surrogate over ``num_iterations``
-epochs, k3 KL to a reference model in the loss) and accepts per-token advantages ``(B, T)``. This module is only
-wiring: GRPO generates and grades the responses; the configured estimator (``args.advantage_estimator``: a built-in
-of :data:`~mcadvantage.estimators.BUILTIN_ESTIMATORS` or a registered one) turns them into
-per-token advantages, handed a sampler holding the current policy; the advantages are whitened across processes when asked and go to GRPO's loss. Every
+epochs, k3 KL to a reference model in the loss) and accepts per-token advantages ``(B, T)``. This module is only wiring:
+GRPO generates and grades the responses; the configured estimator (``args.advantage_estimator``: a built-in of
+:data:`~mcadvantage.estimators.BUILTIN_ESTIMATORS` or a registered one) turns them into per-token advantages, handed a
+sampler holding the current policy; the advantages are whitened across processes when asked and go to GRPO's loss. Every
 use of TRL internals lives in :mod:`mcadvantage.trainer.trl_compat`.
 """
 
@@ -34,8 +34,9 @@ from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
 from mcadvantage.tasks.segmentation import get_segmenter
 from mcadvantage.trainer.checkpoints import ESTIMATOR_STATE_FILE, load_estimator_state, save_estimator_state
-from mcadvantage.trainer.checks import check_agent_kwargs, check_engine_settings, check_rewards_and_datasets
+from mcadvantage.trainer.checks import check_engine_settings, check_rewards_and_datasets
 from mcadvantage.trainer.config import VinePPOConfig
+from mcadvantage.trainer.continuation import ContinuationFunc, attach_continuation
 from mcadvantage.trainer.policy import draw_group_trees, policy_sampler
 from mcadvantage.trainer.trl_compat import (
     SUPPORTED_TRL,
@@ -72,11 +73,9 @@ class VinePPOTrainer(GRPOTrainerHooks):
             (:class:`~mcadvantage.rewards.models.RewardModelScorer`).
         args: a :class:`~mcadvantage.trainer.config.VinePPOConfig` (a plain ``GRPOConfig`` raises ``TypeError``); default
             ``VinePPOConfig("<model name>-VinePPO")``.
-        train_dataset: as for ``trl.GRPOTrainer``: a ``prompt`` column plus the columns the reward functions read
-            (e.g. ``answer``); checked at init.
+        train_dataset: as for ``trl.GRPOTrainer``: a ``prompt`` column plus the reward functions' columns; checked.
         eval_dataset: as for ``trl.GRPOTrainer`` (checked like ``train_dataset``).
-        processing_class: as for ``trl.GRPOTrainer``: a text tokenizer (vision-language processors raise
-            ``NotImplementedError``).
+        processing_class: a text tokenizer, as for ``trl.GRPOTrainer`` (vision-language processors are refused).
         reward_processing_classes: as for ``trl.GRPOTrainer``: the reward models' tokenizers.
         callbacks: as for ``trl.GRPOTrainer``.
         optimizers: as for ``trl.GRPOTrainer``.
@@ -84,12 +83,13 @@ class VinePPOTrainer(GRPOTrainerHooks):
         peft_config: as for ``trl.GRPOTrainer``.
         mc_sampler: optional :class:`~mcadvantage.samplers.Sampler` for the Monte Carlo rollouts instead of the
             engine chosen above (advanced: custom engines, tests). It must sample from the current policy.
+        continuation_func: continues ``rollout_func`` episodes for ``"vineppo"`` (:mod:`~mcadvantage.trainer.continuation`).
         advantage_estimator: optional estimator instance (anything with ``estimate(batch, context)``) used instead
             of the one ``args.advantage_estimator`` names.
-        **kwargs: other ``GRPOTrainer`` keyword arguments; ``tools``, ``environment_factory`` and ``rollout_func``
-            work as in GRPO under ``"grpo"``, ``"rloo"``, ``"gae"``; ``"vineppo"`` gives tool and environment
-            episodes Monte Carlo credit per turn, ``"hybrid"`` the same for the episodes of tied groups it chooses,
-            ``"tree"`` branches inside the first model turn (all three refuse ``rollout_func``).
+        **kwargs: other ``GRPOTrainer`` arguments; ``tools``, ``environment_factory``, ``rollout_func`` work as in
+            GRPO under ``"grpo"`` / ``"rloo"`` / ``"gae"``; ``"vineppo"`` gives their episodes Monte Carlo credit per
+            turn (``rollout_func`` with a ``continuation_func``), ``"hybrid"`` to the tied groups it picks, ``"tree"``
+            branches in the first model turn (both refuse ``rollout_func``).
 
     Attributes:
         advantage_estimator: the estimator in use (e.g. a :class:`~mcadvantage.estimators.VinePPOEstimator`).
@@ -123,6 +123,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         *,
         mc_sampler: Sampler | None = None,
         advantage_estimator: AdvantageEstimator | None = None,
+        continuation_func: ContinuationFunc | None = None,
         **kwargs: Any,
     ) -> None:
         check_trl_version()
@@ -144,7 +145,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         self.advantage_estimator = build_advantage_estimator(
             advantage_estimator or args.advantage_estimator, args
         )
-        check_agent_kwargs(kwargs, self.advantage_estimator, args.max_completion_length)
+        self._continuation = attach_continuation(continuation_func, kwargs, self.advantage_estimator, args)
 
         super().__init__(
             model=model,
@@ -165,7 +166,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
                 "VinePPOTrainer does not support vision-language processors: Monte Carlo continuations are sampled "
                 "from token prefixes without images. Pass a text tokenizer as processing_class."
             )
-        self._mc_custom_sampler = mc_sampler
+        self._mc_custom_sampler = self._continuation.sampler(self, default=mc_sampler)
         # Reward models and async functions grade rollouts through synchronous wrappers, built once.
         self._rollout_reward_funcs = [
             as_rollout_reward_func(func, tokenizer, chat_template_kwargs=self.chat_template_kwargs)
@@ -277,12 +278,12 @@ class VinePPOTrainer(GRPOTrainerHooks):
         if batch.mode == "eval" and samples and not self.args.mc_estimate_on_eval:
             # Rollouts on evaluation batches multiply the cost of evaluation: off unless asked for.
             return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        batch = self._continuation.dataset_rows(batch)  # rollout_func's extra fields are its responses' only
         result = self.advantage_estimator.estimate(batch, self.estimator_context(batch))
         self.last_advantage_result = result
         metrics = reduce_metrics(gather_object([result.metrics]), result.metric_reductions)
         prefix = self.advantage_estimator.metric_prefix
         self.log_metric_values(batch.mode, {f"{prefix}/{name}": value for name, value in metrics.items()})
-
         # The same step as every other caller of an estimator (verl's adapter included): finite check, whitening.
         return finalize_advantages(
             result,

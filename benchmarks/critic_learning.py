@@ -3,7 +3,8 @@ value error, offline (a fixed policy) and in PPO runs (issue 40, part 1).
 
     python benchmarks/critic_learning.py                        # both parts, then the table
     python benchmarks/critic_learning.py --part offline         # critic settings on the starting policy's batches
-    python benchmarks/critic_learning.py --part online --seeds 0 1 2
+    python benchmarks/critic_learning.py --part online --seeds 0 1 2                   # the 'tuned' arm
+    python benchmarks/critic_learning.py --part online --arms warmup40 --seeds 0 1 2   # a 40-step warm-up
     python benchmarks/critic_learning.py --report               # the table from what is there, run nothing
 
 Every number is measured on FRESH states: a batch's values are read before the critic's update on that batch (the
@@ -413,6 +414,8 @@ def summarize_online(root: Path) -> dict[str, Any]:
             window = _window(rows, "policy_step")
             fresh = pooled([r["sums"] for r in window])
             last = [r for r in rows if r["policy_step"] == WINDOW[1]]
+            # The warm-up's last 10 steps (policy still fixed): what the critic knew when the policy started moving.
+            warm_end = [r for r in rows if -10 < r["policy_step"] <= 0]
             seeds[seed] = {
                 "done": path.with_suffix(".done").exists(),
                 "steps": len(rows),
@@ -426,6 +429,9 @@ def summarize_online(root: Path) -> dict[str, Any]:
                 "fresh_first_state_ev_pooled_31_40": pooled([r["sums"] for r in window], first_state=True)[
                     "explained_variance"
                 ],
+                "fresh_ev_pooled_warmup_last_10": pooled([r["sums"] for r in warm_end])["explained_variance"]
+                if len(warm_end) == 10
+                else math.nan,
                 "prompt_level_share_31_40": prompt_level_share(
                     [g for r in window for g in r.get("groups", [])]
                 ),
@@ -442,7 +448,7 @@ def summarize_online(root: Path) -> dict[str, Any]:
         keys = [
             k
             for k in next(iter(seeds.values()), {})
-            if k.startswith(("fresh_", "constant_", "mean_")) and "per_step" not in k
+            if k.startswith(("fresh_", "constant_", "mean_", "prompt_")) and "per_step" not in k
         ]
         out[arm] = {
             "settings": ONLINE[arm],
@@ -566,13 +572,15 @@ def report(root: Path) -> dict[str, Any]:
         )
         print(
             f"{'seed':>4s} {'EV@40':>7s} {'EV med':>7s} {'EV pool':>7s} {'err':>6s} {'const':>6s} {'EV s0':>7s} {'reward':>6s} {'value':>6s}"
+            f" {'ceiling':>7s} {'EV warm-up end':>14s}"
         )
         for seed, s in sorted(a["seeds"].items()) + [("med", a["median_over_seeds"])]:
             print(
                 f"{seed!s:>4s} {f(s['fresh_ev_at_policy_step_40']):>7s} {f(s['fresh_ev_median_31_40']):>7s} "
                 f"{f(s['fresh_ev_pooled_31_40']):>7s} {s['fresh_value_error_31_40']:6.3f} "
                 f"{s['constant_value_error_31_40']:6.3f} {f(s['fresh_first_state_ev_pooled_31_40']):>7s} "
-                f"{s['mean_reward_31_40']:6.3f} {s['mean_value_31_40']:6.3f}"
+                f"{s['mean_reward_31_40']:6.3f} {s['mean_value_31_40']:6.3f} {f(s['prompt_level_share_31_40']):>7s} "
+                f"{f(s['fresh_ev_pooled_warmup_last_10']):>14s}"
             )
     u = summary["untuned_ppo_study_records"]["median_over_seeds"]
     if u:

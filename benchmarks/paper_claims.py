@@ -2014,10 +2014,36 @@ def _summary(result: dict) -> list[str]:
         "What does help here is more prompts: GRPO given VinePPO's sampled tokens is ahead of both (VinePPO minus it "
         f"{diff(matched[('vineppo_k4', 'grpo_matched')])} from the supervised start; PPO minus it "
         f"{diff(matched[('ppo', 'grpo_matched')])}, and on `{STAGE3_TASK}` {diff(s3['ppo_minus_grpo_matched'])}).",
+        *_critic_warmup_summary(),
         "- **The paper's own arithmetic does not give its 1.1B wall-clock figure.** Table 4's "
         f"{rows['arith_wallclock_1b']['ours']}; for the 7B model the numbers agree "
         f"({arithmetic['arith_wallclock_7b']['computed']:.2f}x against {arithmetic['arith_wallclock_7b']['stated']}x).",
         "",
+    ]
+
+
+def _critic_warmup_summary() -> list[str]:
+    """Why the PPO arms were not re-run with a warmed-up critic: ``benchmarks/critic_learning.py``'s results."""
+    path = RESULTS / "critic_learning.json"
+    if not path.exists():
+        return []
+    online = json.loads(path.read_text())["online"]
+    if not {"tuned", "warmup40"} <= set(online):
+        return []
+    tuned, warm = online["tuned"]["median_over_seeds"], online["warmup40"]["median_over_seeds"]
+    seeds = len(online["warmup40"]["seeds"])
+    return [
+        "- **A critic warm-up and a tuned learning rate do not make it learn at this scale either** "
+        "(`python benchmarks/critic_learning.py`, [PPO how-to](howto/ppo-critic.md#make-the-critic-learn)). The goal "
+        "was explained variance above 0.3 on fresh states by step 40. With the critic's learning rate at 30x the "
+        f"policy's and a 10-step warm-up, the median over {seeds} seeds at policy step 40 is "
+        f"{tuned['fresh_ev_at_policy_step_40']:+.2f}. With a 40-step warm-up it is "
+        f"{warm['fresh_ev_at_policy_step_40']:+.2f}; that critic had reached "
+        f"{warm['fresh_ev_pooled_warmup_last_10']:+.2f} while the policy was still fixed, and fell back to "
+        f"{warm['fresh_ev_pooled_31_40']:+.2f} once the policy moved. Yet a value of the prompt alone could explain "
+        f"{warm['prompt_level_share_31_40']:.2f} of the reward's variance. With 4 new prompts a step, this critic "
+        "cannot follow a moving policy's values. The PPO arms were therefore not re-run: they would again be "
+        "compared against a critic that does not tell states apart.",
     ]
 
 

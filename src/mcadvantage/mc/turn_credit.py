@@ -73,14 +73,16 @@ class Episode:
 @dataclass
 class EpisodeCredit:
     """The estimate for one episode: ``boundaries`` (its states), ``values`` ``[V(S_0), ..., V(S_{n-1}), R]``,
-    per-token ``advantages`` (tool results 0), and what it cost (``rollouts``; ``generated_tokens``: the
-    continuations' tokens, tool results included)."""
+    per-token ``advantages`` (tool results 0), and what it cost: ``rollouts``, ``generated_tokens`` (the tokens the
+    engine sampled for the continuations: model tokens only) and ``tool_result_tokens`` (the tool results'
+    tokens the continuations appended, which the engine prefills but does not sample)."""
 
     boundaries: list[int]
     values: list[float]
     advantages: list[float]
     rollouts: int = 0
     generated_tokens: int = 0
+    tool_result_tokens: int = 0
 
 
 @dataclass
@@ -275,7 +277,9 @@ def estimate_turn_credit(
     for j, ((e, i), out) in enumerate(zip(jobs, outs, strict=True)):
         sums[e][i] += _nansum([pf[j] for pf in per_func], reward_weights)
         credits[e].rollouts += 1
-        credits[e].generated_tokens += len(out.completion_ids) - plans[e][i]
+        sampled = sum(out.tool_mask[plans[e][i] :])  # the tool mask is 1 on the model's tokens
+        credits[e].generated_tokens += sampled
+        credits[e].tool_result_tokens += len(out.completion_ids) - plans[e][i] - sampled
     for e, episode in enumerate(episodes):
         credits[e].values = [s / num_rollouts for s in sums[e]] + [float(episode.reward)]
         credits[e].advantages = episode_token_advantages(credits[e].values, plans[e], episode.tool_mask)

@@ -26,7 +26,7 @@ from mcadvantage.mc.episodes import (
     episode_token_advantages,
     recorded_tool_turns,
     replay_environment,
-    tool_turns_before,
+    tool_spans,
 )
 from mcadvantage.samplers.base import RolloutRequest, Sampler
 
@@ -218,6 +218,7 @@ def estimate_turn_credit(
     routed = environment_factories is not None and None not in environment_factories
     plans = []  # per episode: its boundaries
     jobs = []  # per continuation: (episode index, state index)
+    inherits = []  # per continuation: the episode's messages up to its state's last tool round (shared per state)
     prompts, prefixes, masks, envs = [], [], [], []
     for e, episode in enumerate(episodes):
         segment = (lambda s, t, ep=episode: turn_step_boundaries(ep, s, t)) if turn_step_boundaries else None
@@ -232,8 +233,12 @@ def estimate_turn_credit(
                     f"{sorted(map(repr, environment_factories))}."
                 )
             factory = environment_factories[episode.environment]
+        # Where the tool results end, once per episode: a state's rounds are those ending before it
+        # (tool_turns_before), and its K continuations share them and the messages they inherit.
+        result_ends = [end for _, end in tool_spans(episode.tool_mask)]
         for i, b in enumerate(bounds[:-1]):
-            rounds = tool_turns_before(episode.tool_mask, b)
+            rounds = sum(1 for end in result_ends if end <= b)
+            inherited = messages_before_round(episode.messages, rounds)
             for _ in range(num_rollouts):
                 env = (
                     replay_environment(
@@ -243,6 +248,7 @@ def estimate_turn_credit(
                     else None
                 )
                 jobs.append((e, i))
+                inherits.append(inherited)
                 prompts.append(episode.prompt_ids)
                 prefixes.append(episode.completion_ids[:b])
                 masks.append(episode.tool_mask[:b])
@@ -251,10 +257,8 @@ def estimate_turn_credit(
     # Grade every continuation in one call per reward function.
     completions, columns = [], {}
     keys = list(dict.fromkeys(k for ep in episodes for k in ep.row if k not in _NOT_REWARD_COLUMNS))
-    for (e, i), out in zip(jobs, outs, strict=True):
-        episode = episodes[e]
-        rounds = tool_turns_before(episode.tool_mask, plans[e][i])
-        completions.append(messages_before_round(episode.messages, rounds) + out.messages)
+    for inherited, out in zip(inherits, outs, strict=True):
+        completions.append([dict(m) for m in inherited] + out.messages)
     columns = {k: [episodes[e].row.get(k) for e, _ in jobs] for k in keys}
     per_func = []
     for func in reward_funcs:

@@ -227,7 +227,9 @@ class Harness:
         return prompt, list(ids), env
 
 
-def build_harness(tokenizer: Any, model: Any, output_dir: str) -> Harness:
+def build_harness(
+    tokenizer: Any, model: Any, output_dir: str, max_completion_length: int = MAX_COMPLETION_LENGTH
+) -> Harness:
     """A ``VinePPOTrainer(advantage_estimator="grpo", environment_factory=AgentEnv)`` for its parser and tool-result
     tokens (it never trains), and a transformers sampler at temperature 1."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -242,7 +244,7 @@ def build_harness(tokenizer: Any, model: Any, output_dir: str) -> Harness:
         bf16=False,
         per_device_train_batch_size=2,
         num_generations=2,
-        max_completion_length=MAX_COMPLETION_LENGTH,
+        max_completion_length=max_completion_length,
         max_steps=1,
         advantage_estimator="grpo",
         disable_tqdm=True,
@@ -256,7 +258,7 @@ def build_harness(tokenizer: Any, model: Any, output_dir: str) -> Harness:
         environment_factory=AgentEnv,
     )
     sampler = TransformersSampler(trainer.model, tokenizer, temperature=1.0, max_batch_sequences=256)
-    return Harness(tokenizer, trainer.model, trainer, sampler)
+    return Harness(tokenizer, trainer.model, trainer, sampler, max_completion_length)
 
 
 def get_reward(environments: Sequence[Any], **kwargs: Any) -> list[float]:
@@ -510,11 +512,12 @@ def run(
     teach_steps: int,
     seed: int,
     output_dir: str,
+    max_completion_length: int = MAX_COMPLETION_LENGTH,
 ) -> dict[str, Any]:
     """Teach the policy, build the harness, measure every horizon; the JSON record."""
     started = time.perf_counter()
     tokenizer, model, losses = teach_policy(horizons, teach_steps, seed)
-    harness = build_harness(tokenizer, model, output_dir)
+    harness = build_harness(tokenizer, model, output_dir, max_completion_length)
     records = [measure_horizon(harness, h, ks, n_episodes, repeats, seed) for h in horizons]
     return {
         "settings": {
@@ -525,7 +528,7 @@ def run(
             "teach_steps": teach_steps,
             "teach_loss_first_last": losses,
             "seed": seed,
-            "max_completion_length": MAX_COMPLETION_LENGTH,
+            "max_completion_length": max_completion_length,
             "max_tool_calling_iterations": "H + 1",
             "engine": "transformers generate (TransformersSampler, temperature 1), one call per turn",
         },

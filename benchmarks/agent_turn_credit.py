@@ -518,7 +518,13 @@ def run(
     started = time.perf_counter()
     tokenizer, model, losses = teach_policy(horizons, teach_steps, seed)
     harness = build_harness(tokenizer, model, output_dir, max_completion_length)
-    records = [measure_horizon(harness, h, ks, n_episodes, repeats, seed) for h in horizons]
+    print(
+        f"taught ({losses}) and built in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True
+    )
+    records = []
+    for horizon in horizons:
+        records.append(measure_horizon(harness, horizon, ks, n_episodes, repeats, seed))
+        print(f"H={horizon} done at {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return {
         "settings": {
             "horizons": list(horizons),

@@ -22,7 +22,8 @@ does) and, for comparison, forking one with ``copy.deepcopy``.
 
     python benchmarks/agent_turn_credit.py            # writes benchmarks/results/agent_turn_credit.json
 
-Runs offline (the tokenizer and the model are built here), about 10 minutes on a shared 2-core CPU.
+Runs offline (the tokenizer and the model are built here): about 3.5 minutes on a shared 2-core CPU (one torch
+thread), longer under load.
 """
 
 from __future__ import annotations

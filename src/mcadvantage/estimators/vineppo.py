@@ -305,6 +305,7 @@ class VinePPOEstimator(AdvantageEstimator):
             "steps_per_response": len(state_values) / len(ordered) if ordered else math.nan,
             "rollouts": float(sum(credit.rollouts for credit in ordered)),
             "generated_tokens": float(sum(credit.generated_tokens for credit in ordered)),
+            "tool_result_tokens": float(sum(credit.tool_result_tokens for credit in ordered)),
             "states": float(len(state_values)),
             "seconds": seconds,
         }
@@ -314,7 +315,7 @@ class VinePPOEstimator(AdvantageEstimator):
             token_mask=token_mask.to(device),
             values=[list(credit.values) for credit in ordered],
             metrics=metrics,
-            metric_reductions=MCStats.metric_reductions(),
+            metric_reductions={**MCStats.metric_reductions(), "tool_result_tokens": "sum"},
         )
 
     def _agent_credit(

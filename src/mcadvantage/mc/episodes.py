@@ -27,6 +27,7 @@ re-tokenising. Monte Carlo credit treats it as follows:
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -190,10 +191,20 @@ def environment_tools(
     evaluated); a method shadows a standalone tool of the same name."""
     tools = {tool.__name__: tool for tool in standalone}
     if environment is not None:
-        for name, _ in inspect.getmembers(type(environment), predicate=inspect.isfunction):
-            if name not in ("reset", "get_reward") and not name.startswith("_"):
-                tools[name] = getattr(environment, name)
+        for name in _tool_method_names(type(environment)):
+            tools[name] = getattr(environment, name)
     return tools
+
+
+@functools.lru_cache(maxsize=256)
+def _tool_method_names(kind: type) -> tuple[str, ...]:
+    # Listing a class's functions (inspect.getmembers) costs more than a short continuation's bookkeeping, and every
+    # continuation gets its own instance of the same few classes: list them once per class.
+    return tuple(
+        name
+        for name, _ in inspect.getmembers(kind, predicate=inspect.isfunction)
+        if name not in ("reset", "get_reward") and not name.startswith("_")
+    )
 
 
 def execute_tool_calls(
@@ -362,20 +373,29 @@ def continue_episodes(
     max_completion_length, standalone_tools = loop.max_completion_length, loop.standalone_tools
     limit = loop.max_tool_calling_iterations if loop.max_tool_calling_iterations is not None else float("inf")
     states = []
+    # Where a prefix's open turn starts and how many rounds it holds, once per distinct prefix mask (the K
+    # continuations of a state share it).
+    seen: dict[tuple[int, ...], tuple[int, int]] = {}
     for prompt, prefix, mask, env in zip(prompt_ids, prefixes, prefix_tool_masks, environments, strict=True):
         if len(prefix) != len(mask):
             raise ValueError(
                 f"continue_episodes: a prefix of {len(prefix)} tokens has {len(mask)} tool-mask entries; pass the "
                 "tool mask of the prefix itself (one entry per token)."
             )
-        spans = model_spans(mask)
-        turn_start = spans[-1][0] if spans and spans[-1][1] == len(mask) else len(mask)
+        key = tuple(mask)
+        if key not in seen:
+            spans = model_spans(key)
+            seen[key] = (
+                spans[-1][0] if spans and spans[-1][1] == len(key) else len(key),
+                len(tool_spans(key)),
+            )
+        turn_start, rounds = seen[key]
         states.append(
             dict(
                 prompt=list(prompt),
                 out=EpisodeContinuation(list(prefix), [int(m) for m in mask], environment=env),
                 turn_start=turn_start,
-                rounds=len(tool_spans(mask)),
+                rounds=rounds,
                 tools=environment_tools(env, standalone_tools),
             )
         )

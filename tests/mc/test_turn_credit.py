@@ -191,7 +191,10 @@ def test_routing_to_a_dict_of_environments_and_tools_without_environment():
 def test_an_environment_that_replays_differently_is_refused():
     episode = recorded_episode(offset=3)
     episode.row = {**episode.row, "offset": 4}  # the row no longer reproduces the recorded results
-    with pytest.raises(EnvironmentReplayError, match="environment Counter: replaying tool round 0"):
+    with pytest.raises(
+        EnvironmentReplayError,
+        match=r"environment Counter \(batch row 0, dataset row .*\): replaying tool round 0",
+    ):
         _estimate([episode], 1)
 
 

@@ -245,7 +245,21 @@ def execute_tool_calls(
 
 class EnvironmentReplayError(RuntimeError):
     """An environment could not be brought back to an episode's state: its reset raised, or replaying the
-    episode's tool calls gave other results than the episode recorded."""
+    episode's tool calls gave other results than the episode recorded.
+
+    Attributes:
+        environment: the environment's class name.
+        round: the tool round whose replayed result differed (0-based), None when ``reset`` raised.
+        where: which episode it was (e.g. its batch row), as the caller described it; empty when not given.
+    """
+
+    def __init__(
+        self, message: str, *, environment: str | None = None, round: int | None = None, where: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.environment = environment
+        self.round = round
+        self.where = where
 
 
 def replay_environment(
@@ -253,6 +267,8 @@ def replay_environment(
     reset_kwargs: Mapping[str, Any],
     turns: Sequence[ToolTurn],
     standalone_tools: Sequence[Callable[..., Any]] = (),
+    *,
+    where: str = "",
 ) -> Any:
     """A fresh environment in the state an episode reached after ``turns``: ``factory()``, ``reset(**reset_kwargs)``,
     then every recorded tool round replayed in order (:func:`execute_tool_calls`), each replayed result checked
@@ -264,31 +280,51 @@ def replay_environment(
     instance (files, services) are run again by every replay: make them idempotent, or keep such effects out of the
     tools.
 
+    Args:
+        where: which episode this is, for the error message (e.g. ``"local batch row 3"``); the dataset row's
+            columns are named in the message as well.
+
     Raises:
-        EnvironmentReplayError: naming the environment class, what failed (``reset`` raised, or the round, the call
-            and both results when a replayed result differs) and the fix.
+        EnvironmentReplayError: naming the environment class, the episode (``where`` and its row's columns), what
+            failed (``reset`` raised, or the round, the call and both results when a replayed result differs) and
+            the fix.
     """
     environment = factory()
     kind = type(environment).__name__
+    # Name the episode: a replay fails for one dataset row, and the user needs that row to reproduce it.
+    columns = {k: v for k, v in reset_kwargs.items() if k != "prompt"}
+    episode = f" ({where}, dataset row {_short(columns)})" if where else f" (dataset row {_short(columns)})"
     try:
         environment.reset(**reset_kwargs)
     except Exception as err:
         raise EnvironmentReplayError(
-            f"environment {kind}: reset(**row) raised {type(err).__name__}: {err} while rebuilding an episode's state "
-            "for Monte Carlo continuations. reset must succeed for every dataset row it succeeded for in training."
+            f"environment {kind}{episode}: reset(**row) raised {type(err).__name__}: {err} while rebuilding the "
+            "episode's state for Monte Carlo continuations (a fresh instance from the factory, reset with the "
+            "episode's row). reset must succeed again for every row it succeeded for in training: make it "
+            "retry or fail over, or use advantage_estimator='grpo' / 'rloo' / 'gae' (no replay).",
+            environment=kind,
+            where=where,
         ) from err
     tools = environment_tools(environment, standalone_tools)
     for round_index, turn in enumerate(turns):
         replayed = execute_tool_calls(turn.calls, tools)
         if list(replayed) != [tuple(r) for r in turn.results]:
             raise EnvironmentReplayError(
-                f"environment {kind}: replaying tool round {round_index} ({[c.get('function') for c in turn.calls]}) "
+                f"environment {kind}{episode}: replaying tool round {round_index} ({[c.get('function') for c in turn.calls]}) "
                 f"after reset(**row) gave {replayed}, but the episode recorded {list(turn.results)}, so a Monte Carlo "
                 "continuation would not see the episode's state. Make reset and the tools deterministic given the "
                 "row and the calls so far (seed any randomness from a row column, keep no outside state), or use "
-                "advantage_estimator='grpo' / 'rloo' / 'gae'."
+                "advantage_estimator='grpo' / 'rloo' / 'gae'.",
+                environment=kind,
+                round=round_index,
+                where=where,
             )
     return environment
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)  # repr: one line, quotes visible
+    return text if len(text) <= limit else text[: limit - 4] + "...}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -189,6 +189,7 @@ def estimate_turn_credit(
     loop: ToolLoop,
     graders: Graders,
     turn_step_boundaries: Callable[[Episode, int, int], Sequence[int]] | None = None,
+    rows: Sequence[int] | None = None,
 ) -> list[EpisodeCredit]:
     """Monte Carlo values and advantages of every state of every episode.
 
@@ -202,10 +203,11 @@ def estimate_turn_credit(
         graders: the reward functions, their weights and extra keyword arguments (:class:`Graders`).
         turn_step_boundaries: ``(episode, start, end) -> boundaries`` of the step segmenter inside a model turn
             (None: one state per turn).
+        rows: the episodes' batch rows, to name an episode in errors (None: their positions in ``episodes``).
 
     Raises:
         :class:`~mcadvantage.mc.episodes.EnvironmentReplayError`: an environment that cannot be brought back to a
-            state of its episode.
+            state of its episode (naming its batch row).
     """
     if num_rollouts < 1:
         raise ValueError(f"estimate_turn_credit: num_rollouts={num_rollouts} must be >= 1.")
@@ -242,7 +244,11 @@ def estimate_turn_credit(
             for _ in range(num_rollouts):
                 env = (
                     replay_environment(
-                        factory, _reset_kwargs(episode, routed), turns[:rounds], standalone_tools
+                        factory,
+                        _reset_kwargs(episode, routed),
+                        turns[:rounds],
+                        standalone_tools,
+                        where=f"batch row {e if rows is None else rows[e]}",
                     )
                     if factory is not None
                     else None
@@ -346,6 +352,7 @@ def estimate_agent_credit(
             ),
             graders=graders,
             turn_step_boundaries=turn_step_boundaries,
+            rows=group,
         )
         out.update(zip(group, credits, strict=True))
     return out

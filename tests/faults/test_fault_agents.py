@@ -13,6 +13,14 @@ The episodes are the testbed's (``testbed.agent_env.AgentEnv``, horizon 3) playe
 well-formed ``act`` call or ``done`` at known token lengths; everything else is TRL's real tool loop and loss. The
 rewards are the environment's ``get_reward`` plus a dense one (the share of the episode's calls that chose the key),
 so the groups differ and the weights move.
+
+The second half injects faults inside the Monte Carlo continuations of ``"vineppo"`` (and ``"hybrid"``), which
+resume every state of an episode through the tool loop on an environment rebuilt by ``reset`` and replay: a tool
+that raises only in a continuation gets TRL's error result and the continuation is graded; a ``reset`` that raises
+on replay, or a replay that diverges (outside state, an unseeded random), stops training with an
+``EnvironmentReplayError`` naming the class, the episode and the fix before any update; a continuation meets
+``max_tool_calling_iterations`` (the prefix's rounds count) and a cut tool call as TRL's loop meets them in the
+episode.
 """
 
 from __future__ import annotations

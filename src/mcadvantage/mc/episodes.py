@@ -281,7 +281,7 @@ def replay_environment(
     tools.
 
     Args:
-        where: which episode this is, for the error message (e.g. ``"local batch row 3"``); the dataset row's
+        where: which episode this is, for the error message (e.g. ``"batch row 3"``); the dataset row's
             columns are named in the message as well.
 
     Raises:

@@ -6,6 +6,7 @@ degenerate groups it chooses)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -150,13 +151,104 @@ def test_turn_credit_needs_the_episodes_and_refuses_what_it_does_not_support():
     # Without episodes, only a sampler that continues episodes (a rollout_func's continuation_func) may take the batch.
     with pytest.raises(ValueError, match=r"context.episodes is None, and the sampler continues plain text"):
         VinePPOEstimator(num_rollouts=2, step_segmenter="newline").estimate(batch, context)
-    batch, context = _batch_and_context([recorded(1)], sample_on_main_only=True)
-    with pytest.raises(NotImplementedError, match=r"vllm_mode='server'"):
-        VinePPOEstimator(num_rollouts=2).estimate(batch, context)
     with pytest.raises(
         ValueError, match=r"mc_reuse_samples=True is not supported with tools= .*mc_reuse_samples"
     ):
         VinePPOEstimator(num_rollouts=2, reuse_samples=True).estimate(*_batch_and_context([recorded(1)]))
+
+
+class NoEngine:
+    def sample(self, requests):
+        raise AssertionError("only the main process may sample in vLLM server mode")
+
+
+def _no_engine():
+    return contextlib.nullcontext(NoEngine())
+
+
+def ONE_STEP(text):  # noqa: N802 - a segmenter: each model turn is one step
+    return [text]
+
+
+def test_server_mode_main_process_continues_every_process_episodes_and_sends_each_its_credit():
+    """vLLM server mode (only the main process samples), two processes simulated in one: the main process gathers
+    both processes' episodes, continues them all in one run, and each process gets exactly the credit a single
+    process estimating all four episodes gives its own (the same draws, in the same order); the other process
+    never samples."""
+    import dataclasses
+
+    ours, theirs = [recorded(1), recorded(2)], [recorded(0), recorded(3)]
+    k = 4
+    reference = VinePPOEstimator(num_rollouts=k, step_segmenter=ONE_STEP).estimate(
+        *_batch_and_context(ours + theirs)
+    )
+    sent = []
+
+    def on(index, episodes, sampler_seed):
+        batch, context = _batch_and_context(episodes, seed=sampler_seed, sample_on_main_only=True)
+        parts = {0: list(ours), 1: list(theirs)}
+        return batch, dataclasses.replace(
+            context,
+            policy_sampler=context.policy_sampler if index == 0 else _no_engine,
+            process_index=index,
+            num_processes=2,
+            gather_object=lambda obj: [parts[0], parts[1]],
+            broadcast_object=lambda obj: sent.append(obj) or obj if index == 0 else sent[-1],
+        )
+
+    main = VinePPOEstimator(num_rollouts=k, step_segmenter=ONE_STEP).estimate(*on(0, ours, sampler_seed=3))
+    other = VinePPOEstimator(num_rollouts=k, step_segmenter=ONE_STEP).estimate(
+        *on(1, theirs, sampler_seed=99)
+    )
+    assert main.values == reference.values[:2] and other.values == reference.values[2:]
+    assert torch.equal(main.advantages, reference.advantages[:2, : main.advantages.shape[1]])
+    assert torch.equal(other.advantages, reference.advantages[2:, : other.advantages.shape[1]])
+    # Each process counts its own episodes' rollouts: summed over processes, every rollout once.
+    assert main.metrics["rollouts"] + other.metrics["rollouts"] == reference.metrics["rollouts"]
+
+
+def test_server_mode_main_process_failure_reaches_every_process():
+    import dataclasses
+
+    batch, context = _batch_and_context([recorded(1)], sample_on_main_only=True)
+    context = dataclasses.replace(
+        context,
+        policy_sampler=_no_engine,
+        num_processes=2,
+        gather_object=lambda obj: [obj[0], obj[0]],
+        broadcast_object=lambda obj: obj,
+    )
+    with pytest.raises(AssertionError, match="only the main process may sample"):
+        VinePPOEstimator(num_rollouts=2, step_segmenter=ONE_STEP).estimate(batch, context)
+    other = dataclasses.replace(context, process_index=1, broadcast_object=lambda obj: ("error", "boom"))
+    with pytest.raises(RuntimeError, match="turn credit failed on the main process: boom"):
+        VinePPOEstimator(num_rollouts=2, step_segmenter=ONE_STEP).estimate(batch, other)
+
+
+def test_hybrid_process_without_chosen_rows_still_takes_part_in_server_sampling():
+    """With a vLLM server and two processes, a process whose groups are not degenerate (nothing to estimate) still
+    joins the main process' collective call, with no episodes; alone (one process) it calls nothing."""
+    import dataclasses
+
+    calls = []
+    episodes = [recorded(1), recorded(2)]  # rewards 1 and 2: one group that is not degenerate
+    batch, context = _batch_and_context(episodes, sample_on_main_only=True)
+    estimator = HybridEstimator(budget=10.0, num_rollouts=2, step_segmenter=ONE_STEP)
+    result = estimator.estimate(
+        batch, dataclasses.replace(context, gather_object=lambda obj: calls.append(obj) or obj)
+    )
+    assert calls == [] and estimator.last_rows == []
+    two = dataclasses.replace(
+        context,
+        policy_sampler=_no_engine,
+        process_index=1,
+        num_processes=2,
+        gather_object=lambda obj: calls.append(obj) or [[], obj[0]],
+        broadcast_object=lambda obj: ("ok", [[], []]),
+    )
+    joined = estimator.estimate(batch, two)
+    assert calls == [[[]]]  # it sent its (empty) share of episodes
+    assert torch.equal(joined.advantages, result.advantages)  # GRPO's, untouched
 
 
 @pytest.mark.parametrize(

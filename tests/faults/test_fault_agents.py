@@ -13,11 +13,23 @@ The episodes are the testbed's (``testbed.agent_env.AgentEnv``, horizon 3) playe
 well-formed ``act`` call or ``done`` at known token lengths; everything else is TRL's real tool loop and loss. The
 rewards are the environment's ``get_reward`` plus a dense one (the share of the episode's calls that chose the key),
 so the groups differ and the weights move.
+
+The second half injects faults inside the Monte Carlo continuations of ``"vineppo"`` (and ``"hybrid"``), which
+resume every state of an episode through the tool loop on an environment rebuilt by ``reset`` and replay: a tool
+that raises only in a continuation gets TRL's error result and the continuation is graded; a ``reset`` that raises
+on replay, or a replay that diverges (outside state, an unseeded random), stops training with an
+``EnvironmentReplayError`` naming the class, the episode and the fix before any update; a continuation meets
+``max_tool_calling_iterations`` (the prefix's rounds count) and a cut tool call as TRL's loop meets them in the
+episode.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import random
+import re
+import threading
 
 import pytest
 
@@ -94,21 +106,26 @@ def reset_fails_from_call(n: int) -> type[AgentEnv]:
     return ResetFails
 
 
-@pytest.fixture
-def scripted_turns(monkeypatch):
-    """Every turn of every episode is the scripted policy's (a fresh ``ScriptedAgentSampler(seed=1)`` per trainer, so
-    both trainers play the same episodes), with the budget TRL gives a turn (``max_completion_length``)."""
+def _script_turns(monkeypatch, policy: KeyPolicy) -> None:
+    """Every turn of every episode is ``policy``'s (a fresh ``ScriptedAgentSampler(seed=1)`` per trainer, so
+    trainers on the same seed play the same episodes), with the budget TRL gives a turn (``max_completion_length``)."""
     from trl import GRPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
 
     def turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if "_scripted" not in self.__dict__:
-            self._scripted = ScriptedAgentSampler(KeyPolicy(0.5), self.processing_class, seed=1)
+            self._scripted = ScriptedAgentSampler(policy, self.processing_class, seed=1)
         # prompt_ids holds each prompt num_generations times already (GRPO's sampler repeats them).
         return self._scripted.generate(prompt_ids, self.args.max_completion_length), None
 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", turn)
+
+
+@pytest.fixture
+def scripted_turns(monkeypatch):
+    """The episodes are the scripted policy's, choosing the key half the time."""
+    _script_turns(monkeypatch, KeyPolicy(0.5))
 
 
 class Spy:
@@ -127,7 +144,9 @@ class Spy:
         trainer.compute_advantages = compute
 
 
-def _trainer(kind: str, tmp_path, environment, estimator="grpo", **config):
+def _trainer(
+    kind: str, tmp_path, environment, estimator="grpo", reward_funcs=None, mc_sampler=None, **config
+):
     from trl import GRPOConfig, GRPOTrainer
 
     from mcadvantage import VinePPOConfig, VinePPOTrainer
@@ -151,11 +170,13 @@ def _trainer(kind: str, tmp_path, environment, estimator="grpo", **config):
     )
     return cls(
         model=model,
-        reward_funcs=[key_share],  # a fresh list: GRPO appends the environment's get_reward to it
+        # a fresh list: GRPO appends the environment's get_reward to it
+        reward_funcs=list(reward_funcs) if reward_funcs is not None else [key_share],
         args=args,
         train_dataset=make_agent_dataset(**DATA),
         processing_class=TOKENIZER,
         environment_factory=environment,
+        **({"mc_sampler": mc_sampler} if mc_sampler is not None else {}),
     )
 
 
@@ -377,3 +398,304 @@ def test_a_get_reward_that_raises_is_named_with_its_environment_and_row(scripted
     assert grpo.state.global_step == ours.state.global_step
     want, got = _weights(grpo), _weights(ours)
     assert all(torch.equal(got[n], w) and torch.isfinite(w).all() for n, w in want.items())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Faults inside Monte Carlo continuations ("vineppo", "hybrid"): every state of an episode is continued K times
+# through the tool loop, each continuation on its own environment rebuilt by reset and replay of the prefix's calls.
+# The continuations are the scripted policy's too (``mc_sampler``), choosing the key half the time.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+#: Monte Carlo settings: K = 2 continuations per state, one state per model turn (the turn boundaries).
+def _one_turn(text: str) -> list[str]:
+    """One step per model turn (module level, so picklable): the states are the turn boundaries."""
+    return [text]
+
+
+MC = dict(num_mc_rollouts=2, step_segmenter=_one_turn)
+
+
+class Graded:
+    """``key_share``, recording every call: GRPO's grading of the batch's episodes, then the estimator's grading of
+    their continuations (one call per step each, in that order)."""
+
+    __name__ = "key_share"  # TRL names the reward column after the function
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, completions, key, completion_ids, environments, **kwargs) -> list[float]:
+        self.calls.append(
+            dict(
+                completions=[[dict(m) for m in c] for c in completions],
+                lengths=[len(ids) for ids in completion_ids],
+                turns=[env.turn for env in environments],
+                environments=list(environments),
+            )
+        )
+        return key_share(completions, key)
+
+    @property
+    def episodes(self) -> list[dict]:
+        return self.calls[0::2]
+
+    @property
+    def continuations(self) -> list[dict]:
+        return self.calls[1::2]
+
+
+def _vine(tmp_path, environment, estimator="vineppo", **config):
+    """A Monte Carlo trainer whose continuations are the scripted policy's (key half the time), with a recording
+    reward function; returns ``(trainer, graded, continuation sampler)``."""
+    graded = Graded()
+    rollouts = ScriptedAgentSampler(KeyPolicy(0.5), TOKENIZER, seed=3)
+    trainer = _trainer(
+        "ours",
+        tmp_path,
+        environment,
+        estimator,
+        reward_funcs=[graded],
+        mc_sampler=rollouts,
+        **{**MC, **config},
+    )
+    return trainer, graded, rollouts
+
+
+def _shape(messages) -> list[tuple[str, bool]]:
+    """A conversation's shape: each message's role and whether it calls tools."""
+    return [(m["role"], bool(m.get("tool_calls"))) for m in messages]
+
+
+def _check_trained(trainer, initial):
+    assert trainer.state.global_step == SETTINGS["max_steps"]
+    weights = _weights(trainer)
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert any(not torch.equal(weights[n], w) for n, w in initial.items()), "no update: vacuous"
+    assert all(math.isfinite(loss) for loss in _logged(trainer, "loss"))
+
+
+@pytest.fixture
+def key_turns(monkeypatch):
+    """The episodes always choose the key (so they succeed, and their groups are degenerate for ``"hybrid"``); the
+    continuations choose it half the time."""
+    _script_turns(monkeypatch, KeyPolicy(1.0))
+
+
+class CrashesOffTheKey(AgentEnv):
+    """``act`` raises on a choice other than the key at the decisive turn, once per episode (a simulator that
+    crashes on a bad move; the call is not played, so the policy calls again). The key-always episodes never meet
+    it; their continuations, off the key half the time, do. It also holds a lock, so it cannot be copied: a
+    continuation's environment is rebuilt by reset and replay, never forked."""
+
+    def reset(self, **row):
+        self.crashed = False
+        self.lock = threading.Lock()
+        return super().reset(**row)
+
+    def act(self, choice: int) -> str:
+        """Play this turn's choice.
+
+        Args:
+            choice: the option to pick this turn, from 0 to choices - 1.
+        """
+        with self.lock:
+            if self.turn == self.task.decisive_turn and choice != self.task.key and not self.crashed:
+                self.crashed = True
+                raise RuntimeError("the simulator crashed")
+            return super().act(choice)
+
+
+def test_a_tool_that_raises_inside_a_continuation_gives_it_the_error_result_and_training_goes_on(
+    key_turns, tmp_path
+):
+    """As in TRL's loop: the continuation's tool call that raises gets ``{'error': ...}`` as its result, the
+    continuation goes on to the end of the episode and is graded; every continuation counts in ``mc/rollouts``,
+    training takes both steps with finite weights. The episodes themselves never failed a call."""
+    trainer, graded, rollouts = _vine(tmp_path, CrashesOffTheKey)
+    initial = _weights(trainer)
+    spy = Spy(trainer)
+    trainer.train()
+    _check_trained(trainer, initial)
+    assert _logged(trainer, "tools/failure_frequency") == [0.0, 0.0]  # the episodes' own calls all ran
+    assert len(graded.calls) == 2 * SETTINGS["max_steps"]
+    states = 4 * SETTINGS["per_device_train_batch_size"]  # 3 calls and the answer: 4 turns per episode
+    assert [len(c["turns"]) for c in graded.continuations] == [MC["num_mc_rollouts"] * states] * 2
+    assert _logged(trainer, "mc/rollouts") == [float(MC["num_mc_rollouts"] * states)] * 2
+    crashed = 0
+    for call in graded.continuations:
+        for messages, turns in zip(call["completions"], call["turns"], strict=True):
+            errors = [m for m in messages if m["role"] == "tool" and "the simulator crashed" in m["content"]]
+            assert len(errors) <= 1
+            crashed += len(errors)
+            assert turns == DATA["horizon"]  # went on after the error: every turn played, then graded
+            if errors:
+                assert errors[0]["content"] == "{'error': 'the simulator crashed'}"
+    assert crashed > 0, "no continuation met the failing tool: vacuous"
+    # The engine saw the error result in the continuations' contexts, as the model reads it in TRL's loop.
+    contexts = [TOKENIZER.decode(r.prefix_ids) for requests in rollouts.calls for r in requests]
+    assert any("{'error': 'the simulator crashed'}" in text for text in contexts)
+    for batch, advantages in zip(spy.batches, spy.advantages, strict=True):
+        assert torch.isfinite(advantages).all()
+        assert not advantages[batch.completion_mask.bool() & ~batch.tool_mask.bool()].any()
+    with pytest.raises(TypeError):  # the environment cannot be forked; replay rebuilt it
+        copy.deepcopy(graded.continuations[0]["environments"][0])
+
+
+def _refused_before_any_update(trainer, initial):
+    """Training stopped in its first batch, before any update: global step 0, the initial weights."""
+    assert trainer.state.global_step == 0
+    weights = _weights(trainer)
+    assert all(torch.equal(weights[n], w) for n, w in initial.items())
+
+
+@pytest.mark.parametrize("estimator", ["vineppo", "hybrid"])
+def test_an_environment_whose_reset_raises_on_replay_is_named_before_any_update(
+    key_turns, tmp_path, estimator
+):
+    """``reset`` succeeds for the batch's episodes, then raises when a continuation's environment is rebuilt: an
+    ``EnvironmentReplayError`` chained to the environment's own error, naming the class, the episode (its batch row
+    and dataset row) and the fix, before the step's update. (TRL's loop never resets twice for one episode.)"""
+    from mcadvantage.mc.episodes import EnvironmentReplayError
+
+    per_batch = SETTINGS["per_device_train_batch_size"]
+    config = {"hybrid_budget": 50.0} if estimator == "hybrid" else {}
+    trainer, _, _ = _vine(tmp_path, reset_fails_from_call(per_batch + 1), estimator, **config)
+    initial = _weights(trainer)
+    with pytest.raises(EnvironmentReplayError) as err:
+        trainer.train()
+    assert isinstance(err.value.__cause__, ConnectionError)
+    assert err.value.environment == "ResetFails" and err.value.round is None
+    message = str(err.value)
+    assert message.startswith(
+        f"environment ResetFails ({err.value.where}, dataset row {{'structure': 'recovery'"
+    )
+    assert re.fullmatch(r"batch row \d", err.value.where)
+    if estimator == "vineppo":
+        assert err.value.where == "batch row 0"  # the first episode's first state is rebuilt first
+    assert "reset(**row) raised ConnectionError: the environment server refused the connection" in message
+    assert "advantage_estimator='grpo'" in message  # the fix
+    _refused_before_any_update(trainer, initial)
+
+
+#: The simulator behind :class:`Upgraded`, which the test upgrades between playing a batch and continuing it.
+SIMULATOR = {"version": 1}
+
+
+class Upgraded(AgentEnv):
+    """``act``'s last-turn result names the simulator's version (outside state): replaying an episode after the
+    simulator was upgraded diverges at its third round."""
+
+    def act(self, choice: int) -> str:
+        """Play this turn's choice.
+
+        Args:
+            choice: the option to pick this turn, from 0 to choices - 1.
+        """
+        result = super().act(choice)
+        return f"{result} v{SIMULATOR['version']}" if self.finished else result
+
+
+class SelfSeeded(AgentEnv):
+    """Seeds its noise from the operating system at ``reset`` (an unseeded simulator): no replay reproduces an
+    episode's tool results."""
+
+    def reset(self, **row):
+        self.noise = random.Random(random.SystemRandom().getrandbits(64))
+        return super().reset(**row)
+
+    def act(self, choice: int) -> str:
+        """Play this turn's choice.
+
+        Args:
+            choice: the option to pick this turn, from 0 to choices - 1.
+        """
+        return f"{super().act(choice)} wind={self.noise.random():.6f}"
+
+
+@pytest.mark.parametrize(
+    ("environment", "diverges_at"),
+    [(Upgraded, 2), (SelfSeeded, 0)],
+    ids=["outside-state", "unseeded-random"],
+)
+def test_a_replay_that_diverges_is_named_before_any_update(
+    key_turns, tmp_path, monkeypatch, environment, diverges_at
+):
+    """An environment that does not replay (its tool results depend on outside state or on an unseeded random):
+    the continuations' replay meets a tool result other than the recorded one, and training stops with an
+    ``EnvironmentReplayError`` naming the class, the round, both results and the fix, before any update."""
+    from mcadvantage.mc.episodes import EnvironmentReplayError
+
+    monkeypatch.setitem(SIMULATOR, "version", 1)
+    trainer, _, _ = _vine(tmp_path, environment)
+    played = trainer.compute_advantages
+
+    def upgrade_then_estimate(batch):
+        SIMULATOR["version"] += 1  # the episodes were played; the simulator changes before they are continued
+        return played(batch)
+
+    trainer.compute_advantages = upgrade_then_estimate
+    initial = _weights(trainer)
+    with pytest.raises(EnvironmentReplayError) as err:
+        trainer.train()
+    assert (err.value.environment, err.value.round, err.value.where) == (
+        environment.__name__,
+        diverges_at,
+        "batch row 0",
+    )
+    message = str(err.value)
+    assert message.startswith(f"environment {environment.__name__} (batch row 0, dataset row {{'structure'")
+    assert f"replaying tool round {diverges_at} " in message
+    assert "but the episode recorded" in message
+    assert "seed any randomness from a row column, keep no outside state" in message  # the fix
+    _refused_before_any_update(trainer, initial)
+
+
+def test_a_continuation_stops_at_max_tool_calling_iterations_counting_the_prefixs_rounds(
+    scripted_turns, tmp_path
+):
+    """``max_tool_calling_iterations=1``: as the episode in TRL's loop, a continuation runs tool rounds until the
+    episode holds one (the prefix's round counts), keeps its next call unrun, stops and is graded: from the episode's
+    start it runs its first call; from the state after the episode's round it runs none. Every continuation ends
+    the shape of its episode, with one turn played."""
+    trainer, graded, rollouts = _vine(tmp_path, AgentEnv, max_tool_calling_iterations=1)
+    initial = _weights(trainer)
+    trainer.train()
+    _check_trained(trainer, initial)
+    k, per_batch = MC["num_mc_rollouts"], SETTINGS["per_device_train_batch_size"]
+    episode_shape = [("assistant", True), ("tool", False), ("assistant", True)]
+    for call in graded.episodes:
+        assert [_shape(c) for c in call["completions"]] == [episode_shape] * per_batch
+    for call in graded.continuations:  # 2 states per episode (its two turns), K each
+        assert len(call["completions"]) == 2 * k * per_batch
+        assert [_shape(c) for c in call["completions"]] == [episode_shape] * (2 * k * per_batch)
+        assert call["turns"] == [1] * (2 * k * per_batch)
+    # Engine calls per step: every continuation's first turn, then only those from the start (whose call ran).
+    assert [len(requests) for requests in rollouts.calls] == [2 * k * per_batch, k * per_batch] * 2
+    assert _logged(trainer, "mc/rollouts") == [float(2 * k * per_batch)] * 2
+
+
+@pytest.mark.parametrize(("kept", "call_runs"), [(3, False), (5, True)])
+def test_a_continuation_cut_inside_a_tool_call_is_truncated_as_trl_truncates_the_episode(
+    scripted_turns, tmp_path, kept, call_runs
+):
+    """``max_completion_length`` ends the episodes ``kept`` tokens into their second tool call (see
+    :func:`test_an_episode_cut_inside_a_tool_call_is_truncated_as_trl_does`), and their continuations at the same
+    budget: every continuation is cut at the same length, parsed as TRL parsed the episode (the same messages'
+    shape: with the JSON whole the cut call runs, its result dropped), its environment played the same turns, and
+    it is graded; training goes on with finite weights."""
+    length = _first_call_length() + kept
+    trainer, graded, _ = _vine(tmp_path, AgentEnv, max_completion_length=length)
+    initial = _weights(trainer)
+    trainer.train()
+    _check_trained(trainer, initial)
+    assert _logged(trainer, "completions/clipped_ratio") == [1.0, 1.0]
+    k, per_batch = MC["num_mc_rollouts"], SETTINGS["per_device_train_batch_size"]
+    turns = 2 if call_runs else 1
+    for episodes, continuations in zip(graded.episodes, graded.continuations, strict=True):
+        shapes = {tuple(_shape(c)) for c in episodes["completions"]}
+        assert len(shapes) == 1 and set(episodes["turns"]) == {turns}
+        assert len(continuations["completions"]) == 2 * k * per_batch  # 2 states per episode, K each
+        assert {tuple(_shape(c)) for c in continuations["completions"]} == shapes
+        assert set(continuations["lengths"]) == {length}
+        assert set(continuations["turns"]) == {turns}

@@ -163,11 +163,12 @@ def test_replay_rebuilds_the_state_in_a_fresh_instance_and_checks_every_result()
     assert replay_environment(Counter, row, []).calls == 0
 
     with pytest.raises(
-        EnvironmentReplayError, match=r"environment Counter: replaying tool round 1 .* recorded"
+        EnvironmentReplayError,
+        match=r"environment Counter \(dataset row \{.*\}\): replaying tool round 1 .* recorded",
     ):
         replay_environment(Counter, row, [turns[0], ToolTurn(second, (("add", "999"),))])
     with pytest.raises(
-        EnvironmentReplayError, match=r"environment Noisy: .*seed any randomness from a row column"
+        EnvironmentReplayError, match=r"environment Noisy \(.*\): .*seed any randomness from a row column"
     ):
         replay_environment(Noisy, row, [ToolTurn(first, (("add", "13"),))])
 
@@ -177,7 +178,10 @@ def test_replay_names_an_environment_whose_reset_raises():
         def reset(self, **row):
             raise KeyError("offset")
 
-    with pytest.raises(EnvironmentReplayError, match=r"environment Broken: reset\(\*\*row\) raised KeyError"):
+    with pytest.raises(
+        EnvironmentReplayError,
+        match=r"environment Broken \(dataset row \{\}\): reset\(\*\*row\) raised KeyError",
+    ):
         replay_environment(Broken, {}, [])
 
 

@@ -191,7 +191,10 @@ def test_routing_to_a_dict_of_environments_and_tools_without_environment():
 def test_an_environment_that_replays_differently_is_refused():
     episode = recorded_episode(offset=3)
     episode.row = {**episode.row, "offset": 4}  # the row no longer reproduces the recorded results
-    with pytest.raises(EnvironmentReplayError, match="environment Counter: replaying tool round 0"):
+    with pytest.raises(
+        EnvironmentReplayError,
+        match=r"environment Counter \(batch row 0, dataset row .*\): replaying tool round 0",
+    ):
         _estimate([episode], 1)
 
 
@@ -206,3 +209,37 @@ def test_messages_before_round():
     ]
     with pytest.raises(ValueError, match="hold 2 tool rounds, not 3"):
         messages_before_round(messages, 3)
+
+
+def test_the_cost_counts_sampled_model_tokens_and_tool_result_tokens_apart():
+    """``generated_tokens`` is what the engine sampled for the continuations (tool results left out), exactly the
+    tokens the engine returned; ``tool_result_tokens`` the tool results they appended."""
+    episode = recorded_episode()
+    returned, suffixes = [0], []
+    inner = engine(5)
+
+    def counting(contexts, budgets):
+        out = inner(contexts, budgets)
+        returned[0] += sum(len(t) for t in out)
+        return out
+
+    def counted_suffix(tool_messages):
+        ids = tool_suffix(tool_messages)
+        suffixes.append(len(ids))
+        return ids
+
+    [credit] = estimate_turn_credit(
+        [episode],
+        num_rollouts=3,
+        environment_factories={None: Counter},
+        loop=ToolLoop(
+            generate=counting,
+            parse=parse,
+            tool_suffix_ids=counted_suffix,
+            max_completion_length=200,
+            max_tool_calling_iterations=LIMIT,
+        ),
+        graders=Graders([get_reward], [1.0]),
+    )
+    assert credit.generated_tokens == returned[0] > 0
+    assert credit.tool_result_tokens == sum(suffixes) > 0  # every suffix fitted the budget of 200

@@ -505,6 +505,11 @@ def test_vineppo_gives_environment_episodes_unbiased_monte_carlo_turn_credit(tmp
     assert _logged(trainer, "mc/rollouts") and all(
         math.isfinite(v) for v in _logged(trainer, "mc/mean_value")
     )
+    # The continuations' sampled tokens and their tool results' tokens are logged apart (both > 0: every episode
+    # holds tool rounds, so its continuations run tools too).
+    assert all(v > 0 for v in _logged(trainer, "mc/generated_tokens"))
+    assert all(v > 0 for v in _logged(trainer, "mc/tool_result_tokens"))
+    assert sum(credit.tool_result_tokens for _, _, credits in seen for credit in credits) > 0
     spies[0].check_tool_tokens_get_no_credit()
 
     errors = []

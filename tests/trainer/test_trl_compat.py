@@ -81,3 +81,45 @@ def test_supported_range_is_stated_once():
     for path in (REPO / "src" / "mcadvantage").rglob("*.py"):
         if path != COMPAT:
             assert not re.search(r"trl\s*[<>=]=?\s*1\.\d", path.read_text(encoding="utf-8")), path
+
+
+def test_parse_turn_parses_as_trl_parse_response(tmp_path, monkeypatch):
+    """``parse_turn`` (cached tool schemas, the context decoded by the Rust decoder) returns what TRL's
+    ``parse_response`` returns with the tools and token context GRPO passes it: a tool call (its argument typed by
+    the tool's schema), a plain answer, a malformed call, and a turn with no context."""
+    from trl.chat_template_utils import parse_response
+
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+    from testbed.agent_env import AgentEnv, make_agent_dataset
+    from testbed.agent_policy import build_agent_model, build_agent_tokenizer, tool_call_text
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tok = build_agent_tokenizer()
+    args = VinePPOConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, per_device_train_batch_size=2,
+        num_generations=2, max_completion_length=64, advantage_estimator="grpo",
+    )  # fmt: skip
+    trainer = VinePPOTrainer(
+        model=build_agent_model(tok, max_position_embeddings=256, num_layers=1, hidden_size=32, head_dim=16),
+        reward_funcs=None,
+        args=args,
+        train_dataset=make_agent_dataset("delayed", 2, 2, seed=0),
+        processing_class=tok,
+        environment_factory=AgentEnv,
+    )
+    context = tok.apply_chat_template(
+        [{"role": "user", "content": "Play. key=1 choices=4 turns=2 state=bad"}],
+        tools=trainer._env_tools[None], chat_template=trainer.chat_template, add_generation_prompt=True,
+        tokenize=True, return_dict=False,
+    )  # fmt: skip
+    turns = [
+        tool_call_text(2) + "<|im_end|>",
+        "done<|im_end|>",
+        '<tool_call>\n{"name": "act", "argu<|im_end|>',
+    ]
+    cases = [(tok(t, add_special_tokens=False)["input_ids"], list(context)) for t in turns]
+    cases.append((cases[0][0], []))
+    for ids, ctx in cases * 2:  # twice: the cached schemas give the same
+        expected = parse_response(tok, ids, prefix=ctx, tools=trainer._env_tools[None])
+        assert trainer.parse_turn(ids, ctx) == expected
+    assert trainer.parse_turn(*cases[0])["tool_calls"][0]["function"]["arguments"] == {"choice": 2}

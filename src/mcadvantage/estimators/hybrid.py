@@ -40,7 +40,9 @@ one response at a time in a seeded random order, as long as the predicted rollou
   base. Tool-result tokens get advantage 0 and no whitening weight. The Monte Carlo settings turn credit does not
   honour, and ``rollout_func=`` (whose episodes cannot be resumed from a prefix), are refused when the trainer is
   built (:meth:`HybridEstimator.check_agent_support`).
-- **Processes**: each process selects among the degenerate groups of its own rows, with its own budget.
+- **Processes**: each process selects among the degenerate groups of its own rows, with its own budget. With a vLLM
+  server (only the main process samples) a process that chose nothing still takes part in the main process'
+  collective sampling call, with no rows.
 - **Resuming**: the seeded order's position is the estimator's state (:meth:`HybridEstimator.state_dict`), so a
   single-process run resumed from a checkpoint offers the budget in the order the uninterrupted run would have. The
   main process saves it; in a multi-process run every process resumes from the main process's position.
@@ -259,6 +261,7 @@ class HybridEstimator(AdvantageEstimator):
             if any(g * batch.group_size <= i < (g + 1) * batch.group_size for i in local)
         ]
         if allowed <= 0 or not candidates:
+            self._take_part_in_server_sampling(batch, context)
             return AdvantageResult(
                 advantages=result.advantages,
                 token_mask=result.token_mask,
@@ -288,6 +291,7 @@ class HybridEstimator(AdvantageEstimator):
                     chosen_rows.append(r)
                     spent += cost
         if not chosen_rows:
+            self._take_part_in_server_sampling(batch, context)
             return AdvantageResult(
                 advantages=result.advantages,
                 token_mask=result.token_mask,
@@ -295,16 +299,9 @@ class HybridEstimator(AdvantageEstimator):
                 metric_reductions=reductions,
             )
         self.last_rows = sorted(chosen_rows)
-        sub = _sub_batch(batch, self.last_rows)
-        sub_context = context
-        if context.episodes is not None:  # the chosen rows' episodes, in the sub-batch's order
-            sub_context = dataclasses.replace(
-                context,
-                episodes=dataclasses.replace(
-                    context.episodes, episodes=[context.episodes.episodes[r] for r in self.last_rows]
-                ),
-            )
-        mc = self.monte_carlo.estimate(sub, sub_context)
+        mc = self.monte_carlo.estimate(
+            _sub_batch(batch, self.last_rows), _sub_context(context, self.last_rows)
+        )
         scale = 1.0
         if self.grpo.scale_rewards != "none":
             std = float(nanstd(all_rewards)) if all_rewards.numel() > 1 else 0.0
@@ -328,6 +325,13 @@ class HybridEstimator(AdvantageEstimator):
             metrics=metrics,
             metric_reductions=reductions,
         )
+
+    def _take_part_in_server_sampling(self, batch: AdvantageBatch, context: EstimatorContext) -> None:
+        """With a vLLM server and several processes only the main process samples, in one collective call per batch
+        that every process sends its work to: a process with nothing to estimate still takes part (with no rows), or
+        the others would wait for it forever."""
+        if context.sample_on_main_only and context.num_processes > 1:
+            self.monte_carlo.estimate(_sub_batch(batch, []), _sub_context(context, []))
 
     def _state_boundaries(
         self, batch: AdvantageBatch, context: EstimatorContext, segmenter: Any
@@ -365,6 +369,14 @@ class HybridEstimator(AdvantageEstimator):
         return episode_states
 
 
+def _sub_context(context: EstimatorContext, rows: list[int]) -> EstimatorContext:
+    """``context`` with its agent episodes (if any) narrowed to the local rows ``rows``, in that order."""
+    if context.episodes is None:
+        return context
+    episodes = [context.episodes.episodes[r] for r in rows]
+    return dataclasses.replace(context, episodes=dataclasses.replace(context.episodes, episodes=episodes))
+
+
 def _sub_batch(batch: AdvantageBatch, rows: list[int]) -> AdvantageBatch:
     """The local rows ``rows`` of ``batch`` as a batch of their own (one group: Monte Carlo credit needs no groups)."""
     index = torch.tensor(rows, dtype=torch.long)
@@ -376,7 +388,7 @@ def _sub_batch(batch: AdvantageBatch, rows: list[int]) -> AdvantageBatch:
         rewards_per_func=rewards,
         reward_weights=batch.reward_weights,
         local_slice=slice(0, len(rows)),
-        group_size=len(rows),
+        group_size=max(1, len(rows)),  # no rows: a process that only takes part in the main process' sampling
         prompts=[batch.prompts[r] for r in rows] if batch.prompts else [],
         rows=[batch.rows[r] for r in rows] if batch.rows else [],
         mode=batch.mode,

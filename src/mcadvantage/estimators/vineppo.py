@@ -16,6 +16,7 @@ tool calls on replayed environments, tool-result tokens at advantage 0 and out o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +44,13 @@ from mcadvantage.estimators.rules import (
 from mcadvantage.mc.episodes import episode_step_boundaries
 from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
 from mcadvantage.mc.stats import MCStats
-from mcadvantage.mc.turn_credit import EpisodeCredit, Graders, estimate_agent_credit, sampler_generate
+from mcadvantage.mc.turn_credit import (
+    AgentEpisodes,
+    EpisodeCredit,
+    Graders,
+    estimate_agent_credit,
+    sampler_generate,
+)
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["VinePPOEstimator", "check_turn_credit_support", "segmenter_inside_turns"]
@@ -257,13 +264,6 @@ class VinePPOEstimator(AdvantageEstimator):
                 f"VinePPOEstimator: context.episodes holds {len(agent.episodes)} episodes for a batch of "
                 f"{len(batch.completion_ids)} responses; build one episode per local batch row, in batch order."
             )
-        if context.sample_on_main_only:
-            raise NotImplementedError(
-                "Monte Carlo turn credit (tools= / environment_factory= under advantage_estimator='vineppo' or "
-                "'hybrid') does not support vllm_mode='server' yet (only the main process can sample, and episodes "
-                "are not gathered). "
-                "Use vllm_mode='colocate' or the transformers engine (use_vllm=False), or advantage_estimator='grpo'."
-            )
         self.check_agent_support(())
         if context.max_completion_length is None:
             raise ValueError(
@@ -284,18 +284,9 @@ class VinePPOEstimator(AdvantageEstimator):
         # from the same prompt), which the engine already took for the episode itself.
 
         started = time.perf_counter()
-        with context.policy_sampler() as sampler:
-            credits = estimate_agent_credit(
-                agent,
-                rows,
-                num_rollouts=self.settings.num_rollouts,
-                generate=sampler_generate(sampler),
-                max_completion_length=context.max_completion_length,
-                graders=Graders(
-                    list(context.reward_funcs), list(context.reward_weights), context.reward_kwargs
-                ),
-                turn_step_boundaries=segmenter_inside_turns(segmenter, context.tokenizer),
-            )
+        credits = self._agent_credit(
+            agent, rows, context, segmenter_inside_turns(segmenter, context.tokenizer)
+        )
         seconds = time.perf_counter() - started
         ordered = [credits[i] for i in rows]
         self.last_estimate, self.last_rows, self.last_turn_credit = None, rows, ordered
@@ -314,6 +305,7 @@ class VinePPOEstimator(AdvantageEstimator):
             "steps_per_response": len(state_values) / len(ordered) if ordered else math.nan,
             "rollouts": float(sum(credit.rollouts for credit in ordered)),
             "generated_tokens": float(sum(credit.generated_tokens for credit in ordered)),
+            "tool_result_tokens": float(sum(credit.tool_result_tokens for credit in ordered)),
             "states": float(len(state_values)),
             "seconds": seconds,
         }
@@ -323,8 +315,57 @@ class VinePPOEstimator(AdvantageEstimator):
             token_mask=token_mask.to(device),
             values=[list(credit.values) for credit in ordered],
             metrics=metrics,
-            metric_reductions=MCStats.metric_reductions(),
+            metric_reductions={**MCStats.metric_reductions(), "tool_result_tokens": "sum"},
         )
+
+    def _agent_credit(
+        self,
+        agent: AgentEpisodes,
+        rows: list[int],
+        context: EstimatorContext,
+        inside_turns: Callable[[Any, int, int], Sequence[int]],
+    ) -> dict[int, EpisodeCredit]:
+        """Turn credit of the episodes ``rows``, by row. With a vLLM server only the main process can sample: every
+        process sends it its episodes (plain data), the main process continues them all with its own environment
+        factories, parser and tools (the trainer builds the same ones on every process, and a continuation's
+        environment is rebuilt by reset and replay, never shared), and sends each process its credits back."""
+
+        def credit(episodes: AgentEpisodes, which: Sequence[int], sampler: Any) -> dict[int, EpisodeCredit]:
+            return estimate_agent_credit(
+                episodes,
+                which,
+                num_rollouts=self.settings.num_rollouts,
+                generate=sampler_generate(sampler),
+                max_completion_length=context.max_completion_length,
+                graders=Graders(
+                    list(context.reward_funcs), list(context.reward_weights), context.reward_kwargs
+                ),
+                turn_step_boundaries=inside_turns,
+            )
+
+        if not context.sample_on_main_only:
+            with context.policy_sampler() as sampler:
+                return credit(agent, rows, sampler)
+        per_process = context.gather_object([[agent.episodes[i] for i in rows]])
+        payload: Any = None
+        # Every process enters the sampler context, which may be collective (a weight sync gathers parameters).
+        with context.policy_sampler() as sampler:
+            if context.process_index == 0:
+                try:
+                    flat = [episode for part in per_process for episode in part]
+                    everyone = credit(dataclasses.replace(agent, episodes=flat), range(len(flat)), sampler)
+                    parts, start = [], 0
+                    for part in per_process:
+                        parts.append([everyone[start + j] for j in range(len(part))])
+                        start += len(part)
+                    payload = ("ok", parts)
+                except Exception as err:  # the others wait in the broadcast: tell them, then fail everywhere
+                    context.broadcast_object(("error", f"{type(err).__name__}: {err}"))
+                    raise
+        status, content = context.broadcast_object(payload)
+        if status == "error":
+            raise RuntimeError(f"Monte Carlo turn credit failed on the main process: {content}")
+        return dict(zip(rows, content[context.process_index], strict=True))
 
     @staticmethod
     def _trajectory(

@@ -27,6 +27,7 @@ re-tokenising. Monte Carlo credit treats it as follows:
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -190,10 +191,20 @@ def environment_tools(
     evaluated); a method shadows a standalone tool of the same name."""
     tools = {tool.__name__: tool for tool in standalone}
     if environment is not None:
-        for name, _ in inspect.getmembers(type(environment), predicate=inspect.isfunction):
-            if name not in ("reset", "get_reward") and not name.startswith("_"):
-                tools[name] = getattr(environment, name)
+        for name in _tool_method_names(type(environment)):
+            tools[name] = getattr(environment, name)
     return tools
+
+
+@functools.lru_cache(maxsize=256)
+def _tool_method_names(kind: type) -> tuple[str, ...]:
+    # Listing a class's functions (inspect.getmembers) costs more than a short continuation's bookkeeping, and every
+    # continuation gets its own instance of the same few classes: list them once per class.
+    return tuple(
+        name
+        for name, _ in inspect.getmembers(kind, predicate=inspect.isfunction)
+        if name not in ("reset", "get_reward") and not name.startswith("_")
+    )
 
 
 def execute_tool_calls(
@@ -234,7 +245,21 @@ def execute_tool_calls(
 
 class EnvironmentReplayError(RuntimeError):
     """An environment could not be brought back to an episode's state: its reset raised, or replaying the
-    episode's tool calls gave other results than the episode recorded."""
+    episode's tool calls gave other results than the episode recorded.
+
+    Attributes:
+        environment: the environment's class name.
+        round: the tool round whose replayed result differed (0-based), None when ``reset`` raised.
+        where: which episode it was (e.g. its batch row), as the caller described it; empty when not given.
+    """
+
+    def __init__(
+        self, message: str, *, environment: str | None = None, round: int | None = None, where: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.environment = environment
+        self.round = round
+        self.where = where
 
 
 def replay_environment(
@@ -242,6 +267,8 @@ def replay_environment(
     reset_kwargs: Mapping[str, Any],
     turns: Sequence[ToolTurn],
     standalone_tools: Sequence[Callable[..., Any]] = (),
+    *,
+    where: str = "",
 ) -> Any:
     """A fresh environment in the state an episode reached after ``turns``: ``factory()``, ``reset(**reset_kwargs)``,
     then every recorded tool round replayed in order (:func:`execute_tool_calls`), each replayed result checked
@@ -253,31 +280,51 @@ def replay_environment(
     instance (files, services) are run again by every replay: make them idempotent, or keep such effects out of the
     tools.
 
+    Args:
+        where: which episode this is, for the error message (e.g. ``"batch row 3"``); the dataset row's
+            columns are named in the message as well.
+
     Raises:
-        EnvironmentReplayError: naming the environment class, what failed (``reset`` raised, or the round, the call
-            and both results when a replayed result differs) and the fix.
+        EnvironmentReplayError: naming the environment class, the episode (``where`` and its row's columns), what
+            failed (``reset`` raised, or the round, the call and both results when a replayed result differs) and
+            the fix.
     """
     environment = factory()
     kind = type(environment).__name__
+    # Name the episode: a replay fails for one dataset row, and the user needs that row to reproduce it.
+    columns = {k: v for k, v in reset_kwargs.items() if k != "prompt"}
+    episode = f" ({where}, dataset row {_short(columns)})" if where else f" (dataset row {_short(columns)})"
     try:
         environment.reset(**reset_kwargs)
     except Exception as err:
         raise EnvironmentReplayError(
-            f"environment {kind}: reset(**row) raised {type(err).__name__}: {err} while rebuilding an episode's state "
-            "for Monte Carlo continuations. reset must succeed for every dataset row it succeeded for in training."
+            f"environment {kind}{episode}: reset(**row) raised {type(err).__name__}: {err} while rebuilding the "
+            "episode's state for Monte Carlo continuations (a fresh instance from the factory, reset with the "
+            "episode's row). reset must succeed again for every row it succeeded for in training: make it "
+            "retry or fail over, or use advantage_estimator='grpo' / 'rloo' / 'gae' (no replay).",
+            environment=kind,
+            where=where,
         ) from err
     tools = environment_tools(environment, standalone_tools)
     for round_index, turn in enumerate(turns):
         replayed = execute_tool_calls(turn.calls, tools)
         if list(replayed) != [tuple(r) for r in turn.results]:
             raise EnvironmentReplayError(
-                f"environment {kind}: replaying tool round {round_index} ({[c.get('function') for c in turn.calls]}) "
+                f"environment {kind}{episode}: replaying tool round {round_index} ({[c.get('function') for c in turn.calls]}) "
                 f"after reset(**row) gave {replayed}, but the episode recorded {list(turn.results)}, so a Monte Carlo "
                 "continuation would not see the episode's state. Make reset and the tools deterministic given the "
                 "row and the calls so far (seed any randomness from a row column, keep no outside state), or use "
-                "advantage_estimator='grpo' / 'rloo' / 'gae'."
+                "advantage_estimator='grpo' / 'rloo' / 'gae'.",
+                environment=kind,
+                round=round_index,
+                where=where,
             )
     return environment
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)  # repr: one line, quotes visible
+    return text if len(text) <= limit else text[: limit - 4] + "...}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -362,20 +409,29 @@ def continue_episodes(
     max_completion_length, standalone_tools = loop.max_completion_length, loop.standalone_tools
     limit = loop.max_tool_calling_iterations if loop.max_tool_calling_iterations is not None else float("inf")
     states = []
+    # Where a prefix's open turn starts and how many rounds it holds, once per distinct prefix mask (the K
+    # continuations of a state share it).
+    seen: dict[tuple[int, ...], tuple[int, int]] = {}
     for prompt, prefix, mask, env in zip(prompt_ids, prefixes, prefix_tool_masks, environments, strict=True):
         if len(prefix) != len(mask):
             raise ValueError(
                 f"continue_episodes: a prefix of {len(prefix)} tokens has {len(mask)} tool-mask entries; pass the "
                 "tool mask of the prefix itself (one entry per token)."
             )
-        spans = model_spans(mask)
-        turn_start = spans[-1][0] if spans and spans[-1][1] == len(mask) else len(mask)
+        key = tuple(mask)
+        if key not in seen:
+            spans = model_spans(key)
+            seen[key] = (
+                spans[-1][0] if spans and spans[-1][1] == len(key) else len(key),
+                len(tool_spans(key)),
+            )
+        turn_start, rounds = seen[key]
         states.append(
             dict(
                 prompt=list(prompt),
                 out=EpisodeContinuation(list(prefix), [int(m) for m in mask], environment=env),
                 turn_start=turn_start,
-                rounds=len(tool_spans(mask)),
+                rounds=rounds,
                 tools=environment_tools(env, standalone_tools),
             )
         )

@@ -26,7 +26,7 @@ from mcadvantage.mc.episodes import (
     episode_token_advantages,
     recorded_tool_turns,
     replay_environment,
-    tool_turns_before,
+    tool_spans,
 )
 from mcadvantage.samplers.base import RolloutRequest, Sampler
 
@@ -73,14 +73,16 @@ class Episode:
 @dataclass
 class EpisodeCredit:
     """The estimate for one episode: ``boundaries`` (its states), ``values`` ``[V(S_0), ..., V(S_{n-1}), R]``,
-    per-token ``advantages`` (tool results 0), and what it cost (``rollouts``; ``generated_tokens``: the
-    continuations' tokens, tool results included)."""
+    per-token ``advantages`` (tool results 0), and what it cost: ``rollouts``, ``generated_tokens`` (the tokens the
+    engine sampled for the continuations: model tokens only) and ``tool_result_tokens`` (the tool results'
+    tokens the continuations appended, which the engine prefills but does not sample)."""
 
     boundaries: list[int]
     values: list[float]
     advantages: list[float]
     rollouts: int = 0
     generated_tokens: int = 0
+    tool_result_tokens: int = 0
 
 
 @dataclass
@@ -187,6 +189,7 @@ def estimate_turn_credit(
     loop: ToolLoop,
     graders: Graders,
     turn_step_boundaries: Callable[[Episode, int, int], Sequence[int]] | None = None,
+    rows: Sequence[int] | None = None,
 ) -> list[EpisodeCredit]:
     """Monte Carlo values and advantages of every state of every episode.
 
@@ -200,10 +203,11 @@ def estimate_turn_credit(
         graders: the reward functions, their weights and extra keyword arguments (:class:`Graders`).
         turn_step_boundaries: ``(episode, start, end) -> boundaries`` of the step segmenter inside a model turn
             (None: one state per turn).
+        rows: the episodes' batch rows, to name an episode in errors (None: their positions in ``episodes``).
 
     Raises:
         :class:`~mcadvantage.mc.episodes.EnvironmentReplayError`: an environment that cannot be brought back to a
-            state of its episode.
+            state of its episode (naming its batch row).
     """
     if num_rollouts < 1:
         raise ValueError(f"estimate_turn_credit: num_rollouts={num_rollouts} must be >= 1.")
@@ -216,6 +220,7 @@ def estimate_turn_credit(
     routed = environment_factories is not None and None not in environment_factories
     plans = []  # per episode: its boundaries
     jobs = []  # per continuation: (episode index, state index)
+    inherits = []  # per continuation: the episode's messages up to its state's last tool round (shared per state)
     prompts, prefixes, masks, envs = [], [], [], []
     for e, episode in enumerate(episodes):
         segment = (lambda s, t, ep=episode: turn_step_boundaries(ep, s, t)) if turn_step_boundaries else None
@@ -230,17 +235,26 @@ def estimate_turn_credit(
                     f"{sorted(map(repr, environment_factories))}."
                 )
             factory = environment_factories[episode.environment]
+        # Where the tool results end, once per episode: a state's rounds are those ending before it
+        # (tool_turns_before), and its K continuations share them and the messages they inherit.
+        result_ends = [end for _, end in tool_spans(episode.tool_mask)]
         for i, b in enumerate(bounds[:-1]):
-            rounds = tool_turns_before(episode.tool_mask, b)
+            rounds = sum(1 for end in result_ends if end <= b)
+            inherited = messages_before_round(episode.messages, rounds)
             for _ in range(num_rollouts):
                 env = (
                     replay_environment(
-                        factory, _reset_kwargs(episode, routed), turns[:rounds], standalone_tools
+                        factory,
+                        _reset_kwargs(episode, routed),
+                        turns[:rounds],
+                        standalone_tools,
+                        where=f"batch row {e if rows is None else rows[e]}",
                     )
                     if factory is not None
                     else None
                 )
                 jobs.append((e, i))
+                inherits.append(inherited)
                 prompts.append(episode.prompt_ids)
                 prefixes.append(episode.completion_ids[:b])
                 masks.append(episode.tool_mask[:b])
@@ -249,10 +263,8 @@ def estimate_turn_credit(
     # Grade every continuation in one call per reward function.
     completions, columns = [], {}
     keys = list(dict.fromkeys(k for ep in episodes for k in ep.row if k not in _NOT_REWARD_COLUMNS))
-    for (e, i), out in zip(jobs, outs, strict=True):
-        episode = episodes[e]
-        rounds = tool_turns_before(episode.tool_mask, plans[e][i])
-        completions.append(messages_before_round(episode.messages, rounds) + out.messages)
+    for inherited, out in zip(inherits, outs, strict=True):
+        completions.append([dict(m) for m in inherited] + out.messages)
     columns = {k: [episodes[e].row.get(k) for e, _ in jobs] for k in keys}
     per_func = []
     for func in reward_funcs:
@@ -275,7 +287,9 @@ def estimate_turn_credit(
     for j, ((e, i), out) in enumerate(zip(jobs, outs, strict=True)):
         sums[e][i] += _nansum([pf[j] for pf in per_func], reward_weights)
         credits[e].rollouts += 1
-        credits[e].generated_tokens += len(out.completion_ids) - plans[e][i]
+        sampled = sum(out.tool_mask[plans[e][i] :])  # the tool mask is 1 on the model's tokens
+        credits[e].generated_tokens += sampled
+        credits[e].tool_result_tokens += len(out.completion_ids) - plans[e][i] - sampled
     for e, episode in enumerate(episodes):
         credits[e].values = [s / num_rollouts for s in sums[e]] + [float(episode.reward)]
         credits[e].advantages = episode_token_advantages(credits[e].values, plans[e], episode.tool_mask)
@@ -338,6 +352,7 @@ def estimate_agent_credit(
             ),
             graders=graders,
             turn_step_boundaries=turn_step_boundaries,
+            rows=group,
         )
         out.update(zip(group, credits, strict=True))
     return out

@@ -50,6 +50,7 @@ the agents' tool loop) adds its accessors here rather than in a module of its ow
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -402,8 +403,28 @@ class GRPOTrainerHooks(GRPOTrainer):
         alone)."""
         from trl.chat_template_utils import parse_response
 
+        from mcadvantage.core.text import plain_fast_backend
+
         tools = self._env_tools[environment] if self.environment_factories is not None else self.tools
-        return parse_response(self._tokenizer, turn_ids, prefix=context_ids, tools=tools)
+        # The same parse, cheaper: Monte Carlo continuations parse thousands of turns a step, and per call
+        # transformers rebuilds every tool's JSON schema from its signature and docstring (the schema is what it
+        # casts arguments with, so it is computed once per tool here) and decodes the context through the
+        # tokenizer's per-token type checks (a plain fast tokenizer's Rust decoder gives the same text).
+        schemas = self.__dict__.setdefault("_mcadvantage_tool_schemas", {})
+        key = (environment, tuple(t if callable(t) else id(t) for t in tools or ()))
+        if key not in schemas:
+            from transformers.utils import get_json_schema
+
+            schemas[key] = (
+                [get_json_schema(t) if inspect.isfunction(t) or inspect.ismethod(t) else t for t in tools]
+                if tools
+                else tools
+            )
+        backend = plain_fast_backend(self._tokenizer)
+        prefix = (
+            context_ids if backend is None else backend.decode(list(context_ids), skip_special_tokens=False)
+        )
+        return parse_response(self._tokenizer, turn_ids, prefix=prefix, tools=schemas[key])
 
     @property
     def standalone_tools(self) -> list[Any]:

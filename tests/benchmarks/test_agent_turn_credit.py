@@ -1,0 +1,100 @@
+"""benchmarks/agent_turn_credit.py on one short horizon: the record's fields, and its token counts against counts
+made by hand from the episodes and the estimates (the engine returns exactly the sampled model tokens; every
+continuation stays within its state's remaining budget)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    # Registered in sys.modules while it loads: its dataclasses look their module up.
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "agent_turn_credit.py"
+    spec = importlib.util.spec_from_file_location("agent_turn_credit_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def harness(bench, tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tokenizer, model, losses = bench.teach_policy([2], steps=30, seed=0)
+    assert len(losses) == 2 and losses[1] < losses[0]  # the format is being learnt
+    return bench.build_harness(tokenizer, model, str(tmp_path_factory.mktemp("agent-bench")), 96)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def test_token_counts_match_the_episodes_and_the_budgets(bench, harness):
+    rows = bench.agent_rows("delayed", 2, 2, 7)
+    episodes, grpo = bench.generate_episodes(harness, rows, 2, seed=0)
+    assert grpo.engine_tokens == sum(
+        sum(ep.tool_mask) for ep in episodes
+    )  # GRPO's sampled tokens: the model's
+    k = 2
+    credits, timing = bench.estimate(harness, episodes, 2, k, seed=1)
+    assert timing.engine_tokens == sum(c.generated_tokens for c in credits)
+    assert timing.replays == sum(c.rollouts for c in credits)  # one replayed environment per continuation
+    for episode, credit in zip(episodes, credits, strict=True):
+        states = credit.boundaries[:-1]
+        assert credit.rollouts == k * len(states)
+        remaining = [harness.max_completion_length - b for b in states]
+        # Each continuation's new tokens (model and tool results) fit in its state's remaining budget.
+        assert 0 < credit.generated_tokens + credit.tool_result_tokens <= k * sum(remaining)
+        # A continuation samples at least one token per state (every state opens or continues a model turn).
+        assert credit.generated_tokens >= k * len(states)
+        assert credit.values[-1] == episode.reward
+    assert 0.0 < timing.engine < timing.wall and timing.tools >= 0.0
+
+
+def test_the_record_on_one_horizon(bench, harness):
+    record = bench.measure_horizon(harness, 2, ks=[1, 2], n_episodes=2, repeats=1, seed=0)
+    json.dumps(record)  # what the script writes
+    g = record["grpo"]
+    assert record["horizon"] == 2 and record["episodes"] == 2 and set(record["vineppo"]) == {"1", "2"}
+    assert g["engine_tokens"] == pytest.approx(2 * g["model_tokens_per_episode"])
+    assert (
+        len(g["wall_per_episode_s"]) == 1
+        and g["overhead_ratio"]["n"] == 1
+        and g["overhead_ratio"]["low"] is None
+    )
+    for k, v in record["vineppo"].items():
+        assert v["k"] == int(k)
+        assert v["engine_tokens"] == pytest.approx(2 * v["model_tokens_per_episode"])
+        assert v["rollouts_per_episode"] == pytest.approx(v["k"] * v["states_per_episode"])
+        assert v["replays"] == 2 * v["rollouts_per_episode"]
+        assert v["model_tokens_vs_grpo"] == pytest.approx(
+            v["model_tokens_per_episode"] / g["model_tokens_per_episode"]
+        )
+        assert v["same_values_every_repeat"] and len(v["values_sha256"]) == 64
+        ratio = v["overhead_ratio"]["mean"]
+        assert math.isfinite(ratio) and ratio > 0
+        assert v["replay_per_continuation_ms"] > 0 and v["fork_per_continuation_ms"] > 0
+    table = bench.table([record])
+    assert len(table.splitlines()) == 2 + 3  # header and rule; GRPO, K = 1 and K = 2
+
+
+def test_t_interval_by_hand(bench):
+    # mean 1.1, sd 0.1, t(0.975, 2) = 4.302653: half-width 0.248414.
+    out = bench.t_interval([1.0, 1.1, 1.2])
+    assert out["mean"] == pytest.approx(1.1)
+    assert out["low"] == pytest.approx(1.1 - 0.248414, abs=1e-5)
+    assert out["high"] == pytest.approx(1.1 + 0.248414, abs=1e-5)

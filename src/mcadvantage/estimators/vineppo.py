@@ -12,6 +12,9 @@ Multi-turn episodes of GRPO's tool loop (``batch.tool_mask`` set, ``context.epis
 (:func:`~mcadvantage.mc.turn_credit.estimate_agent_credit`): states at turn boundaries and at the segmenter's step
 boundaries inside the model's turns, ``num_mc_rollouts`` continuations per state that resume the episode through its
 tool calls on replayed environments, tool-result tokens at advantage 0 and out of the whitening statistics.
+
+Why this module is long: one estimator with two inputs (single-turn responses and multi-turn episodes), each with its
+vLLM-server path (the main process samples for every process); the Monte Carlo machinery itself lives in ``mc/``.
 """
 
 from __future__ import annotations

@@ -4,13 +4,15 @@ equal sampled tokens (issue 41; protocol: docs/where-credit-pays-protocol.md).
     python benchmarks/horizon_sweep.py run --stage scout      # seeds 0-2, every cell and arm (resumable)
     python benchmarks/horizon_sweep.py run --stage confirm    # seeds 3-11 where the protocol's rule says
     python benchmarks/horizon_sweep.py report                 # JSON, page and figure from the records
+    python benchmarks/horizon_gradient.py                     # the gradient instrument at H = 2 and 16 (its records)
 
 Each run trains one arm of :mod:`testbed.agent_credit` on one cell (parameterization, structure, horizon, start rate)
 with one seed and writes one record, ``benchmarks/results/horizon_sweep_runs/<param>/<structure>_H<H>_r<rate>/
 <arm>_seed<seed>.json``; a record that exists with the same settings is not run again, so an interrupted sweep
 resumes where it stopped. ``report`` reads only the records: ``benchmarks/results/horizon_sweep.json`` (one record
 per parameterization x structure x horizon x rate x arm), ``docs/where-credit-pays.md`` and its figure
-``docs/figures/where_credit_pays.png``.
+``docs/figures/where_credit_pays.png``. The gradient instrument's records (:mod:`horizon_gradient`, under
+``benchmarks/results/horizon_sweep_gradient/``) become the JSON's ``gradient`` key and a section of the page.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/horizon_sweep.py` has only benchmarks/ on the path
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:  # the gradient stage's module lives beside this file
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import horizon_gradient  # noqa: E402  (beside this file)
 
 from mcadvantage.evaluation.stats import holm_adjust, paired_t_test  # noqa: E402
 from testbed.agent_credit import ARMS, GRPO_ARMS, PARAMETERIZATIONS  # noqa: E402
@@ -38,6 +44,7 @@ RUNS = ROOT / "benchmarks" / "results" / "horizon_sweep_runs"
 SUMMARY = ROOT / "benchmarks" / "results" / "horizon_sweep.json"
 PAGE = ROOT / "docs" / "where-credit-pays.md"
 FIGURE = ROOT / "docs" / "figures" / "where_credit_pays.png"
+GRADIENT_RUNS = horizon_gradient.GRADIENT_RUNS
 
 #: The protocol's grid and settings (docs/where-credit-pays-protocol.md).
 STRUCTURES = ("delayed", "recovery")
@@ -218,9 +225,12 @@ def _paired(arms: dict[str, dict[int, dict[str, Any]]], arm: str, against: str) 
 
 
 def summarize(
-    records: dict[Cell, dict[str, dict[int, dict[str, Any]]]], budget: int = BUDGET_EPISODES
+    records: dict[Cell, dict[str, dict[int, dict[str, Any]]]],
+    budget: int = BUDGET_EPISODES,
+    gradient_records: Sequence[dict[str, Any]] = (),
 ) -> dict:
-    """One record per cell x arm, and per cell the best GRPO arm, the best arm and the tests."""
+    """One record per cell x arm, and per cell the best GRPO arm, the best arm and the tests; with
+    ``gradient_records`` (:func:`horizon_gradient.load`), their summary under ``gradient``."""
     rows: list[dict[str, Any]] = []
     cells: list[dict[str, Any]] = []
     for cell in sorted(records):
@@ -314,6 +324,7 @@ def summarize(
         "token_counting": "sampled tokens are policy tokens (one choice per turn); tool results and EOS are not counted",
         "cells": cells,
         "records": rows,
+        "gradient": horizon_gradient.summarize(gradient_records) if gradient_records else None,
     }
 
 
@@ -502,6 +513,7 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             )
             cellv.append(f"{_fmt(_r(share), 2)} / {_fmt(_r(sign), 2)}")
         lines.append(f"| {arm} | " + " | ".join(cellv) + " |")
+    lines += horizon_gradient.render_section(summary.get("gradient"))
     lines += [
         "",
         "## Every arm, every cell",
@@ -592,8 +604,18 @@ def make_figure(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def report(root: Path, summary_path: Path, page: Path, figure: Path, budget: int = BUDGET_EPISODES) -> dict:
-    summary = summarize(load_records(root, budget), budget)
+def report(
+    root: Path,
+    summary_path: Path,
+    page: Path,
+    figure: Path,
+    budget: int = BUDGET_EPISODES,
+    gradient_root: Path | None = None,
+) -> dict:
+    """The JSON, the page and the figure from the records under ``root`` (and the gradient instrument's under
+    ``gradient_root``, when given)."""
+    gradient = horizon_gradient.load(gradient_root) if gradient_root is not None else []
+    summary = summarize(load_records(root, budget), budget, gradient)
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1) + "\n")
     rel = os.path.relpath(figure, page.parent)
@@ -616,6 +638,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=SUMMARY)
     parser.add_argument("--page", type=Path, default=PAGE)
     parser.add_argument("--figure", type=Path, default=FIGURE)
+    parser.add_argument(
+        "--gradient_root", type=Path, default=GRADIENT_RUNS, help="the gradient instrument's records"
+    )
     parser.add_argument("--budget", type=int, default=BUDGET_EPISODES, help="episode-equivalents per run")
     parser.add_argument("--params", nargs="+", default=list(PARAMETERIZATIONS))
     parser.add_argument("--structures", nargs="+", default=list(STRUCTURES))
@@ -628,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"--arms {unknown}: not arms of testbed.agent_credit.ARMS ({list(ARMS)}).")
     if args.command == "report":
-        summary = report(args.root, args.json, args.page, args.figure, args.budget)
+        summary = report(args.root, args.json, args.page, args.figure, args.budget, args.gradient_root)
         print(
             f"{len(summary['records'])} records in {len(summary['cells'])} cells -> {args.json}, {args.page}"
         )

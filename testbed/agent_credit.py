@@ -73,6 +73,7 @@ __all__ = [
     "TabularAgentPolicy",
     "TabularCritic",
     "agent_gradient_task",
+    "arm_batch_gradients",
     "arm_names",
     "gae_advantages",
     "grpo_match_factor",
@@ -543,6 +544,35 @@ def _turn_advantages(
     return adv
 
 
+def _draw_batch(gtask: Any, prompts: int, group: int, schedule: Any) -> AdvantageBatch:
+    """One batch of an arm: ``group`` episodes for each of ``prompts`` prompts, or one tree per prompt."""
+    indices = list(range(prompts))
+    if schedule is not None:
+        return gtask.sample_trees(indices, schedule)[0]
+    return gtask.sample_group(indices, group)
+
+
+def _batch_advantages(
+    spec: ArmSpec,
+    policy: TabularAgentPolicy,
+    batch: AdvantageBatch,
+    estimator: Any,
+    context: Any,
+    critic: TabularCritic | None,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """An arm's raw advantages on a batch, the tokens they apply to (the policy tokens, less any the estimator
+    masks) and whether the arm whitens them: the estimator through the seam, else the oracle or the critic."""
+    mask = batch.completion_mask.bool()
+    valid = policy.policy_token_mask(batch.completion_ids, mask.shape[1]) & mask
+    if estimator is not None:
+        result = estimator.estimate(batch, context)
+        raw = result.advantages.float()
+        if result.token_mask is not None:
+            valid = valid & result.token_mask.bool()
+        return raw, valid, estimator.whiten_by_default if spec.whiten is None else spec.whiten
+    return _turn_advantages(spec, policy, batch, critic), valid, bool(spec.whiten)
+
+
 def _critic_visits(
     policy: TabularAgentPolicy, batch: AdvantageBatch, critic: TabularCritic, lam: float
 ) -> list[tuple[int, int, float]]:
@@ -612,11 +642,7 @@ def train_arm(
     warmup_left = critic_warmup_batches if critic is not None else 0
     while True:
         before = policy.sampled_tokens
-        indices = list(range(prompts))
-        if schedule is not None:
-            batch, _ = gtask.sample_trees(indices, schedule)
-        else:
-            batch = gtask.sample_group(indices, group)
+        batch = _draw_batch(gtask, prompts, group, schedule)
         drawn = policy.sampled_tokens - before
         if critic is not None and warmup_left > 0:
             if spent + drawn > budget:
@@ -627,17 +653,7 @@ def train_arm(
             warmup_left -= 1
             curve.append((spent, curve[-1][1]))
             continue
-        mask = batch.completion_mask.bool()
-        valid = policy.policy_token_mask(batch.completion_ids, mask.shape[1]) & mask
-        if estimator is not None:
-            result = estimator.estimate(batch, context)
-            raw = result.advantages.float()
-            if result.token_mask is not None:
-                valid = valid & result.token_mask.bool()
-            whiten = estimator.whiten_by_default if spec.whiten is None else spec.whiten
-        else:
-            raw = _turn_advantages(spec, policy, batch, critic)
-            whiten = bool(spec.whiten)
+        raw, valid, whiten = _batch_advantages(spec, policy, batch, estimator, context, critic)
         total_drawn = policy.sampled_tokens - before
         if spent + total_drawn > budget:
             break
@@ -681,3 +697,72 @@ def train_arm(
         credited_episodes=len(shares),
         start_success=start,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The gradient instrument on the toy
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def arm_batch_gradients(
+    structure: str,
+    horizon: int,
+    start_rate: float,
+    arm: str,
+    seed: int,
+    repeats: int,
+    *,
+    parameterization: str = "turn",
+    critic_warmup_batches: int = 2,
+    critic_rate: float = 0.5,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+    """The exact gradient at the start policy and ``repeats`` independent batch gradients of ``arm`` there, each as
+    :func:`train_arm` computes its first update (the arm's batch, its advantages on the policy tokens, its
+    whitening, ``sum A grad log pi / policy tokens``: the ascent direction), with each batch's sampled tokens.
+
+    The policy never moves. A ``critic`` arm gets a fresh critic per repeat, fitted on ``critic_warmup_batches``
+    batches first as in training; those batches' tokens are not counted (a run pays them once, not per batch).
+    The oracle's batch costs its episodes only.
+    """
+    from mcadvantage.estimators.base import DrawsTrees
+    from mcadvantage.estimators.registry import as_advantage_estimator
+
+    if arm not in ARMS:
+        raise ValueError(f"arm={arm!r} is not one of {list(ARMS)}.")
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1.")
+    spec = ARMS[arm]
+    task = toy_task(structure, horizon)
+    policy = TabularAgentPolicy(
+        task, start_logits(task, start_rate, parameterization), parameterization=parameterization, seed=seed
+    )
+    torch.manual_seed(seed)
+    estimator = as_advantage_estimator(spec.build(horizon)) if spec.build is not None else None
+    prompts, group = spec.prompts(horizon), spec.group(horizon)
+    gtask = agent_gradient_task(policy, prompts)
+    context = gtask.context()
+    schedule = (
+        estimator.tree_schedule(gtask.max_completion_length) if isinstance(estimator, DrawsTrees) else None
+    )
+    gradients: list[torch.Tensor] = []
+    tokens: list[int] = []
+    for _ in range(repeats):
+        critic = None
+        if spec.kind == "critic":
+            critic = TabularCritic(horizon, rate=critic_rate)
+            for _ in range(critic_warmup_batches):
+                warm = _draw_batch(gtask, prompts, group, schedule)
+                critic.update(_critic_visits(policy, warm, critic, spec.lam))
+        before = policy.sampled_tokens
+        batch = _draw_batch(gtask, prompts, group, schedule)
+        raw, valid, whiten = _batch_advantages(spec, policy, batch, estimator, context, critic)
+        tokens.append(policy.sampled_tokens - before)
+        advantages = _whiten(raw, valid) if whiten else raw * valid
+        weights = advantages * valid / max(int(valid.sum()), 1)
+        logp = policy.token_logprobs(batch.prompt_ids, batch.completion_ids)
+        objective = (weights.to(logp.dtype)[:, : logp.shape[1]] * logp).sum()
+        (grad,) = torch.autograd.grad(objective, policy.parameters(), allow_unused=True)
+        gradients.append(
+            torch.zeros(policy.logits.numel()) if grad is None else grad.reshape(-1).to(torch.float32)
+        )
+    return policy.exact_gradient(), gradients, tokens

@@ -66,7 +66,13 @@ def test_confirm_rule_takes_both_ends_and_interior_sign_changes():
 def test_committed_summary_and_page_regenerate_from_the_committed_records():
     committed = json.loads(hs.SUMMARY.read_text())
     regenerated = json.loads(
-        json.dumps(hs.summarize(hs.load_records(hs.RUNS), committed["budget_episode_equivalents"]))
+        json.dumps(
+            hs.summarize(
+                hs.load_records(hs.RUNS),
+                committed["budget_episode_equivalents"],
+                hs.horizon_gradient.load(hs.GRADIENT_RUNS),
+            )
+        )
     )
     assert regenerated == committed
     assert hs.PAGE.read_text() == hs.render_page(committed, figure="figures/where_credit_pays.png")

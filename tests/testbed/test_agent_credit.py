@@ -15,6 +15,7 @@ from testbed.agent_credit import (
     TabularAgentPolicy,
     TabularCritic,
     agent_gradient_task,
+    arm_batch_gradients,
     gae_advantages,
     grpo_match_factor,
     start_logits,
@@ -137,3 +138,27 @@ def test_every_arm_trains_within_its_budget_and_the_oracle_gives_irrelevant_turn
     assert oracle.irrelevant_share == 0.0 and oracle.decisive_sign_accuracy == 1.0
     assert grpo.irrelevant_share == pytest.approx(5 / 6)  # GRPO's one credit per episode, on all 6 turns
     assert oracle.rollout_tokens == 0 and grpo.success_at_budget > 0.5 and oracle.success_at_budget > 0.5
+
+
+@pytest.mark.parametrize(("structure", "parameterization"), [("delayed", "shared"), ("recovery", "turn")])
+def test_the_oracles_batch_gradient_is_the_exact_gradient_over_h_on_average(structure, parameterization):
+    """Exact turn advantages: E[sum_t A_t grad log pi] = grad J per episode, and the loss divides by the N H policy
+    tokens of N whole episodes, so the mean batch gradient is grad J / H (within its standard error)."""
+    horizon, repeats = 3, 200
+    exact, grads, tokens = arm_batch_gradients(
+        structure, horizon, 0.3, "oracle", 0, repeats, parameterization=parameterization
+    )
+    stacked = torch.stack(grads)
+    se = stacked.std(0) / math.sqrt(repeats)
+    assert tokens == [16 * horizon] * repeats  # 4 prompts x 4 whole episodes of H choices, nothing else
+    assert torch.all((stacked.mean(0) - exact / horizon).abs() <= 4 * se + 1e-7)
+    assert float(exact.norm()) > 0.05  # a real signal, not a trivially met bound
+
+
+def test_grpo_and_rloo_batch_gradients_are_zero_when_every_group_has_the_same_reward():
+    """A start so sure of the key that every episode succeeds: every group is degenerate, so group-relative
+    advantages, hence the batch gradient, are exactly zero (while the exact gradient is not)."""
+    for arm in ("grpo", "rloo", "grpo_samples"):
+        exact, grads, _ = arm_batch_gradients("delayed", 2, 1.0 - 1e-12, arm, 0, 5)
+        assert all(float(g.abs().max()) == 0.0 for g in grads), arm
+        assert float(exact.abs().max()) > 0

@@ -289,9 +289,8 @@ MC_OPTION_SUFFIXES: dict[str, dict[str, Any]] = {
 }
 
 
-#: The critic settings of the ``ppo_warm`` arms (``VinePPOConfig`` fields): the critic study's choice
-#: (``benchmarks/critic_learning.py``, docs/howto/ppo-critic.md, "Make the critic learn"): a learning rate 30x the
-#: demo policy's 1e-4, chosen on the grid 1x/10x/30x/100x, and 10 steps that train the critic alone first.
+#: The ``ppo_warm`` arms' critic (``VinePPOConfig`` fields), chosen by the critic study (docs/howto/ppo-critic.md): 30x
+#: the demo policy's learning rate (on the grid 1x/10x/30x/100x), and 10 steps that train the critic alone first.
 WARM_CRITIC: dict[str, Any] = {"critic_learning_rate": 3e-3, "critic_warmup_steps": 10}
 
 
@@ -309,9 +308,8 @@ class ArmSpec:
 
     @property
     def critic_warmup_steps(self) -> int:
-        """Training steps that train only the critic before the policy moves (``critic_warmup_steps`` among the
-        options; 0 for every arm but ``ppo_warm``). They come on top of the config's ``rl_steps``, which count the
-        policy's steps."""
+        """Steps that train only the critic before the policy moves (``critic_warmup_steps``; 0 but for ``ppo_warm``),
+        on top of the config's ``rl_steps``, which count the policy's steps."""
         return int(dict(self.mc_options).get("critic_warmup_steps", 0))
 
 
@@ -322,9 +320,8 @@ def parse_arm(name: str) -> ArmSpec:
       TRL's own advantages);
     - ``"ppo"``: PPO with a learned critic (``advantage_estimator="gae"``, the critic initialised from the starting
       policy, the paper's gamma = lambda = 1, value clip 0.2, the critic's learning rate the policy's);
-    - ``"ppo_warm"``: the same with the critic study's settings (:data:`WARM_CRITIC`: critic learning rate 3e-3 and
-      10 warm-up steps that train the critic alone, on top of the ``rl_steps`` policy steps);
-      ``"ppo_warm_l<L>"``: that with ``gae_lambda=L`` (``"ppo_warm_l0.95"``);
+    - ``"ppo_warm"``: the same with the critic study's critic (:data:`WARM_CRITIC`: learning rate 3e-3, 10 critic-only
+      steps on top of the ``rl_steps`` policy steps); ``"ppo_warm_l<L>"``: that with ``gae_lambda=L``;
     - ``"vineppo_k<K>"``: Monte Carlo step values from ``K`` rollouts per state (``"vineppo_k4"``);
     - ``"vineppo_k<K>_reuse"``: the same with free samples (``mc_reuse_samples``: the group's other responses and
       rollouts through a state count, leave-one-out, and new rollouts only top a state up to ``K``);
@@ -343,11 +340,10 @@ def parse_arm(name: str) -> ArmSpec:
     m = _ARM.match(name)
     if m is None:
         raise ValueError(
-            f"unknown arm {name!r}: use 'grpo', 'rloo', 'ppo', 'ppo_warm' or 'ppo_warm_l<L>' (a warmed-up critic "
-            "with GAE lambda L, e.g. 'ppo_warm_l0.95'), 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or "
-            "'_variance' for the cheaper Monte Carlo options), 'hybrid' or 'hybrid_b<B>' (B percent extra tokens), "
-            "'tree' or 'tree_d<D>' (branching at token D), any of them with '_p<P>' for P prompts per step "
-            "(e.g. 'grpo_p19')."
+            f"unknown arm {name!r}: use 'grpo', 'rloo', 'ppo', 'ppo_warm' or 'ppo_warm_l<L>' (a warmed-up critic, GAE "
+            "lambda L), 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or '_variance' for the cheaper Monte Carlo "
+            "options), 'hybrid' or 'hybrid_b<B>' (B percent extra tokens), 'tree' or 'tree_d<D>' (branching at token "
+            "D), any of them with '_p<P>' for P prompts per step (e.g. 'grpo_p19')."
         )
     base = m.group("base")
     family = re.match(r"[a-z]+", base).group(0)  # "vineppo_k4_reuse" -> "vineppo", "tree_d12" -> "tree"

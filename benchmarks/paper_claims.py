@@ -2131,7 +2131,7 @@ def _summary(result: dict) -> list[str]:
         "What does help here is more prompts: GRPO given VinePPO's sampled tokens is ahead of both (VinePPO minus it "
         f"{diff(matched[('vineppo_k4', 'grpo_matched')])} from the supervised start; PPO minus it "
         f"{diff(matched[('ppo', 'grpo_matched')])}, and on `{STAGE3_TASK}` {diff(s3['ppo_minus_grpo_matched'])}).",
-        *_critic_warmup_summary(),
+        *_critic_warmup_summary(studies.get("ppo_arms", {})),
         "- **The paper's own arithmetic does not give its 1.1B wall-clock figure.** Table 4's "
         f"{rows['arith_wallclock_1b']['ours']}; for the 7B model the numbers agree "
         f"({arithmetic['arith_wallclock_7b']['computed']:.2f}x against {arithmetic['arith_wallclock_7b']['stated']}x).",
@@ -2139,8 +2139,9 @@ def _summary(result: dict) -> list[str]:
     ]
 
 
-def _critic_warmup_summary() -> list[str]:
-    """Why the PPO arms were not re-run with a warmed-up critic: ``benchmarks/critic_learning.py``'s results."""
+def _critic_warmup_summary(arms: dict[str, dict]) -> list[str]:
+    """What the warmed-up critic did in ``benchmarks/critic_learning.py``, and where its re-run PPO arms (``arms``,
+    the amendment of 2026-11-28) stand."""
     path = RESULTS / "critic_learning.json"
     if not path.exists():
         return []
@@ -2159,8 +2160,12 @@ def _critic_warmup_summary() -> list[str]:
         f"{warm['fresh_ev_pooled_warmup_last_10']:+.2f} while the policy was still fixed, and fell back to "
         f"{warm['fresh_ev_pooled_31_40']:+.2f} once the policy moved. Yet a value of the prompt alone could explain "
         f"{warm['prompt_level_share_31_40']:.2f} of the reward's variance. With 4 new prompts a step, this critic "
-        "cannot follow a moving policy's values. The PPO arms were therefore not re-run: they would again be "
-        "compared against a critic that does not tell states apart.",
+        "cannot follow a moving policy's values. The PPO arms are re-run with it all the same (protocol amendment of "
+        f"2026-11-28: {' and '.join(f'`{a}`' for a in WARM_ARMS)}, the second at GAE lambda 0.95), since this critic "
+        "at least learns the mean reward: "
+        f"{sum(a['finished']['ppo'] for a in arms.values())} of {len(arms) * len(SEEDS)} runs have finished "
+        f"({sum(a['complete'] for a in arms.values())} of {len(arms)} arm-and-stage sets of 12 seeds complete, each "
+        "read in its own row once complete); every other PPO row is the PPO whose critic had no warm-up.",
     ]
 
 

@@ -494,3 +494,13 @@ def test_sampled_tokens_count_every_estimators_rollouts_and_a_trees_shared_prefi
     info = {"task": "demo", "seed": 0, "prompts_per_step": 4, "sampled_tokens": 0.0, "logs": tree_logs}
     le.recount_sampled_tokens(info, [])
     assert info["sampled_tokens"] == 250.0  # what the tree sampled, not 320
+
+
+def test_a_critic_warmups_tokens_count_from_the_first_policy_step_on_and_the_start_stays_at_zero():
+    """ppo_warm logs its warm-up at steps <= 0: those tokens join the first policy step's count, not the start's."""
+    le = _benchmark()
+    logs = [{"step": float(s), "completions/mean_length": 10.0} for s in (-1, 0, 1, 2)]  # 320 tokens each
+    info = {"task": "demo", "seed": 0, "prompts_per_step": 4, "sampled_tokens": 0.0, "logs": logs}
+    curve = [{"step": s, "sampled_tokens": 0.0} for s in (0, 1, 2)]
+    le.recount_sampled_tokens(info, curve)
+    assert info["sampled_tokens"] == 1280.0 and [r["sampled_tokens"] for r in curve] == [0.0, 960.0, 1280.0]

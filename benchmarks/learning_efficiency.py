@@ -379,7 +379,10 @@ def recount_sampled_tokens(info: dict, records: list[dict]) -> None:
     total, by_step = 0.0, {0: 0.0}
     for step in sorted(logs, key=lambda row: row["step"]):
         total += step_sampled_tokens(step, batch)
-        by_step[int(step["step"])] = total
+        if (
+            step["step"] > 0
+        ):  # a critic warm-up's steps (<= 0) add to the first policy step's count, not the start's
+            by_step[int(step["step"])] = total
     info["sampled_tokens"] = total
     for record in records:
         record["sampled_tokens"] = by_step.get(int(record["step"]), record["sampled_tokens"])
@@ -556,7 +559,9 @@ def run_arm_process(
             on_record=on_record,
         )
         steps = config.rl_steps
-        extra["mean_reward"] = statistics.mean(r.get("reward", 0.0) for r in logs)
+        if spec.critic_warmup_steps:  # trained on top of the policy's steps (run_rl_arm)
+            extra["critic_warmup_steps"] = spec.critic_warmup_steps
+        extra["mean_reward"] = statistics.mean(r.get("reward", 0.0) for r in logs if r["step"] > 0)
         extra["logs"] = logs
     _write_json(
         seed_dir / f"{arm_name}.done.json",

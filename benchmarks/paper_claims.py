@@ -1020,13 +1020,30 @@ def critic_logs(
     ``critic/explained_variance`` (on the batch it trained on) and of ``critic/mean_value`` minus the mean reward;
     tests over the seeds; and how many of all logged steps had explained variance at or above 0."""
     ev, bias, value, reward = [], [], [], []
-    nonnegative = logged = 0
+    nonnegative = logged = below_constant = 0
+    errors = True  # whether every run logged the fresh value errors (runs since the critic study)
     for seed in seeds:
+        # Step logs of the policy's steps only (a critic warm-up's are logged at steps <= 0). Explained variance on
+        # fresh states against the reward-to-go: the logged "_fresh" metric where there is one (under lambda < 1 the
+        # other is against GAE's returns); records before it had only the other, equal at lambda = 1.
         logs = [
-            r for r in load_logs(root, task, arm, seed) if "critic/explained_variance" in r
-        ]  # step logs only
+            {
+                **r,
+                "critic/explained_variance": r.get(
+                    "critic/explained_variance_fresh", r["critic/explained_variance"]
+                ),
+            }
+            for r in load_logs(root, task, arm, seed)
+            if "critic/explained_variance" in r and r["step"] > 0
+        ]
         tail = logs[-window:]
         ev.append(statistics.fmean(r["critic/explained_variance"] for r in tail))
+        if all("critic/value_error_fresh" in r and "critic/value_error_constant" in r for r in tail):
+            below_constant += statistics.fmean(
+                r["critic/value_error_fresh"] for r in tail
+            ) < statistics.fmean(r["critic/value_error_constant"] for r in tail)
+        else:
+            errors = False
         bias.append(statistics.fmean(r["critic/mean_value"] - r["reward"] for r in tail))
         value.append(statistics.fmean(r["critic/mean_value"] for r in tail))
         reward.append(statistics.fmean(r["reward"] for r in tail))
@@ -1044,6 +1061,7 @@ def critic_logs(
         "mean_reward": statistics.fmean(reward),
         "steps_nonnegative": nonnegative,
         "steps_logged": logged,
+        **({"seeds_below_constant": below_constant} if errors else {}),
     }
 
 
@@ -1192,21 +1210,53 @@ def training_signals(root: Path = RUNS) -> dict:
     }
 
 
+#: The warmed-up critic's arms (protocol amendment of 2026-11-28 03:21 UTC): 10 critic-only steps, then 40 policy steps.
+WARM_ARMS = ("ppo_warm", "ppo_warm_l0.95")
+#: stage -> (task, the records' root, evaluated every, KL prompts, measures), as the amendment's commands run them.
+WARM_STAGES: dict[str, tuple[str, Path, int, int, str]] = {
+    "stage1": (TASK, RUNS, 5, 128, "m1-m4"),
+    "stage3": (STAGE3_TASK, REGIME_RUNS, 20, 0, "m1"),
+    "stage4": (STAGE4_TASK, RUNS, 20, 128, "m1-m4"),
+}
+
+
+def warm_command(arm: str, stage: str) -> str:
+    """The amendment's command for ``arm`` on ``stage``, all 12 seeds (run as two processes of 6 seeds)."""
+    task, root, every, kl, _ = WARM_STAGES[stage]
+    return (
+        f"python benchmarks/learning_efficiency.py --task {task} --seeds {' '.join(map(str, SEEDS))} --arms {arm} "
+        f"--eval_every {every}{f' --kl_prompts {kl}' if kl else ''} --threads 1 --root {root.relative_to(ROOT)} "
+        f"--json /tmp/ppo_warm/{stage}.json --report_tasks {task}"
+    )
+
+
 #: Further PPO arms read against VinePPO K = 4 with stage 1's measures (M1-M4, Holm over the four, and the critic's
-#: training logs): name -> (task, the arm's run name, its records' root, VinePPO's records' root, its command). A new
-#: arm (e.g. the critic with warm-up of issue 40) needs one entry here and catalogue rows with
-#: ``"measure": "ppo_arm:<name>:<accuracy|steps|seconds|kl|explained_variance|value_bias>"``; the old PPO rows stay.
-PPO_ARM_STUDIES: dict[str, tuple[str, str, Path, Path, str]] = {}
+#: training logs): name -> (task, the arm's run name, its records' root, VinePPO's records' root, its command[, its
+#: measures: "m1-m4" (stages 1 and 4, the default) or "m1" (stage 3: accuracy only, no KL in its records)]). A new arm
+#: needs one entry here and catalogue rows with ``"measure": "ppo_arm:<name>:<accuracy|steps|seconds|kl|
+#: explained_variance|value_bias|critic>"``; the old PPO rows stay, labelled "critic without warm-up".
+PPO_ARM_STUDIES: dict[str, tuple[Any, ...]] = {
+    f"{arm}_{stage}": (task, arm, root, root, warm_command(arm, stage), measures)
+    for arm in WARM_ARMS
+    for stage, (task, root, _, _, measures) in WARM_STAGES.items()
+}
 
 
-def ppo_arm_study(task: str, arm: str, root: Path, vineppo_root: Path, command: str) -> dict:
+def ppo_arm_study(
+    task: str, arm: str, root: Path, vineppo_root: Path, command: str, measures: str = "m1-m4"
+) -> dict:
     """VinePPO K = 4 against the PPO arm ``arm`` on ``task``, paired by seed: stage 1's M1-M4 (the arm is read under
-    the name ``ppo``, so every stage-1 row reads it unchanged) and its critic's training logs."""
+    the name ``ppo``, so every stage-1 row reads it unchanged), or with ``measures="m1"`` M1 alone (stage 3's rule;
+    its Holm over two tasks is :func:`holm_arms_over_two_tasks`), and its critic's training logs. Read only when all
+    12 seeds of both arms have finished."""
+    if measures not in ("m1-m4", "m1"):
+        raise ValueError(f"ppo_arm_study: measures must be 'm1-m4' or 'm1', got {measures!r}.")
     curves = {"vineppo_k4": load_curves(vineppo_root, task, "vineppo_k4", SEEDS),
               "ppo": load_curves(root, task, arm, SEEDS)}  # fmt: skip
     out: dict[str, Any] = {
         "task": task,
         "arm": arm,
+        "measures": measures,
         "finished": {name: len(c) for name, c in curves.items()},
         "runs_expected": 2 * len(SEEDS),
         "complete": all(len(c) == len(SEEDS) for c in curves.values()),
@@ -1215,6 +1265,16 @@ def ppo_arm_study(task: str, arm: str, root: Path, vineppo_root: Path, command: 
     if not out["complete"]:
         return out
     last = max(r["step"] for r in curves["ppo"][SEEDS[0]])
+    if measures == "m1":
+        out.update(
+            last_step=last,
+            final_accuracy={
+                name: _mean_se([at_step(c[s], last)["accuracy"] for s in SEEDS]) for name, c in curves.items()
+            },
+            m1_accuracy=paired_finals(curves, "vineppo_k4", "ppo", last),
+            critic_logs=critic_logs(root, task, arm),
+        )
+        return out
     m1, m2, m3, m4 = against_ppo(curves, last)
     out.update(
         last_step=last,
@@ -1233,12 +1293,48 @@ def ppo_arm_study(task: str, arm: str, root: Path, vineppo_root: Path, command: 
     return out
 
 
+def holm_arms_over_two_tasks(arms: dict[str, dict]) -> None:
+    """Stage 3's rule for a further PPO arm, in place: its ``sign_plateau`` M1 gets Holm over that arm's two tasks'
+    M1 (its stage-1 p and this one), or over itself alone while the arm's stage 1 is incomplete (as :func:`stage3`)."""
+    for study in arms.values():
+        if study.get("measures") != "m1" or not study["complete"]:
+            continue
+        first = next(
+            (s for s in arms.values() if s["arm"] == study["arm"] and s["task"] == TASK and s["complete"]),
+            None,
+        )
+        m1 = study["m1_accuracy"]
+        family = [first["m1_accuracy"]["p"], m1["p"]] if first is not None else [m1["p"]]
+        m1["p_holm"] = _stats().holm_adjust(family)[-1]
+        m1["holm_family"] = [TASK, study["task"]][-len(family) :]
+
+
 def ppo_arm_row(measure: str, studies: dict) -> dict:
     """A row of a further PPO arm (``PPO_ARM_STUDIES``): stage 1's row for the measure, read against that arm."""
     _, name, what = measure.split(":")
     study = studies["ppo_arms"][name]
     if not study["complete"]:
-        return _incomplete("arm", {"arm": study})
+        done = study["finished"]["ppo"]
+        return {
+            "ours": f"PPO arm `{study['arm']}` on `{study['task']}`: running, {done} of {len(SEEDS)} seeds finished",
+            "ci": "",
+            "verdict": "not measured yet",
+            "why": "the protocol (amendment of 2026-11-28) reads an arm's stage only when all its seeds have finished",
+            "evidence": {"kind": "not measured yet"},
+        }
+    if what == "critic":
+        return critic_row(study)
+    if what == "accuracy" and study.get("measures") == "m1":
+        fa, t = study["final_accuracy"], study["m1_accuracy"]
+        family = f"{study['arm']} M1 over {' and '.join(t['holm_family'])} (Holm)"
+        return _test_row(
+            f"PPO arm `{study['arm']}` on `{study['task']}`, step {study['last_step']}: VinePPO K=4 "
+            f"{fa['vineppo_k4'][0]:.3f}, PPO {fa['ppo'][0]:.3f}: {t['mean']:+.3f} ({_p(t)})",
+            t,
+            1,
+            "stage 3's rule for the arm (amendment of 2026-11-28): M1 paired by seed, Holm over the arm's two tasks",
+            family=family,
+        )
     if what == "explained_variance":
         return logs_row("explained_variance", study["critic_logs"])
     if what == "value_bias":
@@ -1248,6 +1344,26 @@ def ppo_arm_row(measure: str, studies: dict) -> dict:
         row["evidence"]["family"] = f"{name} M1-M4 (Holm)"
     row["why"] = row["why"].replace(UNDER_LOAD, "")
     return {**row, "ours": f"PPO arm `{study['arm']}` on `{study['task']}`: " + row["ours"]}
+
+
+def critic_row(study: dict) -> dict:
+    """A further PPO arm's critic, described (the amendment of 2026-11-28 tests nothing here): its explained variance on
+    fresh states and how many seeds' critics predicted better than the running mean of earlier rewards."""
+    logs = study["critic_logs"]
+    ev = logs["explained_variance"]
+    better = logs.get("seeds_below_constant")
+    beside = (
+        f"; its value error below the running mean's in {better} of {logs['seeds']} seeds"
+        if better is not None
+        else ""
+    )
+    return _descriptive(
+        f"PPO arm `{study['arm']}` on `{study['task']}`: the critic's explained variance on fresh states, mean of the "
+        f"last {logs['window']} policy steps per run: {ev['mean']:+.2f} over {logs['seeds']} seeds (median "
+        f"{logs['explained_variance_median']:+.2f}){beside}",
+        "described beside the accuracy rows, no test (amendment of 2026-11-28); value error from the logged "
+        "critic/value_error_fresh and critic/value_error_constant",
+    )
 
 
 def _mean_se(xs: list[float]) -> list[float]:
@@ -1946,6 +2062,7 @@ def build(root: Path = RUNS) -> dict:
     studies["grpo_divergence"] = grpo_divergence(root)
     studies["training_signals"] = training_signals(root)
     studies["ppo_arms"] = {name: ppo_arm_study(*spec) for name, spec in PPO_ARM_STUDIES.items()}
+    holm_arms_over_two_tasks(studies["ppo_arms"])
     claims = []
     for entry in catalogue["claims"]:
         row, command = catalogue_row(entry, studies)
@@ -2014,7 +2131,7 @@ def _summary(result: dict) -> list[str]:
         "What does help here is more prompts: GRPO given VinePPO's sampled tokens is ahead of both (VinePPO minus it "
         f"{diff(matched[('vineppo_k4', 'grpo_matched')])} from the supervised start; PPO minus it "
         f"{diff(matched[('ppo', 'grpo_matched')])}, and on `{STAGE3_TASK}` {diff(s3['ppo_minus_grpo_matched'])}).",
-        *_critic_warmup_summary(),
+        *_critic_warmup_summary(studies.get("ppo_arms", {})),
         "- **The paper's own arithmetic does not give its 1.1B wall-clock figure.** Table 4's "
         f"{rows['arith_wallclock_1b']['ours']}; for the 7B model the numbers agree "
         f"({arithmetic['arith_wallclock_7b']['computed']:.2f}x against {arithmetic['arith_wallclock_7b']['stated']}x).",
@@ -2022,8 +2139,9 @@ def _summary(result: dict) -> list[str]:
     ]
 
 
-def _critic_warmup_summary() -> list[str]:
-    """Why the PPO arms were not re-run with a warmed-up critic: ``benchmarks/critic_learning.py``'s results."""
+def _critic_warmup_summary(arms: dict[str, dict]) -> list[str]:
+    """What the warmed-up critic did in ``benchmarks/critic_learning.py``, and where its re-run PPO arms (``arms``,
+    the amendment of 2026-11-28) stand."""
     path = RESULTS / "critic_learning.json"
     if not path.exists():
         return []
@@ -2042,8 +2160,12 @@ def _critic_warmup_summary() -> list[str]:
         f"{warm['fresh_ev_pooled_warmup_last_10']:+.2f} while the policy was still fixed, and fell back to "
         f"{warm['fresh_ev_pooled_31_40']:+.2f} once the policy moved. Yet a value of the prompt alone could explain "
         f"{warm['prompt_level_share_31_40']:.2f} of the reward's variance. With 4 new prompts a step, this critic "
-        "cannot follow a moving policy's values. The PPO arms were therefore not re-run: they would again be "
-        "compared against a critic that does not tell states apart.",
+        "cannot follow a moving policy's values. The PPO arms are re-run with it all the same (protocol amendment of "
+        f"2026-11-28: {' and '.join(f'`{a}`' for a in WARM_ARMS)}, the second at GAE lambda 0.95), since this critic "
+        "at least learns the mean reward: "
+        f"{sum(a['finished']['ppo'] for a in arms.values())} of {len(arms) * len(SEEDS)} runs have finished "
+        f"({sum(a['complete'] for a in arms.values())} of {len(arms)} arm-and-stage sets of 12 seeds complete, each "
+        "read in its own row once complete); every other PPO row is the PPO whose critic had no warm-up.",
     ]
 
 

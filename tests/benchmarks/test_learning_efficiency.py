@@ -19,6 +19,10 @@ from testbed.tasks import StudyConfig
 REPO = Path(__file__).resolve().parents[2]
 
 
+#: ``ppo_warm``'s options, written out (the critic study's choice: docs/howto/ppo-critic.md).
+WARM = (("critic_learning_rate", 3e-3), ("critic_warmup_steps", 10))
+
+
 def _benchmark():
     return load_benchmark("learning_efficiency")
 
@@ -29,6 +33,9 @@ def _benchmark():
         ("grpo", ArmSpec("grpo", "grpo", None, None)),
         ("rloo", ArmSpec("rloo", "rloo", None, None)),
         ("ppo", ArmSpec("ppo", "gae", None, None)),
+        ("ppo_warm", ArmSpec("ppo_warm", "gae", None, None, WARM)),
+        ("ppo_warm_l0.95", ArmSpec("ppo_warm_l0.95", "gae", None, None, (*WARM, ("gae_lambda", 0.95)))),
+        ("ppo_warm_l1_p8", ArmSpec("ppo_warm_l1_p8", "gae", None, 8, (*WARM, ("gae_lambda", 1.0)))),
         ("vineppo_k9", ArmSpec("vineppo_k9", "vineppo", 9, None)),
         ("grpo_p19", ArmSpec("grpo_p19", "grpo", None, 19)),
         ("vineppo_k4_p2", ArmSpec("vineppo_k4_p2", "vineppo", 4, 2)),
@@ -57,6 +64,7 @@ def _benchmark():
     ],
 )
 def test_parse_arm(name, expected):
+    """Every arm name of the grammar, the warmed-up critic's (``ppo_warm``: the critic study's settings) included."""
     assert parse_arm(name) == expected
 
 
@@ -64,6 +72,10 @@ def test_parse_arm(name, expected):
     "name",
     [
         "ppo_k4",
+        "ppo_l0.95",
+        "ppo_warm_l",
+        "ppo_warm_l2",
+        "ppo_warm_l.5",
         "vineppo",
         "vineppo_k0",
         "grpo_p0",
@@ -82,7 +94,8 @@ def test_parse_arm(name, expected):
 )
 def test_parse_arm_rejects_unknown_names_and_says_what_works(name):
     with pytest.raises(
-        ValueError, match="use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>'.*without RL: 'sft', 'restem'"
+        ValueError,
+        match="use 'grpo', 'rloo', 'ppo', 'ppo_warm' or 'ppo_warm_l<L>'.*'vineppo_k<K>'.*without RL: 'sft', 'restem'",
     ):
         parse_arm(name)
 
@@ -108,6 +121,19 @@ def test_mc_option_arms_reach_the_config():
     assert (plain.mc_reuse_samples, plain.mc_allocation) == (False, "uniform")
     hybrid = rl_training_args(DemoConfig(), parse_arm("hybrid_b50"), "/tmp/unused")
     assert (hybrid.advantage_estimator, hybrid.hybrid_budget, hybrid.num_mc_rollouts) == ("hybrid", 0.5, 4)
+    warm = rl_training_args(DemoConfig(), parse_arm("ppo_warm_l0.95"), "/tmp/unused")
+    assert (
+        warm.advantage_estimator,
+        warm.critic_learning_rate,
+        warm.critic_warmup_steps,
+        warm.gae_lambda,
+    ) == (
+        "gae",
+        3e-3,
+        10,
+        0.95,
+    )
+    assert parse_arm("ppo_warm").critic_warmup_steps == 10 and parse_arm("ppo").critic_warmup_steps == 0
     tree = rl_training_args(DemoConfig(), parse_arm("tree_d12"), "/tmp/unused")
     assert (tree.advantage_estimator, tree.tree_branching, list(tree.tree_depths)) == (
         "tree",
@@ -468,3 +494,13 @@ def test_sampled_tokens_count_every_estimators_rollouts_and_a_trees_shared_prefi
     info = {"task": "demo", "seed": 0, "prompts_per_step": 4, "sampled_tokens": 0.0, "logs": tree_logs}
     le.recount_sampled_tokens(info, [])
     assert info["sampled_tokens"] == 250.0  # what the tree sampled, not 320
+
+
+def test_a_critic_warmups_tokens_count_from_the_first_policy_step_on_and_the_start_stays_at_zero():
+    """ppo_warm logs its warm-up at steps <= 0: those tokens join the first policy step's count, not the start's."""
+    le = _benchmark()
+    logs = [{"step": float(s), "completions/mean_length": 10.0} for s in (-1, 0, 1, 2)]  # 320 tokens each
+    info = {"task": "demo", "seed": 0, "prompts_per_step": 4, "sampled_tokens": 0.0, "logs": logs}
+    curve = [{"step": s, "sampled_tokens": 0.0} for s in (0, 1, 2)]
+    le.recount_sampled_tokens(info, curve)
+    assert info["sampled_tokens"] == 1280.0 and [r["sampled_tokens"] for r in curve] == [0.0, 960.0, 1280.0]

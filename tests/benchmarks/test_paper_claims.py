@@ -510,6 +510,73 @@ def test_a_further_ppo_arm_is_read_with_stage_1s_measures(tmp_path, monkeypatch)
     assert ev["verdict"] == "holds" and ev["evidence"]["estimate"] == pytest.approx(0.31, abs=0.01)
 
 
+def test_a_warmed_up_arm_reads_running_until_its_12_seeds_are_in_then_stage_3s_rule_and_its_critic(tmp_path):
+    """The warmed-up critic's arms (amendment of 2026-11-28): a stage with 11 of 12 seeds is "running" and not measured
+    yet; stage 3's arm is read by M1 alone with Holm over the arm's two tasks; the critic row describes the policy
+    steps' fresh explained variance (the warm-up's logs at steps <= 0 left out) and counts the seeds whose critic beat
+    the running mean."""
+    bench = _bench()
+
+    def write_warm(seed: int, task: str) -> None:
+        """A ppo_warm run: two warm-up logs (steps -1 and 0) that must not count, then the policy's 10 steps."""
+        _write_run(tmp_path, seed, "ppo_warm", [(0, 0.5, 0, 0), (20, 0.6, 8, 0), (40, 0.7 + 0.001 * seed, 16, 0)],
+                   task)  # fmt: skip
+        done = tmp_path / task / f"seed{seed}" / "ppo_warm.done.json"
+        info = json.loads(done.read_text())
+        warmup = [{"step": float(s), "reward": 0.5, "critic/explained_variance": -9.0,
+                   "critic/explained_variance_fresh": -9.0, "critic/mean_value": 0.5} for s in (-1, 0)]  # fmt: skip
+        for log in info["logs"]:
+            log.update({"critic/explained_variance": -1.0, "critic/explained_variance_fresh": 0.2 + 0.01 * (seed % 3),
+                        "critic/mean_value": 0.5, "critic/value_error_fresh": 0.1,
+                        "critic/value_error_constant": 0.2 if seed < 8 else 0.05})  # fmt: skip
+        info["logs"] = warmup + info["logs"]
+        done.write_text(json.dumps(info))
+
+    for seed in range(12):
+        for task in ("demo_plateau", "sign_plateau"):
+            _write_run(
+                tmp_path, seed, "vineppo_k4", [(0, 0.5, 0, 0), (20, 0.7, 9, 0), (40, 0.8, 18, 0)], task
+            )
+            if not (seed == 11 and task == "sign_plateau"):
+                write_warm(seed, task)
+    specs = {"warm_stage1": ("demo_plateau", "ppo_warm", tmp_path, tmp_path, "c1"),
+             "warm_stage3": ("sign_plateau", "ppo_warm", tmp_path, tmp_path, "c3", "m1")}  # fmt: skip
+    arms = {name: bench.ppo_arm_study(*spec) for name, spec in specs.items()}
+    bench.holm_arms_over_two_tasks(arms)
+    studies = {"ppo_arms": arms}
+    running = bench.catalogue_row({"measure": "ppo_arm:warm_stage3:accuracy"}, studies)[0]
+    assert running["verdict"] == "not measured yet" and "running, 11 of 12 seeds finished" in running["ours"]
+    critic = bench.catalogue_row({"measure": "ppo_arm:warm_stage1:critic"}, studies)[0]
+    assert critic["verdict"] == "descriptive" and "+0.21 over 12 seeds" in critic["ours"]
+    assert "below the running mean's in 8 of 12 seeds" in critic["ours"]
+    seed_dir = tmp_path / "sign_plateau" / "seed11"
+    write_warm(11, "sign_plateau")
+    arms["warm_stage3"] = bench.ppo_arm_study(*specs["warm_stage3"])
+    assert (seed_dir / "ppo_warm.done.json").exists() and "m2_steps_to_ppo_peak" not in arms["warm_stage3"]
+    bench.holm_arms_over_two_tasks(arms)
+    m1, first = arms["warm_stage3"]["m1_accuracy"], arms["warm_stage1"]["m1_accuracy"]
+    assert m1["holm_family"] == ["demo_plateau", "sign_plateau"]
+    assert m1["p_holm"] == pytest.approx(bench._stats().holm_adjust([first["p"], m1["p"]])[1])
+    row = bench.catalogue_row({"measure": "ppo_arm:warm_stage3:accuracy"}, studies)[0]
+    assert row["verdict"] == "holds" and row["evidence"]["p_holm"] == m1["p_holm"]
+    assert row["evidence"]["family"] == "ppo_warm M1 over demo_plateau and sign_plateau (Holm)"
+
+
+def test_the_warmed_up_arms_are_read_on_three_stages_and_the_old_ppo_rows_say_their_critic_had_no_warm_up():
+    bench = _bench()
+    stages = {spec[0] for spec in bench.PPO_ARM_STUDIES.values()}
+    assert stages == {"demo_plateau", "sign_plateau", "demo_sft"} and len(bench.PPO_ARM_STUDIES) == 6
+    assert (
+        "--arms ppo_warm_l0.95 --eval_every 20 --threads 1"
+        in bench.PPO_ARM_STUDIES["ppo_warm_l0.95_stage3"][4]
+    )
+    claims = {c["id"]: c for c in _result()["claims"]}
+    assert "critic without warm-up" in claims["ppo_accuracy"]["claim"]
+    for arm in ("ppo_warm", "ppo_warm_l095"):
+        for suffix in ("", "_sign", "_sft"):
+            assert claims[f"{arm}_accuracy{suffix}"]["verdict"] in VERDICTS
+
+
 def test_value_states_group_by_prompt_and_the_report_must_describe_the_same_responses(tmp_path):
     """Two prompts, two responses each: states start at position 0 per response; the implied GRPO values have one state
     per response. A report whose values-before differ from the metrics' truth is refused."""

@@ -900,3 +900,36 @@ def test_the_demo_keeps_only_what_it_runs():
         if not (elsewhere or own or name in mcadvantage.demo.__all__):
             unused.append(f"{module}.{name}")
     assert not unused, f"only the studies use these: move them to testbed/ (or delete them): {unused}"
+
+
+def test_a_critic_warmup_comes_on_top_of_the_policys_steps_and_records_count_policy_steps(tiny_model_dir):
+    """``run_rl_arm`` with a 2-step critic warm-up and 2 policy steps: the trainer takes 4 steps; the logs say which
+    were the warm-up's (policy steps -1 and 0); evaluations fall on policy steps 1 and 2 only, and their sampled tokens
+    include the warm-up's."""
+    from mcadvantage.demo.arms import run_rl_arm
+    from mcadvantage.demo.config import ArmSpec, DemoData
+
+    config = DemoConfig()
+    config.apply_quick()
+    config = replace(config, rl_steps=2, prompts_per_step=2, num_generations=2, max_completion_length=12)
+    arm = ArmSpec("ppo_warm", "gae", mc_options=(("critic_learning_rate", 3e-3), ("critic_warmup_steps", 2)))
+    data = DemoData(
+        eval_set=[], warmup=[], flawed=0, rl_set=generate_problems(8, seed=3, min_steps=2, max_steps=2)
+    )
+    evaluated: list[int] = []
+    _, records, logs = run_rl_arm(
+        config,
+        arm,
+        tiny_model_dir,
+        data,
+        tiny_model_dir.parent / "warm_trainer",
+        evaluate=lambda model: evaluated.append(1) or 0.5,
+        eval_every=1,
+    )
+    assert [r.step for r in records] == [1, 2] and len(evaluated) == 2
+    assert [(row["step"], row["trainer_step"], row["critic_warmup"]) for row in logs] == [
+        (-1, 1, 1), (0, 2, 1), (1, 3, 0), (2, 4, 0)
+    ]  # fmt: skip
+    assert records[0].sampled_tokens == pytest.approx(sum(row["sampled_tokens"] for row in logs[:3]))
+    assert records[1].sampled_tokens == pytest.approx(sum(row["sampled_tokens"] for row in logs))
+    assert all("critic/mean_value" in row for row in logs)  # the critic's metrics, warm-up steps included

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -393,11 +393,18 @@ def run_rl_arm(
     on_record: Callable[[ArmRecord], None] | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> tuple[Any, list[ArmRecord], list[dict[str, float]]]:
-    """Train one RL arm from the policy in ``policy_dir`` for ``config.rl_steps`` steps.
+    """Train one RL arm from the policy in ``policy_dir`` for ``config.rl_steps`` policy steps.
 
     ``evaluate(model) -> accuracy`` is called after every ``eval_every`` steps and after the last one
     (its time is not counted as training time); each result becomes an :class:`ArmRecord` passed to
     ``on_record``. ``on_step(step, logs)`` sees every step's logged metrics (for progress bars).
+
+    An arm with a critic warm-up (``arm.critic_warmup_steps`` W > 0, ``ppo_warm``) trains ``W + config.rl_steps``
+    steps, the first W the critic's alone, so the policy gets ``config.rl_steps`` steps like every other arm. Steps
+    count the policy's: a record's ``step`` and a log's ``step`` are the trainer's step minus W (the warm-up's logs
+    have steps ``1 - W`` to 0 and ``critic_warmup`` 1; every log keeps the trainer's own as ``trainer_step``), and
+    evaluations fall on the same policy steps as another arm's. Sampled tokens and training seconds include the
+    warm-up's.
     Returns the trained model, the records (without step 0: the caller owns the starting policy's
     evaluation) and the per-step logs.
     """
@@ -409,7 +416,9 @@ def run_rl_arm(
 
     if eval_every < 1:
         raise ValueError(f"run_rl_arm: eval_every must be >= 1, got {eval_every}.")
-    args = rl_training_args(config, arm, output_dir)
+    warmup = arm.critic_warmup_steps
+    # The warm-up's steps come on top of the policy's: the trainer counts them toward max_steps.
+    args = rl_training_args(replace(config, rl_steps=config.rl_steps + warmup), arm, output_dir)
     batch = args.per_device_train_batch_size
     records: list[ArmRecord] = []
     logs_out: list[dict[str, float]] = []
@@ -424,15 +433,17 @@ def run_rl_arm(
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             if not logs or "reward" not in logs:
                 return
-            step = int(state.global_step)
+            step = int(state.global_step) - warmup  # the policy's steps (<= 0 while only the critic trains)
             tokens = step_sampled_tokens(logs, batch)
             state_box["tokens"] += tokens
             kept = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
             kept.update(step=float(step), sampled_tokens=tokens)
+            if warmup:
+                kept.update(trainer_step=float(state.global_step), critic_warmup=float(step <= 0))
             logs_out.append(kept)
             if on_step is not None:
                 on_step(step, kept)
-            if step % eval_every == 0 or step == config.rl_steps:
+            if step > 0 and (step % eval_every == 0 or step == config.rl_steps):
                 train_seconds = time.perf_counter() - state_box["start"] - state_box["eval_seconds"]
                 t0 = time.perf_counter()
                 accuracy = evaluate(trainer.model)

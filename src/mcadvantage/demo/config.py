@@ -23,6 +23,7 @@ __all__ = [
     "DemoConfig",
     "DemoData",
     "MC_OPTION_SUFFIXES",
+    "WARM_CRITIC",
     "ProblemSets",
     "warmup_settings",
     "arm_names",
@@ -276,7 +277,7 @@ def arm_names(config: DemoConfig) -> list[str]:
 
 
 _ARM = re.compile(
-    r"^(?P<base>grpo|rloo|ppo|hybrid(?:_b(?P<b>[0-9]{1,3}))?|tree(?:_d(?P<d>[1-9][0-9]*))?"
+    r"^(?P<base>grpo|rloo|ppo(?P<warm>_warm(?:_l(?P<lam>0\.[0-9]+|1(?:\.0+)?))?)?|hybrid(?:_b(?P<b>[0-9]{1,3}))?|tree(?:_d(?P<d>[1-9][0-9]*))?"
     r"|vineppo_k(?P<k>[1-9][0-9]*)(?:_(?P<mc>reuse|variance))?)"
     r"(?:_p(?P<p>[1-9][0-9]*))?$"
 )
@@ -288,17 +289,28 @@ MC_OPTION_SUFFIXES: dict[str, dict[str, Any]] = {
 }
 
 
+#: The ``ppo_warm`` arms' critic (``VinePPOConfig`` fields), chosen by the critic study (docs/howto/ppo-critic.md): 30x
+#: the demo policy's learning rate (on the grid 1x/10x/30x/100x), and 10 steps that train the critic alone first.
+WARM_CRITIC: dict[str, Any] = {"critic_learning_rate": 3e-3, "critic_warmup_steps": 10}
+
+
 @dataclass(frozen=True)
 class ArmSpec:
     """What one RL arm trains with: ``VinePPOTrainer`` with ``advantage_estimator``; ``num_mc_rollouts`` and
-    ``prompts_per_step`` None mean the config's; ``mc_options`` are extra ``VinePPOConfig`` Monte Carlo fields as
-    ``(name, value)`` pairs."""
+    ``prompts_per_step`` None mean the config's; ``mc_options`` are extra ``VinePPOConfig`` fields as ``(name, value)``
+    pairs (Monte Carlo options, the hybrid's budget, the tree's depths, the warmed-up critic's settings)."""
 
     name: str
     advantage_estimator: str
     num_mc_rollouts: int | None = None
     prompts_per_step: int | None = None
     mc_options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def critic_warmup_steps(self) -> int:
+        """Steps that train only the critic before the policy moves (``critic_warmup_steps``; 0 but for ``ppo_warm``),
+        on top of the config's ``rl_steps``, which count the policy's steps."""
+        return int(dict(self.mc_options).get("critic_warmup_steps", 0))
 
 
 def parse_arm(name: str) -> ArmSpec:
@@ -308,6 +320,8 @@ def parse_arm(name: str) -> ArmSpec:
       TRL's own advantages);
     - ``"ppo"``: PPO with a learned critic (``advantage_estimator="gae"``, the critic initialised from the starting
       policy, the paper's gamma = lambda = 1, value clip 0.2, the critic's learning rate the policy's);
+    - ``"ppo_warm"``: the same with the critic study's critic (:data:`WARM_CRITIC`: learning rate 3e-3, 10 critic-only
+      steps on top of the ``rl_steps`` policy steps); ``"ppo_warm_l<L>"``: that with ``gae_lambda=L``;
     - ``"vineppo_k<K>"``: Monte Carlo step values from ``K`` rollouts per state (``"vineppo_k4"``);
     - ``"vineppo_k<K>_reuse"``: the same with free samples (``mc_reuse_samples``: the group's other responses and
       rollouts through a state count, leave-one-out, and new rollouts only top a state up to ``K``);
@@ -326,10 +340,10 @@ def parse_arm(name: str) -> ArmSpec:
     m = _ARM.match(name)
     if m is None:
         raise ValueError(
-            f"unknown arm {name!r}: use 'grpo', 'rloo', 'ppo', 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or "
-            "'_variance' for the cheaper Monte Carlo options), 'hybrid' or 'hybrid_b<B>' (B percent extra tokens), "
-            "'tree' or 'tree_d<D>' (branching at token D), any of them with '_p<P>' for P prompts per step "
-            "(e.g. 'grpo_p19')."
+            f"unknown arm {name!r}: use 'grpo', 'rloo', 'ppo', 'ppo_warm' or 'ppo_warm_l<L>' (a warmed-up critic, GAE "
+            "lambda L), 'vineppo_k<K>' (e.g. 'vineppo_k4', with '_reuse' or '_variance' for the cheaper Monte Carlo "
+            "options), 'hybrid' or 'hybrid_b<B>' (B percent extra tokens), 'tree' or 'tree_d<D>' (branching at token "
+            "D), any of them with '_p<P>' for P prompts per step (e.g. 'grpo_p19')."
         )
     base = m.group("base")
     family = re.match(r"[a-z]+", base).group(0)  # "vineppo_k4_reuse" -> "vineppo", "tree_d12" -> "tree"
@@ -341,6 +355,9 @@ def parse_arm(name: str) -> ArmSpec:
         options = (("hybrid_budget", int(m.group("b")) / 100),)
     if m.group("d") is not None:
         options = (("tree_depths", (0, int(m.group("d")))),)
+    if m.group("warm") is not None:
+        warm = {**WARM_CRITIC, **({"gae_lambda": float(m.group("lam"))} if m.group("lam") else {})}
+        options = tuple(sorted(warm.items()))
     return ArmSpec(name, estimator, num_mc_rollouts=k, prompts_per_step=p, mc_options=options)
 
 

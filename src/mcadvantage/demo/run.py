@@ -209,7 +209,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     policies: dict[str, Any] = {}
     for arm in arms:
         label = _arm_label(arm.name)
-        with tqdm(total=config.rl_steps, desc=label, unit="step", file=sys.stdout, mininterval=1) as bar:
+        # A critic warm-up's steps come on top of the policy's (run_rl_arm).
+        total_steps = config.rl_steps + arm.critic_warmup_steps
+        with tqdm(total=total_steps, desc=label, unit="step", file=sys.stdout, mininterval=1) as bar:
 
             def on_rl_step(step: int, logs: dict[str, float]) -> None:
                 bar.update(1)

@@ -122,6 +122,31 @@ def check_turn_credit_support(settings: MCSettings, given: Sequence[str], estima
             )
 
 
+def run_on_main_process(
+    context: EstimatorContext,
+    work: Any,
+    compute: Callable[[list[Any], Any], list[Any]],
+    what: str,
+) -> Any:
+    """With a vLLM server only the main process reaches the engine: gather every process' ``work``, run
+    ``compute(per_process_work, sampler)`` (one result per process, in rank order) on the main process, and return
+    this process' result. Every process enters the sampler context, which may be collective (a weight sync gathers
+    parameters); a failure on the main process reaches every process (``what`` names the work in the error)."""
+    per_process = context.gather_object([work])
+    payload: Any = None
+    with context.policy_sampler() as sampler:
+        if context.process_index == 0:
+            try:
+                payload = ("ok", compute(per_process, sampler))
+            except Exception as err:  # the others wait in the broadcast: tell them, then fail everywhere
+                context.broadcast_object(("error", f"{type(err).__name__}: {err}"))
+                raise
+    status, content = context.broadcast_object(payload)
+    if status == "error":
+        raise RuntimeError(f"{what} failed on the main process: {content}")
+    return content[context.process_index]
+
+
 @register_advantage_estimator("vineppo")
 class VinePPOEstimator(AdvantageEstimator):
     """Monte Carlo step advantages (VinePPO).
@@ -349,26 +374,20 @@ class VinePPOEstimator(AdvantageEstimator):
         if not context.sample_on_main_only:
             with context.policy_sampler() as sampler:
                 return credit(agent, rows, sampler)
-        per_process = context.gather_object([[agent.episodes[i] for i in rows]])
-        payload: Any = None
-        # Every process enters the sampler context, which may be collective (a weight sync gathers parameters).
-        with context.policy_sampler() as sampler:
-            if context.process_index == 0:
-                try:
-                    flat = [episode for part in per_process for episode in part]
-                    everyone = credit(dataclasses.replace(agent, episodes=flat), range(len(flat)), sampler)
-                    parts, start = [], 0
-                    for part in per_process:
-                        parts.append([everyone[start + j] for j in range(len(part))])
-                        start += len(part)
-                    payload = ("ok", parts)
-                except Exception as err:  # the others wait in the broadcast: tell them, then fail everywhere
-                    context.broadcast_object(("error", f"{type(err).__name__}: {err}"))
-                    raise
-        status, content = context.broadcast_object(payload)
-        if status == "error":
-            raise RuntimeError(f"Monte Carlo turn credit failed on the main process: {content}")
-        return dict(zip(rows, content[context.process_index], strict=True))
+
+        def credit_all(per_process: list[list[Any]], sampler: Any) -> list[list[EpisodeCredit]]:
+            flat = [episode for part in per_process for episode in part]
+            everyone = credit(dataclasses.replace(agent, episodes=flat), range(len(flat)), sampler)
+            parts, start = [], 0
+            for part in per_process:
+                parts.append([everyone[start + j] for j in range(len(part))])
+                start += len(part)
+            return parts
+
+        mine = run_on_main_process(
+            context, [agent.episodes[i] for i in rows], credit_all, "Monte Carlo turn credit"
+        )
+        return dict(zip(rows, mine, strict=True))
 
     @staticmethod
     def _trajectory(
@@ -446,42 +465,33 @@ class VinePPOEstimator(AdvantageEstimator):
                 return self.make_estimator(sampler, context).estimate(
                     trajectories, reward_kwargs=context.reward_kwargs, extra_responses=extras
                 )
-        # Only the main process reaches the engine (vLLM server): it estimates every process' trajectories. Every
-        # process still enters the sampler context, which may be collective (a weight sync gathers parameters).
-        per_process = context.gather_object([(trajectories, extras)])
-        payload: Any = None
-        with context.policy_sampler() as sampler:
-            if context.process_index == 0:
-                try:
-                    flat = [t for part, _ in per_process for t in part]
-                    full = self.make_estimator(sampler, context).estimate(
-                        flat,
-                        reward_kwargs=context.reward_kwargs,
-                        extra_responses=[t for _, part in per_process for t in part],
+        # Only the main process reaches the engine (vLLM server): it estimates every process' trajectories.
+
+        def estimate_all(per_process: list[Any], sampler: Any) -> list[MCEstimate]:
+            flat = [t for part, _ in per_process for t in part]
+            full = self.make_estimator(sampler, context).estimate(
+                flat,
+                reward_kwargs=context.reward_kwargs,
+                extra_responses=[t for _, part in per_process for t in part],
+            )
+            parts, start = [], 0
+            for rank, (part, _) in enumerate(per_process):
+                stop = start + len(part)
+                # The main process did all the work: its part carries the statistics, so sums over processes
+                # count every rollout once.
+                parts.append(
+                    MCEstimate(
+                        values=full.values[start:stop],
+                        step_advantages=full.step_advantages[start:stop],
+                        token_advantages=full.token_advantages[start:stop],
+                        stats=full.stats if rank == 0 else None,
+                        sample_counts=full.sample_counts[start:stop],
                     )
-                    parts, start = [], 0
-                    for rank, (part, _) in enumerate(per_process):
-                        stop = start + len(part)
-                        # The main process did all the work: its part carries the statistics, so sums over
-                        # processes count every rollout once.
-                        parts.append(
-                            MCEstimate(
-                                values=full.values[start:stop],
-                                step_advantages=full.step_advantages[start:stop],
-                                token_advantages=full.token_advantages[start:stop],
-                                stats=full.stats if rank == 0 else None,
-                                sample_counts=full.sample_counts[start:stop],
-                            )
-                        )
-                        start = stop
-                    payload = ("ok", parts)
-                except Exception as err:  # the others wait in the broadcast: tell them, then fail everywhere
-                    context.broadcast_object(("error", f"{type(err).__name__}: {err}"))
-                    raise
-        status, content = context.broadcast_object(payload)
-        if status == "error":
-            raise RuntimeError(f"Monte Carlo estimation failed on the main process: {content}")
-        return content[context.process_index]
+                )
+                start = stop
+            return parts
+
+        return run_on_main_process(context, (trajectories, extras), estimate_all, "Monte Carlo estimation")
 
     @staticmethod
     def _summarize(

@@ -410,6 +410,9 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         f"{_count_arm(confirmed, 'oracle', 1)} and behind in {_count_arm(confirmed, 'oracle', -1)}; "
         f"`critic_l1` ahead in {_count_arm(confirmed, 'critic_l1', 1)}, `critic_l095` ahead in "
         f"{_count_arm(confirmed, 'critic_l095', 1)}.",
+        "- To see it run: `bash scripts/demo.sh --where_credit_pays` finds the map's crossover (a credit arm that "
+        "loses to GRPO at one end of the horizon range and pays at the other), retrains it at both ends beside GRPO, "
+        "the oracle and `grpo_tree_tokens` with the study's seeds, and prints both (about a minute on 2 cores).",
         "",
         f"![The map]({figure})",
         "",

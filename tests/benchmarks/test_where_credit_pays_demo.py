@@ -1,0 +1,91 @@
+"""benchmarks/where_credit_pays_demo.py, the offline demo's crossover mode: the crossover is found by the rule on the
+committed map, the demo's runs equal the committed records, and the printed gaps are the paired tests of its runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import horizon_sweep as hs  # noqa: E402
+import where_credit_pays_demo as demo  # noqa: E402
+
+from mcadvantage.evaluation.stats import paired_t_test  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def summary() -> dict:
+    return json.loads(hs.SUMMARY.read_text())
+
+
+def test_the_crossover_is_a_credit_arm_losing_at_one_end_and_paying_at_the_other(summary):
+    found = demo.find_crossover(summary)
+    assert found is not None
+    rows = {
+        (r["parameterization"], r["structure"], r["horizon"], r["start_rate"], r["arm"]): r
+        for r in summary["records"]
+    }
+    key = (found["parameterization"], found["structure"])
+    at = {h: rows[(*key, h, found["start_rate"], found["arm"])]["vs_best_grpo"] for h in (2, 16)}
+    assert at[found["pays_at"]]["verdict"] == "pays" and at[found["loses_at"]]["verdict"] == "loses"
+    assert found["arm"] in hs.PRACTICAL  # never a GRPO arm, the oracle or the exploratory arm
+    # the largest paying gap among every crossover on the map
+    for r in summary["records"]:
+        v = r["vs_best_grpo"]
+        if r["arm"] in hs.PRACTICAL and v and v["verdict"] == "pays" and r["horizon"] in (2, 16):
+            other_end = {2: 16, 16: 2}[r["horizon"]]
+            other = rows[(r["parameterization"], r["structure"], other_end, r["start_rate"], r["arm"])]
+            if (other["vs_best_grpo"] or {}).get("verdict") == "loses":
+                assert v["mean"] <= found["gap_where_it_pays"]
+
+
+def test_no_crossover_when_no_arm_changes_sides(summary):
+    flat = copy.deepcopy(summary)
+    for r in flat["records"]:
+        if r["vs_best_grpo"] and r["vs_best_grpo"]["verdict"] == "loses":
+            r["vs_best_grpo"]["verdict"] = "level"
+    assert demo.find_crossover(flat) is None
+
+
+def test_demo_runs_equal_the_committed_records_and_print_their_paired_gaps(tmp_path, capsys, summary):
+    out = tmp_path / "wcp.json"
+    assert demo.main(["--seeds", "3", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    found = demo.find_crossover(summary)
+    assert result["crossover"] == found
+    assert [r["cell"][2] for r in result["results"]] == sorted((found["pays_at"], found["loses_at"]))
+    for res in result["results"]:
+        names = list(res["arms"])
+        cell = tuple(res["cell"])
+        assert names == [demo.best_grpo_arm(summary, cell), found["arm"], *demo.REFERENCE_ARMS]
+        for arm, a in res["arms"].items():
+            # deterministic per seed: every run equals the study's committed record of the same settings
+            assert a["committed_found"] == 3 and a["matches_committed"] == 3, (cell, arm)
+            committed = [
+                json.loads(hs.record_path(hs.RUNS, cell, arm, s).read_text())["success_at_budget"]
+                for s in range(3)
+            ]
+            assert a["success"] == committed
+        base = res["arms"][names[0]]["success"]
+        gap = paired_t_test([x - y for x, y in zip(res["arms"][found["arm"]]["success"], base, strict=True)])
+        assert f"{gap['mean']:+.3f} [{gap['ci95'][0]:+.3f}, {gap['ci95'][1]:+.3f}]" in printed
+    assert f"pays at H = {found['pays_at']}" in printed
+
+
+def test_one_seed_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(SystemExit):
+        demo.main(["--seeds", "1", "--output", str(tmp_path / "x.json")])
+
+
+def test_demo_script_dispatches_the_crossover_mode():
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    subprocess.run(["bash", "-n", str(ROOT / "scripts" / "demo.sh")], check=True)
+    assert '"--where_credit_pays"' in script and "benchmarks/where_credit_pays_demo.py" in script

@@ -89,3 +89,18 @@ def test_demo_script_dispatches_the_crossover_mode():
     script = (ROOT / "scripts" / "demo.sh").read_text()
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / "demo.sh")], check=True)
     assert '"--where_credit_pays"' in script and "benchmarks/where_credit_pays_demo.py" in script
+
+
+def test_readme_quotes_the_crossover_from_the_summary(summary):
+    found = demo.find_crossover(summary)
+    rows = {
+        (r["parameterization"], r["structure"], r["horizon"], r["start_rate"], r["arm"]): r
+        for r in summary["records"]
+    }
+    key = (found["parameterization"], found["structure"])
+    pays = rows[(*key, found["pays_at"], found["start_rate"], found["arm"])]["vs_best_grpo"]
+    loses = rows[(*key, found["loses_at"], found["start_rate"], found["arm"])]["vs_best_grpo"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"loses at H = {found['loses_at']} ({loses['mean']:+.3f}, Holm)" in readme
+    lo, hi = pays["ci95"]
+    assert f"pays at H = {found['pays_at']} ({pays['mean']:+.3f} [{lo:.3f}, {hi:.3f}]" in readme

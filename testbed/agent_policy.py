@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mcadvantage.samplers.base import Continuation, RolloutRequest
-from mcadvantage.testing import build_char_tokenizer, build_tiny_llama
+from mcadvantage.testing import build_tiny_llama, build_tool_calling_tokenizer
 from testbed.agent_env import GOOD, AgentEnv, AgentTask, Progress, TurnPolicy, exact_values, read_progress
 
 __all__ = [
@@ -95,7 +95,8 @@ def _template_phrases(tokenizer: Any) -> list[str]:
 
 
 def build_agent_tokenizer(*, compact: bool = True) -> Any:
-    """A character tokenizer that speaks Qwen3's tool-calling chat template, built offline.
+    """A character tokenizer that speaks Qwen3's tool-calling chat template, built offline: the library's
+    :func:`mcadvantage.testing.build_tool_calling_tokenizer` with every special token of the template.
 
     The vocabulary is :func:`mcadvantage.testing.build_char_tokenizer`'s (``<pad>`` 0, ``<s>`` 1, ``</s>`` 2,
     ``<unk>`` 3, printable ASCII) plus :data:`SPECIAL_TOKENS`; EOS is ``<|im_end|>`` (where TRL's tool loop and
@@ -107,19 +108,9 @@ def build_agent_tokenizer(*, compact: bool = True) -> Any:
         compact: add the fixed text runs of the template and of an ``act`` call (:func:`_template_phrases`) as
             tokens of their own, so prompts and turns are short; the text and what TRL parses are unchanged.
     """
-    from trl.chat_template_utils import add_response_schema, qwen3_chat_template
-
-    tokenizer = build_char_tokenizer(chat_template=False)
-    tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = qwen3_chat_template
-    if compact:
-        from tokenizers import AddedToken
-
-        tokenizer.add_tokens(
-            [AddedToken(p, normalized=False, special=False) for p in _template_phrases(tokenizer)]
-        )
-    return add_response_schema(tokenizer)
+    return build_tool_calling_tokenizer(
+        special_tokens=SPECIAL_TOKENS, phrases=_template_phrases if compact else None
+    )
 
 
 def build_agent_model(tokenizer: Any, *, max_position_embeddings: int = 4096, **kwargs: Any) -> Any:

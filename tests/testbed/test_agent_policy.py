@@ -86,6 +86,19 @@ def test_the_tokenizer_speaks_a_tool_calling_template_losslessly(tokenizers, com
         )
 
 
+def test_the_testbed_tokenizer_is_the_librarys_with_more_special_tokens_and_phrases(tokenizers):
+    from mcadvantage.testing import build_tool_calling_tokenizer
+
+    library = build_tool_calling_tokenizer()
+    testbed = tokenizers[False]
+    # one builder: every token of the library's vocabulary has the same id in the testbed's
+    assert all(testbed.get_vocab()[tok] == i for tok, i in library.get_vocab().items())
+    assert testbed.chat_template == library.chat_template and testbed.eos_token == library.eos_token
+    assert len(tokenizers[True]) > len(testbed) > len(library)
+    with pytest.raises(ValueError, match=r"lacks '<\|im_end\|>'.*add it"):
+        build_tool_calling_tokenizer(special_tokens=("<|im_start|>",))
+
+
 @pytest.mark.parametrize("compact", [True, False])
 def test_trl_parses_the_scripted_tool_calls(tokenizers, compact):
     """TRL's ``parse_response`` (the one its tool loop calls, with the prompt as prefix and the tools) reads every

@@ -69,24 +69,44 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET, *, chat_template: boo
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 
-def build_tool_calling_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:
+def build_tool_calling_tokenizer(
+    alphabet: str = DEFAULT_ALPHABET,
+    *,
+    special_tokens: Sequence[str] = (IM_START, IM_END),
+    phrases: Callable[[Any], Sequence[str]] | None = None,
+) -> Any:
     """The character tokenizer with a real tool-calling chat template: TRL's ``qwen3.jinja`` (shipped in
-    ``trl/chat_templates/``), ``<|im_start|>`` / ``<|im_end|>`` as single special tokens (``<|im_end|>`` is EOS),
-    and TRL's response parser for that template (``add_response_schema``), so ``GRPOTrainer`` can parse tool
-    calls (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) from generated token ids. Offline.
+    ``trl/chat_templates/``), ``special_tokens`` as single special tokens (``<|im_end|>`` must be one of them: it
+    ends a turn and is EOS), and TRL's response parser for that template (``add_response_schema``), so
+    ``GRPOTrainer`` can parse tool calls (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) from
+    generated token ids. Offline.
 
     Prompts rendered with tools carry Qwen's tool instructions and the tools' JSON schemas (several hundred
     characters, one token each): give the model a context of 1024 or more (``build_tiny_llama(tokenizer,
-    max_position_embeddings=1024)``).
+    max_position_embeddings=1024)``), or pass ``phrases``.
+
+    Args:
+        alphabet: the characters of the vocabulary (after the four specials).
+        special_tokens: added as special tokens, in this order.
+        phrases: called with the tokenizer once its template is set; each text it returns becomes one ordinary
+            token (e.g. the template's fixed runs), so rendered prompts are short. The text is unchanged.
     """
     from importlib.resources import files
 
     from trl.chat_template_utils import add_response_schema
 
+    if IM_END not in special_tokens:
+        raise ValueError(
+            f"special_tokens={list(special_tokens)!r} lacks {IM_END!r}, the EOS of Qwen's template; add it"
+        )
     tokenizer = build_char_tokenizer(alphabet, chat_template=False)
-    tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, IM_END]})
+    tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens)})
     tokenizer.eos_token = IM_END
     tokenizer.chat_template = (files("trl") / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
+    if phrases is not None:
+        from tokenizers import AddedToken
+
+        tokenizer.add_tokens([AddedToken(p, normalized=False, special=False) for p in phrases(tokenizer)])
     return add_response_schema(tokenizer)
 
 

@@ -109,6 +109,30 @@ def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
     return True
 
 
+def batch_tokens(arm: str, horizon: int) -> int:
+    """Sampled tokens of one batch of ``arm`` at ``horizon`` before any update: episodes cost ``H`` each, and
+    ``vineppo`` at K = 1 adds one rollout from each of an episode's ``H`` turn boundaries (``H (H + 1) / 2``)."""
+    from testbed.agent_credit import BASE_GROUP, BASE_PROMPTS, grpo_match_factor
+
+    episodes = BASE_PROMPTS * BASE_GROUP
+    if arm == "grpo_prompts":
+        return episodes * grpo_match_factor(horizon) * horizon
+    if arm in ("vineppo_k1", "vineppo_k1_reuse"):
+        return episodes * (horizon + horizon * (horizon + 1) // 2)
+    raise ValueError(f"batch_tokens: arm {arm!r} has no closed form here; use 'grpo_prompts' or 'vineppo_k1'")
+
+
+def _why_no_longer_horizon(budget: int, horizon: int) -> str:
+    total = budget * horizon
+    return (
+        f"- **Why the map stops at H = {horizon // 2}**: at H = {horizon} one batch of `vineppo` K = 1 (with or "
+        f"without free samples) costs {batch_tokens('vineppo_k1', horizon):,} sampled tokens and one of "
+        f"`grpo_prompts` {batch_tokens('grpo_prompts', horizon):,}, both over the run's budget of "
+        f"{budget} x {horizon} = {total:,}: neither arm could make a single update. A larger budget at H = {horizon} "
+        "only would break the map's one budget rule, so H = 32 (the issue's \"if affordable\") was not run."
+    )
+
+
 def all_cells(
     params: Iterable[str] = PARAMETERIZATIONS,
     structures: Iterable[str] = STRUCTURES,
@@ -432,6 +456,7 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         "the last column tells that apart from the tree's credit.",
         "- The critic arms use a *tabular* critic (exact state features, no generalisation error): the best case "
         'for PPO, not the library\'s LM critic (`advantage_estimator="gae"`).',
+        _why_no_longer_horizon(summary["budget_episode_equivalents"], 2 * max(HORIZONS)),
         "",
         "## Per cell: best arm at equal tokens and the gaps",
         "",

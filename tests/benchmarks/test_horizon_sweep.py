@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -78,3 +80,26 @@ def test_committed_summary_and_page_regenerate_from_the_committed_records():
     assert hs.PAGE.read_text() == hs.render_page(committed, figure="figures/where_credit_pays.png")
     confirmed = [c for c in committed["cells"] if c["stage"] == "confirmed"]
     assert confirmed and all(c["seeds"] >= 12 for c in confirmed)
+
+
+def test_at_twice_the_largest_horizon_the_matched_arms_cannot_take_one_step():
+    """The page's reason for stopping at H = 16, checked against real runs: at H = 32 a batch of vineppo K = 1 and
+    of grpo_prompts costs more than the whole budget, so training makes no update; plain GRPO still does."""
+    from testbed.agent_credit import train_arm
+
+    horizon = 2 * max(hs.HORIZONS)
+    budget_tokens = hs.BUDGET_EPISODES * horizon
+    for arm in ("vineppo_k1", "vineppo_k1_reuse", "grpo_prompts"):
+        assert hs.batch_tokens(arm, horizon) > budget_tokens
+        run = train_arm(
+            "delayed", horizon, 0.15, arm, 0, budget_episodes=hs.BUDGET_EPISODES, parameterization="shared"
+        )
+        assert run.steps == 0 and run.sampled_tokens == 0
+    for arm in (
+        "vineppo_k1",
+        "grpo_prompts",
+    ):  # at H = 16 the same arms fit: the closed form is the runs' cost
+        assert hs.batch_tokens(arm, max(hs.HORIZONS)) <= hs.BUDGET_EPISODES * max(hs.HORIZONS)
+    assert train_arm("delayed", horizon, 0.15, "grpo", 0, budget_episodes=hs.BUDGET_EPISODES).steps > 0
+    with pytest.raises(ValueError, match="no closed form"):
+        hs.batch_tokens("tree", horizon)

@@ -56,8 +56,8 @@ def find_crossover(summary: dict[str, Any]) -> dict[str, Any] | None:
     horizons = sorted({r["horizon"] for r in summary["records"]})
     lo, hi = horizons[0], horizons[-1]
     found = []
-    for param, structure, _h, rate, arm in rows:
-        if _h != lo or arm not in horizon_sweep.PRACTICAL or (param, structure, hi, rate, arm) not in rows:
+    for param, structure, horizon, rate, arm in rows:
+        if horizon != lo or arm not in horizon_sweep.PRACTICAL or (param, structure, hi, rate, arm) not in rows:
             continue
         ends = {h: rows[(param, structure, h, rate, arm)]["vs_best_grpo"] or {} for h in (lo, hi)}
         verdicts = {h: v.get("verdict") for h, v in ends.items()}

@@ -1019,7 +1019,7 @@ def critic_logs(
     """What a PPO arm's training logs say about its critic: per seed, the mean over the last ``window`` logged steps of
     ``critic/explained_variance`` (on the batch it trained on) and of ``critic/mean_value`` minus the mean reward;
     tests over the seeds; and how many of all logged steps had explained variance at or above 0."""
-    ev, bias, value, reward = [], [], [], []
+    ev, ev_last, bias, value, reward = [], [], [], [], []
     nonnegative = logged = below_constant = 0
     errors = True  # whether every run logged the fresh value errors (runs since the critic study)
     for seed in seeds:
@@ -1038,6 +1038,7 @@ def critic_logs(
         ]
         tail = logs[-window:]
         ev.append(statistics.fmean(r["critic/explained_variance"] for r in tail))
+        ev_last.append(logs[-1]["critic/explained_variance"])
         if all("critic/value_error_fresh" in r and "critic/value_error_constant" in r for r in tail):
             below_constant += statistics.fmean(
                 r["critic/value_error_fresh"] for r in tail
@@ -1056,6 +1057,7 @@ def critic_logs(
         "window": window,
         "explained_variance": one_sample(ev),
         "explained_variance_median": statistics.median(ev),
+        "explained_variance_last_step_median": statistics.median(ev_last),
         "value_minus_reward": one_sample(bias),
         "mean_value": statistics.fmean(value),
         "mean_reward": statistics.fmean(reward),
@@ -1360,7 +1362,8 @@ def critic_row(study: dict) -> dict:
     return _descriptive(
         f"PPO arm `{study['arm']}` on `{study['task']}`: the critic's explained variance on fresh states, mean of the "
         f"last {logs['window']} policy steps per run: {ev['mean']:+.2f} over {logs['seeds']} seeds (median "
-        f"{logs['explained_variance_median']:+.2f}){beside}",
+        f"{logs['explained_variance_median']:+.2f}); at the last policy step, median over seeds "
+        f"{logs['explained_variance_last_step_median']:+.2f} (the goal: above 0.3){beside}",
         "described beside the accuracy rows, no test (amendment of 2026-11-28); value error from the logged "
         "critic/value_error_fresh and critic/value_error_constant",
     )
@@ -2165,8 +2168,19 @@ def _critic_warmup_summary(arms: dict[str, dict]) -> list[str]:
         "at least learns the mean reward: "
         f"{sum(a['finished']['ppo'] for a in arms.values())} of {len(arms) * len(SEEDS)} runs have finished "
         f"({sum(a['complete'] for a in arms.values())} of {len(arms)} arm-and-stage sets of 12 seeds complete, each "
-        "read in its own row once complete); every other PPO row is the PPO whose critic had no warm-up.",
+        "read in its own row once complete); every other PPO row is the PPO whose critic had no warm-up."
+        + "".join(_warm_arm_sentence(a) for a in arms.values() if a["complete"]),
     ]
+
+
+def _warm_arm_sentence(study: dict) -> str:
+    """One complete warmed-up PPO arm-and-stage in a sentence: its critic at the last step and VinePPO against it."""
+    m1, logs = study["m1_accuracy"], study["critic_logs"]
+    return (
+        f" `{study['arm']}` on `{study['task']}`, {logs['seeds']} seeds: the critic's fresh explained variance at the "
+        f"last policy step has median {logs['explained_variance_last_step_median']:+.2f}, and VinePPO K = 4 minus it "
+        f"is {m1['mean']:+.3f} [{m1['ci95'][0]:+.3f}, {m1['ci95'][1]:+.3f}] at step {study['last_step']}."
+    )
 
 
 def _setup_section(rows: list[dict]) -> list[str]:

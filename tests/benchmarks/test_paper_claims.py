@@ -613,3 +613,17 @@ def test_value_states_group_by_prompt_and_the_report_must_describe_the_same_resp
         bench.step_advantages(tmp_path / "report.html", k9)
     with pytest.raises(ValueError, match="paper_effect"):
         bench.tested_evidence(0.1, [0.0, 0.2], 0.0, "nonzero", paper_effect=0.3)
+
+
+def test_the_readme_quotes_the_warmed_up_critics_stage_one_from_the_results():
+    """The README's sentence on PPO whose critic learns reads the stage-1 rows of `ppo_warm` and `ppo_warm_l0.95`."""
+    studies = _result()["studies"]["ppo_arms"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for name in ("ppo_warm_stage1", "ppo_warm_l0.95_stage1"):
+        study = studies[name]
+        assert study["complete"], name
+        m1 = study["m1_accuracy"]
+        assert f"{m1['mean']:+.3f} [{m1['ci95'][0]:+.3f}, {m1['ci95'][1]:+.3f}]" in readme, name
+    logs = studies["ppo_warm_stage1"]["critic_logs"]
+    assert f"median {logs['explained_variance_last_step_median']:+.2f}" in readme
+    assert f"in {logs['seeds_below_constant']} of {logs['seeds']} seeds" in readme

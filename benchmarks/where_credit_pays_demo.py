@@ -57,7 +57,11 @@ def find_crossover(summary: dict[str, Any]) -> dict[str, Any] | None:
     lo, hi = horizons[0], horizons[-1]
     found = []
     for param, structure, horizon, rate, arm in rows:
-        if horizon != lo or arm not in horizon_sweep.PRACTICAL or (param, structure, hi, rate, arm) not in rows:
+        if (
+            horizon != lo
+            or arm not in horizon_sweep.PRACTICAL
+            or (param, structure, hi, rate, arm) not in rows
+        ):
             continue
         ends = {h: rows[(param, structure, h, rate, arm)]["vs_best_grpo"] or {} for h in (lo, hi)}
         verdicts = {h: v.get("verdict") for h, v in ends.items()}

@@ -382,6 +382,33 @@ def _count_arm(cells: Sequence[dict[str, Any]], arm: str, sign: int) -> int:
     return _count([{"v": (c.get("vs_grpo_tree_tokens") or {}).get(arm)} for c in cells], "v", sign)
 
 
+def _zero_rollout_notes(
+    rows: Sequence[dict[str, Any]], arms: Sequence[str], horizons: Sequence[int]
+) -> list[str]:
+    """Say what a 0.0 in the rollout-token table means: an arm whose batch never fit the budget made no update (it
+    ends where it started); one that updated without rollouts fell back to its outcome advantage (GRPO's)."""
+    never, fallback = [], []
+    for arm in arms:
+        for h in horizons:
+            sel = [r for r in rows if r["arm"] == arm and r["horizon"] == h]
+            if not sel or any((r["rollout_tokens_per_episode"] or 0) > 0 for r in sel):
+                continue
+            (never if all((r["steps"] or 0) == 0 for r in sel) else fallback).append(f"`{arm}` at H = {h}")
+    notes = []
+    if never:
+        notes.append(
+            f"- **No update at all:** {', '.join(never)}. One batch costs more sampled tokens than the whole run's "
+            "budget, so the run ends at the start policy; its losses in the map are this, not worse credit."
+        )
+    if fallback:
+        notes.append(
+            f"- **No rollout, so GRPO:** {', '.join(fallback)}. No response's predicted rollout tokens fit the arm's "
+            "per-batch budget, so every group keeps GRPO's advantage, exactly (the estimator's rule at an unspent "
+            "budget): the arm trains as `grpo` does."
+        )
+    return notes
+
+
 def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pays.png") -> str:
     """The results page, every number read from ``summary``."""
     cells = summary["cells"]
@@ -519,6 +546,7 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             for h in horizons
         ]
         lines.append(f"| {arm} | " + " | ".join(_fmt(_r(v, 1), 1) for v in vals) + " |")
+    lines += ["", *_zero_rollout_notes(rows, mc_arms, horizons)]
     lines += [
         "",
         "## Credit identification, against H",

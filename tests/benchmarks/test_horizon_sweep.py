@@ -103,3 +103,16 @@ def test_at_twice_the_largest_horizon_the_matched_arms_cannot_take_one_step():
     assert train_arm("delayed", horizon, 0.15, "grpo", 0, budget_episodes=hs.BUDGET_EPISODES).steps > 0
     with pytest.raises(ValueError, match="no closed form"):
         hs.batch_tokens("tree", horizon)
+
+
+def test_the_page_says_which_zero_rollout_cells_never_updated_and_which_trained_as_grpo():
+    rows = [
+        {"arm": "vineppo_k4", "horizon": 16, "rollout_tokens_per_episode": 0.0, "steps": 0.0},
+        {"arm": "vineppo_k4", "horizon": 2, "rollout_tokens_per_episode": 4.6, "steps": 15.0},
+        {"arm": "hybrid", "horizon": 16, "rollout_tokens_per_episode": 0.0, "steps": 15.0},
+        {"arm": "hybrid", "horizon": 2, "rollout_tokens_per_episode": 0.5, "steps": 15.0},
+    ]
+    never, fallback = hs._zero_rollout_notes(rows, ["vineppo_k4", "hybrid"], [2, 16])
+    assert "No update at all:** `vineppo_k4` at H = 16." in never and "hybrid" not in never
+    assert "No rollout, so GRPO:** `hybrid` at H = 16." in fallback and "vineppo" not in fallback
+    assert hs._zero_rollout_notes(rows[1:2], ["vineppo_k4"], [2]) == []

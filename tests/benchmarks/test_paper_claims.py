@@ -616,10 +616,11 @@ def test_value_states_group_by_prompt_and_the_report_must_describe_the_same_resp
 
 
 def test_the_readme_quotes_the_warmed_up_critics_stage_one_from_the_results():
-    """The README's sentence on PPO whose critic learns reads the stage-1 rows of `ppo_warm` and `ppo_warm_l0.95`."""
+    """The README's sentence on PPO whose critic learns reads the rows of `ppo_warm` (stages 1, 3, 4) and of
+    `ppo_warm_l0.95` (stage 1)."""
     studies = _result()["studies"]["ppo_arms"]
     readme = " ".join((ROOT / "README.md").read_text().split())
-    for name in ("ppo_warm_stage1", "ppo_warm_l0.95_stage1"):
+    for name in ("ppo_warm_stage1", "ppo_warm_l0.95_stage1", "ppo_warm_stage3", "ppo_warm_stage4"):
         study = studies[name]
         assert study["complete"], name
         m1 = study["m1_accuracy"]

@@ -38,7 +38,7 @@ if str(ROOT / "benchmarks") not in sys.path:  # the gradient stage's module live
 import horizon_gradient  # noqa: E402  (beside this file)
 
 from mcadvantage.evaluation.stats import holm_adjust, paired_t_test  # noqa: E402
-from testbed.agent_credit import ARMS, GRPO_ARMS, PARAMETERIZATIONS  # noqa: E402
+from testbed.agent_credit import ARMS, GRPO_ARMS, PARAMETERIZATIONS, batch_tokens  # noqa: E402
 
 RUNS = ROOT / "benchmarks" / "results" / "horizon_sweep_runs"
 SUMMARY = ROOT / "benchmarks" / "results" / "horizon_sweep.json"
@@ -86,18 +86,26 @@ def run_settings(cell: Cell, arm: str, seed: int, budget: int) -> dict[str, Any]
     }
 
 
+def recorded(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> dict[str, Any] | None:
+    """The record of (cell, arm, seed) made with these settings, or None (none, other settings, or a torn file)."""
+    path = record_path(root, cell, arm, seed)
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        return record if record["settings"] == run_settings(cell, arm, seed, budget) else None
+    except (json.JSONDecodeError, KeyError):
+        return None  # a torn or foreign file: the runner runs again and replaces it
+
+
 def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
     """Train one (cell, arm, seed) unless its record exists with these settings; True when it ran."""
     from testbed.agent_credit import train_arm
 
+    if recorded(root, cell, arm, seed, budget) is not None:
+        return False
     path = record_path(root, cell, arm, seed)
     settings = run_settings(cell, arm, seed, budget)
-    if path.exists():
-        try:
-            if json.loads(path.read_text())["settings"] == settings:
-                return False
-        except (json.JSONDecodeError, KeyError):
-            pass  # a torn or foreign file: run again and replace it
     param, structure, horizon, rate = cell
     start = time.perf_counter()
     result = train_arm(structure, horizon, rate, arm, seed, budget_episodes=budget, parameterization=param)
@@ -107,19 +115,6 @@ def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
     tmp.write_text(json.dumps(record, allow_nan=True))
     os.replace(tmp, path)  # atomic: a killed run leaves no half record
     return True
-
-
-def batch_tokens(arm: str, horizon: int) -> int:
-    """Sampled tokens of one batch of ``arm`` at ``horizon`` before any update: episodes cost ``H`` each, and
-    ``vineppo`` at K = 1 adds one rollout from each of an episode's ``H`` turn boundaries (``H (H + 1) / 2``)."""
-    from testbed.agent_credit import BASE_GROUP, BASE_PROMPTS, grpo_match_factor
-
-    episodes = BASE_PROMPTS * BASE_GROUP
-    if arm == "grpo_prompts":
-        return episodes * grpo_match_factor(horizon) * horizon
-    if arm in ("vineppo_k1", "vineppo_k1_reuse"):
-        return episodes * (horizon + horizon * (horizon + 1) // 2)
-    raise ValueError(f"batch_tokens: arm {arm!r} has no closed form here; use 'grpo_prompts' or 'vineppo_k1'")
 
 
 def _why_no_longer_horizon(budget: int, horizon: int) -> str:

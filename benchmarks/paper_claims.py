@@ -1341,10 +1341,9 @@ def ppo_arm_row(measure: str, studies: dict) -> dict:
         return logs_row("explained_variance", study["critic_logs"])
     if what == "value_bias":
         return logs_row("bias", study["critic_logs"])
-    row = stage_row(f"stage1:{what}", {"stage1": study})
+    row = stage_row(f"stage1:{what}", {"stage1": {**study, "load_note": WARM_UNDER_LOAD}})
     if "family" in row["evidence"]:
         row["evidence"]["family"] = f"{name} M1-M4 (Holm)"
-    row["why"] = row["why"].replace(UNDER_LOAD, WARM_UNDER_LOAD)
     return {**row, "ours": f"PPO arm `{study['arm']}` on `{study['task']}`: " + row["ours"]}
 
 
@@ -1497,6 +1496,7 @@ STAGE1_FAMILY = "stage 1 M1-M4 (Holm)"
 STAGE4_FAMILY = "stage 4 M1-M4 (Holm)"
 UNDER_LOAD = "; stage 1's training seconds were taken with other work on the same cores and were not re-timed (stage 4's were)"
 #: The same for a further PPO arm: its runs and VinePPO's were timed in different sessions, each under its own load.
+#: A stage's study dict may carry its own ``load_note`` (stage 4's re-timed seconds: none), read by ``stage_row``.
 WARM_UNDER_LOAD = (
     "; the arm's training seconds and VinePPO's were taken in different sessions, each with other work on the same "
     "cores, so this compares loads as well as methods"
@@ -1511,11 +1511,11 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
         return pending
     study = studies[stage]
     if stage == "stage4" and measure in ("accuracy", "steps", "seconds", "kl"):
-        row = stage_row(f"stage1:{measure}", {"stage1": study})  # the same measures, from the paper's start
+        # the same measures, from the paper's start; its seconds were re-timed, so they carry no load note
+        row = stage_row(f"stage1:{measure}", {"stage1": {**study, "load_note": ""}})
         resolution = "" if measure in ("accuracy", "kl") else "; evaluated every 20 steps"
         if measure == "seconds":
             row["ours"] += _retime_text(study.get("retime", {}))
-            row["why"] = row["why"].replace(UNDER_LOAD, "")
         if "family" in row["evidence"]:
             row["evidence"]["family"] = STAGE4_FAMILY
         return {
@@ -1607,7 +1607,8 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
         steps = kind == "stage1:steps"
         r = study["m2_steps_to_ppo_peak" if steps else "m3_seconds_to_ppo_peak"]
         return _race_row(r, "steps" if steps else "s",
-                         "M2" if steps else "M3 (1 CPU thread per run)" + UNDER_LOAD, STAGE1_FAMILY)  # fmt: skip
+                         "M2" if steps else "M3 (1 CPU thread per run)" + study.get("load_note", UNDER_LOAD),
+                         STAGE1_FAMILY)  # fmt: skip
     if kind == "stage1:kl":
         t = study["m4_kl"]
         kl = study["final_kl"]

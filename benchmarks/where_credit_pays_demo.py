@@ -45,14 +45,19 @@ from mcadvantage.evaluation.stats import paired_t_test  # noqa: E402
 REFERENCE_ARMS = ("oracle", "grpo_tree_tokens")
 
 
+def records_by_key(summary: dict[str, Any]) -> dict[tuple[str, str, int, float, str], dict[str, Any]]:
+    """The summary's per-arm records keyed by (parameterization, structure, horizon, start rate, arm)."""
+    return {
+        (r["parameterization"], r["structure"], r["horizon"], r["start_rate"], r["arm"]): r
+        for r in summary["records"]
+    }
+
+
 def find_crossover(summary: dict[str, Any]) -> dict[str, Any] | None:
     """The map's crossover: a practical credit arm whose verdict against the best GRPO arm is "loses" at one end of
     the horizon range and "pays" at the other, in the same (parameterization, structure, start rate). With several,
     the one with the largest paying gap. None when the map has none."""
-    rows = {
-        (r["parameterization"], r["structure"], r["horizon"], r["start_rate"], r["arm"]): r
-        for r in summary["records"]
-    }
+    rows = records_by_key(summary)
     horizons = sorted({r["horizon"] for r in summary["records"]})
     lo, hi = horizons[0], horizons[-1]
     found = []
@@ -93,13 +98,8 @@ def best_grpo_arm(summary: dict[str, Any], cell: horizon_sweep.Cell) -> str:
 
 
 def _committed(cell: horizon_sweep.Cell, arm: str, seed: int, budget: int) -> float | None:
-    path = horizon_sweep.record_path(horizon_sweep.RUNS, cell, arm, seed)
-    if not path.exists():
-        return None
-    record = json.loads(path.read_text())
-    if record["settings"] != horizon_sweep.run_settings(cell, arm, seed, budget):
-        return None
-    return record["success_at_budget"]
+    record = horizon_sweep.recorded(horizon_sweep.RUNS, cell, arm, seed, budget)
+    return None if record is None else record["success_at_budget"]
 
 
 def run_cell(

@@ -76,10 +76,12 @@ __all__ = [
     "arm_batch_gradients",
     "arm_names",
     "gae_advantages",
+    "batch_tokens",
     "grpo_match_factor",
     "start_logits",
     "toy_task",
     "train_arm",
+    "vineppo_k1_episode_tokens",
     "turn_pairs",
 ]
 
@@ -388,11 +390,32 @@ def gae_advantages(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def vineppo_k1_episode_tokens(horizon: int) -> int:
+    """Sampled tokens of one training episode under ``vineppo`` at K = 1: the episode's ``H`` tokens, and one rollout
+    from each of its ``H`` turn-boundary states, ``H (H + 1) / 2`` more (a rollout from boundary ``t`` is ``H - t``)."""
+    return horizon + horizon * (horizon + 1) // 2
+
+
 def grpo_match_factor(horizon: int) -> int:
-    """How many times GRPO's sampled tokens per batch ``vineppo`` at K = 1 spends (rounded half up): an episode
-    costs ``H`` tokens, its ``H`` turn-boundary states ``H (H + 1) / 2`` more, so ``(H + 3) / 2``. GRPO's
-    matched arms get this many times more prompts, or samples per prompt, per batch."""
-    return int(math.floor((horizon + 3) / 2 + 0.5))
+    """How many times GRPO's sampled tokens per batch ``vineppo`` at K = 1 spends (rounded half up):
+    :func:`vineppo_k1_episode_tokens` over ``H``, i.e. ``(H + 3) / 2``. GRPO's matched arms get this many times more
+    prompts, or samples per prompt, per batch."""
+    return int(math.floor(vineppo_k1_episode_tokens(horizon) / horizon + 0.5))
+
+
+def batch_tokens(arm: str, horizon: int) -> int:
+    """Sampled tokens of one batch of ``arm`` at ``horizon`` before any update, where it has a closed form: an arm
+    without rollouts (its batch's episodes, ``H`` each) or ``vineppo`` at K = 1 (:func:`vineppo_k1_episode_tokens` per
+    episode, free samples counted as fresh). Raises ``ValueError`` for the other arms (trees, K = 4, the hybrid)."""
+    spec = ARMS[arm]
+    episodes = spec.prompts(horizon) * spec.group(horizon)
+    if arm in ("vineppo_k1", "vineppo_k1_reuse"):
+        return episodes * vineppo_k1_episode_tokens(horizon)
+    if spec.kind == "estimator" and not isinstance(spec.build(horizon), GRPOEstimator | RLOOEstimator):
+        raise ValueError(
+            f"batch_tokens: arm {arm!r} has no closed form here; use an arm without rollouts or 'vineppo_k1'"
+        )
+    return episodes * horizon
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,7 @@ def summary() -> dict:
 def test_the_crossover_is_a_credit_arm_losing_at_one_end_and_paying_at_the_other(summary):
     found = demo.find_crossover(summary)
     assert found is not None
-    rows = {
-        (r["parameterization"], r["structure"], r["horizon"], r["start_rate"], r["arm"]): r
-        for r in summary["records"]
-    }
+    rows = demo.records_by_key(summary)
     key = (found["parameterization"], found["structure"])
     at = {h: rows[(*key, h, found["start_rate"], found["arm"])]["vs_best_grpo"] for h in (2, 16)}
     assert at[found["pays_at"]]["verdict"] == "pays" and at[found["loses_at"]]["verdict"] == "loses"
@@ -93,10 +90,7 @@ def test_demo_script_dispatches_the_crossover_mode():
 
 def test_readme_quotes_the_crossover_from_the_summary(summary):
     found = demo.find_crossover(summary)
-    rows = {
-        (r["parameterization"], r["structure"], r["horizon"], r["start_rate"], r["arm"]): r
-        for r in summary["records"]
-    }
+    rows = demo.records_by_key(summary)
     key = (found["parameterization"], found["structure"])
     pays = rows[(*key, found["pays_at"], found["start_rate"], found["arm"])]["vs_best_grpo"]
     loses = rows[(*key, found["loses_at"], found["start_rate"], found["arm"])]["vs_best_grpo"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -61,14 +62,26 @@ STAGE4_COMMAND = (
     "grpo_matched grpo_matched_cost hybrid_b50 tree_d12 ppo --eval_every 20 --kl_prompts 128 --threads 1 --root "
     "benchmarks/results/paper_claims_runs --json /tmp/paper_claims_stage4.json --report_tasks demo_sft"
 )
-#: the post-hoc quiet re-timing of stage 4's VinePPO and PPO (protocol amendment of 2026-11-26 06:23 UTC)
-RETIME_COMMAND = (
-    "python benchmarks/learning_efficiency.py --task demo_sft --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms vineppo_k4 ppo "
-    "--eval_every 20 --kl_prompts 128 --threads 1 --root benchmarks/results/paper_claims_retime --json "
-    "/tmp/paper_claims_retime.json --report_tasks demo_sft"
-)
 RETIME = RESULTS / "paper_claims_retime"
 RETIME_ARMS = ("vineppo_k4", "ppo")
+#: The post-hoc quiet re-timings of VinePPO and PPO, by stage: the protocol amendment that set each before its runs,
+#: its command, and what else ran on the machine meanwhile (stage -> (amendment, command, conditions)).
+RETIMINGS = {
+    "stage1": (
+        "2026-11-28 13:55 UTC",
+        "python benchmarks/learning_efficiency.py --task demo_plateau --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms "
+        "vineppo_k4 ppo --eval_every 5 --kl_prompts 128 --threads 1 --root benchmarks/results/paper_claims_retime "
+        "--json /tmp/paper_claims_retime_stage1.json --report_tasks demo_plateau",
+        "with no other runs on the machine",
+    ),
+    "stage4": (
+        "2026-11-26 06:23 UTC",
+        "python benchmarks/learning_efficiency.py --task demo_sft --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms vineppo_k4 "
+        "ppo --eval_every 20 --kl_prompts 128 --threads 1 --root benchmarks/results/paper_claims_retime --json "
+        "/tmp/paper_claims_retime.json --report_tasks demo_sft",
+        "with no other runs on the machine (one 30-second test run overlapped the first re-timed runs)",
+    ),
+}
 SEEDS = list(range(12))
 TASK = "demo_plateau"
 STAGE3_TASK = "sign_plateau"
@@ -434,7 +447,7 @@ def against_ppo(curves: dict[str, dict[int, list[dict]]], last: int) -> tuple[di
     return m1, m2, m3, m4
 
 
-def stage1(root: Path = RUNS) -> dict:
+def stage1(root: Path = RUNS, retime_root: Path = RETIME) -> dict:
     """The protocol's stage 1: VinePPO K = 4 against PPO (and GRPO) on ``demo_plateau``."""
     stats = _stats()
     curves = {arm: load_curves(root, TASK, arm, SEEDS) for arm in STAGE1_ARMS}
@@ -528,7 +541,9 @@ def stage1(root: Path = RUNS) -> dict:
         kl_at_ppo_peak=kl_at_peak(curves, "vineppo_k4", "ppo"),
         reproduction=regime_reproduction(curves),
         cost_model=cost_model_estimate(root),
+        retime=retime({arm: curves[arm] for arm in RETIME_ARMS}, "stage1", TASK, retime_root),
     )
+    out["load_note"] = RETIMED_UNDER_LOAD if out["retime"].get("identical") else UNDER_LOAD
     return out
 
 
@@ -706,7 +721,7 @@ def _regime_family_p(arm: str, base: str, studies: dict, regime_tests: dict) -> 
     return out
 
 
-def stage4(studies: dict, root: Path = RUNS) -> dict:
+def stage4(studies: dict, root: Path = RUNS, retime_root: Path = RETIME) -> dict:
     """The protocol's stage 4: the regime study's arms and PPO from the paper's supervised start (``demo_sft``): the
     regime rule (each arm against ``grpo_matched`` and ``grpo``, Holm over the regime tasks) and stage 1's M1-M4."""
     curves = {arm: load_curves(root, STAGE4_TASK, arm, SEEDS) for arm in STAGE4_ARMS}
@@ -754,29 +769,34 @@ def stage4(studies: dict, root: Path = RUNS) -> dict:
         m4_kl=m4,
         regime=regime,
         kl_at_ppo_peak=kl_at_peak(curves, "vineppo_k4", "ppo"),
-        retime=retime({arm: curves[arm] for arm in RETIME_ARMS}),
+        retime=retime({arm: curves[arm] for arm in RETIME_ARMS}, "stage4", STAGE4_TASK, retime_root),
     )
     return out
 
 
-def retime(decision: dict[str, dict[int, list[dict]]], root: Path = RETIME) -> dict:
-    """The post-hoc quiet re-timing of stage 4's ``vineppo_k4`` and ``ppo`` (descriptive; M3 keeps its verdict). Used
-    only if every re-timed record's accuracy, KL and sampled tokens equal the decision record's (``decision``)."""
-    curves = {arm: load_curves(root, STAGE4_TASK, arm, SEEDS) for arm in RETIME_ARMS}
+def retime(decision: dict[str, dict[int, list[dict]]], stage: str, task: str, root: Path = RETIME) -> dict:
+    """The post-hoc quiet re-timing of a stage's ``vineppo_k4`` and ``ppo`` (``RETIMINGS``; descriptive, M3 keeps its
+    verdict). Used only if every re-timed record's accuracy, KL and sampled tokens equal the decision record's
+    (``decision``, the stage's runs on ``task``)."""
+    amendment, command, conditions = RETIMINGS[stage]
+    curves = {arm: load_curves(root, task, arm, SEEDS) for arm in RETIME_ARMS}
     out: dict[str, Any] = {
+        "stage": stage,
+        "amendment": amendment,
+        "conditions": conditions,
         "finished": {arm: len(c) for arm, c in curves.items()},
         "complete": all(len(c) == len(SEEDS) for c in curves.values()),
-        "command": RETIME_COMMAND,
+        "command": command,
     }
     if not out["complete"]:
         return out
     fields = ("step", "accuracy", "kl_to_start", "sampled_tokens")
     out["mismatches"] = [
-        f"{arm} seed {seed} step {new['step']}"
+        f"{arm} seed {seed} " + (f"step {new['step']}" if new and old else "evaluations")
         for arm in RETIME_ARMS
         for seed in SEEDS
-        for new, old in zip(curves[arm][seed], decision[arm][seed], strict=True)
-        if any(new[f] != old[f] for f in fields)
+        for new, old in itertools.zip_longest(curves[arm][seed], decision[arm][seed], fillvalue={})
+        if not new or not old or any(new[f] != old[f] for f in fields)
     ]
     out["identical"] = not out["mismatches"]
     if not out["identical"]:
@@ -785,6 +805,10 @@ def retime(decision: dict[str, dict[int, list[dict]]], root: Path = RETIME) -> d
     out.update(
         train_seconds={
             arm: _mean_se([at_step(c[s], last)["train_seconds"] for s in SEEDS]) for arm, c in curves.items()
+        },
+        decision_train_seconds={
+            arm: _mean_se([at_step(decision[arm][s], last)["train_seconds"] for s in SEEDS])
+            for arm in RETIME_ARMS
         },
         seconds_per_run_ratio=seconds_per_run_ratio(curves, last),
         seconds_to_ppo_peak=race(curves, "vineppo_k4", "ppo", "ppo", "train_seconds"),
@@ -1185,10 +1209,20 @@ def setup_differences(studies: dict) -> list[dict]:
          f"{ts['vineppo_steps_per_response']:.2f} steps per response on average",
          "few steps per response: little room for step credit beyond the outcome"),
         ("hardware and timing", "4x A100 (1.1B), 8x H100 (7B), vLLM",
-         "1 CPU thread per run on a 2-core machine shared with other work (stage 1 under load; stage 4 re-timed "
-         "quietly)", "wall-clock ratios are CPU ratios, not GPU ones"),
+         f"1 CPU thread per run on a 2-core machine shared with other work ({_timing_conditions(studies)})",
+         "wall-clock ratios are CPU ratios, not GPU ones"),
     ]  # fmt: skip
     return [{"aspect": a, "paper": p, "ours": o, "effect": e} for a, p, o, e in rows]
+
+
+def _timing_conditions(studies: dict) -> str:
+    """Which stages' VinePPO and PPO runs were re-timed on a quiet machine, from their re-timings' records."""
+    retimed = [s for s in RETIMINGS if studies.get(s, {}).get("retime", {}).get("identical")]
+    if not retimed:
+        return "every stage timed under load"
+    numbers = [s.removeprefix("stage") for s in sorted(retimed)]
+    names = f"stages {' and '.join(numbers)}" if len(numbers) > 1 else f"stage {numbers[0]}"
+    return f"timed under load; the VinePPO and PPO runs of {names} re-timed quietly"
 
 
 def training_signals(root: Path = RUNS) -> dict:
@@ -1411,16 +1445,24 @@ def _race_text(r: dict, unit: str, slow_name: str = "PPO", fast_name: str = "Vin
 
 
 def _retime_text(r: dict) -> str:
-    """The re-timing beside stage 4's M3 (empty until it is complete)."""
+    """A stage's quiet re-timing beside its M3 (empty until it is complete)."""
     if not r.get("complete"):
         return ""
     if not r["identical"]:
-        return f". Quiet re-timing not used: its records differ from stage 4's ({len(r['mismatches'])} evaluations)"
+        return (
+            f". Quiet re-timing not used: its records differ from {_stage_name(r['stage'])}'s "
+            f"({len(r['mismatches'])} evaluations)"
+        )
     ratio = r["seconds_per_run_ratio"]
     return (
         f". Re-timed on a quiet machine (post hoc, descriptive): {_race_text(r['seconds_to_ppo_peak'], 's')}; "
         f"a VinePPO run takes {_ratio_text(ratio)} a PPO run"
     )
+
+
+def _stage_name(stage: str) -> str:
+    """``"stage4"`` as a reader says it: ``"stage 4"``."""
+    return stage.replace("stage", "stage ")
 
 
 def _row(ours: str, ci: str, why: str, evidence: dict) -> dict:
@@ -1494,9 +1536,18 @@ def _race_row(
 
 STAGE1_FAMILY = "stage 1 M1-M4 (Holm)"
 STAGE4_FAMILY = "stage 4 M1-M4 (Holm)"
+#: The load note of a row that reads stage 1's training seconds: before its quiet re-timing is in, after it (VinePPO's
+#: and PPO's), and for rows that read GRPO's, which were never re-timed. A stage's study dict carries its own
+#: ``load_note`` (stage 1's, set by :func:`stage1`; stage 4's re-timed seconds: none), read by ``stage_row``.
 UNDER_LOAD = "; stage 1's training seconds were taken with other work on the same cores and were not re-timed (stage 4's were)"
+RETIMED_UNDER_LOAD = (
+    "; stage 1's training seconds were taken with other work on the same cores; VinePPO's and PPO's were re-timed on "
+    "a quiet machine afterwards, beside them (post hoc, descriptive)"
+)
+GRPO_UNDER_LOAD = (
+    "; stage 1's training seconds were taken with other work on the same cores, and GRPO's were not re-timed"
+)
 #: The same for a further PPO arm: its runs and VinePPO's were timed in different sessions, each under its own load.
-#: A stage's study dict may carry its own ``load_note`` (stage 4's re-timed seconds: none), read by ``stage_row``.
 WARM_UNDER_LOAD = (
     "; the arm's training seconds and VinePPO's were taken in different sessions, each with other work on the same "
     "cores, so this compares loads as well as methods"
@@ -1514,8 +1565,6 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
         # the same measures, from the paper's start; its seconds were re-timed, so they carry no load note
         row = stage_row(f"stage1:{measure}", {"stage1": {**study, "load_note": ""}})
         resolution = "" if measure in ("accuracy", "kl") else "; evaluated every 20 steps"
-        if measure == "seconds":
-            row["ours"] += _retime_text(study.get("retime", {}))
         if "family" in row["evidence"]:
             row["evidence"]["family"] = STAGE4_FAMILY
         return {
@@ -1606,9 +1655,12 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
     if kind in ("stage1:steps", "stage1:seconds"):
         steps = kind == "stage1:steps"
         r = study["m2_steps_to_ppo_peak" if steps else "m3_seconds_to_ppo_peak"]
-        return _race_row(r, "steps" if steps else "s",
-                         "M2" if steps else "M3 (1 CPU thread per run)" + study.get("load_note", UNDER_LOAD),
-                         STAGE1_FAMILY)  # fmt: skip
+        row = _race_row(r, "steps" if steps else "s",
+                        "M2" if steps else "M3 (1 CPU thread per run)" + study.get("load_note", UNDER_LOAD),
+                        STAGE1_FAMILY)  # fmt: skip
+        if not steps:
+            row["ours"] += _retime_text(study.get("retime", {}))
+        return row
     if kind == "stage1:kl":
         t = study["m4_kl"]
         kl = study["final_kl"]
@@ -1624,9 +1676,9 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
         steps = kind.endswith("steps")
         r = study["steps_to_grpo_peak" if steps else "seconds_to_grpo_peak"]
         return _race_row(r, "steps" if steps else "s", "post hoc (described beside the protocol's tests)"
-                         + ("" if steps else UNDER_LOAD), POSTHOC_FAMILY, slow_name="GRPO")  # fmt: skip
+                         + ("" if steps else GRPO_UNDER_LOAD), POSTHOC_FAMILY, slow_name="GRPO")  # fmt: skip
     if kind == "stage1:ppo_grpo_peak_seconds":
-        return _race_row(study["ppo_to_grpo_peak_seconds"], "s", "post hoc" + UNDER_LOAD, POSTHOC_FAMILY,
+        return _race_row(study["ppo_to_grpo_peak_seconds"], "s", "post hoc" + GRPO_UNDER_LOAD, POSTHOC_FAMILY,
                          slow_name="GRPO", fast_name="PPO")  # fmt: skip
     if kind in ("stage1:generalization", "stage1:generalization_grpo"):
         base = "grpo" if kind.endswith("grpo") else "ppo"
@@ -1663,13 +1715,19 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
     if kind == "stage1:cost":
         ratio = study["seconds_per_run_ratio"]
         cm = study["cost_model"]
+        r = study.get("retime", {})
+        quiet = (
+            f"; re-timed on a quiet machine (post hoc, descriptive): {_ratio_text(r['seconds_per_run_ratio'])}"
+            if r.get("identical")
+            else ""
+        )
         evidence = tested_evidence(ratio["ratio"], ratio["ci95"], 1.0, 1, p=ratio["p"], family=POSTHOC_FAMILY,
                                    scale="ratio")  # fmt: skip
         return _row(
-            f"training seconds per 40-step run, VinePPO K=4 over PPO, one CPU thread: {ratio['ratio']:.2f}x; "
+            f"training seconds per 40-step run, VinePPO K=4 over PPO, one CPU thread: {ratio['ratio']:.2f}x{quiet}; "
             f"the cost model's GPU estimate (r = {cm['r']}): {cm['vineppo_over_ppo']:.2f}x",
             _fmt_ci(ratio["ci95"], ".2f"),
-            "geometric mean of the per-seed ratio, 12 seeds" + UNDER_LOAD,
+            "geometric mean of the per-seed ratio, 12 seeds" + study.get("load_note", UNDER_LOAD),
             evidence,
         )
     if kind == "stage1:ppo_vs_grpo":
@@ -2122,7 +2180,8 @@ def _summary(result: dict) -> list[str]:
         f"on `{STAGE3_TASK}`, {diff(s4['m1_accuracy'])} from the paper's kind of start, the best supervised "
         "checkpoint. No measure favours VinePPO significantly from any start; in wall-clock time PPO reaches its "
         f"own peak first (from the plateau start VinePPO was first in {race['fast_first']} of {race['seeds']} seeds, "
-        f"Holm p {race['p_holm']:.2g}). At T = {hottest['temperature']} no PPO run diverged "
+        f"Holm p {race['p_holm']:.2g}{_quiet_race(s1.get('retime', {}))}). At T = {hottest['temperature']} no PPO run "
+        "diverged "
         f"({hottest['diverged']['ppo']} of {hottest['test']['n']}), and VinePPO itself did worse at "
         f"T = {cooler['temperatures'][0]} than at T = {cooler['temperatures'][1]}: {diff(cooler['vineppo'])}.",
         "- **But this PPO's critic never learned.** On its own training batch its explained variance stayed below "
@@ -2146,6 +2205,17 @@ def _summary(result: dict) -> list[str]:
         f"({arithmetic['arith_wallclock_7b']['computed']:.2f}x against {arithmetic['arith_wallclock_7b']['stated']}x).",
         "",
     ]
+
+
+def _quiet_race(r: dict) -> str:
+    """The race to PPO's peak re-timed on a quiet machine, as a clause (empty until the re-timing is usable)."""
+    if not r.get("identical"):
+        return ""
+    quiet = r["seconds_to_ppo_peak"]
+    return (
+        f"; re-timed on a quiet machine, first in {quiet['fast_first']}, and a VinePPO run took "
+        f"{_ratio_text(r['seconds_per_run_ratio'])} a PPO run"
+    )
 
 
 def _critic_warmup_summary(arms: dict[str, dict]) -> list[str]:
@@ -2304,6 +2374,7 @@ def render_page(result: dict) -> str:
             f"the cost model's GPU estimate (r = {cm['r']}) "
             f"{cm['vineppo_over_ppo']:.2f}x.",
             "",
+            *_retime_section(s1.get("retime", {})),
         ]
     lines += render_later_stages(result["studies"])
     return "\n".join(lines)
@@ -2404,27 +2475,35 @@ def _stage4_section(s4: dict) -> list[str]:
 
 
 def _retime_section(r: dict) -> list[str]:
-    """Stage 4's post-hoc quiet re-timing of VinePPO and PPO, once complete."""
+    """A stage's post-hoc quiet re-timing of VinePPO and PPO (``RETIMINGS``), once complete."""
     if not r.get("complete"):
         return []
+    stage = _stage_name(r["stage"])
     lines = [
         "**Quiet re-timing (post hoc, descriptive).** The training seconds above carry the load of other work on the "
-        "same cores (the protocol's amendment of 2026-11-26 06:23 UTC names the runs). `vineppo_k4` and `ppo` were run "
-        "again, all 12 seeds, two at a time as before, with no other runs on the machine (one 30-second test run "
-        f"overlapped the first re-timed runs): `{r['command']}`.",
+        f"same cores. `vineppo_k4` and `ppo` were run again, all 12 seeds, as two processes of 6 seeds, {r['conditions']},"
+        f" as the protocol's amendment of {r['amendment']} set before the runs: `{r['command']}`.",
         "",
     ]
     if not r["identical"]:
         return lines + [
-            f"The re-run differs from the stage-4 records at {', '.join(r['mismatches'])}: not used.",
+            f"The re-run differs from the {stage.replace(' ', '-')} records at {', '.join(r['mismatches'])}: not used.",
             "",
         ]
     ratio, to_peak = r["seconds_per_run_ratio"], r["seconds_to_ppo_peak"]
-    rows = [[f"`{arm}`", "{:.1f} ± {:.1f}".format(*r["train_seconds"][arm])] for arm in RETIME_ARMS]
+    rows = [
+        [f"`{arm}`", "{:.1f} ± {:.1f}".format(*r["decision_train_seconds"][arm]),
+         "{:.1f} ± {:.1f}".format(*r["train_seconds"][arm])]
+        for arm in RETIME_ARMS
+    ]  # fmt: skip
     return lines + [
-        "Accuracy, KL and sampled tokens equal the stage-4 records at every evaluation of every run.",
+        f"Accuracy, KL and sampled tokens equal the {stage.replace(' ', '-')} records at every evaluation of every run.",
         "",
-        *_table(["arm", "training s per 40-step run"], list("lr"), rows),
+        *_table(
+            ["arm", f"training s per 40-step run, {stage} (under load)", "re-timed (quiet)"],
+            list("lrr"),
+            rows,
+        ),
         f"A VinePPO run takes {_ratio_text(ratio)} a PPO run "
         f"(paired by seed). To PPO's peak: {_race_text(to_peak, 's')} (sign test p {to_peak['p']:.3g}, descriptive).",
         "",

@@ -133,7 +133,8 @@ def test_stage1_reads_nothing_until_complete_and_then_decides_by_the_protocol(tm
         _write_run(
             tmp_path, seed, "ppo", [(0, 0.5, 0, 0), (5, 0.6, 8, 0.2), (10, 0.7 + 0.001 * seed, 16, 0.3)]
         )
-    partial = bench.stage1(tmp_path)
+    retimed = tmp_path / "retime"  # the quiet re-timing's records (none yet)
+    partial = bench.stage1(tmp_path, retimed)
     assert partial["complete"] is False and partial["finished"] == {"grpo": 11, "vineppo_k4": 11, "ppo": 11}
     row = bench.new_study_row("stage1:accuracy", {"stage1": partial})
     assert row["verdict"] == "not measured yet" and "33 of 36" in row["ours"]
@@ -141,8 +142,8 @@ def test_stage1_reads_nothing_until_complete_and_then_decides_by_the_protocol(tm
     _write_run(tmp_path, seed, "grpo", [(0, 0.5, 0, 0), (5, 0.6, 5, 0.1), (10, 0.7, 10, 0.2)])
     _write_run(tmp_path, seed, "vineppo_k4", [(0, 0.5, 0, 0), (5, 0.75, 9, 0.05), (10, 0.8, 18, 0.1)])
     _write_run(tmp_path, seed, "ppo", [(0, 0.5, 0, 0), (5, 0.6, 8, 0.2), (10, 0.7 + 0.001 * seed, 16, 0.3)])
-    full = bench.stage1(tmp_path)
-    assert full["complete"]
+    full = bench.stage1(tmp_path, retimed)
+    assert full["complete"] and not full["retime"]["complete"] and full["load_note"] == bench.UNDER_LOAD
     # VinePPO reaches PPO's peak (0.70x at step 10, below 0.75) at step 5 in every seed: 12-0 on steps; in seconds 9 < 16.
     m2 = full["m2_steps_to_ppo_peak"]
     assert (m2["fast_first"], m2["slow_first"], m2["ties"]) == (12, 0, 0)
@@ -158,7 +159,34 @@ def test_stage1_reads_nothing_until_complete_and_then_decides_by_the_protocol(tm
     assert {r["verdict"] for r in rows.values()} == {"holds"}
     page = bench.render_page({"claims": [], "studies": {"stage1": full}})
     assert "| `ppo` | 10 | 0.705 ± 0.001 | 0.300 ± 0.000 | 0.500 | 16 | 1,000 |" in page
+    assert "Quiet re-timing" not in page
     assert bench.plot_stage1(full, tmp_path / "stage1.png").stat().st_size > 0
+    # The quiet re-timing: the same runs (accuracy, KL, tokens), VinePPO and PPO in half the seconds.
+    for seed in range(12):
+        _write_run(retimed, seed, "vineppo_k4", [(0, 0.5, 0, 0), (5, 0.75, 4.5, 0.05), (10, 0.8, 9, 0.1)])
+        _write_run(retimed, seed, "ppo", [(0, 0.5, 0, 0), (5, 0.6, 4, 0.2), (10, 0.7 + 0.001 * seed, 8, 0.3)])
+    quiet = bench.stage1(tmp_path, retimed)
+    assert quiet["retime"]["identical"] and quiet["load_note"] == bench.RETIMED_UNDER_LOAD
+    assert quiet["retime"]["train_seconds"]["ppo"][0] == pytest.approx(8.0)
+    assert quiet["retime"]["decision_train_seconds"]["ppo"][0] == pytest.approx(16.0)
+    seconds = bench.new_study_row("stage1:seconds", {"stage1": quiet})
+    assert seconds["verdict"] == "holds"  # M3 keeps the decision records' verdict
+    assert (
+        seconds["ours"].count("Re-timed on a quiet machine") == 1 and "re-timed on a quiet" in seconds["why"]
+    )
+    cost = bench.new_study_row("stage1:cost", {"stage1": quiet})
+    assert "1.12x; re-timed on a quiet machine (post hoc, descriptive): 1.12x" in cost["ours"]
+    grpo = bench.new_study_row("stage1:grpo_peak_seconds", {"stage1": quiet})
+    assert "GRPO's were not re-timed" in grpo["why"]
+    page = bench.render_page({"claims": [], "studies": {"stage1": quiet}})
+    assert "| `ppo` | 16.0 ± 0.0 | 8.0 ± 0.0 |" in page and "amendment of 2026-11-28 13:55 UTC" in page
+    # A re-timing whose runs are not the decision's (here one evaluation fewer) is reported and not used.
+    _write_run(retimed, 3, "ppo", [(0, 0.5, 0, 0), (5, 0.6, 4, 0.2)])
+    broken = bench.stage1(tmp_path, retimed)
+    assert (
+        broken["retime"]["mismatches"] == ["ppo seed 3 evaluations"]
+        and broken["load_note"] == bench.UNDER_LOAD
+    )
 
 
 def statistics_mean(xs):
@@ -265,12 +293,19 @@ def test_stage4_applies_the_regime_rule_and_stage1s_measures(tmp_path, monkeypat
                 [(0, 0.6, 0, 0), (20, 0.65, 9, 0.1), (40, end + 0.001 * (seed % 3), 18, 0.2)],
                 "demo_sft",
             )
-    assert not bench.stage4({}, tmp_path)["complete"]
+    retimed = tmp_path / "retime"
+    assert not bench.stage4({}, tmp_path, retimed)["complete"]
     _write_run(
         tmp_path, 11, "ppo", [(0, 0.6, 0, 0), (20, 0.65, 9, 0.1), (40, 0.69 + 0.002, 18, 0.2)], "demo_sft"
     )
     (tmp_path / "demo_sft" / "start.json").write_text(json.dumps({"accuracy": 0.6}))
-    s4 = bench.stage4({}, tmp_path)
+    for seed in range(12):  # the quiet re-timing of VinePPO and PPO: the same runs, in fewer seconds
+        for arm in bench.RETIME_ARMS:
+            curve = bench.load_curves(tmp_path, "demo_sft", arm, [seed])[seed]
+            rows = [(r["step"], r["accuracy"], r["train_seconds"] / 2, r["kl_to_start"]) for r in curve]
+            _write_run(retimed, seed, arm, rows, "demo_sft")
+    s4 = bench.stage4({}, tmp_path, retimed)
+    assert s4["retime"]["identical"]
     regime = {(r["arm"], r["base"]): r["test"] for r in s4["regime"]}
     assert len(regime) == 12  # 7 arms x 2 bases, less each base against itself
     v = regime[("vineppo_k4", "grpo_matched")]
@@ -288,6 +323,8 @@ def test_stage4_applies_the_regime_rule_and_stage1s_measures(tmp_path, monkeypat
     accuracy = bench.new_study_row("stage4:accuracy", studies)
     assert accuracy["verdict"] == "holds" and "supervised start (`demo_sft`)" in accuracy["why"]
     assert "every 20 steps" in bench.new_study_row("stage4:steps", studies)["why"]
+    seconds = bench.new_study_row("stage4:seconds", studies)
+    assert seconds["ours"].count("Re-timed on a quiet machine") == 1 and "under load" not in seconds["why"]
     page = "\n".join(bench.render_later_stages(studies))
     assert (
         "| `vineppo_k4` | `grpo_matched` | -0.020 |" in page
@@ -305,14 +342,16 @@ def test_the_quiet_retiming_is_used_only_when_it_reproduces_the_decision_records
             decision[arm][seed] = bench.load_curves(tmp_path, "demo_sft", arm, [seed])[seed]
             # the decision run was slowed by load; the re-timed one is not
             decision[arm][seed] = [dict(r, train_seconds=3 * r["train_seconds"]) for r in decision[arm][seed]]
-    r = bench.retime(decision, tmp_path)
+    r = bench.retime(decision, "stage4", "demo_sft", tmp_path)
     assert r["complete"] and r["identical"]
     assert r["seconds_per_run_ratio"]["ratio"] == pytest.approx(1.5)
     assert r["train_seconds"]["ppo"][0] == pytest.approx(20.0)
     assert r["seconds_to_ppo_peak"]["slow_first"] == 12  # both reach 0.7 at step 40; PPO in fewer seconds
-    assert "1.50x" in "\n".join(bench._retime_section(r))
+    section = "\n".join(bench._retime_section(r))
+    assert "1.50x" in section and "| `ppo` | 60.0 ± 0.0 | 20.0 ± 0.0 |" in section
+    assert "amendment of 2026-11-26 06:23 UTC" in section
     decision["ppo"][5][2] = dict(decision["ppo"][5][2], accuracy=0.71)  # a re-run that is not the same run
-    differs = bench.retime(decision, tmp_path)
+    differs = bench.retime(decision, "stage4", "demo_sft", tmp_path)
     assert not differs["identical"] and differs["mismatches"] == ["ppo seed 5 step 40"]
     assert "seconds_per_run_ratio" not in differs and "not used" in bench._retime_text(differs)
 
@@ -628,3 +667,22 @@ def test_the_readme_quotes_the_warmed_up_critics_stage_one_from_the_results():
     logs = studies["ppo_warm_stage1"]["critic_logs"]
     assert f"median {logs['explained_variance_last_step_median']:+.2f}" in readme
     assert f"in {logs['seeds_below_constant']} of {logs['seeds']} seeds" in readme
+
+
+def test_the_readme_quotes_stage_ones_cost_as_timed_and_re_timed_from_the_results():
+    """The README's wall-clock sentence on stage 1 reads M3 and the per-run ratio, under load and re-timed quietly."""
+    s1 = _result()["studies"]["stage1"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    quiet = s1["retime"]
+    assert quiet["identical"]
+    m3, quiet_race = s1["m3_seconds_to_ppo_peak"], quiet["seconds_to_ppo_peak"]
+    assert f"first in {m3['fast_first']} seed of {m3['seeds']}, Holm p = {m3['p_holm']:.1g}" in readme
+    assert (
+        f"re-timed on a quiet machine, first in {quiet_race['fast_first']} of {quiet_race['seeds']}" in readme
+    )
+
+    def ratio(r: dict) -> str:
+        return f"{r['ratio']:.2f}x [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
+
+    assert f"costs {ratio(quiet['seconds_per_run_ratio'])} a PPO run on a quiet machine" in readme
+    assert f"({ratio(s1['seconds_per_run_ratio'])} as first timed, under load)" in readme

@@ -64,17 +64,18 @@ STAGE4_COMMAND = (
 )
 RETIME = RESULTS / "paper_claims_retime"
 RETIME_ARMS = ("vineppo_k4", "ppo")
-#: The post-hoc quiet re-timings of VinePPO and PPO, by stage: the protocol amendment that set each before its runs,
-#: its command, and what else ran on the machine meanwhile (stage -> (amendment, command, conditions)).
-RETIMINGS = {
-    "stage1": (
+#: The post-hoc quiet re-timings of VinePPO and a PPO arm, by stage and the PPO arm's run name: the protocol amendment
+#: that set each before its runs, its command, and what else ran on the machine meanwhile ((stage, PPO run) ->
+#: (amendment, command, conditions)). The warmed-up arms' entries follow ``WARM_ARMS``.
+RETIMINGS: dict[tuple[str, str], tuple[str, str, str]] = {
+    ("stage1", "ppo"): (
         "2026-11-28 13:55 UTC",
         "python benchmarks/learning_efficiency.py --task demo_plateau --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms "
         "vineppo_k4 ppo --eval_every 5 --kl_prompts 128 --threads 1 --root benchmarks/results/paper_claims_retime "
         "--json /tmp/paper_claims_retime_stage1.json --report_tasks demo_plateau",
         "with no other runs on the machine",
     ),
-    "stage4": (
+    ("stage4", "ppo"): (
         "2026-11-26 06:23 UTC",
         "python benchmarks/learning_efficiency.py --task demo_sft --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms vineppo_k4 "
         "ppo --eval_every 20 --kl_prompts 128 --threads 1 --root benchmarks/results/paper_claims_retime --json "
@@ -774,14 +775,22 @@ def stage4(studies: dict, root: Path = RUNS, retime_root: Path = RETIME) -> dict
     return out
 
 
-def retime(decision: dict[str, dict[int, list[dict]]], stage: str, task: str, root: Path = RETIME) -> dict:
-    """The post-hoc quiet re-timing of a stage's ``vineppo_k4`` and ``ppo`` (``RETIMINGS``; descriptive, M3 keeps its
-    verdict). Used only if every re-timed record's accuracy, KL and sampled tokens equal the decision record's
-    (``decision``, the stage's runs on ``task``)."""
-    amendment, command, conditions = RETIMINGS[stage]
-    curves = {arm: load_curves(root, task, arm, SEEDS) for arm in RETIME_ARMS}
+def retime(
+    decision: dict[str, dict[int, list[dict]]],
+    stage: str,
+    task: str,
+    root: Path = RETIME,
+    ppo_run: str = "ppo",
+) -> dict:
+    """The post-hoc quiet re-timing of a stage's ``vineppo_k4`` and the PPO arm run as ``ppo_run`` (``RETIMINGS``;
+    descriptive, M3 keeps its verdict). Used only if every re-timed record's accuracy, KL and sampled tokens equal the
+    decision record's (``decision``, the stage's runs on ``task``, keyed ``vineppo_k4`` and ``ppo``)."""
+    amendment, command, conditions = RETIMINGS[(stage, ppo_run)]
+    runs = dict(zip(RETIME_ARMS, ("vineppo_k4", ppo_run), strict=True))
+    curves = {name: load_curves(root, task, run, SEEDS) for name, run in runs.items()}
     out: dict[str, Any] = {
         "stage": stage,
+        "ppo_run": ppo_run,
         "amendment": amendment,
         "conditions": conditions,
         "finished": {arm: len(c) for arm, c in curves.items()},
@@ -791,13 +800,15 @@ def retime(decision: dict[str, dict[int, list[dict]]], stage: str, task: str, ro
     if not out["complete"]:
         return out
     fields = ("step", "accuracy", "kl_to_start", "sampled_tokens")
-    out["mismatches"] = [
-        f"{arm} seed {seed} " + (f"step {new['step']}" if new and old else "evaluations")
+    differing = [
+        (runs[arm], seed, f"step {new['step']}" if new and old else "evaluations")
         for arm in RETIME_ARMS
         for seed in SEEDS
         for new, old in itertools.zip_longest(curves[arm][seed], decision[arm][seed], fillvalue={})
         if not new or not old or any(new[f] != old[f] for f in fields)
     ]
+    out["mismatches"] = [f"{run} seed {seed} {where}" for run, seed, where in differing]
+    out["mismatched_seeds"] = sorted({seed for _, seed, _ in differing})
     out["identical"] = not out["mismatches"]
     if not out["identical"]:
         return out
@@ -1217,7 +1228,9 @@ def setup_differences(studies: dict) -> list[dict]:
 
 def _timing_conditions(studies: dict) -> str:
     """Which stages' VinePPO and PPO runs were re-timed on a quiet machine, from their re-timings' records."""
-    retimed = [s for s in RETIMINGS if studies.get(s, {}).get("retime", {}).get("identical")]
+    retimed = [
+        s for s, run in RETIMINGS if run == "ppo" and studies.get(s, {}).get("retime", {}).get("identical")
+    ]
     if not retimed:
         return "every stage timed under load"
     numbers = [s.removeprefix("stage") for s in sorted(retimed)]
@@ -1248,6 +1261,19 @@ def training_signals(root: Path = RUNS) -> dict:
 
 #: The warmed-up critic's arms (protocol amendment of 2026-11-28 03:21 UTC): 10 critic-only steps, then 40 policy steps.
 WARM_ARMS = ("ppo_warm", "ppo_warm_l0.95")
+#: Their stage-1 quiet re-timing (amendment of 2026-11-28 15:09 UTC), read against VinePPO's quiet stage-1 runs.
+RETIMINGS.update(
+    {
+        ("stage1", arm): (
+            "2026-11-28 15:09 UTC",
+            "python benchmarks/learning_efficiency.py --task demo_plateau --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms "
+            f"{' '.join(WARM_ARMS)} --eval_every 5 --kl_prompts 128 --threads 1 --root "
+            "benchmarks/results/paper_claims_retime --json /tmp/ppo_warm_retime.json --report_tasks demo_plateau",
+            "with no other runs on the machine",
+        )
+        for arm in WARM_ARMS
+    }
+)
 #: stage -> (task, the records' root, evaluated every, KL prompts, measures), as the amendment's commands run them.
 WARM_STAGES: dict[str, tuple[str, Path, int, int, str]] = {
     "stage1": (TASK, RUNS, 5, 128, "m1-m4"),
@@ -1279,12 +1305,20 @@ PPO_ARM_STUDIES: dict[str, tuple[Any, ...]] = {
 
 
 def ppo_arm_study(
-    task: str, arm: str, root: Path, vineppo_root: Path, command: str, measures: str = "m1-m4"
+    task: str,
+    arm: str,
+    root: Path,
+    vineppo_root: Path,
+    command: str,
+    measures: str = "m1-m4",
+    *,
+    retime_root: Path = RETIME,
 ) -> dict:
     """VinePPO K = 4 against the PPO arm ``arm`` on ``task``, paired by seed: stage 1's M1-M4 (the arm is read under
     the name ``ppo``, so every stage-1 row reads it unchanged), or with ``measures="m1"`` M1 alone (stage 3's rule;
     its Holm over two tasks is :func:`holm_arms_over_two_tasks`), and its critic's training logs. Read only when all
-    12 seeds of both arms have finished."""
+    12 seeds of both arms have finished. Its stage-1 seconds are re-timed where ``RETIMINGS`` has the arm (in
+    ``retime_root``), and its ``load_note`` says whether that re-timing is usable."""
     if measures not in ("m1-m4", "m1"):
         raise ValueError(f"ppo_arm_study: measures must be 'm1-m4' or 'm1', got {measures!r}.")
     curves = {"vineppo_k4": load_curves(vineppo_root, task, "vineppo_k4", SEEDS),
@@ -1326,6 +1360,9 @@ def ppo_arm_study(
         m4_kl=m4,
         critic_logs=critic_logs(root, task, arm),
     )
+    if task == TASK and ("stage1", arm) in RETIMINGS:
+        out["retime"] = retime(curves, "stage1", task, retime_root, ppo_run=arm)
+    out["load_note"] = WARM_RETIMED if out.get("retime", {}).get("identical") else WARM_UNDER_LOAD
     return out
 
 
@@ -1375,7 +1412,7 @@ def ppo_arm_row(measure: str, studies: dict) -> dict:
         return logs_row("explained_variance", study["critic_logs"])
     if what == "value_bias":
         return logs_row("bias", study["critic_logs"])
-    row = stage_row(f"stage1:{what}", {"stage1": {**study, "load_note": WARM_UNDER_LOAD}})
+    row = stage_row(f"stage1:{what}", {"stage1": study})
     if "family" in row["evidence"]:
         row["evidence"]["family"] = f"{name} M1-M4 (Holm)"
     return {**row, "ours": f"PPO arm `{study['arm']}` on `{study['task']}`: " + row["ours"]}
@@ -1450,8 +1487,8 @@ def _retime_text(r: dict) -> str:
         return ""
     if not r["identical"]:
         return (
-            f". Quiet re-timing not used: its records differ from {_stage_name(r['stage'])}'s "
-            f"({len(r['mismatches'])} evaluations)"
+            f". Quiet re-timing not used: its records differ from {_stage_name(r['stage'])}'s at "
+            f"{len(r['mismatches'])} evaluations, in seeds {', '.join(map(str, r['mismatched_seeds']))}"
         )
     ratio = r["seconds_per_run_ratio"]
     return (
@@ -1551,6 +1588,10 @@ GRPO_UNDER_LOAD = (
 WARM_UNDER_LOAD = (
     "; the arm's training seconds and VinePPO's were taken in different sessions, each with other work on the same "
     "cores, so this compares loads as well as methods"
+)
+WARM_RETIMED = (
+    WARM_UNDER_LOAD
+    + "; both were re-timed on a quiet machine afterwards, beside them (post hoc, descriptive)"
 )
 
 

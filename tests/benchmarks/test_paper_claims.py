@@ -541,12 +541,35 @@ def test_a_further_ppo_arm_is_read_with_stage_1s_measures(tmp_path, monkeypatch)
         done.write_text(json.dumps(info))
     spec = ("demo_plateau", "ppo_warm", tmp_path, tmp_path, "the command")
     monkeypatch.setattr(bench, "PPO_ARM_STUDIES", {"warm": spec})
-    studies = {"ppo_arms": {"warm": bench.ppo_arm_study(*spec)}}
+    retimed = tmp_path / "retime"  # its quiet re-timing's records (none yet)
+    studies = {"ppo_arms": {"warm": bench.ppo_arm_study(*spec, retime_root=retimed)}}
+    assert studies["ppo_arms"]["warm"]["load_note"] == bench.WARM_UNDER_LOAD
     accuracy = bench.catalogue_row({"measure": "ppo_arm:warm:accuracy"}, studies)
     assert accuracy[1] == "the command" and accuracy[0]["verdict"] == "holds"
     assert "`ppo_warm`" in accuracy[0]["ours"] and accuracy[0]["evidence"]["family"] == "warm M1-M4 (Holm)"
     ev = bench.catalogue_row({"measure": "ppo_arm:warm:explained_variance"}, studies)[0]
     assert ev["verdict"] == "holds" and ev["evidence"]["estimate"] == pytest.approx(0.31, abs=0.01)
+    # Re-timed quietly, VinePPO and the arm in half the seconds: read beside the arm's M3, which keeps its verdict.
+    for seed in range(12):
+        _write_run(retimed, seed, "vineppo_k4", [(0, 0.5, 0, 0), (5, 0.75, 4.5, 0.05), (10, 0.8, 9, 0.1)])
+        _write_run(
+            retimed, seed, "ppo_warm", [(0, 0.5, 0, 0), (5, 0.6, 4, 0.2), (10, 0.7 + 0.001 * seed, 8, 0.3)]
+        )
+    study = bench.ppo_arm_study(*spec, retime_root=retimed)
+    assert study["retime"]["identical"] and study["load_note"] == bench.WARM_RETIMED
+    assert study["retime"]["seconds_per_run_ratio"]["ratio"] == pytest.approx(9 / 8)
+    before = bench.catalogue_row({"measure": "ppo_arm:warm:seconds"}, studies)[0]
+    seconds = bench.catalogue_row({"measure": "ppo_arm:warm:seconds"}, {"ppo_arms": {"warm": study}})[0]
+    assert (
+        seconds["verdict"] == before["verdict"] and seconds["ours"].count("Re-timed on a quiet machine") == 1
+    )
+    assert "both were re-timed" in seconds["why"] and "Re-timed" not in before["ours"]
+    _write_run(
+        retimed, 4, "ppo_warm", [(0, 0.5, 0, 0), (5, 0.61, 4, 0.2), (10, 0.7 + 0.001 * 4, 8, 0.3)]
+    )  # not the same run
+    differs = bench.ppo_arm_study(*spec, retime_root=retimed)
+    assert differs["retime"]["mismatches"] == ["ppo_warm seed 4 step 5"]
+    assert differs["load_note"] == bench.WARM_UNDER_LOAD
 
 
 def test_a_warmed_up_arm_reads_running_until_its_12_seeds_are_in_then_stage_3s_rule_and_its_critic(tmp_path):
@@ -580,7 +603,7 @@ def test_a_warmed_up_arm_reads_running_until_its_12_seeds_are_in_then_stage_3s_r
                 write_warm(seed, task)
     specs = {"warm_stage1": ("demo_plateau", "ppo_warm", tmp_path, tmp_path, "c1"),
              "warm_stage3": ("sign_plateau", "ppo_warm", tmp_path, tmp_path, "c3", "m1")}  # fmt: skip
-    arms = {name: bench.ppo_arm_study(*spec) for name, spec in specs.items()}
+    arms = {name: bench.ppo_arm_study(*spec, retime_root=tmp_path / "none") for name, spec in specs.items()}
     bench.holm_arms_over_two_tasks(arms)
     studies = {"ppo_arms": arms}
     running = bench.catalogue_row({"measure": "ppo_arm:warm_stage3:accuracy"}, studies)[0]
@@ -590,7 +613,7 @@ def test_a_warmed_up_arm_reads_running_until_its_12_seeds_are_in_then_stage_3s_r
     assert "below the running mean's in 8 of 12 seeds" in critic["ours"]
     seed_dir = tmp_path / "sign_plateau" / "seed11"
     write_warm(11, "sign_plateau")
-    arms["warm_stage3"] = bench.ppo_arm_study(*specs["warm_stage3"])
+    arms["warm_stage3"] = bench.ppo_arm_study(*specs["warm_stage3"], retime_root=tmp_path / "none")
     assert (seed_dir / "ppo_warm.done.json").exists() and "m2_steps_to_ppo_peak" not in arms["warm_stage3"]
     bench.holm_arms_over_two_tasks(arms)
     m1, first = arms["warm_stage3"]["m1_accuracy"], arms["warm_stage1"]["m1_accuracy"]

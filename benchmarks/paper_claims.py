@@ -64,25 +64,6 @@ STAGE4_COMMAND = (
 )
 RETIME = RESULTS / "paper_claims_retime"
 RETIME_ARMS = ("vineppo_k4", "ppo")
-#: The post-hoc quiet re-timings of VinePPO and a PPO arm, by stage and the PPO arm's run name: the protocol amendment
-#: that set each before its runs, its command, and what else ran on the machine meanwhile ((stage, PPO run) ->
-#: (amendment, command, conditions)). The warmed-up arms' entries follow ``WARM_ARMS``.
-RETIMINGS: dict[tuple[str, str], tuple[str, str, str]] = {
-    ("stage1", "ppo"): (
-        "2026-11-28 13:55 UTC",
-        "python benchmarks/learning_efficiency.py --task demo_plateau --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms "
-        "vineppo_k4 ppo --eval_every 5 --kl_prompts 128 --threads 1 --root benchmarks/results/paper_claims_retime "
-        "--json /tmp/paper_claims_retime_stage1.json --report_tasks demo_plateau",
-        "with no other runs on the machine",
-    ),
-    ("stage4", "ppo"): (
-        "2026-11-26 06:23 UTC",
-        "python benchmarks/learning_efficiency.py --task demo_sft --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms vineppo_k4 "
-        "ppo --eval_every 20 --kl_prompts 128 --threads 1 --root benchmarks/results/paper_claims_retime --json "
-        "/tmp/paper_claims_retime.json --report_tasks demo_sft",
-        "with no other runs on the machine (one 30-second test run overlapped the first re-timed runs)",
-    ),
-}
 SEEDS = list(range(12))
 TASK = "demo_plateau"
 STAGE3_TASK = "sign_plateau"
@@ -1261,19 +1242,6 @@ def training_signals(root: Path = RUNS) -> dict:
 
 #: The warmed-up critic's arms (protocol amendment of 2026-11-28 03:21 UTC): 10 critic-only steps, then 40 policy steps.
 WARM_ARMS = ("ppo_warm", "ppo_warm_l0.95")
-#: Their stage-1 quiet re-timing (amendment of 2026-11-28 15:09 UTC), read against VinePPO's quiet stage-1 runs.
-RETIMINGS.update(
-    {
-        ("stage1", arm): (
-            "2026-11-28 15:09 UTC",
-            "python benchmarks/learning_efficiency.py --task demo_plateau --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --arms "
-            f"{' '.join(WARM_ARMS)} --eval_every 5 --kl_prompts 128 --threads 1 --root "
-            "benchmarks/results/paper_claims_retime --json /tmp/ppo_warm_retime.json --report_tasks demo_plateau",
-            "with no other runs on the machine",
-        )
-        for arm in WARM_ARMS
-    }
-)
 #: stage -> (task, the records' root, evaluated every, KL prompts, measures), as the amendment's commands run them.
 WARM_STAGES: dict[str, tuple[str, Path, int, int, str]] = {
     "stage1": (TASK, RUNS, 5, 128, "m1-m4"),
@@ -1282,14 +1250,47 @@ WARM_STAGES: dict[str, tuple[str, Path, int, int, str]] = {
 }
 
 
-def warm_command(arm: str, stage: str) -> str:
-    """The amendment's command for ``arm`` on ``stage``, all 12 seeds (run as two processes of 6 seeds)."""
-    task, root, every, kl, _ = WARM_STAGES[stage]
+def learning_command(task: str, arms: str, every: int, kl: int, root: Path, json_path: str) -> str:
+    """A ``benchmarks/learning_efficiency.py`` command over all 12 seeds (run as two processes of 6 seeds)."""
     return (
-        f"python benchmarks/learning_efficiency.py --task {task} --seeds {' '.join(map(str, SEEDS))} --arms {arm} "
+        f"python benchmarks/learning_efficiency.py --task {task} --seeds {' '.join(map(str, SEEDS))} --arms {arms} "
         f"--eval_every {every}{f' --kl_prompts {kl}' if kl else ''} --threads 1 --root {root.relative_to(ROOT)} "
-        f"--json /tmp/ppo_warm/{stage}.json --report_tasks {task}"
+        f"--json {json_path} --report_tasks {task}"
     )
+
+
+def warm_command(arm: str, stage: str) -> str:
+    """The amendment's command for ``arm`` on ``stage``."""
+    task, root, every, kl, _ = WARM_STAGES[stage]
+    return learning_command(task, arm, every, kl, root, f"/tmp/ppo_warm/{stage}.json")
+
+
+QUIET = "with no other runs on the machine"
+#: The post-hoc quiet re-timings of VinePPO and a PPO arm, by stage and the PPO arm's run name: the protocol amendment
+#: that set each before its runs, its command, and what else ran on the machine meanwhile ((stage, PPO run) ->
+#: (amendment, command, conditions)). The warmed-up arms are re-timed on stage 1 only, against VinePPO's quiet runs.
+RETIMINGS: dict[tuple[str, str], tuple[str, str, str]] = {
+    ("stage1", "ppo"): (
+        "2026-11-28 13:55 UTC",
+        learning_command(TASK, " ".join(RETIME_ARMS), 5, 128, RETIME, "/tmp/paper_claims_retime_stage1.json"),
+        QUIET,
+    ),
+    ("stage4", "ppo"): (
+        "2026-11-26 06:23 UTC",
+        learning_command(
+            STAGE4_TASK, " ".join(RETIME_ARMS), 20, 128, RETIME, "/tmp/paper_claims_retime.json"
+        ),
+        f"{QUIET} (one 30-second test run overlapped the first re-timed runs)",
+    ),
+    **{
+        ("stage1", arm): (
+            "2026-11-28 15:09 UTC",
+            learning_command(TASK, " ".join(WARM_ARMS), 5, 128, RETIME, "/tmp/ppo_warm_retime.json"),
+            QUIET,
+        )
+        for arm in WARM_ARMS
+    },
+}
 
 
 #: Further PPO arms read against VinePPO K = 4 with stage 1's measures (M1-M4, Holm over the four, and the critic's
@@ -2520,6 +2521,7 @@ def _retime_section(r: dict) -> list[str]:
     if not r.get("complete"):
         return []
     stage = _stage_name(r["stage"])
+    records = f"{stage.replace(' ', '-')} records"
     lines = [
         "**Quiet re-timing (post hoc, descriptive).** The training seconds above carry the load of other work on the "
         f"same cores. `vineppo_k4` and `ppo` were run again, all 12 seeds, as two processes of 6 seeds, {r['conditions']},"
@@ -2528,7 +2530,7 @@ def _retime_section(r: dict) -> list[str]:
     ]
     if not r["identical"]:
         return lines + [
-            f"The re-run differs from the {stage.replace(' ', '-')} records at {', '.join(r['mismatches'])}: not used.",
+            f"The re-run differs from the {records} at {', '.join(r['mismatches'])}: not used.",
             "",
         ]
     ratio, to_peak = r["seconds_per_run_ratio"], r["seconds_to_ppo_peak"]
@@ -2538,7 +2540,7 @@ def _retime_section(r: dict) -> list[str]:
         for arm in RETIME_ARMS
     ]  # fmt: skip
     return lines + [
-        f"Accuracy, KL and sampled tokens equal the {stage.replace(' ', '-')} records at every evaluation of every run.",
+        f"Accuracy, KL and sampled tokens equal the {records} at every evaluation of every run.",
         "",
         *_table(
             ["arm", f"training s per 40-step run, {stage} (under load)", "re-timed (quiet)"],

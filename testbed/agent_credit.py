@@ -75,14 +75,14 @@ __all__ = [
     "agent_gradient_task",
     "arm_batch_gradients",
     "arm_names",
-    "gae_advantages",
     "batch_tokens",
+    "gae_advantages",
     "grpo_match_factor",
     "start_logits",
     "toy_task",
     "train_arm",
-    "vineppo_k1_episode_tokens",
     "turn_pairs",
+    "vineppo_k1_episode_tokens",
 ]
 
 CHOICE_CHARS = "abcdefgh"

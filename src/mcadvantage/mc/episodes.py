@@ -328,8 +328,8 @@ def replay_environment(
                 where=where,
             )
     hook = getattr(environment, "_reseed", None)
-    if reseed is not None and callable(hook):  # fresh randomness from here on (the replay reproduced the episode's)
-        hook(int(reseed()))
+    if reseed is not None and callable(hook):
+        hook(int(reseed()))  # fresh randomness from here on (the replay reproduced the episode's)
     return environment
 
 

@@ -105,16 +105,33 @@ def _logged(trainer, key):
     return [e[key] for e in trainer.state.log_history if key in e]
 
 
-def test_grpo_equals_grpo_trainer_bit_for_bit_on_frozen_lake(scripted_moves, tmp_path, monkeypatch):
+def _environment(kind, request):
+    """The in-process adapter, or the client class of a real OpenEnv server (a subprocess) serving the same game."""
+    if kind == "gymnasium":
+        return FrozenLake
+    from mcadvantage.envs import openenv_environment
+
+    server = request.getfixturevalue("frozen_lake_server")
+    return openenv_environment(server.url, state_key_field="key", name="FrozenLakeV1")
+
+
+KINDS = ["gymnasium", pytest.param("openenv", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_grpo_equals_grpo_trainer_bit_for_bit_on_frozen_lake(
+    scripted_moves, tmp_path, monkeypatch, request, kind
+):
     from trl import GRPOConfig, GRPOTrainer
 
     from mcadvantage import VinePPOConfig, VinePPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    theirs = _trainer(GRPOTrainer, GRPOConfig, tmp_path, FrozenLake)
+    environment = _environment(kind, request)
+    theirs = _trainer(GRPOTrainer, GRPOConfig, tmp_path, environment)
     initial = {n: p.detach().clone() for n, p in theirs.model.named_parameters()}
     theirs.train()
-    ours = _trainer(VinePPOTrainer, VinePPOConfig, tmp_path, FrozenLake, {"advantage_estimator": "grpo"})
+    ours = _trainer(VinePPOTrainer, VinePPOConfig, tmp_path, environment, {"advantage_estimator": "grpo"})
     ours.train()
     assert ours.reward_func_names == ["moved", "FrozenLakeV1"]  # get_reward: the environment's return
     assert theirs.state.global_step == ours.state.global_step == 2
@@ -150,24 +167,31 @@ class MovesOrAnswers:
         return out
 
 
-class Recorded(FrozenLake):
-    """FrozenLake that records, at every rebuild's reseed, the rebuilt state: seed, actions, position and the
-    environment's random generator's state (as the rebuild left them)."""
+def recorded(base):
+    """``base`` recording, at every rebuild's reseed, what the rebuild reached: the episode's seed, its moves so far
+    (action indices), the state key and, in process, the random generator's state."""
 
-    rebuilds: list = []
+    class Recorded(base):
+        rebuilds: list = []
 
-    def _reseed(self, seed: int) -> None:
-        unwrapped = self._env.unwrapped
-        state = unwrapped.np_random.bit_generator.state
-        Recorded.rebuilds.append((self._seed, list(self._actions), int(unwrapped.s), state, seed))
-        super()._reseed(seed)
+        def _reseed(self, seed: int) -> None:
+            moves = [a if isinstance(a, int) else MOVES.index(a["action"]) for a in self._actions]
+            inner = getattr(self, "_env", None)
+            stream = inner.unwrapped.np_random.bit_generator.state if inner is not None else None
+            Recorded.rebuilds.append((self._seed, moves, int(self.state_key), stream, seed))
+            super()._reseed(seed)
+
+    return Recorded
 
 
-def test_vineppo_continuations_start_from_exactly_their_prefix_state(scripted_moves, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", KINDS)
+def test_vineppo_continuations_start_from_exactly_their_prefix_state(
+    scripted_moves, tmp_path, monkeypatch, request, kind
+):
     from mcadvantage import VinePPOConfig, VinePPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    Recorded.rebuilds = []
+    Recorded = recorded(_environment(kind, request))
     tok = build_tool_calling_tokenizer()
     extra = {"advantage_estimator": "vineppo", "num_mc_rollouts": 2}
     trainer = _trainer(
@@ -177,11 +201,13 @@ def test_vineppo_continuations_start_from_exactly_their_prefix_state(scripted_mo
     assert trainer.state.global_step == 2 and _logged(trainer, "mc/rollouts")
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     rebuilds = Recorded.rebuilds
-    assert rebuilds and any(actions for _, actions, *_ in rebuilds)  # some states lie after moves
-    for seed, actions, position, rng_state, _ in rebuilds:
+    assert rebuilds and any(moves for _, moves, *_ in rebuilds)  # some states lie after moves
+    for seed, moves, key, stream, _ in rebuilds:
         env = gym.make("FrozenLake-v1", is_slippery=True)  # the episode's own path, without the adapter
         env.reset(seed=seed)
-        for action in actions:
-            env.step(action)
-        assert (int(env.unwrapped.s), env.unwrapped.np_random.bit_generator.state) == (position, rng_state)
+        for move in moves:
+            env.step(move)
+        assert int(env.unwrapped.s) == key
+        if stream is not None:  # in process the random stream is visible too: the replay reproduced it
+            assert env.unwrapped.np_random.bit_generator.state == stream
     assert len({fresh for *_, fresh in rebuilds}) == len(rebuilds)  # every continuation its own randomness

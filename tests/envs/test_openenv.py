@@ -52,7 +52,9 @@ def test_the_client_class_plays_as_the_in_process_adapter(frozen_lake_server):
         assert remote.done == local.done
     fresh = Remote()
     fresh.reset(seed=0)
-    with pytest.raises(ValueError, match=r"act\(\{\"action\": \"jump\"\}\) was refused: 'jump' is not an action"):
+    with pytest.raises(
+        ValueError, match=r"act\(\{\"action\": \"jump\"\}\) was refused: 'jump' is not an action"
+    ):
         fresh.act("jump")
     assert fresh.invalid_actions == 1 and fresh.state_key == 0
 
@@ -68,13 +70,17 @@ def test_rebuilds_are_exact_and_each_continuation_gets_fresh_randomness(frozen_l
     seeds = random.Random(1)
     for fresh in (False, True):
         for _ in range(24):
-            rebuilt = replay_environment(Remote, row, turns, reseed=(lambda: seeds.getrandbits(63)) if fresh else None)
+            rebuilt = replay_environment(
+                Remote, row, turns, reseed=(lambda: seeds.getrandbits(63)) if fresh else None
+            )
             assert rebuilt.state_key == state  # replay checked every result; the reseed kept the state
             rebuilt.act("down")
             outcomes[fresh][rebuilt.state_key] += 1
             rebuilt._close()
     assert len(outcomes[False]) == 1  # without reseeding: the episode's luck, every time
-    assert len(outcomes[True]) == 3  # with it: all three slips (P(a slip missing in 24) < 3 * (2/3)^24 < 1e-4)
+    assert (
+        len(outcomes[True]) == 3
+    )  # with it: all three slips (P(a slip missing in 24) < 3 * (2/3)^24 < 1e-4)
 
 
 def _free_port() -> int:
@@ -85,7 +91,9 @@ def _free_port() -> int:
 
 def test_absent_full_and_dead_servers_get_clear_errors():
     url = f"http://127.0.0.1:{_free_port()}"
-    with pytest.raises(OpenEnvError, match=rf"no OpenEnv server answers at {url} .*python -m mcadvantage.envs.openenv_server"):
+    with pytest.raises(
+        OpenEnvError, match=rf"no OpenEnv server answers at {url} .*python -m mcadvantage.envs.openenv_server"
+    ):
         openenv_environment(url, connect_timeout_s=2)
     with LocalOpenEnvServer("FrozenLake-v1", max_concurrent_envs=1, start_timeout_s=120) as server:
         Remote = openenv_environment(server.url, message_timeout_s=5)
@@ -95,7 +103,9 @@ def test_absent_full_and_dead_servers_get_clear_errors():
             second.reset(seed=0)
         first.act("down")
         server.stop()  # the server dies mid-episode
-        with pytest.raises(OpenEnvError, match=rf"the OpenEnv server at {server.url} did not answer step\(\)"):
+        with pytest.raises(
+            OpenEnvError, match=rf"the OpenEnv server at {server.url} did not answer step\(\)"
+        ):
             first.act("down")
         with pytest.raises(OpenEnvError, match=r"session .* broke .*so its reward is unknown"):
             first.get_reward()

@@ -20,6 +20,7 @@ Every network wait has a timeout (connect, each message, ``/schema``).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
@@ -111,7 +112,8 @@ class OpenEnvEnvironment:
         self._state_keys: list[Hashable] = []
 
     def __del__(self) -> None:
-        self._close()
+        if not sys.is_finalizing():  # at interpreter exit the socket closes with the process (websockets is gone)
+            self._close()
 
     def _close(self) -> None:
         client, self._client = getattr(self, "_client", None), None

@@ -314,7 +314,8 @@ def openenv_environment(
         seed_column: the dataset column ``reset(**row)`` reads the episode's seed from.
         reseed: refresh the server's randomness per Monte Carlo continuation (needs a server that echoes
             ``reseeded``, as :func:`~mcadvantage.envs.openenv_app`'s do); False for deterministic servers.
-        connect_timeout_s, message_timeout_s: the session's timeouts (nothing waits longer).
+        connect_timeout_s: the timeout of opening a session and of ``/schema`` (seconds).
+        message_timeout_s: the timeout of every reply on a session (seconds): nothing waits longer.
         name: the class name (TRL logs the reward as ``rewards/<name>/mean``).
 
     Raises:

@@ -112,7 +112,9 @@ class OpenEnvEnvironment:
         self._state_keys: list[Hashable] = []
 
     def __del__(self) -> None:
-        if not sys.is_finalizing():  # at interpreter exit the socket closes with the process (websockets is gone)
+        if (
+            not sys.is_finalizing()
+        ):  # at interpreter exit the socket closes with the process (websockets is gone)
             self._close()
 
     def _close(self) -> None:

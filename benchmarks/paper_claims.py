@@ -1705,7 +1705,7 @@ def critic_bias_row(study: dict) -> dict:
     return _descriptive(
         f"PPO arm `{study['arm']}` on `{study['task']}`, last {logs['window']} policy steps: the critic's mean value "
         f"{logs['mean_value']:.2f} against the mean reward {logs['mean_reward']:.2f}: {t['mean']:+.2f} "
-        f"{_fmt_ci(t['ci95'], '+.2f')} over {logs['seeds']} seeds (the critic without warm-up: the "
+        f"{_fmt_ci(t['ci95'], '+.2f')} over {logs['seeds']} seeds (for the critic without warm-up, see the "
         "value_critic_bias_training row)",
         "described beside the accuracy rows, no test (amendment of 2026-11-28); the value error, ranking and "
         "misclassification rows above need the critic's weights, which the warmed-up runs did not keep (see the "

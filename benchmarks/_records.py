@@ -27,11 +27,18 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from _machine import environments_text, machine_info
+if (
+    str(Path(__file__).resolve().parent) not in sys.path
+):  # loaded by path (tests' load_benchmark): its sibling
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _machine import environments_text, machine_info  # noqa: E402  (beside this file)
 
 
 @dataclass(frozen=True)
@@ -77,11 +84,15 @@ def float32_training(eval_problems: int) -> dict[str, Tolerance]:
     """The rule for one evaluation record of a float32 training run on ``eval_problems`` held-out problems: step
     exact, accuracy within :data:`FLOAT32_PROBLEMS` problems, sampled tokens within :data:`FLOAT32_TOKENS_REL`."""
     if eval_problems < 1:
-        raise ValueError(f"float32_training: eval_problems={eval_problems} must be >= 1 (the held-out set's size).")
+        raise ValueError(
+            f"float32_training: eval_problems={eval_problems} must be >= 1 (the held-out set's size)."
+        )
     return {
         "step": EXACT,
         # the half problem absorbs accuracy's own rounding (k / n is not exact in binary)
-        "accuracy": Tolerance(f"{FLOAT32_PROBLEMS} of {eval_problems} problems", abs=(FLOAT32_PROBLEMS + 0.5) / eval_problems),
+        "accuracy": Tolerance(
+            f"{FLOAT32_PROBLEMS} of {eval_problems} problems", abs=(FLOAT32_PROBLEMS + 0.5) / eval_problems
+        ),
         "sampled_tokens": Tolerance("float32 tokens, relative 1e-3", rel=FLOAT32_TOKENS_REL),
     }
 
@@ -116,6 +127,25 @@ def compare_record(
     return outside, largest
 
 
+def compare_tree(new: Any, old: Any, tolerance: Tolerance = FLOAT64, path: str = "") -> list[str]:
+    """Where two JSON-like trees differ beyond ``tolerance`` (numbers) or at all (keys, lengths, strings, None): the
+    paths, e.g. ``["cells[3].gap.mean: 0.1 against 0.2"]``. For a summary regenerated from committed records, whose
+    arithmetic (``math``, ``scipy``) another machine may round differently in the last bits."""
+    if isinstance(new, Mapping) and isinstance(old, Mapping):
+        if new.keys() != old.keys():
+            return [f"{path or '.'}: keys {sorted(set(new) ^ set(old))} on one side only"]
+        return [d for k in new for d in compare_tree(new[k], old[k], tolerance, f"{path}.{k}")]
+    if isinstance(new, list | tuple) and isinstance(old, list | tuple):
+        if len(new) != len(old):
+            return [f"{path}: {len(new)} items against {len(old)}"]
+        return [
+            d
+            for i, (a, b) in enumerate(zip(new, old, strict=True))
+            for d in compare_tree(a, b, tolerance, f"{path}[{i}]")
+        ]
+    return [] if tolerance.allows(new, old) else [f"{path}: {new!r} against {old!r} ({tolerance.name})"]
+
+
 @dataclass
 class Comparison:
     """A tally of re-runs against their records: how many had a record, how many were within tolerance, the largest
@@ -127,7 +157,11 @@ class Comparison:
     outside: list[dict[str, Any]] = field(default_factory=list)
 
     def add(
-        self, label: str, new: Mapping[str, Any], old: Mapping[str, Any] | None, rules: Mapping[str, Tolerance]
+        self,
+        label: str,
+        new: Mapping[str, Any],
+        old: Mapping[str, Any] | None,
+        rules: Mapping[str, Tolerance],
     ) -> bool | None:
         """Compare one re-run with its record (None: no record, nothing counted); True when within tolerance."""
         if old is None:

@@ -117,7 +117,9 @@ def run_cell(
     for arm in arms:
         runs, committed = [], Comparison()
         for seed in seeds:
-            run = train_arm(structure, horizon, rate, arm, seed, budget_episodes=budget, parameterization=param)
+            run = train_arm(
+                structure, horizon, rate, arm, seed, budget_episodes=budget, parameterization=param
+            )
             runs.append(run)
             record = horizon_sweep.recorded(horizon_sweep.RUNS, cell, arm, seed, budget)
             committed.add(f"{arm} seed {seed} on {cell}", asdict(run), record, EXACT_TOY_RUN)

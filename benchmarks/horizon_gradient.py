@@ -163,6 +163,10 @@ def measure(cell: Cell, arm: str, repeats: int, seed: int) -> dict[str, Any]:
 
 def run(root: Path, cells: Sequence[Cell], arms: Sequence[str], repeats: int, seed: int) -> int:
     """Measure every (cell, arm) whose record is missing or was made with other settings; returns how many ran."""
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
     ran = 0
     for cell in cells:
         for arm in arms:
@@ -173,7 +177,7 @@ def run(root: Path, cells: Sequence[Cell], arms: Sequence[str], repeats: int, se
                         continue
                 except (json.JSONDecodeError, KeyError):
                     pass  # a torn or foreign file: measure again and replace it
-            record = measure(cell, arm, repeats, seed)
+            record = measure(cell, arm, repeats, seed) | {"environment": machine_info()}
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, allow_nan=True))

@@ -366,6 +366,17 @@ def training_accuracy(logs: list[dict], step: int, window: int) -> float:
     return statistics.fmean(rows)
 
 
+def same_fields(new: dict, old: dict, fields: tuple[str, ...]) -> bool:
+    """Whether a re-run's record ``new`` equals the record ``old`` in ``fields``: the protocol's rule ("equal") for
+    the checks that compare two records made on one machine (the reproduction, start and re-timing checks), through
+    the helper every comparison of a re-run with a record uses (``benchmarks/_records.py``, its exact rule)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _records import EXACT, compare_record
+
+    return not compare_record(new, old, dict.fromkeys(fields, EXACT))[0]
+
+
 def regime_reproduction(curves: dict[str, dict[int, list[dict]]]) -> dict:
     """Whether the new ``grpo`` and ``vineppo_k4`` runs reproduce the regime study's records of the same seed at steps
     20 and 40 (the protocol's check: more evaluations and the KL sample must not touch training)."""
@@ -379,11 +390,7 @@ def regime_reproduction(curves: dict[str, dict[int, list[dict]]]) -> dict:
             old = {r["step"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
             for step in (20, 40):
                 checked += 1
-                new = at_step(curve, step)
-                if (
-                    new["accuracy"] == old[step]["accuracy"]
-                    and new["sampled_tokens"] == old[step]["sampled_tokens"]
-                ):
+                if same_fields(at_step(curve, step), old[step], ("accuracy", "sampled_tokens")):
                     matched += 1
                 else:
                     mismatches.append(f"{arm} seed {seed} step {step}")
@@ -642,8 +649,8 @@ def start_check(check_root: Path = START_CHECK, task: str = STAGE3_TASK) -> dict
         old = load_curves(REGIME_RUNS, task, "grpo", [seed]).get(seed)
         for step in (20, 40):
             checked += 1
-            if old is not None and all(
-                at_step(curve, step)[k] == at_step(old, step)[k] for k in ("accuracy", "sampled_tokens")
+            if old is not None and same_fields(
+                at_step(curve, step), at_step(old, step), ("accuracy", "sampled_tokens")
             ):
                 identical += 1
     return {"checked": checked, "identical": identical}
@@ -786,7 +793,7 @@ def retime(
         for arm in RETIME_ARMS
         for seed in SEEDS
         for new, old in itertools.zip_longest(curves[arm][seed], decision[arm][seed], fillvalue={})
-        if not new or not old or any(new[f] != old[f] for f in fields)
+        if not new or not old or not same_fields(new, old, fields)
     ]
     out["mismatches"] = [f"{run} seed {seed} {where}" for run, seed, where in differing]
     out["mismatched_seeds"] = sorted({seed for _, seed, _ in differing})

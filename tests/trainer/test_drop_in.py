@@ -63,7 +63,9 @@ def test_grpo_estimator_with_default_configs_gives_grpotrainers_weights(tmp_path
     # The check has power: the old default (bf16 off on CPU) ends elsewhere.
     fp32 = _train(
         VinePPOTrainer,
-        VinePPOConfig(output_dir=str(tmp_path / "fp32"), advantage_estimator="grpo", **{**CPU_RUN, "bf16": False}),
+        VinePPOConfig(
+            output_dir=str(tmp_path / "fp32"), advantage_estimator="grpo", **{**CPU_RUN, "bf16": False}
+        ),
     )
     assert any(not torch.equal(grpo[name], fp32[name]) for name in grpo)
 
@@ -83,7 +85,9 @@ def test_configs_differ_only_in_the_listed_fields(estimator):
     grpo = GRPOConfig(output_dir="unused", use_cpu=True)
     vine = VinePPOConfig(output_dir="unused", use_cpu=True, advantage_estimator=estimator)
     differing = _resolved_differences(grpo, vine)
-    assert differing <= set(GRPO_DEFAULT_DIFFERENCES), {n: (getattr(grpo, n), getattr(vine, n)) for n in differing}
+    assert differing <= set(GRPO_DEFAULT_DIFFERENCES), {
+        n: (getattr(grpo, n), getattr(vine, n)) for n in differing
+    }
     if estimator == "grpo":
         assert differing == set()
     # The declared defaults too: a field whose default VinePPOConfig overrides is listed.
@@ -91,7 +95,8 @@ def test_configs_differ_only_in_the_listed_fields(estimator):
     overridden = {
         f.name
         for f in dataclasses.fields(GRPOConfig)
-        if (f.default, f.default_factory) != (vine_fields[f.name].default, vine_fields[f.name].default_factory)
+        if (f.default, f.default_factory)
+        != (vine_fields[f.name].default, vine_fields[f.name].default_factory)
     }
     assert overridden <= set(GRPO_DEFAULT_DIFFERENCES), overridden
 
@@ -116,7 +121,9 @@ def test_the_differences_are_rendered_on_the_grpo_to_vineppo_page():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("_config_hook", root / "docs" / "_hooks" / "config_defaults.py")
+    spec = importlib.util.spec_from_file_location(
+        "_config_hook", root / "docs" / "_hooks" / "config_defaults.py"
+    )
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)
     page = (root / "docs" / "howto" / "grpo-to-vineppo.md").read_text("utf-8")
@@ -133,12 +140,18 @@ def test_one_generation_is_refused_in_vineppos_words_with_trls_after(estimator):
     with pytest.raises(ValueError) as trl_error:
         GRPOConfig(output_dir="unused", use_cpu=True, num_generations=1, per_device_train_batch_size=8)
     with pytest.raises(
-        ValueError, match=rf"^num_generations=1 is refused under advantage_estimator='{estimator}'.*num_generations=2"
+        ValueError,
+        match=rf"^num_generations=1 is refused under advantage_estimator='{estimator}'.*num_generations=2",
     ) as ours:
         VinePPOConfig(
-            output_dir="unused", num_generations=1, per_device_train_batch_size=8, advantage_estimator=estimator
+            output_dir="unused",
+            num_generations=1,
+            per_device_train_batch_size=8,
+            advantage_estimator=estimator,
         )
     assert str(ours.value).endswith(str(trl_error.value))
     with pytest.raises(ValueError) as grpo_estimator:
-        VinePPOConfig(output_dir="unused", num_generations=1, per_device_train_batch_size=8, advantage_estimator="grpo")
+        VinePPOConfig(
+            output_dir="unused", num_generations=1, per_device_train_batch_size=8, advantage_estimator="grpo"
+        )
     assert str(grpo_estimator.value) == str(trl_error.value)

@@ -1,5 +1,6 @@
 """Configuration of :class:`~mcadvantage.trainer.vineppo_trainer.VinePPOTrainer`: TRL's ``GRPOConfig`` plus the Monte Carlo
-settings of VinePPO. GRPO's fields keep GRPOConfig's defaults (a drop-in); ``VinePPOConfig.from_paper(task)`` sets the
+settings of VinePPO. GRPO's fields keep GRPOConfig's defaults (a drop-in; the exceptions
+are :data:`GRPO_DEFAULT_DIFFERENCES`); ``VinePPOConfig.from_paper(task)`` sets the
 paper's.
 
 Importing this module imports TRL (``GRPOConfig``), but not vLLM.
@@ -45,14 +46,14 @@ def _bf16_refused_here(use_cpu: bool) -> bool:
 GRPO_DEFAULT_DIFFERENCES: dict[str, str] = {
     "bf16": (
         "Unset, `GRPOConfig` turns bf16 on whenever fp16 is off, and `TrainingArguments` then refuses the config on a "
-        "machine without a bf16-capable GPU unless `use_cpu=True` (\"Your setup doesn't support bf16/gpu\"). There, "
+        'machine without a bf16-capable GPU unless `use_cpu=True` ("Your setup doesn\'t support bf16/gpu"). There, '
         "and only there, `VinePPOConfig` turns bf16 off instead, so a CPU-only machine trains in float32 without "
         "flags. Wherever `GRPOConfig` builds (a bf16 GPU, or `use_cpu=True`, where both give `bf16=True`), the value "
         "is `GRPOConfig`'s."
     ),
     "scale_rewards": (
-        "Unset, the estimator's `default_scale_rewards`: `\"group\"` (`GRPOConfig`'s) under `\"grpo\"` and "
-        "`\"hybrid\"`; `\"none\"` under the others, which refuse any other value (reward scaling shapes only "
+        'Unset, the estimator\'s `default_scale_rewards`: `"group"` (`GRPOConfig`\'s) under `"grpo"` and '
+        '`"hybrid"`; `"none"` under the others, which refuse any other value (reward scaling shapes only '
         "GRPO's advantages)."
     ),
 }
@@ -267,7 +268,9 @@ class VinePPOConfig(GRPOConfig):
         except ValueError as err:
             one_generation = self.num_generations is not None and self.num_generations < 2
             if one_generation and estimator_cls.name != "grpo" and "generations" in str(err):
-                raise ValueError(_one_generation_message(self.num_generations, estimator_cls.name, err)) from err
+                raise ValueError(
+                    _one_generation_message(self.num_generations, estimator_cls.name, err)
+                ) from err
             raise
         self._validate_settings(estimator_cls)
 

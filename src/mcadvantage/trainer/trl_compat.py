@@ -376,8 +376,7 @@ class GRPOTrainerHooks(GRPOTrainer):
                 f"Example has `environment={unknown[0]!r}`, which is not among the environments passed to "
                 f"`environment_factory`. Expected one of: {list(self.environment_factories)}. Name each prompt's "
                 "environment in the rows' 'environment' column with one of those keys (a dict environment_factory "
-                "routes every row by it)"
-                + (f"; unknown names: {unknown}." if len(unknown) > 1 else ".")
+                "routes every row by it)" + (f"; unknown names: {unknown}." if len(unknown) > 1 else ".")
             )
         missing = object()
         saved = getattr(self, "_batch_environments", missing)

@@ -746,7 +746,10 @@ def test_agent_example_refuses_an_estimator_that_does_not_take_agent_episodes(
     assert (
         f"advantage_estimator={name!r} does not support environment_factory=" in err
     )  # the library's reason
-    assert "Fix: pass --estimator grpo" in err
+    assert err.rstrip().endswith(agent_example.REFUSAL_FIX)
+    # examples/README.md quotes the same line (issue 53: it quoted a shorter one).
+    readme = " ".join((EXAMPLES / "README.md").read_text(encoding="utf-8").split())
+    assert f"`{agent_example.REFUSAL_FIX}`" in readme
     assert not (tmp_path / "out" / "trainer_state.json").exists()
 
 

@@ -361,6 +361,30 @@ def test_a_dict_of_environments_needs_the_environment_column(tmp_path):
         )  # fmt: skip
 
 
+def test_an_unknown_environment_keeps_grpos_words(tmp_path):
+    """Issue 53: GRPOTrainer refuses a row naming an environment that is not in a dict ``environment_factory`` at
+    ``train()``; VinePPOTrainer finds it earlier (its prompt-length check renders every row's tools) and its message
+    contains GRPO's, word for word, before what to do."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    tok = build_tool_calling_tokenizer()
+    data = _prompts(2, environment=["adder", "counter"])
+    kwargs = dict(reward_funcs=[vowel_share], train_dataset=data, processing_class=tok)
+    grpo = GRPOTrainer(
+        model=_tiny_model(tok), args=GRPOConfig(output_dir=str(tmp_path / "grpo"), **SETTINGS),
+        environment_factory={"adder": Adder}, **kwargs,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="not among the environments") as grpo_error:
+        grpo.train()
+    args = VinePPOConfig(output_dir=str(tmp_path / "vine"), **{**SETTINGS, "advantage_estimator": "grpo"})
+    with pytest.raises(ValueError, match="not among the environments") as ours:
+        VinePPOTrainer(model=_tiny_model(tok), args=args, environment_factory={"adder": Adder}, **kwargs)
+    assert str(grpo_error.value) in str(ours.value), (str(grpo_error.value), str(ours.value))
+    assert "\"'" not in str(ours.value)  # names quoted once: ['adder'], not ["'adder'"]
+
+
 _INITIAL: dict[str, torch.Tensor] = {}
 
 

@@ -369,12 +369,14 @@ class GRPOTrainerHooks(GRPOTrainer):
             prompt_ids, _, _ = self._tokenize_prompts(prompts)
             return [list(ids) for ids in prompt_ids]
         names = [None] * len(prompts) if environments is None else list(environments)
-        unknown = sorted({repr(n) for n in names if n not in self.environment_factories})
+        unknown = [n for n in dict.fromkeys(names) if n not in self.environment_factories]
         if unknown:
+            # GRPO's own message for the same rows (it raises it at generation time), then what to do.
             raise ValueError(
-                f"environments {', '.join(unknown)} are not among environment_factory's "
-                f"{sorted(map(repr, self.environment_factories))}; name each prompt's environment (a dict "
-                "environment_factory needs the rows' 'environment' values)."
+                f"Example has `environment={unknown[0]!r}`, which is not among the environments passed to "
+                f"`environment_factory`. Expected one of: {list(self.environment_factories)}. Name each prompt's "
+                "environment in the rows' 'environment' column with one of those keys (a dict environment_factory "
+                "routes every row by it)" + (f"; unknown names: {unknown}." if len(unknown) > 1 else ".")
             )
         missing = object()
         saved = getattr(self, "_batch_environments", missing)

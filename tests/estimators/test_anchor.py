@@ -5,6 +5,7 @@ and stay out of the token mask, the keys come from where ``anchor_state`` says, 
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -304,3 +305,41 @@ def test_recorded_keys_take_each_episodes_turns_from_the_loops_calls():
     assert recorded_turn_keys(snapshots, [3, 1, 0]) == [["a0", "a1", "a2"], ["b0"], []]
     with pytest.raises(ValueError, match="episode 0 has 4 model turns but state_key was recorded at 3"):
         recorded_turn_keys(snapshots, [4, 1, 1])
+
+
+def test_step_groups_mean_returns_converge_to_the_testbeds_exact_state_values():
+    """The pooled credit's batch values are the step groups' mean returns: on the agent testbed, with a scripted
+    policy and many episodes of one prompt keyed by the environment's true state, every group's mean return is
+    within 5 standard errors of the exact value of its state (backward induction)."""
+    import random
+
+    from testbed.agent_env import AgentEnv, AgentTask, KeyPolicy, exact_values, simulate_episode
+
+    task = AgentTask("recovery", 4, key=1, decisive_turn=1)
+    policy = KeyPolicy(lambda turn, state: 0.3 + 0.15 * turn + 0.1 * state)
+    rng, n = random.Random(0), 3000
+    episodes = [simulate_episode(task, policy, rng) for _ in range(n)]
+    env = AgentEnv()  # the keys are what the environment's state_key reads before each turn
+    keys = []
+    for ep in episodes:
+        env.reset(**task.row())
+        row = []
+        for choice in ep.choices:
+            row.append(env.state_key)
+            env.act(choice)
+        keys.append(row)
+    rewards = [[0.0] * (len(ep.choices) - 1) + [ep.reward] for ep in episodes]
+    from mcadvantage.core.anchors import pooled_anchor_advantages
+
+    _, values = pooled_anchor_advantages(keys, rewards, [0] * n)
+    exact = exact_values(task, policy)
+    seen: dict = {}
+    for ks, vs in zip(keys, values, strict=True):
+        for (turn, state), v in zip(ks, vs, strict=False):
+            seen[(turn, state)] = v
+    counts = {k: sum(row.count(k) for row in keys) for k in seen}
+    assert len(seen) >= 6  # both states reached at several turns
+    for (turn, state), v in seen.items():
+        p = exact[turn][state]
+        bound = 5 * math.sqrt(max(p * (1 - p), 1e-3) / counts[(turn, state)]) + 1e-9
+        assert abs(v - p) <= bound, ((turn, state), v, p, counts[(turn, state)])

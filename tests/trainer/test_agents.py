@@ -962,7 +962,7 @@ def test_anchor_refuses_an_environment_without_state_key_and_a_rollout_func_with
         VinePPOTrainer(
             model=_tiny_model(tok), args=args, processing_class=tok,
             **{**_anchor_case("environment dict"), "environment_factory": {"adder": Adder, "doubler": KeyedDoubler}},
-        )  # fmt: skip
+        ).train()  # fmt: skip
     trainer = VinePPOTrainer(model=_tiny_model(tok), args=args, processing_class=tok, **_case("rollout_func"))
     with pytest.raises(
         ValueError, match=r"rollout_func returned no 'turn_keys' field .*anchor_state='observation'"

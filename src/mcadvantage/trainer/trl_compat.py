@@ -67,6 +67,7 @@ from trl import GRPOTrainer
 
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.versions import check_version_range
+from mcadvantage.estimators.base import ReadsStateKeys
 from mcadvantage.estimators.batch import AdvantageBatch
 from mcadvantage.mc.turn_credit import AgentEpisodes, Episode
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
@@ -160,8 +161,10 @@ class GRPOTrainerHooks(GRPOTrainer):
 
     def train(self, resume_from_checkpoint: Any = None, trial: Any = None, **kwargs: Any) -> Any:
         """``Trainer.train``, resuming only from a checkpoint whose files
-        :func:`~mcadvantage.trainer.guards.checkpoint_to_resume` verified (before anything is loaded or written)."""
+        :func:`~mcadvantage.trainer.guards.checkpoint_to_resume` verified (before anything is loaded or written),
+        and with every environment giving the state key the estimator reads (:meth:`check_state_keys_available`)."""
         checkpoint = checkpoint_to_resume(resume_from_checkpoint, self.args.output_dir)
+        self.check_state_keys_available()
         return super().train(resume_from_checkpoint=checkpoint, trial=trial, **kwargs)
 
     def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
@@ -404,9 +407,19 @@ class GRPOTrainerHooks(GRPOTrainer):
     _mcadvantage_state_log: list[list[Any]] | None = None
 
     def records_state_keys(self) -> bool:
-        """Whether the batch being generated records its environments' ``state_key`` before each model turn (the
-        trainer says so for an estimator that reads state keys from the environment). Default: no."""
-        return False
+        """Whether batches record their episodes' state keys: for an estimator that reads them from the environment
+        (:class:`~mcadvantage.estimators.base.ReadsStateKeys` with ``state_source="state_key"``)."""
+        est = getattr(self, "advantage_estimator", None)
+        return isinstance(est, ReadsStateKeys) and est.state_source == "state_key"
+
+    def check_state_keys_available(self) -> None:
+        """Refuse, before training (and before any batch is generated), environments without the ``state_key`` property the estimator reads
+        (:func:`~mcadvantage.estimators.anchor.check_state_key_property`, naming the fix)."""
+        from mcadvantage.estimators.anchor import check_state_key_property
+
+        if self.records_state_keys():
+            for name, cls in self.environment_classes.items():
+                check_state_key_property(cls, name)
 
     def _record_state_keys(self) -> None:
         # GRPO calls _generate_single_turn once for every episode's first turn (after reset) and once per round of

@@ -28,13 +28,7 @@ from mcadvantage.estimators import (
     build_advantage_estimator,
     reduce_metrics,
 )
-from mcadvantage.estimators.anchor import check_state_key_property
-from mcadvantage.estimators.base import (
-    AdvantageEstimator,
-    ContinuesEpisodes,
-    KeepsMonteCarloEstimate,
-    ReadsStateKeys,
-)
+from mcadvantage.estimators.base import AdvantageEstimator, ContinuesEpisodes, KeepsMonteCarloEstimate
 from mcadvantage.estimators.batch import finalize_advantages
 from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
@@ -182,7 +176,6 @@ class VinePPOTrainer(GRPOTrainerHooks):
             # TRL's colocated weight sync fails on vLLM's CPU backend; this swaps in a layerwise reload there and is
             # a no-op on GPU platforms.
             install_layerwise_weight_sync(self)
-        self._check_state_keys_available()
         room, room_name = self.completion_room
         check_prompt_lengths(
             self.train_dataset,
@@ -193,19 +186,6 @@ class VinePPOTrainer(GRPOTrainerHooks):
             dataset_name="train_dataset",
             route_column=self.environment_route_column,
         )
-
-    def records_state_keys(self) -> bool:
-        """Whether batches record their episodes' state keys: for an estimator that reads them from the environment
-        (:class:`~mcadvantage.estimators.base.ReadsStateKeys` with ``state_source="state_key"``)."""
-        est = self.advantage_estimator
-        return isinstance(est, ReadsStateKeys) and est.state_source == "state_key"
-
-    def _check_state_keys_available(self) -> None:
-        """Refuse, before training, environments without the ``state_key`` property the estimator reads."""
-        if not self.records_state_keys():
-            return
-        for name, cls in self.environment_classes.items():
-            check_state_key_property(cls, name)
 
     @property
     def context_length(self) -> int | None:

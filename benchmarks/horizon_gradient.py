@@ -137,12 +137,20 @@ def settings_of(cell: Cell, arm: str, repeats: int, seed: int) -> dict[str, Any]
 def measure(cell: Cell, arm: str, repeats: int, seed: int) -> dict[str, Any]:
     """One record: ``arm``'s batch gradients at the start of ``cell`` against the exact gradient."""
     from mcadvantage.evaluation.gradient_instrument import gradient_metrics
-    from testbed.agent_credit import arm_batch_gradients
+    from testbed.agent_credit import arm_batch_gradients, batch_identification
 
     param, structure, horizon, rate = cell
     start = time.perf_counter()
+    shares: list[float] = []
+    signs: list[bool] = []
+
+    def identify(policy: Any, batch: Any, raw: torch.Tensor) -> None:
+        batch_shares, batch_signs = batch_identification(policy, batch, raw)
+        shares.extend(batch_shares)
+        signs.extend(batch_signs)
+
     exact, gradients, tokens = arm_batch_gradients(
-        structure, horizon, rate, arm, seed, repeats, parameterization=param
+        structure, horizon, rate, arm, seed, repeats, parameterization=param, on_batch=identify
     )
     # Coordinates whose exact gradient is 0 (a turn that changes nothing, a state never reached) come out of autograd
     # as round-off (~1e-17); set them to 0 so that sign agreement is scored only where the sign is defined.
@@ -158,6 +166,13 @@ def measure(cell: Cell, arm: str, repeats: int, seed: int) -> dict[str, Any]:
         "per_batch": quality,
         "cosines": cosines,
         "equal_tokens": equal_token_error(gradients, exact, tokens, equal_token_budget(horizon), seed=seed),
+        # Credit identification at the start policy, on the same batches (testbed.agent_credit.batch_identification)
+        "identification": {
+            "irrelevant_share": sum(shares) / len(shares) if shares else math.nan,
+            "decisive_sign_accuracy": sum(signs) / len(signs) if signs else math.nan,
+            "credited_episodes": len(shares),
+            "signed_episodes": len(signs),
+        },
     }
 
 
@@ -173,7 +188,9 @@ def run(root: Path, cells: Sequence[Cell], arms: Sequence[str], repeats: int, se
             path = cell_dir(root, cell) / f"{arm}.json"
             if path.exists():
                 try:
-                    if json.loads(path.read_text())["settings"] == settings_of(cell, arm, repeats, seed):
+                    old = json.loads(path.read_text())
+                    # a record from before the identification was measured is measured again (same batches)
+                    if old["settings"] == settings_of(cell, arm, repeats, seed) and "identification" in old:
                         continue
                 except (json.JSONDecodeError, KeyError):
                     pass  # a torn or foreign file: measure again and replace it
@@ -246,6 +263,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "equal_token_rel_sq_error": _r(eq["rel_sq_error"]),
                 "equal_token_rel_sq_error_ci": [_r(x) for x in eq["rel_sq_error_ci"]],
                 "bias_part": _r(eq["bias"]),
+                "irrelevant_share_at_start": _r(rec.get("identification", {}).get("irrelevant_share")),
+                "decisive_sign_accuracy_at_start": _r(rec.get("identification", {}).get("decisive_sign_accuracy")),
                 "vs_best_grpo": _ratio(rec, finite[base]) if base and arm in finite and arm != base else None,
             })  # fmt: skip
         rows.extend(cell_rows)
@@ -315,6 +334,43 @@ def _what_it_shows(cells: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any
     ]
 
 
+def _identification_at_start(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Credit identification at the start policy, from the instrument's own batches (every arm's raw credit on
+    the same kind of batch, before any update): per arm and H, the mean over cells."""
+    if not any(r.get("irrelevant_share_at_start") is not None for r in rows):
+        return []
+    horizons = sorted({r["horizon"] for r in rows})
+    lines = [
+        "",
+        "Credit identification at the start policy, on the instrument's batches: share of absolute raw credit on "
+        "turns whose exact advantage is 0 / sign accuracy on the decisive turn "
+        "(`testbed.agent_credit.batch_identification`, the measure of the learning runs' table above, here before "
+        "any update and on every batch); mean over the cells at that horizon.",
+        "",
+        "| arm | " + " | ".join(f"H={h}" for h in horizons) + " |",
+        "|---|" + "---|" * len(horizons),
+    ]
+    for arm in (
+        a for a in ARMS if any(r["arm"] == a and r.get("irrelevant_share_at_start") is not None for r in rows)
+    ):
+        cells = []
+        for h in horizons:
+            sel = [r for r in rows if r["arm"] == arm and r["horizon"] == h]
+            share = [
+                r["irrelevant_share_at_start"] for r in sel if r.get("irrelevant_share_at_start") is not None
+            ]
+            sign = [
+                r["decisive_sign_accuracy_at_start"]
+                for r in sel
+                if r.get("decisive_sign_accuracy_at_start") is not None
+            ]
+            cells.append(
+                f"{_f(sum(share) / len(share) if share else None, 2)} / {_f(sum(sign) / len(sign) if sign else None, 2)}"
+            )
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_section(gradient: dict[str, Any] | None) -> list[str]:
     """The page's section on the gradient instrument, every number read from ``gradient``."""
     if not gradient or not gradient["records"]:
@@ -364,6 +420,7 @@ def render_section(gradient: dict[str, Any] | None) -> list[str]:
             f"| {c['best_arm']} | {', '.join(a for a in c['below_best_grpo'] if a in practical) or '-'} "
             f"| {', '.join(c['above_best_grpo']) or '-'} |"
         )
+    lines += _identification_at_start(rows)
     lines += [
         "",
         "Every arm and cell: sampled tokens per batch, per-batch cosine and sign agreement, the relative squared "

@@ -558,7 +558,7 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         "| arm | " + " | ".join(f"H={h}" for h in horizons) + " |",
         "|---|" + "---|" * len(horizons),
     ]
-    for arm in ARMS:
+    for arm in (a for a in ARMS if any(r["arm"] == a for r in rows)):  # arms with learning runs
         cellv = []
         for h in horizons:
             sel = [r for r in rows if r["arm"] == arm and r["horizon"] == h]

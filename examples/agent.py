@@ -103,8 +103,9 @@ class AgentConfig(VinePPOConfig):
             "help": "The advantage estimator (as VinePPOConfig's advantage_estimator): 'grpo' (default), 'rloo' or "
             "'gae' train tool and environment episodes exactly as trl.GRPOTrainer does, 'vineppo' with Monte Carlo "
             "credit per turn, 'hybrid' with GRPO's advantage plus that credit for tied groups, 'tree' with groups "
-            "branching in the first turn; an estimator that does not take them is refused with the reason and the "
-            "fix.",
+            "branching in the first turn, 'anchor' with per-turn credit from the turns that start from the same "
+            "environment state (AgentEnv.state_key), no extra samples; an estimator that does not take them is "
+            "refused with the reason and the fix.",
         },
     )
 

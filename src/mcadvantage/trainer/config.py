@@ -4,6 +4,10 @@ are :data:`GRPO_DEFAULT_DIFFERENCES`); ``VinePPOConfig.from_paper(task)`` sets t
 paper's.
 
 Importing this module imports TRL (``GRPOConfig``), but not vLLM.
+
+Why this module is long: ``HfArgumentParser`` reads every command-line setting from the fields of one dataclass,
+so every estimator's settings and their help texts live in ``VinePPOConfig``; the validation rules live elsewhere
+(:mod:`mcadvantage.core.settings`, :mod:`mcadvantage.estimators.rules`).
 """
 
 from __future__ import annotations
@@ -52,8 +56,8 @@ GRPO_DEFAULT_DIFFERENCES: dict[str, str] = {
         "is `GRPOConfig`'s."
     ),
     "scale_rewards": (
-        'Unset, the estimator\'s `default_scale_rewards`: `"group"` (`GRPOConfig`\'s) under `"grpo"` and '
-        '`"hybrid"`; `"none"` under the others, which refuse any other value (reward scaling shapes only '
+        'Unset, the estimator\'s `default_scale_rewards`: `"group"` (`GRPOConfig`\'s) under `"grpo"`, '
+        '`"hybrid"` and `"anchor"`; `"none"` under the others, which refuse any other value (reward scaling shapes only '
         "GRPO's advantages)."
     ),
 }
@@ -96,7 +100,7 @@ class VinePPOConfig(GRPOConfig):
             `"vineppo"`, `"hybrid"`) on evaluation batches; refused for the others, which estimate evaluation
             batches anyway. Off by default because it multiplies the cost of evaluation. Defaults to `False`.
         scale_rewards (str | None): GRPO's reward scaling. `None` resolves to the estimator's
-            ``default_scale_rewards``: `"group"` (GRPO's) for `"grpo"` and `"hybrid"`, `"none"` for the rest,
+            ``default_scale_rewards``: `"group"` (GRPO's) for `"grpo"`, `"hybrid"` and `"anchor"`, `"none"` for the rest,
             which refuse any other value (reward scaling shapes only GRPO's advantages).
 
     **`"vineppo"`** (Monte Carlo step values): `num_mc_rollouts` (K continuations per state, paper: 9),
@@ -129,6 +133,12 @@ class VinePPOConfig(GRPOConfig):
     rollouts): `tree_branching` (children per level, each >= 2, product `num_generations`; default `[4, 2]`) and
     `tree_depths` (the completion token depth of each level, first `0`, increasing; `None` spreads them over the
     first half of `max_completion_length`).
+
+    **`"anchor"`** (GiGPO's anchor-state turn credit for agents, from the batch's own episodes, no extra samples):
+    `anchor_state` (`"state_key"`, the environment's read-only property, or `"observation"`), `anchor_gamma` (the
+    turn returns' discount, `1.0`), `anchor_weight` (the step advantage's weight beside GRPO's, `1.0`),
+    `anchor_scope` (`"group"` or `"batch"`) and `anchor_credit` (`"normalized"`, GiGPO's, or `"pooled"`); it reads
+    GRPO's `scale_rewards` (default `"group"`). See docs/howto/turn-credit-for-agents.md.
 
     **Defaults that differ from GRPOConfig**: only those listed, with their reasons, in
     :data:`GRPO_DEFAULT_DIFFERENCES`: `scale_rewards` (above), and unset `bf16` where `GRPOConfig` would be refused
@@ -205,6 +215,40 @@ class VinePPOConfig(GRPOConfig):
         metadata={
             "help": "'tree' only: completion token depth where each level branches (first 0, increasing). None: "
             "spread over the first half of max_completion_length."
+        },
+    )
+
+    # ---- Anchor-state turn credit (advantage_estimator="anchor") ------------------------------------------
+    anchor_state: str = field(
+        default="state_key",
+        metadata={
+            "help": "'anchor' only: the state key of each turn: 'state_key' (the environment's read-only state_key "
+            "property; a rollout_func's 'turn_keys' field; the observation with tools= alone) or 'observation' (the "
+            "tokens of the tool results before the turn; the prompt for the first)."
+        },
+    )
+    anchor_gamma: float = field(
+        default=1.0, metadata={"help": "'anchor' only: discount of the turn returns, in (0, 1]."}
+    )
+    anchor_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "'anchor' only: weight of the step advantage beside GRPO's episode advantage (GiGPO: 1.0; "
+            "0: GRPO exactly). Normalized credit only."
+        },
+    )
+    anchor_scope: str = field(
+        default="group",
+        metadata={
+            "help": "'anchor' only: which episodes share a step group: 'group' (the prompt group, GiGPO's) or "
+            "'batch' (every episode whose key matches: only for keys that identify the task too)."
+        },
+    )
+    anchor_credit: str = field(
+        default="normalized",
+        metadata={
+            "help": "'anchor' only: 'normalized' (GiGPO: GRPO's advantage plus the turn return normalised in its step "
+            "group) or 'pooled' (step groups' mean returns as values V(s), advantage V(s_t+1) - V(s_t))."
         },
     )
 

@@ -331,42 +331,77 @@ def _what_it_shows(cells: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any
         f"GRPO's {_span(grpo_hi, 0)} (no rollouts: it is GRPO there). Arms that give turns that do not matter exactly "
         "0 (the oracle, Monte Carlo in `delayed`) score the same under both parameterizations. A better gradient is "
         "not faster learning: the map above decides.",
+        *_anchor_reading(cells, rows, lo, hi),
+    ]
+
+
+ANCHOR_ARMS = ("anchor", "anchor_pooled", "anchor_hist", "anchor_hist_pooled")
+
+
+def _anchor_reading(
+    cells: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], lo: int, hi: int
+) -> list[str]:
+    """The anchor arms (issue 49) in numbers: their error at equal tokens over the best GRPO arm's, per horizon, and
+    the cells where the interval of that ratio lies below or above 1."""
+    present = [a for a in ANCHOR_ARMS if any(r["arm"] == a for r in rows)]
+    if not present:
+        return []
+    parts = []
+    for arm in present:
+        below = sum(arm in c["below_best_grpo"] for c in cells)
+        above = sum(arm in c["above_best_grpo"] for c in cells)
+        parts.append(
+            f"`{arm}` {_span(_ratios(rows, arm, horizon=lo))} at H = {lo} and {_span(_ratios(rows, arm, horizon=hi))} "
+            f"at H = {hi} (below the best GRPO arm in {below} of {len(cells)} cells, above it in {above})"
+        )
+    return [
+        "- **Anchor-state credit** (issue 49; no extra samples: each arm's batch is `grpo`'s, so it is measured "
+        "at GRPO's tokens), error at equal tokens over the best GRPO arm's: "
+        + "; ".join(parts)
+        + ". `anchor` / `anchor_pooled` key turns by the true state `(turn, state)`, `anchor_hist` / "
+        "`anchor_hist_pooled` by the history before the turn (free-text observations: keys stop recurring once two "
+        "episodes diverge)."
     ]
 
 
 def _identification_at_start(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Credit identification at the start policy, from the instrument's own batches (every arm's raw credit on
-    the same kind of batch, before any update): per arm and H, the mean over cells."""
-    if not any(r.get("irrelevant_share_at_start") is not None for r in rows):
-        return []
+    the same kind of batch, before any update): per arm and H, the mean over the cells at that H, shown only where
+    every cell's record carries it (records measured before the identification was added do not)."""
     horizons = sorted({r["horizon"] for r in rows})
+
+    def complete(arm: str, h: int) -> list[dict[str, Any]] | None:
+        sel = [r for r in rows if r["arm"] == arm and r["horizon"] == h]
+        return sel if sel and all(r.get("irrelevant_share_at_start") is not None for r in sel) else None
+
+    shown = [a for a in ARMS if any(complete(a, h) for h in horizons)]
+    if not shown:
+        return []
     lines = [
         "",
         "Credit identification at the start policy, on the instrument's batches: share of absolute raw credit on "
         "turns whose exact advantage is 0 / sign accuracy on the decisive turn "
         "(`testbed.agent_credit.batch_identification`, the measure of the learning runs' table above, here before "
-        "any update and on every batch); mean over the cells at that horizon.",
+        "any update and on every batch); mean over the cells at that horizon. Arms whose records predate this "
+        "measure are left out.",
         "",
         "| arm | " + " | ".join(f"H={h}" for h in horizons) + " |",
         "|---|" + "---|" * len(horizons),
     ]
-    for arm in (
-        a for a in ARMS if any(r["arm"] == a and r.get("irrelevant_share_at_start") is not None for r in rows)
-    ):
+    for arm in shown:
         cells = []
         for h in horizons:
-            sel = [r for r in rows if r["arm"] == arm and r["horizon"] == h]
-            share = [
-                r["irrelevant_share_at_start"] for r in sel if r.get("irrelevant_share_at_start") is not None
-            ]
-            sign = [
+            sel = complete(arm, h)
+            if sel is None:
+                cells.append("-")
+                continue
+            share = sum(r["irrelevant_share_at_start"] for r in sel) / len(sel)
+            signs = [
                 r["decisive_sign_accuracy_at_start"]
                 for r in sel
-                if r.get("decisive_sign_accuracy_at_start") is not None
+                if r["decisive_sign_accuracy_at_start"] is not None
             ]
-            cells.append(
-                f"{_f(sum(share) / len(share) if share else None, 2)} / {_f(sum(sign) / len(sign) if sign else None, 2)}"
-            )
+            cells.append(f"{_f(share, 2)} / {_f(sum(signs) / len(signs) if signs else None, 2)}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return lines
 

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
+from mcadvantage.core.advantages import loss_token_mask  # noqa: E402
 from mcadvantage.estimators import (  # noqa: E402
     AdvantageBatch,
     AdvantageEstimator,
@@ -28,7 +29,7 @@ from mcadvantage.testing import (  # noqa: E402
 )
 
 
-# A user's estimator, as the how-to writes one: 20 lines, state of its own so the checkpoint carries something.
+# A user's estimator, as the how-to writes one: 20 lines, tool results left out, state of its own so the checkpoint carries something.
 @register_advantage_estimator("contract_test_baseline")
 class GroupMeanWithCount(AdvantageEstimator):
     """GRPO's group-mean baseline without scaling, counting the batches it has seen."""
@@ -42,8 +43,10 @@ class GroupMeanWithCount(AdvantageEstimator):
         rewards = torch.nan_to_num(batch.all_rewards.cpu(), nan=0.0).view(-1, batch.group_size)
         advantages = (rewards - rewards.mean(dim=1, keepdim=True)).view(-1)[batch.local_slice]
         self.batches_seen += 1
+        mask = loss_token_mask(batch.completion_mask, batch.tool_mask)  # the model's tokens, not tool results
         return AdvantageResult(
-            advantages=sequence_to_token_advantages(advantages, batch.completion_mask),
+            advantages=sequence_to_token_advantages(advantages, mask),
+            token_mask=mask.bool(),
             metrics={"mean_reward": float(rewards.mean()), "responses": float(len(batch.completion_ids))},
             metric_reductions={"responses": "sum"},
         )

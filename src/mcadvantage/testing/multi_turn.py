@@ -68,7 +68,7 @@ class RenamedKey:
 
 def multi_turn_skip_reason(estimator: Any) -> str | None:
     """Why the multi-turn part does not apply to ``estimator`` (None: it applies)."""
-    from mcadvantage.estimators import ContinuesEpisodes
+    from mcadvantage.estimators.base import ContinuesEpisodes
 
     if not estimator.uses_rollouts:
         return None

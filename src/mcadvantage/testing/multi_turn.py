@@ -24,8 +24,21 @@ import itertools
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-#: The rules of the multi-turn part, in the order they are checked (after :data:`SINGLE_TURN_RULES`' on the same
-#: results: shape, finite on the token mask, zero on padding, float metrics).
+__all__ = [
+    "MULTI_TURN_RULES",
+    "MultiTurnRuleBroken",
+    "RenamedKey",
+    "check_multi_turn",
+    "multi_turn_batch",
+    "multi_turn_skip_reason",
+    "reads_turn_keys",
+    "rename_keys",
+    "reorder_within_groups",
+    "with_unhashable_key",
+]
+
+#: The rules of the multi-turn part, in the order they are checked (each result first keeps the rules every result
+#: keeps: shape, finite on the token mask, zero on padding, float metrics).
 MULTI_TURN_RULES = (
     "accepts multi-turn episodes",
     "tool-result tokens: zero and outside the token mask",
@@ -408,6 +421,7 @@ def _compare(rule: str, got: Any, expected: Any, order: Sequence[int], how: str)
         )
     masks = (got.token_mask, expected.token_mask)
     if (masks[0] is None) != (masks[1] is None) or (
-        masks[0] is not None and not torch.equal(masks[0].to(index.device).bool(), masks[1][index].bool())
+        masks[0] is not None
+        and not torch.equal(masks[0].to(index.device).bool(), masks[1].to(index.device)[index].bool())
     ):
         raise MultiTurnRuleBroken(rule, f"token_mask differs {how}.")

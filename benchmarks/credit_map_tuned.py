@@ -91,7 +91,9 @@ def arm_order() -> list[str]:
 
 def _commit() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        )
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "testbed", "benchmarks/*.py"],
                                cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         return head.stdout.strip() + ("+dirty" if dirty else "")
@@ -108,7 +110,9 @@ def machine() -> dict[str, Any]:
         from _machine import machine_info
 
         info = machine_info(commit=_commit())
-        _MACHINE.update({k: info[k] for k in ("commit", "python", "torch", "cpu", "cpu_count", "torch_threads")})
+        _MACHINE.update(
+            {k: info[k] for k in ("commit", "python", "torch", "cpu", "cpu_count", "torch_threads")}
+        )
     return _MACHINE
 
 
@@ -182,7 +186,9 @@ class Runner:
         self.done = self.ran = 0
         self.t0 = time.perf_counter()
 
-    def ensure(self, cell: dict[str, Any], arm: str, points: Iterable[tuple[float, int]], seeds: Sequence[int]):
+    def ensure(
+        self, cell: dict[str, Any], arm: str, points: Iterable[tuple[float, int]], seeds: Sequence[int]
+    ):
         """Every (point, seed) of ``arm`` on ``cell`` recorded; returns the arm's records."""
         have = load_arm(self.root, cell["name"], arm)
         path = arm_file(self.root, cell["name"], arm)
@@ -263,8 +269,10 @@ def scout(root: Path) -> dict[str, Any]:
     chosen = next((r for r in rows if r["tuned_grpo"]["tuning_mean"] <= HARD_CEILING), None)
     if chosen is None:
         chosen = min(rows, key=lambda r: r["tuned_grpo"]["tuning_mean"])
-    return {"rule": f"first candidate whose tuned GRPO mean at 1x <= {HARD_CEILING}, else the lowest",
-            "candidates": rows, "chosen": chosen["cell"]}  # fmt: skip
+    result = {"rule": f"first candidate whose tuned GRPO mean at 1x <= {HARD_CEILING}, else the lowest",
+              "candidates": rows, "chosen": chosen["cell"]}  # fmt: skip
+    (root / "hard_scout.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 def hard_cell_if_fixed() -> dict[str, Any] | None:
@@ -303,12 +311,145 @@ def run_all(root: Path, cells: Sequence[dict[str, Any]], arms: Sequence[str]) ->
     return made
 
 
-def report(root: Path) -> dict[str, Any]:  # filled in below the runner (the summary and the page)
-    raise NotImplementedError
+# -- the summary -------------------------------------------------------------------------------------------------
+
+#: Standardised effects (mean / SD of the paired differences) with 80% power at 24 seeds (the protocol's
+#: simulation): at alpha 0.05 (Holm's last step) and at 0.05 / 14 (its first).
+EFFECT_80 = {"last_holm_step": 0.60, "first_holm_step": 0.86}
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), digits)
+
+
+def arm_record(cell: dict[str, Any], fraction: float, arm: str, records: dict) -> dict[str, Any]:
+    """One (setting, budget fraction, arm) record: the chosen point, its evaluation seeds' results, collapses."""
+    key = f"{fraction:g}"
+    chosen = choose(records, fraction)
+    tuning_done = all((lr, p, s) in records for lr, p in GRID for s in TUNING_SEEDS)
+    base = {
+        "setting": cell["name"],
+        "budget_fraction": fraction,
+        "arm": arm,
+        "tuning_seeds": list(TUNING_SEEDS),
+    }
+    if chosen is None:
+        status = "cannot afford" if tuning_done else "not run"
+        return {**base, "status": status, "chosen": None, "seeds": [], "success": [], "sampled_tokens": [],
+                "steps": [], "collapsed": [], "start": cell["start_rate"]}  # fmt: skip
+    runs = [records.get((chosen["lr"], chosen["prompts"], s)) for s in EVAL_SEEDS]
+    done = [(s, r) for s, r in zip(EVAL_SEEDS, runs, strict=True) if r is not None]
+    success = [r["budgets"][key]["success"] for _, r in done]
+    start = done[0][1]["start"] if done else cell["start_rate"]
+    return {
+        **base,
+        "status": "complete" if len(done) == len(EVAL_SEEDS) else "partial",
+        "chosen": {"lr": chosen["lr"], "prompts": chosen["prompts"], "group": chosen["group"]},
+        "tuning_mean": _r(chosen["tuning_mean"], 6),
+        "seeds": [s for s, _ in done],
+        "success": success,
+        "sampled_tokens": [r["budgets"][key]["sampled_tokens"] for _, r in done],
+        "steps": [r["budgets"][key]["steps"] for _, r in done],
+        "collapsed": [v < start - 1e-9 for v in success],
+        "start": start,
+        "mean": _r(statistics.fmean(success), 6) if success else None,
+        "collapse_rate": _r(sum(v < start - 1e-9 for v in success) / len(success)) if success else None,
+    }
+
+
+def _versus(rec: dict[str, Any], grpo: dict[str, Any]) -> dict[str, Any] | None:
+    """Paired difference to tuned GRPO over the seeds both have (complete records only)."""
+    if rec["status"] != "complete" or grpo["status"] != "complete":
+        return None
+    diffs = [a - b for a, b in zip(rec["success"], grpo["success"], strict=True)]
+    test = paired_t_test(diffs)
+    return {"n": test["n"], "mean": _r(test["mean"], 6), "sd": _r(test["sd"], 6),
+            "ci95": [_r(test["ci95"][0], 6), _r(test["ci95"][1], 6)], "p": test["p"]}  # fmt: skip
+
+
+def decide(group: list[dict[str, Any]]) -> bool:
+    """Holm over the (cell, budget) family: the non-GRPO arms that afford a batch. Only when every one of them
+    and GRPO are complete; otherwise every verdict stays "pending". Returns whether the family was tested."""
+    grpo = next(r for r in group if r["arm"] == "grpo")
+    family = [r for r in group if r["arm"] != "grpo" and r["status"] != "cannot afford"]
+    for r in family:
+        r["vs_best_grpo"] = _versus(r, grpo)
+    if grpo["status"] != "complete" or any(r["vs_best_grpo"] is None for r in family):
+        for r in family:
+            if r["vs_best_grpo"] is not None:
+                r["vs_best_grpo"]["verdict"] = "pending"
+        return False
+    adjusted = holm_adjust([r["vs_best_grpo"]["p"] for r in family])
+    for r, p in zip(family, adjusted, strict=True):
+        v = r["vs_best_grpo"]
+        v["p_holm"] = _r(p, 6)
+        v["verdict"] = "level" if p >= ALPHA or v["mean"] == 0 else ("pays" if v["mean"] > 0 else "loses")
+        v["p"] = _r(v["p"], 6)
+    return True
+
+
+def summarize(root: Path) -> dict[str, Any]:
+    """Every (setting, budget fraction, arm) record of the map's cells and the hard cell, from the run records."""
+    hard = hard_cell_if_fixed()
+    cells = [*MAP_CELLS, *([hard] if hard else [])]
+    records, settings_rows = [], []
+    for cell in cells:
+        per_arm = {arm: load_arm(root, cell["name"], arm) for arm in arm_order()}
+        tested = {}
+        for f in FRACTIONS:
+            group = [arm_record(cell, f, arm, per_arm[arm]) for arm in arm_order()]
+            tested[f"{f:g}"] = decide(group)
+            records.extend(group)
+        statuses = {r["status"] for r in records if r["setting"] == cell["name"]}
+        done = statuses <= {"complete", "cannot afford"}
+        started = bool(statuses - {"not run"})
+        settings_rows.append({**cell, "status": "complete" if done else ("partial" if started else "not run"),
+                              "tested": tested})  # fmt: skip
+    scout_path = root / "hard_scout.json"
+    return {
+        "protocol": "docs/credit-map-tuned-protocol.md",
+        "grid": {"lr": list(LRS), "prompts": list(PROMPTS), "group": GROUP},
+        "tuning_seeds": list(TUNING_SEEDS),
+        "eval_seeds": list(EVAL_SEEDS),
+        "budget_fractions": list(FRACTIONS),
+        "alpha": ALPHA,
+        "effect_80": EFFECT_80,
+        "hard_scout": json.loads(scout_path.read_text()) if scout_path.exists() else None,
+        "settings": settings_rows,
+        "records": records,
+    }
+
+
+def report(root: Path) -> dict[str, Any]:
+    """The summary JSON and the page's lead, from whatever runs have finished."""
+    summary = summarize(root)
+    SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
+    write_page(summary)
+    write_readme(summary)
+    return summary
+
+
+README = ROOT / "README.md"
+README_BEGIN = "<!-- tuned agent map: generated by benchmarks/credit_map_tuned.py report -->"
+README_END = "<!-- end of the tuned agent map -->"
+
+
+def write_readme(summary: dict[str, Any], readme: Path = README) -> None:
+    """Replace the README's agent bullet (between its markers) with :func:`readme_bullet`."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(
+            f"{readme} lacks the markers {README_BEGIN!r} ... {README_END!r} around the agent bullet."
+        )
+    head, rest = text.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    readme.write_text(f"{head}{README_BEGIN}\n{readme_bullet(summary)}\n{README_END}{tail}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=("run", "scout", "report"))
     parser.add_argument("--root", type=Path, default=RUNS, help="where the run records live")
     parser.add_argument("--arms", nargs="+", default=None, help="a subset of the arms (default: all)")
@@ -328,6 +469,249 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = report(args.root)
         print(f"[credit_map_tuned] {len(summary['records'])} records -> {SUMMARY}")
     return 0
+
+
+# -- the page ------------------------------------------------------------------------------------------------------
+
+PAGE = ROOT / "docs" / "where-credit-pays.md"
+#: Where the untuned map (benchmarks/horizon_sweep.py report) begins on the page; everything above is this report's.
+MARKER = (
+    "<!-- the untuned map below: generated by benchmarks/horizon_sweep.py report -->"  # = its UNTUNED_MARKER
+)
+
+
+def _gap(v: dict[str, Any] | None) -> str:
+    if not v:
+        return "-"
+    return f"{v['mean']:+.3f} [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]"
+
+
+def _label(setting: dict[str, Any]) -> str:
+    if setting["structure"] == "gauntlet":
+        return (f"gauntlet H={setting['horizon']} D={setting['decisive']} A={setting['choices']} "
+                f"noise={setting['reward_noise']:g} start={setting['start_rate']:g}")  # fmt: skip
+    return f"shared/{setting['structure']} H={setting['horizon']} start={setting['start_rate']:g}"
+
+
+def _tested_groups(summary: dict[str, Any]) -> list[tuple[dict[str, Any], float, list[dict[str, Any]]]]:
+    out = []
+    for setting in summary["settings"]:
+        for f in summary["budget_fractions"]:
+            if setting["tested"].get(f"{f:g}"):
+                group = [
+                    r
+                    for r in summary["records"]
+                    if r["setting"] == setting["name"] and r["budget_fraction"] == f
+                ]
+                out.append((setting, f, group))
+    return out
+
+
+def answer_lines(summary: dict[str, Any]) -> list[str]:
+    """The lead's bullets, from the tested (setting, budget) families only."""
+    settings = summary["settings"]
+    complete = [s for s in settings if s["status"] == "complete"]
+    tested = _tested_groups(summary)
+    lines = [f"- Settings complete: {len(complete)} of {len(settings)}; (setting, budget) families tested "
+             f"(every arm's 24 seeds in): {len(tested)} of {len(settings) * len(summary['budget_fractions'])}."]  # fmt: skip
+    if len(complete) < len(settings):
+        lines.append("- **Partial**: the runs had not all finished when this page was generated. Only the tested "
+                     "families below carry a verdict; the rest show what is in, marked partial or not run.")  # fmt: skip
+    if not tested:
+        return lines
+    oracle = [(s, f, next(r for r in g if r["arm"] == "oracle")) for s, f, g in tested]
+    oracle = [(s, f, r) for s, f, r in oracle if r.get("vs_best_grpo")]
+    if oracle:
+        s, f, r = max(oracle, key=lambda x: x[2]["vs_best_grpo"]["mean"])
+        lines.append(f"- The oracle's largest tuned gain over the best tuned GRPO: {_gap(r['vs_best_grpo'])} at "
+                     f"{_label(s)}, budget {f:g}x ({r['vs_best_grpo']['verdict']}, Holm).")  # fmt: skip
+        pays = [(s, f) for s, f, r in oracle if r["vs_best_grpo"]["verdict"] == "pays"]
+        lines.append(f"- The oracle pays in {len(pays)} of {len(oracle)} tested families"
+                     + (": " + "; ".join(f"{_label(s)} at {f:g}x" for s, f in pays) if pays else "") + ".")  # fmt: skip
+    wins, losses = [], 0
+    for s, f, group in tested:
+        for r in group:
+            v = r.get("vs_best_grpo") or {}
+            if r["arm"] in ("grpo", "oracle") or not v:
+                continue
+            if v.get("verdict") == "pays":
+                wins.append(f"{r['arm']} {_gap(v)} ({_label(s)}, {f:g}x)")
+            losses += v.get("verdict") == "loses"
+    lines.append(f"- Practical arms that beat the best tuned GRPO (Holm): {len(wins)}"
+                 + (": " + "; ".join(wins) if wins else "") + f". Losses: {losses} arm-family pairs.")  # fmt: skip
+    collapses = []
+    for s, f, group in tested:
+        g = next(r for r in group if r["arm"] == "grpo")
+        if g["collapse_rate"]:
+            collapses.append(f"{_label(s)} at {f:g}x: {g['collapse_rate']:.2f}")
+    lines.append("- Tuned GRPO's collapse rate (runs ending below their start), where not 0: "
+                 + ("; ".join(collapses) if collapses else "none") + ".")  # fmt: skip
+    return lines
+
+
+def setting_table(summary: dict[str, Any], setting: dict[str, Any], fraction: float) -> list[str]:
+    group = [
+        r for r in summary["records"] if r["setting"] == setting["name"] and r["budget_fraction"] == fraction
+    ]
+    rows = ["| arm | chosen lr x batch | status | mean success | minus tuned GRPO [95% CI] | Holm p | verdict | "
+            "collapsed | tokens | updates |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in group:
+        v = r.get("vs_best_grpo") or {}
+        chosen = (
+            f"{r['chosen']['lr']:g} x {r['chosen']['prompts']}x{r['chosen']['group']}" if r["chosen"] else "-"
+        )
+        mean = f"{r['mean']:.3f}" if r.get("mean") is not None else "-"
+        n = len(r["success"])
+        collapsed = f"{sum(r['collapsed'])}/{n}" if n else "-"
+        tokens = f"{statistics.fmean(r['sampled_tokens']):.0f}" if n else "-"
+        steps = f"{statistics.fmean(r['steps']):.1f}" if n else "-"
+        verdict = "(the comparison)" if r["arm"] == "grpo" else v.get("verdict", "-")
+        p_holm = f"{v['p_holm']:.3g}" if v.get("p_holm") is not None else "-"
+        status = r["status"] if r["status"] != "partial" else f"partial ({n}/24)"
+        rows.append(f"| `{r['arm']}` | {chosen} | {status} | {mean} | {_gap(v)} | {p_holm} | {verdict} | "
+                    f"{collapsed} | {tokens} | {steps} |")  # fmt: skip
+    return rows
+
+
+def _power_line(summary: dict[str, Any], setting: dict[str, Any], fraction: float) -> str:
+    group = [
+        r for r in summary["records"] if r["setting"] == setting["name"] and r["budget_fraction"] == fraction
+    ]
+    sds = sorted(r["vs_best_grpo"]["sd"] for r in group if r.get("vs_best_grpo") and r["vs_best_grpo"]["sd"])
+    if not sds:
+        return ""
+    sd = statistics.median(sds)
+    e = summary["effect_80"]
+    return (f"Median SD of the paired differences {sd:.3f}: 24 seeds detect about {e['last_holm_step'] * sd:.3f} "
+            f"(Holm's last step) to {e['first_holm_step'] * sd:.3f} (its first) at 80% power.")  # fmt: skip
+
+
+def scout_lines(summary: dict[str, Any]) -> list[str]:
+    scout = summary.get("hard_scout")
+    if not scout:
+        return ["The hard variant's scout has not run yet."]
+    rows = ["| candidate | tuned GRPO (lr x batch) | tuned GRPO mean at 1x, tuning seeds |", "|---|---|---|"]
+    for c in scout["candidates"]:
+        t = c["tuned_grpo"]
+        rows.append(
+            f"| {_label(c['cell'])} | {t['lr']:g} x {t['prompts']}x{t['group']} | {t['tuning_mean']:.3f} |"
+        )
+    return [f"Rule: {scout['rule']}. Chosen: **{_label(scout['chosen'])}**.", "", *rows]
+
+
+HOW_TO_READ = """## How to read it
+
+- **Equal tuning**: every arm picks its learning rate and batch from the same grid (lr {lrs} x {prompts} prompts
+  x {group} responses; trees for `tree`) by its mean exact success on the tuning seeds {tuning} (disjoint from the
+  evaluation seeds 0-23), separately for each setting and budget; ties go to the smaller learning rate. GRPO's
+  batch sizes are points of its grid, so "the best tuned GRPO" is one arm, chosen before the evaluation seeds ran.
+- **Budgets**: 1/4, 1/2 and 1x of 240 episode-equivalents (320 in the hard variant) of sampled tokens; a smaller
+  budget is the same run stopped earlier. "cannot afford": no grid point makes one update within the budget (at
+  H = 16 one `vineppo` K = 4 batch of 1 x 4 costs 2,240 sampled tokens); such a cell is not a loss.
+- **Anchor arms** (`mcadvantage.core.anchors`): `norm` is GRPO's episode advantage plus GiGPO's step advantage,
+  `pool` the step groups' mean returns as values (`V(s') - V(s)`). `_state` keys step groups by the true state
+  `(turn, good/bad)`; `_history` by the whole observed history (what a language model's context holds), so after
+  the first differing choice no two episodes share a key and the step groups are single turns.
+- **Critics**: `critic_tabular` sees the exact `(turn, state)` and cannot generalise wrongly (the best case);
+  `critic_history` is linear in features of the observed history (no state id, one weight vector for every turn),
+  the stand-in for a language-model critic.
+- **Collapsed**: runs whose exact success at the budget is below the start.
+"""
+
+
+def render_lead(summary: dict[str, Any]) -> str:
+    """The page's lead: the tuned map (everything above :data:`MARKER`)."""
+    g = summary["grid"]
+    out = [
+        "# Where does turn credit pay? The map on the agent credit toy, tuned",
+        "",
+        "Generated by `python benchmarks/credit_map_tuned.py report` from the run records "
+        "(`benchmarks/results/credit_map_tuned_runs/`) into `benchmarks/results/credit_map_tuned.json`; do not edit "
+        "by hand. Protocol, committed before the runs: [the tuned map's protocol](credit-map-tuned-protocol.md). The "
+        "untuned map (one learning rate for every arm: it measures step count at that rate) is kept below.",
+        "",
+        "## The answer, tuned",
+        "",
+        *answer_lines(summary),
+        "",
+        HOW_TO_READ.format(
+            lrs=", ".join(f"{x:g}" for x in g["lr"]),
+            prompts="/".join(map(str, g["prompts"])),
+            group=g["group"],
+            tuning=", ".join(map(str, summary["tuning_seeds"])),
+        ),  # fmt: skip
+        "## Per setting and budget",
+        "",
+    ]
+    for setting in summary["settings"]:
+        out += [f"### {_label(setting)} ({setting['status']})", ""]
+        if setting["status"] == "not run":
+            out += ["Not run yet.", ""]
+            continue
+        for f in summary["budget_fractions"]:
+            tested = (
+                "tested" if setting["tested"].get(f"{f:g}") else "not tested yet: some arms' runs are missing"
+            )
+            out += [f"Budget {f:g}x ({tested}). {_power_line(summary, setting, f)}", "",
+                    *setting_table(summary, setting, f), ""]  # fmt: skip
+    out += ["## The hard variant's scout", "", *scout_lines(summary), ""]
+    return "\n".join(out)
+
+
+def untuned_part(page: Path = PAGE) -> str:
+    """The untuned map below the marker, as on the page now (horizon_sweep.py writes it)."""
+    text = page.read_text() if page.exists() else ""
+    return text.split(MARKER, 1)[1] if MARKER in text else ""
+
+
+def write_page(summary: dict[str, Any], page: Path = PAGE) -> None:
+    """The lead from ``summary`` above the marker; the untuned map below it is kept as it is (or, on the first
+    run, horizon_sweep's page demoted under one heading)."""
+    below = untuned_part(page)
+    if not below:
+        import horizon_sweep
+
+        below = "\n" + horizon_sweep.untuned_section(json.loads(horizon_sweep.SUMMARY.read_text()))
+    if not below.startswith("\n"):
+        below = "\n" + below
+    page.write_text(render_lead(summary) + "\n" + MARKER + below)
+
+
+def readme_bullet(summary: dict[str, Any]) -> str:
+    """The README's agent bullet ("What step credit buys"), every number from ``summary`` (tests tie them)."""
+    settings = summary["settings"]
+    complete = sum(s["status"] == "complete" for s in settings)
+    tested = _tested_groups(summary)
+    head = (
+        "- **On multi-turn agent episodes, tuned** ([where credit pays](docs/where-credit-pays.md), an exact agent "
+        "toy; [protocol](docs/credit-map-tuned-protocol.md) committed before the runs). Every arm picks its learning "
+        f"rate and batch from one grid ({len(summary['grid']['lr'])} rates x {len(summary['grid']['prompts'])} "
+        "batch sizes) on held-out seeds, then 24 paired seeds at 1/4, 1/2 and 1x of the budget, against the best "
+        f"tuned GRPO (Holm). Settings complete: {complete} of {len(settings)}; families tested: {len(tested)}"
+        f" of {len(settings) * len(summary['budget_fractions'])}"
+    )
+    tail = (
+        " `bash scripts/demo.sh --where_credit_pays` retrains the setting where the oracle gains most, with the best "
+        "tuned GRPO and practical arms beside it, in about a minute. The first, untuned map (one learning rate, so "
+        "it ranked arms by step count) is kept below it on the page; `--where_credit_pays_untuned` retrains its "
+        "crossover."
+    )
+    if not tested:
+        return head + " (partial: no conclusion yet)." + tail
+    partial = "" if complete == len(settings) else " (partial: the rest had not finished)"
+    oracle = [(s, f, next(r for r in g if r["arm"] == "oracle")) for s, f, g in tested]
+    s, f, r = max(oracle, key=lambda x: x[2]["vs_best_grpo"]["mean"])
+    wins = [f"`{r2['arm']}` {_gap(r2['vs_best_grpo'])} ({_label(s2)}, {f2:g}x)" for s2, f2, g in tested for r2 in g
+            if r2["arm"] not in ("grpo", "oracle") and (r2.get("vs_best_grpo") or {}).get("verdict") == "pays"]  # fmt: skip
+    losses = sum((r2.get("vs_best_grpo") or {}).get("verdict") == "loses" for _, _, g in tested for r2 in g)
+    grpo_runs = [next(r2 for r2 in g if r2["arm"] == "grpo") for _, _, g in tested]
+    collapsed = sum(sum(r2["collapsed"]) for r2 in grpo_runs)
+    return (
+        f"{head}{partial}. The oracle's largest tuned gain is {_gap(r['vs_best_grpo'])} ({_label(s)}, {f:g}x "
+        f"budget). Practical arms ahead of the best tuned GRPO (Holm): {'; '.join(wins) if wins else 'none'}; "
+        f"behind it: {losses} arm-family pairs. Tuned GRPO ended below its start in {collapsed} of "
+        f"{sum(len(r2['collapsed']) for r2 in grpo_runs)} runs of the tested families.{tail}"
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -443,7 +444,8 @@ def write_readme(summary: dict[str, Any], readme: Path = README) -> None:
         )
     head, rest = text.split(README_BEGIN, 1)
     tail = rest.split(README_END, 1)[1]
-    readme.write_text(f"{head}{README_BEGIN}\n{readme_bullet(summary)}\n{README_END}{tail}")
+    bullet = textwrap.fill(readme_bullet(summary), width=116, subsequent_indent="  ", break_on_hyphens=False)
+    readme.write_text(f"{head}{README_BEGIN}\n{bullet}\n{README_END}{tail}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -537,6 +539,10 @@ def answer_lines(summary: dict[str, Any]) -> list[str]:
             if v.get("verdict") == "pays":
                 wins.append(f"{r['arm']} {_gap(v)} ({_label(s)}, {f:g}x)")
             losses += v.get("verdict") == "loses"
+    history_wins = sorted({w.split(" ")[0] for w in wins if "history" in w.split(" ")[0]})
+    lines.append("- Arms that see only the observation history (anchors keyed by it, `critic_history`: what a "
+                 "language model's context offers) ahead of the best tuned GRPO anywhere: "
+                 + (", ".join(history_wins) if history_wins else "none") + ".")  # fmt: skip
     lines.append(f"- Practical arms that beat the best tuned GRPO (Holm): {len(wins)}"
                  + (": " + "; ".join(wins) if wins else "") + f". Losses: {losses} arm-family pairs.")  # fmt: skip
     collapses = []
@@ -546,7 +552,21 @@ def answer_lines(summary: dict[str, Any]) -> list[str]:
             collapses.append(f"{_label(s)} at {f:g}x: {g['collapse_rate']:.2f}")
     lines.append("- Tuned GRPO's collapse rate (runs ending below their start), where not 0: "
                  + ("; ".join(collapses) if collapses else "none") + ".")  # fmt: skip
+    lines.append("- Collapsed runs per arm, summed over the tested families (arms that could not afford a batch "
+                 "left out): " + collapse_totals(tested) + ".")  # fmt: skip
     return lines
+
+
+def collapse_totals(tested: list[tuple[dict[str, Any], float, list[dict[str, Any]]]]) -> str:
+    """``arm k/n`` for every arm: runs ending below their start over the tested families it ran in."""
+    totals: dict[str, list[int]] = {}
+    for _, _, group in tested:
+        for r in group:
+            if r["status"] == "complete":
+                t = totals.setdefault(r["arm"], [0, 0])
+                t[0] += sum(r["collapsed"])
+                t[1] += len(r["collapsed"])
+    return ", ".join(f"`{arm}` {k}/{n}" for arm, (k, n) in totals.items())
 
 
 def setting_table(summary: dict[str, Any], setting: dict[str, Any], fraction: float) -> list[str]:
@@ -709,7 +729,10 @@ def readme_bullet(summary: dict[str, Any]) -> str:
     return (
         f"{head}{partial}. The oracle's largest tuned gain is {_gap(r['vs_best_grpo'])} ({_label(s)}, {f:g}x "
         f"budget). Practical arms ahead of the best tuned GRPO (Holm): {'; '.join(wins) if wins else 'none'}; "
-        f"behind it: {losses} arm-family pairs. Tuned GRPO ended below its start in {collapsed} of "
+        f"behind it: {losses} arm-family pairs. Of the arms that see only the observation history (what a language "
+        f"model's context offers: anchors keyed by it, the history critic), ahead anywhere: "
+        f"{', '.join(sorted({w.split('`')[1] for w in wins if 'history' in w.split('`')[1]})) or 'none'}. "
+        f"Tuned GRPO ended below its start in {collapsed} of "
         f"{sum(len(r2['collapsed']) for r2 in grpo_runs)} runs of the tested families.{tail}"
     )
 

@@ -113,7 +113,8 @@ def report_lines(family: dict[str, Any], results: dict[str, list[dict[str, Any]]
         c = chosen[arm]
         collapsed = sum(r["success"] < r["start"] - 1e-9 for r in runs)
         agree = sum(r["agrees"] for r in runs)
-        lines.append(f"{arm:<22} {c['lr']:g} x {c['prompts']}x{c['group']:<6} {statistics.fmean(success):>8.3f}  "
+        point = f"{c['lr']:g} x {c['prompts']}x{c['group']}"
+        lines.append(f"{arm:<22} {point:<12} {statistics.fmean(success):>8.3f}  "
                      f"{gap:<28} {collapsed:>5}/{len(runs):<3}  {agree}/{len(runs)} agree")  # fmt: skip
     lines.append("See docs/where-credit-pays.md for every setting, budget and arm.")
     return lines

@@ -211,3 +211,24 @@ def test_vineppo_continuations_start_from_exactly_their_prefix_state(
         if stream is not None:  # in process the random stream is visible too: the replay reproduced it
             assert env.unwrapped.np_random.bit_generator.state == stream
     assert len({fresh for *_, fresh in rebuilds}) == len(rebuilds)  # every continuation its own randomness
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_anchor_groups_turns_by_the_adapters_state_key(scripted_moves, tmp_path, monkeypatch, request, kind):
+    """``advantage_estimator="anchor"`` trains two steps on FrozenLake, keying each turn by the adapter's
+    ``state_key`` (the board position), in process and through the OpenEnv server; its metrics are logged."""
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = _trainer(
+        VinePPOTrainer,
+        VinePPOConfig,
+        tmp_path,
+        _environment(kind, request),
+        {"advantage_estimator": "anchor"},
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    logged = {k for e in trainer.state.log_history for k in e if k.startswith("anchor/")}
+    assert logged, "no anchor/* metric was logged"

@@ -398,6 +398,35 @@ def per_arm_tally(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def compare_runs(root: Path, committed: Path, arms: Sequence[str]) -> dict[str, Any]:
+    """Every run of ``arms`` under ``root`` against its committed record (:func:`run_rules`): runs, identical,
+    within the rule, the largest difference of any field, and whether every count (updates, tokens) is equal."""
+    from _records import Comparison
+
+    tally, identical, counts = Comparison(), 0, True
+    for path in sorted(root.glob("*/*.jsonl")):
+        if path.stem not in arms:
+            continue
+        old = load_arm(committed, path.parent.name, path.stem)
+        for key, rec in load_arm(root, path.parent.name, path.stem).items():
+            new, ref = run_fields(rec), run_fields(old[key]) if key in old else None
+            tally.add(f"{path.stem} {key} on {path.parent.name}", new, ref, run_rules())
+            identical += ref is not None and new == ref
+            counts &= ref is not None and all(new[k] == ref[k] for k in new if not k.startswith("success"))
+    worst = max((difference(o) for o in tally.outside), default=tally.largest)
+    return {"runs": tally.found, "identical": identical, "within": tally.within, "largest": worst,
+            "counts_equal": counts}  # fmt: skip
+
+
+def difference(outside: dict[str, Any]) -> float:
+    """The largest difference named in one :class:`_records.Comparison` outside entry ("a against the record's b")."""
+    out = 0.0
+    for field in outside["fields"]:
+        new, old = field.split(": ", 1)[1].split(" (")[0].split(" against the record's ")
+        out = max(out, abs(float(new) - float(old)))
+    return out
+
+
 def compare_summaries(new: dict[str, Any], old: dict[str, Any], arms: Sequence[str]) -> dict[str, Any]:
     """``arms``' (setting, budget) records of a summary from re-run records against the committed one: records whose
     chosen point, seeds or verdict differ, and the largest absolute difference of a success, mean or gap."""
@@ -547,7 +576,7 @@ def rerun_digest(path: Path = RERUN) -> dict[str, Any] | None:
         "commit": r["machine"]["commit"],
         "full_rerun": None
         if full is None
-        else {k: full[k] for k in ("records", "changed", "largest", "arms")},
+        else {k: full[k] for k in ("records", "changed", "largest", "arms", "runs")},
     }
 
 
@@ -622,6 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.command == "compare"
     ):  # a summary of --root (re-run records of --arms) against the committed one
         found = compare_summaries(summarize(args.root), json.loads(SUMMARY.read_text()), arms)
+        found["runs"] = compare_runs(args.root, RUNS, arms)
         saved = json.loads(args.output.read_text()) if args.output.exists() else {}
         saved["full_rerun"] = {**found, "machine": machine(), "command": (
             f"python benchmarks/credit_map_tuned.py run --root R --arms {' '.join(arms)} (R: the committed run "
@@ -735,10 +765,14 @@ def rerun_lines(rerun: dict[str, Any] | None) -> list[str]:
              f"relative 1e-9, updates and tokens exact): {per_arm}.")  # fmt: skip
     full = rerun.get("full_rerun")
     if full:
+        runs = full["runs"]
         line += (f" Every run of {', '.join(f'`{a}`' for a in full['arms'])} re-run (tuning and evaluation "
-                 f"seeds): {len(full['changed'])} of their {full['records']} (setting, budget) records changed "
-                 f"chosen point, seeds or verdict; the largest difference of a success, mean or gap "
-                 f"{full['largest']:.1e}.")  # fmt: skip
+                 f"seeds, {runs['runs']} runs): {runs['identical']} identical, {runs['within']} within the rule, "
+                 f"updates and tokens {'all equal' if runs['counts_equal'] else 'NOT all equal'}, the largest "
+                 f"difference of a run's success {runs['largest']:.3f} (float32 rounding can flip a sampled choice, "
+                 f"and the run then diverges); {len(full['changed'])} of their {full['records']} (setting, budget) "
+                 f"records changed chosen point, seeds or verdict, and the largest difference of an evaluation "
+                 f"success, mean or gap there is {full['largest']:.1e}.")  # fmt: skip
     return [line]
 
 

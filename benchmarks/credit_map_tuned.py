@@ -4,6 +4,7 @@ evaluation seeds, at 1/4, 1/2 and 1x of the budget (issue 51; protocol: docs/cre
     python benchmarks/credit_map_tuned.py run          # scout, the map's cells, then the hard cell once it is fixed
     python benchmarks/credit_map_tuned.py scout        # the hard variant's scout alone, and the candidate it picks
     python benchmarks/credit_map_tuned.py report       # JSON and the page's lead from whatever runs have finished
+    python benchmarks/credit_map_tuned.py rerun --arms anchor_pool_state   # re-run committed runs, compare them
 
 Each run trains one arm (:data:`testbed.credit_map.TUNED_ARMS`) at one grid point (lr, batch) with one seed on one
 cell, once at the whole budget; its results at 1/4 and 1/2 are the same run's prefix (the policy after the last update
@@ -37,6 +38,7 @@ from mcadvantage.evaluation.stats import holm_adjust, paired_t_test  # noqa: E40
 
 RUNS = ROOT / "benchmarks" / "results" / "credit_map_tuned_runs"
 SUMMARY = ROOT / "benchmarks" / "results" / "credit_map_tuned.json"
+RERUN = ROOT / "benchmarks" / "results" / "credit_map_tuned_rerun.json"
 HARD_CHOICE = RUNS / "hard_variant.json"
 
 #: The protocol's grid, seeds and budgets (docs/credit-map-tuned-protocol.md).
@@ -312,6 +314,146 @@ def run_all(root: Path, cells: Sequence[dict[str, Any]], arms: Sequence[str]) ->
     return made
 
 
+# -- re-runs against the records --------------------------------------------------------------------------------
+
+
+def run_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """A run record's results, flat: the start, and per budget fraction the success, updates and sampled tokens."""
+    out: dict[str, Any] = {"start": record["start"]}
+    for f, r in record["budgets"].items():
+        out.update(
+            {
+                f"success_{f}": r["success"],
+                f"steps_{f}": r["steps"],
+                f"sampled_tokens_{f}": r["sampled_tokens"],
+            }
+        )
+    return out
+
+
+def run_rules() -> dict[str, Any]:
+    """How a re-run compares with its record (benchmarks/_records.py): float64 success within relative 1e-9 (the
+    exact toy's rule), updates and sampled tokens exactly."""
+    from _records import EXACT, FLOAT64
+
+    rules: dict[str, Any] = {"start": FLOAT64}
+    for f in FRACTIONS:
+        rules.update({f"success_{f:g}": FLOAT64, f"steps_{f:g}": EXACT, f"sampled_tokens_{f:g}": EXACT})
+    return rules
+
+
+def pick_reruns(root: Path, cells: Sequence[dict[str, Any]], arms: Sequence[str], per_cell: int, seed: int):
+    """Which committed runs to re-run: per (cell, arm), evaluation seed 0 at each point the arm chose, and
+    ``per_cell`` more drawn from all its runs (tuning and evaluation) with ``random.Random(seed)``."""
+    import random
+
+    rng = random.Random(seed)
+    picks = []
+    for cell in cells:
+        for arm in arms:
+            records = load_arm(root, cell["name"], arm)
+            keys = [(lr, p, EVAL_SEEDS[0]) for lr, p in tuned_points(records)]
+            others = sorted(k for k in records if k not in keys)
+            keys += rng.sample(others, min(per_cell, len(others)))
+            picks += [(cell, arm, records[k]) for k in keys if k in records]
+    return picks
+
+
+def rerun(root: Path, cells: Sequence[dict[str, Any]], arms: Sequence[str], *, per_cell: int = 1,
+          seed: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Re-run committed runs (:func:`pick_reruns`) with the code as it is now and compare each with its record within
+    :func:`run_rules`; returns the tally (:class:`_records.Comparison`), the runs and this machine."""
+    from _records import Comparison
+
+    picks = pick_reruns(root, cells, arms, per_cell, seed)
+    tally, runs = Comparison(), []
+    t0 = time.perf_counter()
+    for k, (cell, arm, record) in enumerate(picks, 1):
+        s = record["settings"]
+        new = train(cell, arm, s["lr"], s["prompts"], s["seed"])
+        label = f"{arm} lr {s['lr']:g} x {s['prompts']} seed {s['seed']} on {cell['name']}"
+        ok = tally.add(
+            label, run_fields(new), {**run_fields(record), "environment": record["machine"]}, run_rules()
+        )
+        runs.append({"run": label, "within": ok, "record": run_fields(record), "rerun": run_fields(new)})
+        if k % 10 == 0 or k == len(picks):
+            print(f"[credit_map_tuned] rerun {k}/{len(picks)}: {tally.summary()}, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+    return {"comparison": tally.as_dict(), "summary": tally.summary(), "per_arm": per_arm_tally(runs),
+            "runs": runs, "machine": machine(), "arms": list(arms), "cells": [c["name"] for c in cells],
+            "per_cell": per_cell, "seed": seed}  # fmt: skip
+
+
+def per_arm_tally(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per arm: re-runs, how many equal their record in every field, how many are within tolerance, the largest
+    absolute difference of any field."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        t = out.setdefault(r["run"].split()[0], {"runs": 0, "identical": 0, "within": 0, "largest": 0.0})
+        d = max(abs(r["rerun"][k] - r["record"][k]) for k in r["record"])
+        t["runs"] += 1
+        t["identical"] += d == 0
+        t["within"] += bool(r["within"])
+        t["largest"] = max(t["largest"], d)
+    return out
+
+
+def compare_runs(root: Path, committed: Path, arms: Sequence[str]) -> dict[str, Any]:
+    """Every run of ``arms`` under ``root`` against its committed record (:func:`run_rules`): runs, identical,
+    within the rule, the largest difference of any field, and whether every count (updates, tokens) is equal."""
+    from _records import Comparison
+
+    tally, identical, counts = Comparison(), 0, True
+    for path in sorted(root.glob("*/*.jsonl")):
+        if path.stem not in arms:
+            continue
+        old = load_arm(committed, path.parent.name, path.stem)
+        for key, rec in load_arm(root, path.parent.name, path.stem).items():
+            new, ref = run_fields(rec), run_fields(old[key]) if key in old else None
+            tally.add(f"{path.stem} {key} on {path.parent.name}", new, ref, run_rules())
+            identical += ref is not None and new == ref
+            counts &= ref is not None and all(new[k] == ref[k] for k in new if not k.startswith("success"))
+    worst = max((difference(o) for o in tally.outside), default=tally.largest)
+    return {"runs": tally.found, "identical": identical, "within": tally.within, "largest": worst,
+            "counts_equal": counts}  # fmt: skip
+
+
+def difference(outside: dict[str, Any]) -> float:
+    """The largest difference named in one :class:`_records.Comparison` outside entry ("a against the record's b")."""
+    out = 0.0
+    for field in outside["fields"]:
+        new, old = field.split(": ", 1)[1].split(" (")[0].split(" against the record's ")
+        out = max(out, abs(float(new) - float(old)))
+    return out
+
+
+def compare_summaries(new: dict[str, Any], old: dict[str, Any], arms: Sequence[str]) -> dict[str, Any]:
+    """``arms``' (setting, budget) records of a summary from re-run records against the committed one: records whose
+    chosen point, seeds or verdict differ, and the largest absolute difference of a success, mean or gap."""
+
+    def index(summary: dict[str, Any]) -> dict[tuple[str, float, str], dict[str, Any]]:
+        return {
+            (r["setting"], r["budget_fraction"], r["arm"]): r for r in summary["records"] if r["arm"] in arms
+        }
+
+    a, b = index(new), index(old)
+    changed, largest = [], 0.0
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if x is None or y is None:
+            changed.append(f"{key}: on one side only")
+            continue
+        vx, vy = x.get("vs_best_grpo") or {}, y.get("vs_best_grpo") or {}
+        if (x["chosen"], x["seeds"], vx.get("verdict")) != (y["chosen"], y["seeds"], vy.get("verdict")):
+            changed.append(f"{key}: chosen {x['chosen']} / {y['chosen']}, verdict {vx.get('verdict')} / "
+                           f"{vy.get('verdict')}")  # fmt: skip
+            continue
+        pairs = [*zip(x["success"], y["success"], strict=True), (x.get("mean"), y.get("mean")),
+                 (vx.get("mean"), vy.get("mean"))]  # fmt: skip
+        largest = max([largest, *(abs(p - q) for p, q in pairs if p is not None and q is not None)])
+    return {"records": len(b), "changed": changed, "largest": largest, "arms": list(arms)}
+
+
 # -- the summary -------------------------------------------------------------------------------------------------
 
 #: Standardised effects (mean / SD of the paired differences) with 80% power at 24 seeds (the protocol's
@@ -408,6 +550,7 @@ def summarize(root: Path) -> dict[str, Any]:
                               "tested": tested})  # fmt: skip
     scout_path = root / "hard_scout.json"
     return {
+        "rerun": rerun_digest(),
         "protocol": "docs/credit-map-tuned-protocol.md",
         "grid": {"lr": list(LRS), "prompts": list(PROMPTS), "group": GROUP},
         "tuning_seeds": list(TUNING_SEEDS),
@@ -418,6 +561,22 @@ def summarize(root: Path) -> dict[str, Any]:
         "hard_scout": json.loads(scout_path.read_text()) if scout_path.exists() else None,
         "settings": settings_rows,
         "records": records,
+    }
+
+
+def rerun_digest(path: Path = RERUN) -> dict[str, Any] | None:
+    """What the page says of the re-runs with the code as it is now (``rerun`` and ``compare``), or None."""
+    if not path.exists():
+        return None
+    r = json.loads(path.read_text())
+    full = r.get("full_rerun")
+    return {
+        "summary": r["summary"],
+        "per_arm": r["per_arm"],
+        "commit": r["machine"]["commit"],
+        "full_rerun": None
+        if full is None
+        else {k: full[k] for k in ("records", "changed", "largest", "arms", "runs")},
     }
 
 
@@ -452,10 +611,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=("run", "scout", "report"))
+    parser.add_argument("command", choices=("run", "scout", "report", "rerun", "compare"))
     parser.add_argument("--root", type=Path, default=RUNS, help="where the run records live")
     parser.add_argument("--arms", nargs="+", default=None, help="a subset of the arms (default: all)")
     parser.add_argument("--cells", nargs="+", default=None, help="a subset of the map's cells, by name")
+    parser.add_argument(
+        "--per_cell", type=int, default=1, help="rerun: random runs per (cell, arm) besides seed 0"
+    )
+    parser.add_argument("--output", type=Path, default=RERUN, help="rerun: where its comparison is written")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -467,6 +630,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(scout(args.root), indent=1))
     elif args.command == "run":
         run_all(args.root, cells, arms)
+    elif args.command == "rerun":
+        hard = hard_cell_if_fixed()
+        every = [*MAP_CELLS, *([hard] if hard else [])]
+        chosen = [c for c in every if args.cells is None or c["name"] in args.cells]
+        result = rerun(args.root, chosen, arms, per_cell=args.per_cell)
+        if args.output.exists():  # keep the full re-run's comparison (``compare``) beside this one
+            result["full_rerun"] = json.loads(args.output.read_text()).get("full_rerun")
+        result["command"] = "python benchmarks/credit_map_tuned.py " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"[credit_map_tuned] rerun: {result['summary']} -> {args.output}")
+        if result["comparison"]["outside"]:
+            from _records import Comparison
+
+            print(Comparison(**result["comparison"]).explain())
+            return 1
+    elif (
+        args.command == "compare"
+    ):  # a summary of --root (re-run records of --arms) against the committed one
+        found = compare_summaries(summarize(args.root), json.loads(SUMMARY.read_text()), arms)
+        found["runs"] = compare_runs(args.root, RUNS, arms)
+        saved = json.loads(args.output.read_text()) if args.output.exists() else {}
+        saved["full_rerun"] = {**found, "machine": machine(), "command": (
+            f"python benchmarks/credit_map_tuned.py run --root R --arms {' '.join(arms)} (R: the committed run "
+            "records without those arms' files), then compare --root R --arms (the same)")}  # fmt: skip
+        args.output.write_text(json.dumps(saved, indent=1) + "\n")
+        print(f"[credit_map_tuned] compare: {len(found['changed'])} of {found['records']} records changed, "
+              f"largest difference {found['largest']:.1e} -> {args.output}")  # fmt: skip
     else:
         summary = report(args.root)
         print(f"[credit_map_tuned] {len(summary['records'])} records -> {SUMMARY}")
@@ -554,7 +746,34 @@ def answer_lines(summary: dict[str, Any]) -> list[str]:
                  + ("; ".join(collapses) if collapses else "none") + ".")  # fmt: skip
     lines.append("- Collapsed runs per arm, summed over the tested families (arms that could not afford a batch "
                  "left out): " + collapse_totals(tested) + ".")  # fmt: skip
-    return lines
+    return lines + rerun_lines(summary.get("rerun"))
+
+
+def rerun_lines(rerun: dict[str, Any] | None) -> list[str]:
+    """The lead's note that the anchor arms are the library's estimator, and how the re-runs with it compare."""
+    line = ("- The anchor arms are the library's `advantage_estimator=\"anchor\"` (through the toy's seam, "
+            "`testbed.agent_credit.ToyAnchor`): `anchor_pool_*` is `anchor_credit=\"pooled\", "
+            "scale_rewards=\"none\"`, `anchor_norm_*` the defaults (`anchor_credit=\"normalized\", "
+            "scale_rewards=\"group\"`). The runs computed the same credit from `mcadvantage.core.anchors` "
+            "directly; the code was unified after them (the protocol's amendment of 2026-11-29).")  # fmt: skip
+    if rerun is None:
+        return [line]
+    per_arm = ", ".join(f"`{a}` {t['within']}/{t['runs']} ({t['identical']} identical, largest difference "
+                        f"{t['largest']:.1e})" for a, t in rerun["per_arm"].items())  # fmt: skip
+    line += (f" Committed runs re-run with the library's estimator (`credit_map_tuned.py rerun`, "
+             f"`benchmarks/results/credit_map_tuned_rerun.json`): {rerun['summary']} (float64 success within "
+             f"relative 1e-9, updates and tokens exact): {per_arm}.")  # fmt: skip
+    full = rerun.get("full_rerun")
+    if full:
+        runs = full["runs"]
+        line += (f" Every run of {', '.join(f'`{a}`' for a in full['arms'])} re-run (tuning and evaluation "
+                 f"seeds, {runs['runs']} runs): {runs['identical']} identical, {runs['within']} within the rule, "
+                 f"updates and tokens {'all equal' if runs['counts_equal'] else 'NOT all equal'}, the largest "
+                 f"difference of a run's success {runs['largest']:.3f} (float32 rounding can flip a sampled choice, "
+                 f"and the run then diverges); {len(full['changed'])} of their {full['records']} (setting, budget) "
+                 f"records changed chosen point, seeds or verdict, and the largest difference of an evaluation "
+                 f"success, mean or gap there is {full['largest']:.1e}.")  # fmt: skip
+    return [line]
 
 
 def collapse_totals(tested: list[tuple[dict[str, Any], float, list[dict[str, Any]]]]) -> str:
@@ -628,8 +847,9 @@ HOW_TO_READ = """## How to read it
 - **Budgets**: 1/4, 1/2 and 1x of 240 episode-equivalents (320 in the hard variant) of sampled tokens; a smaller
   budget is the same run stopped earlier. "cannot afford": no grid point makes one update within the budget (at
   H = 16 one `vineppo` K = 4 batch of 1 x 4 costs 2,240 sampled tokens); such a cell is not a loss.
-- **Anchor arms** (`mcadvantage.core.anchors`): `norm` is GRPO's episode advantage plus GiGPO's step advantage,
-  `pool` the step groups' mean returns as values (`V(s') - V(s)`). `_state` keys step groups by the true state
+- **Anchor arms** (the library's `advantage_estimator="anchor"`): `norm` is GRPO's episode advantage plus GiGPO's
+  step advantage (`anchor_credit="normalized"`, the default), `pool` the step groups' mean returns as values
+  (`V(s') - V(s)`, undivided: `anchor_credit="pooled", scale_rewards="none"`). `_state` keys step groups by the true state
   `(turn, good/bad)`; `_history` by the whole observed history (what a language model's context holds), so after
   the first differing choice no two episodes share a key and the step groups are single turns.
 - **Critics**: `critic_tabular` sees the exact `(turn, state)` and cannot generalise wrongly (the best case);

@@ -64,6 +64,7 @@ from testbed.agent_env import (
 )
 
 __all__ = [
+    "ANCHOR_KEYS",
     "ARMS",
     "ArmSpec",
     "ArmRun",
@@ -92,6 +93,8 @@ __all__ = [
 CHOICE_CHARS = "abcdefgh"
 GOOD_CHAR, BAD_CHAR = "+", "-"
 PARAMETERIZATIONS = ("turn", "shared")
+#: What :class:`ToyAnchor` keys a turn by: the true state before it, or the whole history before it.
+ANCHOR_KEYS = ("state", "history")
 #: Prompts per batch and responses per prompt of every arm's base batch (GRPO's group).
 BASE_PROMPTS, BASE_GROUP = 4, 4
 
@@ -493,15 +496,19 @@ class ToyAnchor(AdvantageEstimator):
     turn ``t - 1``; the first state is the task's, shared by the group); ``"history"``, every token before the turn
     (the prompt and the episode so far): what observation keys amount to when the observation carries the history,
     so two episodes share a key only while their histories are identical.
+
+    ``credit`` and ``scale_rewards`` are the library's ``anchor_credit`` and ``scale_rewards``: the agent map's arms
+    (``"normalized"`` at the defaults) and the tuned map's (``testbed.credit_map.TUNED_ARMS``: its pooled arms are
+    ``anchor_credit="pooled", scale_rewards="none"``) are both this estimator.
     """
 
-    def __init__(self, key: str, credit: str = "normalized") -> None:
+    def __init__(self, key: str, credit: str = "normalized", *, scale_rewards: str = "group") -> None:
         from mcadvantage.estimators.anchor import AnchorEstimator
 
-        if key not in ("state", "history"):
-            raise ValueError(f"ToyAnchor: key={key!r} must be 'state' or 'history'.")
+        if key not in ANCHOR_KEYS:
+            raise ValueError(f"ToyAnchor: key={key!r} must be one of {ANCHOR_KEYS}.")
         self.key = key
-        self.inner = AnchorEstimator(credit=credit)
+        self.inner = AnchorEstimator(credit=credit, scale_rewards=scale_rewards)
         tok = _tokenizer()
         self._choice_ids = {tok.convert_tokens_to_ids(ch) for ch in CHOICE_CHARS}
 

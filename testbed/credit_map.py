@@ -6,13 +6,16 @@ only features of the history, and the study's arms (:data:`TUNED_ARMS`).
   for good; the reward is 1 iff the state is good at the end (so ``P = p ** D`` when each decisive turn picks the key
   with ``p``). It offers :class:`~testbed.agent_env.AgentTask`'s interface (``horizon``, ``choices``, ``key``,
   ``initial_state``, ``transition``, ``relevant_turns``), so the toy's policy and exact values play it unchanged.
-- Anchor-state credit: the pure functions of :mod:`mcadvantage.core.anchors` (GiGPO's step groups), fed with the
-  batch's episodes. The *normalised* variant adds GiGPO's step advantage (``anchor_weight = 1``) to GRPO's episode
-  advantage (the library's :class:`~mcadvantage.estimators.baselines.GRPOEstimator` on the same batch); the *pooled*
-  variant uses the step groups' mean returns as values, ``A = V(s_{t+1}) - V(s_t)``. Scope: the prompt group. Keys:
-  ``state``: the true environment state before the turn, ``(turn, good/bad)``; ``history``: the whole observed history
-  (the completion's tokens so far: every earlier choice and tool result), which is what a language model's context
-  holds; with history keys two episodes share a key only until they first differ.
+- Anchor-state credit: the library's estimator, ``advantage_estimator="anchor"``
+  (:class:`~mcadvantage.estimators.anchor.AnchorEstimator`), through the toy's seam
+  (:class:`~testbed.agent_credit.ToyAnchor`), scope the prompt group. ``anchor_norm_*`` is GiGPO's normalised credit
+  at the library's defaults (GRPO's episode advantage plus the step advantage, ``scale_rewards="group"``);
+  ``anchor_pool_*`` is ``anchor_credit="pooled", scale_rewards="none"``: the step groups' mean returns as values,
+  ``A = V(s_{t+1}) - V(s_t)``, undivided. Keys: ``state``: the true environment state before the turn,
+  ``(turn, good/bad)``; ``history``: the whole observed history (the prompt and the completion's tokens so far: every
+  earlier choice and tool result), which is what a language model's context holds; with history keys two episodes
+  share a key only until they first differ. (The committed runs computed the same credit from
+  :mod:`mcadvantage.core.anchors` directly; ``tests/testbed/test_credit_map_anchor_equivalence.py`` ties the two.)
 - :class:`FeatureCritic`: the stand-in for a language-model critic. It never sees a state id: its value is linear in
   features of the observed history (:func:`history_features`) and is fitted by least squares on each batch's
   lambda-return targets, moving ``rate`` of the way to the batch's fit (the :class:`~testbed.agent_credit.
@@ -21,15 +24,14 @@ only features of the history, and the study's arms (:data:`TUNED_ARMS`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mcadvantage.core.anchors import anchor_step_advantages, pooled_anchor_advantages
-from mcadvantage.estimators.baselines import GRPOEstimator
-from testbed.agent_credit import ARMS, ArmSpec, TabularAgentPolicy, _episode_states
+from mcadvantage.estimators.anchor import ANCHOR_CREDITS
+from testbed.agent_credit import ANCHOR_KEYS, ARMS, ArmSpec, ToyAnchor, _episode_states
 from testbed.agent_env import BAD, GOOD
 
 __all__ = [
@@ -37,12 +39,8 @@ __all__ = [
     "FeatureCritic",
     "GauntletTask",
     "TUNED_ARMS",
-    "anchor_advantages",
     "history_features",
-    "turn_keys",
 ]
-
-ANCHOR_KEYS = ("state", "history")
 
 
 @dataclass(frozen=True)
@@ -89,50 +87,6 @@ class GauntletTask:
 
     def relevant_turns(self) -> tuple[int, ...]:
         return self.decisive_turns
-
-
-# -- anchor-state credit ---------------------------------------------------------------------------------------
-
-
-def turn_keys(policy: TabularAgentPolicy, ids: Sequence[int], key: str) -> list[Hashable]:
-    """The key before each model turn of one episode: ``"state"``: ``(turn, true state)``; ``"history"``: the
-    completion's tokens before the turn (earlier choices and tool results)."""
-    if key == "state":
-        states = _episode_states(policy.task, policy.choices_of(ids))
-        return [(t, states[t]) for t in range(policy.task.horizon)]
-    if key == "history":
-        positions = [p for p, tok in enumerate(ids) if policy.is_policy_token(tok)]
-        return [tuple(ids[:p]) for p in positions]
-    raise ValueError(f"anchor key={key!r} must be one of {ANCHOR_KEYS}.")
-
-
-def anchor_advantages(
-    policy: TabularAgentPolicy, batch: Any, context: Any, *, variant: str, key: str
-) -> torch.Tensor:
-    """``(B, T)`` anchor-state credit on the choice tokens of a batch (0 elsewhere), by :mod:`mcadvantage.core.
-    anchors`: ``variant="normalised"`` is GRPO's episode advantage plus GiGPO's step advantage, ``"pooled"`` the
-    step groups' mean returns as values. Scope: the episode's prompt (its group)."""
-    if variant not in ("normalised", "pooled"):
-        raise ValueError(f"anchor variant={variant!r} must be 'normalised' or 'pooled'.")
-    horizon = policy.task.horizon
-    keys = [turn_keys(policy, ids, key) for ids in batch.completion_ids]
-    if any(len(k) != horizon for k in keys):
-        raise ValueError("anchor credit on the toy needs whole episodes (every episode has horizon turns).")
-    scopes = [tuple(p) for p in batch.prompt_ids]
-    rewards = batch.rewards.tolist()
-    turn_rewards = [[0.0] * (horizon - 1) + [float(r)] for r in rewards]
-    if variant == "normalised":
-        per_turn = anchor_step_advantages(keys, turn_rewards, scopes)
-        base = GRPOEstimator().estimate(batch, context).advantages.float()
-    else:
-        per_turn, _ = pooled_anchor_advantages(keys, turn_rewards, scopes)
-        base = torch.zeros(batch.completion_mask.shape, dtype=torch.float32)
-    out = torch.zeros(batch.completion_mask.shape, dtype=torch.float32)
-    for i, ids in enumerate(batch.completion_ids):
-        positions = [p for p, tok in enumerate(ids) if policy.is_policy_token(tok)]
-        for p, a in zip(positions, per_turn[i], strict=True):
-            out[i, p] = base[i, p] + a
-    return out
 
 
 # -- the history critic ----------------------------------------------------------------------------------------
@@ -185,8 +139,11 @@ class FeatureCritic:
 # -- the study's arms --------------------------------------------------------------------------------------------
 
 
-def _anchor(variant: str, key: str) -> Callable[..., torch.Tensor]:
-    return lambda policy, batch, context: anchor_advantages(policy, batch, context, variant=variant, key=key)
+def _anchor(credit: str, key: str) -> Callable[[int], ToyAnchor]:
+    """The library's anchor estimator on the toy (:class:`~testbed.agent_credit.ToyAnchor`): ``"normalized"`` at
+    its defaults, ``"pooled"`` with ``scale_rewards="none"`` (the step groups' TD advantages, undivided)."""
+    scale = "none" if credit == "pooled" else "group"
+    return lambda h: ToyAnchor(key, credit, scale_rewards=scale)
 
 
 def _tuned_arms() -> dict[str, ArmSpec]:
@@ -201,10 +158,10 @@ def _tuned_arms() -> dict[str, ArmSpec]:
         "tree",
     )
     arms = {name: ARMS[name] for name in keep}
-    for variant in ("normalised", "pooled"):
+    for credit in ANCHOR_CREDITS:
         for key in ANCHOR_KEYS:
-            name = f"anchor_{variant[:4]}_{key}"
-            arms[name] = ArmSpec(name, "custom", advantages=_anchor(variant, key), whiten=False)
+            name = f"anchor_{credit[:4]}_{key}"
+            arms[name] = ArmSpec(name, "estimator", build=_anchor(credit, key), whiten=False)
     arms["critic_history"] = ArmSpec("critic_history", "critic", lam=1.0, whiten=True, critic=FeatureCritic)
     arms["critic_tabular"] = ARMS["critic_l1"]
     arms["oracle"] = ARMS["oracle"]

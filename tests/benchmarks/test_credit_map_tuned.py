@@ -95,3 +95,32 @@ def test_the_hard_cell_is_the_scouts_choice_by_the_rule(committed):
     first = next(c for c in scout["candidates"] if c["tuned_grpo"]["tuning_mean"] <= cmt.HARD_CEILING)
     assert scout["chosen"] == first["cell"] == json.loads(cmt.HARD_CHOICE.read_text())["chosen"]
     assert [c["cell"] for c in scout["candidates"]] == list(cmt.HARD_CANDIDATES)
+
+
+def test_committed_anchor_runs_reproduce_through_the_librarys_estimator():
+    """The tuned map's anchor arms now go through AnchorEstimator; re-running committed runs of the cheapest cell
+    (H = 2) reproduces their records within benchmarks/_records.py's toy rule, the pooled arm to the bit."""
+    cell = next(c for c in cmt.MAP_CELLS if c["name"] == "shared_delayed_H2_r0.15")
+    result = cmt.rerun(cmt.RUNS, [cell], ["anchor_pool_state", "anchor_norm_state"], per_cell=1, seed=3)
+    assert result["comparison"]["found"] >= 4 and not result["comparison"]["outside"], result["comparison"]
+    assert (
+        result["per_arm"]["anchor_pool_state"]["identical"] == result["per_arm"]["anchor_pool_state"]["runs"]
+    )
+
+
+def test_compare_runs_and_summaries_see_a_changed_run(tmp_path):
+    import shutil
+
+    cell = "shared_delayed_H2_r0.15"
+    shutil.copytree(cmt.RUNS / cell, tmp_path / cell)
+    same = cmt.compare_runs(tmp_path, cmt.RUNS, ["anchor_pool_state"])
+    assert same["runs"] == same["identical"] == same["within"] > 0 and same["counts_equal"]
+    path = cmt.arm_file(tmp_path, cell, "anchor_pool_state")
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["budgets"]["1"]["success"] += 0.01
+    first["budgets"]["1"]["steps"] += 1
+    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    moved = cmt.compare_runs(tmp_path, cmt.RUNS, ["anchor_pool_state"])
+    assert moved["within"] == moved["runs"] - 1 and not moved["counts_equal"]
+    assert moved["largest"] == pytest.approx(1.0)  # the step count's difference is the largest

@@ -1,5 +1,6 @@
-"""testbed/credit_map.py: the gauntlet task's exact start, anchor-state credit keyed by state or history (against
-hand computations and core.anchors), the history-feature critic's fit, and train_arm's budget prefix."""
+"""testbed/credit_map.py: the gauntlet task's exact start, the tuned map's anchor arms keyed by state or history
+(the library's estimator, against hand computations), the history-feature critic's fit, and train_arm's budget
+prefix."""
 
 from __future__ import annotations
 
@@ -9,16 +10,9 @@ import pytest
 import torch
 
 from mcadvantage.estimators.batch import AdvantageBatch
-from testbed.agent_credit import TabularAgentPolicy, agent_gradient_task, start_logits, train_arm
+from testbed.agent_credit import TabularAgentPolicy, ToyAnchor, agent_gradient_task, start_logits, train_arm
 from testbed.agent_env import BAD, GOOD, success_probability
-from testbed.credit_map import (
-    TUNED_ARMS,
-    FeatureCritic,
-    GauntletTask,
-    anchor_advantages,
-    history_features,
-    turn_keys,
-)
+from testbed.credit_map import TUNED_ARMS, FeatureCritic, GauntletTask, history_features
 
 
 def test_gauntlet_breaks_at_any_decisive_turn_and_starts_exactly():
@@ -63,21 +57,21 @@ def test_history_keys_stop_recurring_after_divergence_and_pooled_credit_lands_th
     policy = TabularAgentPolicy(task, start_logits(task, 0.25, "shared"), parameterization="shared")
     # two episodes agree at turn 0 (the key), then differ at turn 1; a third fails at turn 0
     batch = _batch(policy, [[0, 1, 2], [0, 2, 2], [1, 1, 2]], [1.0, 1.0, 0.0], [0, 0, 0])
-    hist = [turn_keys(policy, ids, "history") for ids in batch.completion_ids]
-    state = [turn_keys(policy, ids, "state") for ids in batch.completion_ids]
-    assert (
-        hist[0][0] == hist[1][0] == hist[2][0] == () and hist[0][1] == hist[1][1] and hist[0][2] != hist[1][2]
-    )
-    assert state[0] == state[1] == [(0, GOOD), (1, GOOD), (2, GOOD)] and state[2][1] == (1, BAD)
+    hist = ToyAnchor("history").keyed(batch).turn_keys
+    state = ToyAnchor("state").keyed(batch).turn_keys
+    prompt = tuple(batch.prompt_ids[0])
+    assert all(h[0] == (prompt, ()) for h in hist) and hist[0][1] == hist[1][1] and hist[0][2] != hist[1][2]
+    plus, minus = (policy._state_ids[s] for s in (GOOD, BAD))
+    assert state[0] == state[1] == [(0, None), (1, plus), (2, plus)] and state[2][1] == (1, minus)
     context = agent_gradient_task(policy, 1).context()
-    pooled = anchor_advantages(policy, batch, context, variant="pooled", key="history")
+    pooled = TUNED_ARMS["anchor_pool_history"].build(3).estimate(batch, context).advantages
     positions = [[p for p, t in enumerate(ids) if policy.is_policy_token(t)] for ids in batch.completion_ids]
     per_turn = [[float(pooled[i, p]) for p in pos] for i, pos in enumerate(positions)]
-    # V(root) = 2/3; turn 0: V(after) - V(root); later turns: singletons or equal returns, so 0
+    # V(root) = 2/3; turn 0: V(after) - V(root), undivided; later turns: singletons or equal returns, so 0
     assert per_turn[0] == pytest.approx([1 - 2 / 3, 0.0, 0.0]) and per_turn[2] == pytest.approx(
         [-2 / 3, 0.0, 0.0]
     )
-    norm = anchor_advantages(policy, batch, context, variant="normalised", key="state")
+    norm = TUNED_ARMS["anchor_norm_state"].build(3).estimate(batch, context).advantages
     grpo = (torch.tensor([1.0, 1.0, 0.0]) - 2 / 3) / (torch.tensor([1.0, 1.0, 0.0]).std() + 1e-4)
     # the step group of (0, GOOD) holds all three turn-0s: its normalised step advantage equals GRPO's
     assert float(norm[0, positions[0][0]]) == pytest.approx(2 * float(grpo[0]), rel=1e-3)

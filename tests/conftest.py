@@ -53,3 +53,16 @@ def reward_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def frozen_lake_server():
+    """A real OpenEnv server (slippery FrozenLake) in a subprocess, shared by the tests that ask for it (tests/envs).
+    It lives here, not in tests/envs/conftest.py: a second conftest module shadows this one's helpers
+    (``from conftest import load_jsonl`` in tests/tasks)."""
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("openenv.core")
+    from mcadvantage.envs import LocalOpenEnvServer
+
+    with LocalOpenEnvServer("FrozenLake-v1", env_kwargs={"is_slippery": True}, start_timeout_s=120) as server:
+        yield server

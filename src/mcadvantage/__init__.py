@@ -70,6 +70,8 @@ _LAZY: dict[str, str] = {
     "MCValueEstimator": "mc.estimator",
     "Trajectory": "mc.estimator",
     "MCEstimate": "mc.estimator",
+    # agent episodes: an environment that cannot be rebuilt at an episode's state
+    "EnvironmentReplayError": "mc.rebuild",
     # TRL trainer (imports TRL)
     "VinePPOConfig": "trainer.config",
     "VinePPOTrainer": "trainer.vineppo_trainer",
@@ -114,6 +116,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         score_samples,
     )
     from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
+    from mcadvantage.mc.rebuild import EnvironmentReplayError
     from mcadvantage.samplers import (
         Continuation,
         RolloutRequest,

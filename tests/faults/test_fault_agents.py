@@ -651,6 +651,54 @@ def test_a_replay_that_diverges_is_named_before_any_update(
     _refused_before_any_update(trainer, initial)
 
 
+class DrawnTarget(AgentEnv):
+    """``reset`` shows a target drawn from an unseeded random (the probe's "Target 0" whose replays drew 2, 1, 3):
+    every tool result replays, only the observation differs."""
+
+    def reset(self, **row):
+        return f"{super().reset(**row)} target={random.SystemRandom().randrange(10**9)}"
+
+
+class HiddenLuck(AgentEnv):
+    """Draws hidden luck at ``reset`` that no observation or tool result shows, and exposes it as its
+    ``state_key``: only the key tells a rebuild from the episode."""
+
+    def reset(self, **row):
+        self._luck = random.SystemRandom().randrange(10**9)
+        return super().reset(**row)
+
+    @property
+    def state_key(self):
+        return (self.turn, self.state, self._luck)
+
+
+@pytest.mark.parametrize(
+    ("environment", "said"),
+    [(DrawnTarget, "reset(**row) returned"), (HiddenLuck, "state_key after replaying tool round")],
+    ids=["random-observation", "hidden-state-key"],
+)
+def test_a_rebuild_whose_observation_or_state_key_differs_is_refused_before_any_update(
+    key_turns, tmp_path, environment, said
+):
+    """Rebuilds are checked beyond the tool results: ``reset``'s observation against the episode's prompt, and an
+    environment's ``state_key`` against the key its episode ended with (recorded by the trainer from GRPO's pooled
+    instance). Either mismatch stops training with an ``EnvironmentReplayError`` (importable from ``mcadvantage``)
+    naming the class, the episode and both values, before any update: never trained on silently."""
+    from mcadvantage import EnvironmentReplayError
+
+    trainer, _, _ = _vine(tmp_path, environment)
+    initial = _weights(trainer)
+    with pytest.raises(EnvironmentReplayError) as err:
+        trainer.train()
+    message = str(err.value)
+    assert err.value.environment == environment.__name__ and err.value.where.startswith("batch row ")
+    assert message.startswith(
+        f"environment {environment.__name__} ({err.value.where}, dataset row {{'structure'"
+    )
+    assert said in message and "but the episode" in message
+    _refused_before_any_update(trainer, initial)
+
+
 def test_a_continuation_stops_at_max_tool_calling_iterations_counting_the_prefixs_rounds(
     scripted_turns, tmp_path
 ):

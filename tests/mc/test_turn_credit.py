@@ -66,16 +66,18 @@ def engine(seed):
     return generate
 
 
-def recorded_episode(offset=3):
-    """Two tool rounds, then an answer: tokens, tool mask and messages as TRL's loop leaves them."""
+def recorded_episode(offset=3, tool=None):
+    """Two tool rounds, then an answer: tokens, tool mask and messages as TRL's loop leaves them (``tool``: a
+    standalone ``add`` instead of the environment's)."""
     env = Counter()
     env.reset(offset=offset)
+    add = tool or env.add
     ids, mask, messages = [], [], []
     for _ in range(2):
         ids += [WORD, CALL, EOS]
         mask += [1, 1, 1]
         messages.append(parse([WORD, CALL, EOS], []))
-        result = {"role": "tool", "name": "add", "content": str(env.add(1, 2))}
+        result = {"role": "tool", "name": "add", "content": str(add(1, 2))}
         messages.append(result)
         suffix = tool_suffix([result])
         ids += suffix
@@ -176,7 +178,7 @@ def test_routing_to_a_dict_of_environments_and_tools_without_environment():
     def add(a: int, b: int) -> int:
         return a + b
 
-    plain = recorded_episode()
+    plain = recorded_episode(tool=add)
     [credit] = _estimate(
         [plain],
         20,
@@ -243,3 +245,52 @@ def test_the_cost_counts_sampled_model_tokens_and_tool_result_tokens_apart():
     )
     assert credit.generated_tokens == returned[0] > 0
     assert credit.tool_result_tokens == sum(suffixes) > 0  # every suffix fitted the budget of 200
+
+
+def test_tool_executions_and_dropped_results_are_counted_and_a_drop_is_warned_once(monkeypatch):
+    """``tool_calls`` counts every tool execution turn credit ran: the replays that rebuilt the environments (a
+    state after r rounds replays r calls, for each of its K continuations) and the continuations' own calls, the
+    calls of dropped rounds included. A round whose results would pass the budget is dropped as in TRL (its call
+    ran: the environment counts it, get_reward sees it), counted in ``dropped_tool_results`` and warned about once
+    per process."""
+    import warnings
+
+    from mcadvantage.mc import rebuild
+
+    monkeypatch.setattr(rebuild, "_DROPPED_WARNED", [False])
+    episode = recorded_episode()
+    k = 5
+    calls_seen = []
+
+    class Counted(Counter):
+        def add(self, a: int, b: int) -> int:
+            calls_seen.append(1)
+            return super().add(a, b)
+
+    length = len(episode.completion_ids)
+
+    def run():
+        return estimate_turn_credit(
+            [episode],
+            num_rollouts=k,
+            environment_factories={None: Counted},
+            loop=ToolLoop(
+                generate=engine(7),
+                parse=parse,
+                tool_suffix_ids=tool_suffix,
+                max_completion_length=length + 1,  # no room for a tool result after the episode's own tokens
+                max_tool_calling_iterations=LIMIT,
+            ),
+            graders=Graders([get_reward], [1.0]),
+        )
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        [credit] = run()
+        [again] = run()
+    assert credit.tool_calls == len(calls_seen) // 2 > 0
+    replays = k * (0 + 1 + 2)  # the three turn-start states replay 0, 1 and 2 rounds of one call each
+    assert credit.tool_calls > replays  # and some continuations called the tool themselves
+    assert credit.dropped_tool_results > 0  # the last turn's calls can never fit
+    dropped = [w for w in caught if "had their results dropped" in str(w.message)]
+    assert len(dropped) == 1 and again.dropped_tool_results > 0

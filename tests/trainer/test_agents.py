@@ -510,6 +510,10 @@ def test_vineppo_gives_environment_episodes_unbiased_monte_carlo_turn_credit(tmp
     assert all(v > 0 for v in _logged(trainer, "mc/generated_tokens"))
     assert all(v > 0 for v in _logged(trainer, "mc/tool_result_tokens"))
     assert sum(credit.tool_result_tokens for _, _, credits in seen for credit in credits) > 0
+    # Tool executions per step (the replays' and the continuations'), so the replay multiplier is visible.
+    tool_calls = sum(credit.tool_calls for _, _, credits in seen for credit in credits)
+    assert sum(_logged(trainer, "mc/tool_calls")) == tool_calls > 0
+    assert set(_logged(trainer, "mc/dropped_tool_results")) == {0.0}
     spies[0].check_tool_tokens_get_no_credit()
 
     errors = []

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from mcadvantage._moved import warn_old_spelling
+
 __all__ = [
     "ALLOCATIONS",
     "ROLLOUT_BUDGETS",
@@ -197,9 +199,13 @@ _FIELD_NAMES = tuple(_FIELDS)
 
 def setting_attribute(owner: object, name: str) -> Any:
     """``owner.<setting>`` for an object that holds its Monte Carlo settings as ``owner.settings`` (its
-    ``__getattr__``): the setting's value, so ``estimator.num_rollouts`` reads ``estimator.settings.num_rollouts``."""
+    ``__getattr__``): the setting's value, so ``estimator.num_rollouts`` (0.1's spelling, with a ``FutureWarning``)
+    reads ``estimator.settings.num_rollouts``."""
     settings = vars(owner).get("settings")
     if isinstance(settings, MCSettings) and name in _FIELDS:
+        kind = type(owner).__name__
+        # 4 frames up: warn_old_spelling, here, the owner's __getattr__, the line that read the alias.
+        warn_old_spelling(f"{kind}.{name}", f"{kind}.settings.{name}", stacklevel=4)
         return getattr(settings, name)
     raise AttributeError(f"{type(owner).__name__!r} object has no attribute {name!r}")
 

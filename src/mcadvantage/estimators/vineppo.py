@@ -334,6 +334,8 @@ class VinePPOEstimator(AdvantageEstimator):
             "rollouts": float(sum(credit.rollouts for credit in ordered)),
             "generated_tokens": float(sum(credit.generated_tokens for credit in ordered)),
             "tool_result_tokens": float(sum(credit.tool_result_tokens for credit in ordered)),
+            "tool_calls": float(sum(credit.tool_calls for credit in ordered)),
+            "dropped_tool_results": float(sum(credit.dropped_tool_results for credit in ordered)),
             "states": float(len(state_values)),
             "seconds": seconds,
         }
@@ -343,7 +345,12 @@ class VinePPOEstimator(AdvantageEstimator):
             token_mask=token_mask.to(device),
             values=[list(credit.values) for credit in ordered],
             metrics=metrics,
-            metric_reductions={**MCStats.metric_reductions(), "tool_result_tokens": "sum"},
+            metric_reductions={
+                **MCStats.metric_reductions(),
+                "tool_result_tokens": "sum",
+                "tool_calls": "sum",
+                "dropped_tool_results": "sum",
+            },
         )
 
     def _agent_credit(

@@ -26,14 +26,29 @@ re-tokenising. Monte Carlo credit treats it as follows:
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcadvantage.mc.rebuild import (
+    NOT_RECORDED,
+    EnvironmentReplayError,
+    EpisodeRecord,
+    ToolTurn,
+    dropped_tool_calls,
+    environment_tools,
+    execute_tool_calls,
+    recorded_tool_turns,
+    replay_environment,
+    warn_dropped_tool_results,
+    with_observation,
+)
+
 __all__ = [
+    # the rebuild of an environment (mcadvantage.mc.rebuild), re-exported here, their first home
+    "NOT_RECORDED",
+    "EpisodeRecord",
+    "warn_dropped_tool_results",
     "EnvironmentReplayError",
     "EpisodeContinuation",
     "ToolLoop",
@@ -43,6 +58,8 @@ __all__ = [
     "episode_step_boundaries",
     "episode_token_advantages",
     "execute_tool_calls",
+    "dropped_tool_calls",
+    "with_observation",
     "model_spans",
     "recorded_tool_turns",
     "replay_environment",
@@ -146,188 +163,6 @@ def episode_token_advantages(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# What the episode did: its tool rounds, and an environment brought back to a state by replaying them
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ToolTurn:
-    """One tool-calling round of an episode, as TRL recorded it in the conversation.
-
-    Attributes:
-        calls: the assistant message's ``tool_calls`` (``{"type": "function", "function": {"name", "arguments"}}``).
-        results: ``(name, content)`` of the tool messages that answered them, in order (``content`` as TRL put it in
-            the conversation: ``str(result)``, or the list of content blocks a multimodal tool returned).
-    """
-
-    calls: tuple[dict[str, Any], ...]
-    results: tuple[tuple[str, Any], ...]
-
-
-def recorded_tool_turns(messages: Sequence[Mapping[str, Any]]) -> list[ToolTurn]:
-    """The tool rounds of an episode's completion messages (TRL's ``completions[i]``): each assistant message with
-    ``tool_calls`` followed by tool messages. A final call whose results TRL rolled back (they would have passed
-    ``max_completion_length``) has no tool messages and is no round: its results are not in the episode's tokens."""
-    turns, i = [], 0
-    while i < len(messages):
-        message = messages[i]
-        i += 1
-        if message.get("role") != "assistant" or not message.get("tool_calls"):
-            continue
-        results = []
-        while i < len(messages) and messages[i].get("role") == "tool":
-            results.append((messages[i].get("name"), messages[i].get("content")))
-            i += 1
-        if results:
-            turns.append(ToolTurn(tuple(message["tool_calls"]), tuple(results)))
-    return turns
-
-
-def environment_tools(
-    environment: Any, standalone: Sequence[Callable[..., Any]] = ()
-) -> dict[str, Callable[..., Any]]:
-    """The tools an episode of ``environment`` can call, by name, as TRL builds them: the standalone tools, then the
-    environment's public methods other than ``reset`` and ``get_reward`` (listed on the class, so properties are not
-    evaluated); a method shadows a standalone tool of the same name."""
-    tools = {tool.__name__: tool for tool in standalone}
-    if environment is not None:
-        for name in _tool_method_names(type(environment)):
-            tools[name] = getattr(environment, name)
-    return tools
-
-
-@functools.lru_cache(maxsize=256)
-def _tool_method_names(kind: type) -> tuple[str, ...]:
-    # Listing a class's functions (inspect.getmembers) costs more than a short continuation's bookkeeping, and every
-    # continuation gets its own instance of the same few classes: list them once per class.
-    return tuple(
-        name
-        for name, _ in inspect.getmembers(kind, predicate=inspect.isfunction)
-        if name not in ("reset", "get_reward") and not name.startswith("_")
-    )
-
-
-def execute_tool_calls(
-    calls: Sequence[Mapping[str, Any]], tools: Mapping[str, Callable[..., Any]]
-) -> list[tuple[str, Any]]:
-    """Run one round of tool calls as TRL's tool loop does, returning ``(name, content)`` per call in order: the
-    result as the conversation holds it (``str(result)``, or a list of content blocks as is); a call to an unknown
-    tool, a non-function call or a tool that raises gives ``{"error": ...}`` (as a string) instead of raising.
-    Coroutine tools are awaited together (``asyncio.gather``), as TRL runs async tools concurrently."""
-    out: list[tuple[str, Any]] = []
-    pending: list[tuple[int, Any]] = []
-    for call in calls:
-        if call.get("type") != "function":
-            out.append(
-                (call.get("name", "unknown"), {"error": f"Unsupported tool call type: {call.get('type')}"})
-            )
-            continue
-        function = call["function"]
-        name = function["name"]
-        try:
-            if name not in tools:
-                raise ValueError(f"Tool {name} not found.")
-            result = tools[name](**function.get("arguments", {}))
-        except Exception as err:  # a failing tool is part of the episode, as in TRL's loop
-            result = {"error": str(err)}
-        if inspect.isawaitable(result):
-            pending.append((len(out), result))
-        out.append((name, result))
-    if pending:
-
-        async def gather() -> list[Any]:
-            return await asyncio.gather(*(coro for _, coro in pending), return_exceptions=True)
-
-        for (index, _), result in zip(pending, asyncio.run(gather()), strict=True):
-            out[index] = (out[index][0], {"error": str(result)} if isinstance(result, Exception) else result)
-    return [(name, result if isinstance(result, list) else str(result)) for name, result in out]
-
-
-class EnvironmentReplayError(RuntimeError):
-    """An environment could not be brought back to an episode's state: its reset raised, or replaying the
-    episode's tool calls gave other results than the episode recorded.
-
-    Attributes:
-        environment: the environment's class name.
-        round: the tool round whose replayed result differed (0-based), None when ``reset`` raised.
-        where: which episode it was (e.g. its batch row), as the caller described it; empty when not given.
-    """
-
-    def __init__(
-        self, message: str, *, environment: str | None = None, round: int | None = None, where: str = ""
-    ) -> None:
-        super().__init__(message)
-        self.environment = environment
-        self.round = round
-        self.where = where
-
-
-def replay_environment(
-    factory: Callable[[], Any],
-    reset_kwargs: Mapping[str, Any],
-    turns: Sequence[ToolTurn],
-    standalone_tools: Sequence[Callable[..., Any]] = (),
-    *,
-    where: str = "",
-) -> Any:
-    """A fresh environment in the state an episode reached after ``turns``: ``factory()``, ``reset(**reset_kwargs)``,
-    then every recorded tool round replayed in order (:func:`execute_tool_calls`), each replayed result checked
-    against the recorded one. The original episode's instance is never touched, and every call gets its own
-    instance, so continuations share no state with each other or with the episode's reward.
-
-    The contract this relies on: ``reset(**row)`` and the tools are deterministic functions of the row and the calls
-    so far (no randomness without a seed taken from the row, no outside state). Tools with side effects outside the
-    instance (files, services) are run again by every replay: make them idempotent, or keep such effects out of the
-    tools.
-
-    Args:
-        where: which episode this is, for the error message (e.g. ``"batch row 3"``); the dataset row's
-            columns are named in the message as well.
-
-    Raises:
-        EnvironmentReplayError: naming the environment class, the episode (``where`` and its row's columns), what
-            failed (``reset`` raised, or the round, the call and both results when a replayed result differs) and
-            the fix.
-    """
-    environment = factory()
-    kind = type(environment).__name__
-    # Name the episode: a replay fails for one dataset row, and the user needs that row to reproduce it.
-    columns = {k: v for k, v in reset_kwargs.items() if k != "prompt"}
-    episode = f" ({where}, dataset row {_short(columns)})" if where else f" (dataset row {_short(columns)})"
-    try:
-        environment.reset(**reset_kwargs)
-    except Exception as err:
-        raise EnvironmentReplayError(
-            f"environment {kind}{episode}: reset(**row) raised {type(err).__name__}: {err} while rebuilding the "
-            "episode's state for Monte Carlo continuations (a fresh instance from the factory, reset with the "
-            "episode's row). reset must succeed again for every row it succeeded for in training: make it "
-            "retry or fail over, or use advantage_estimator='grpo' / 'rloo' / 'gae' (no replay).",
-            environment=kind,
-            where=where,
-        ) from err
-    tools = environment_tools(environment, standalone_tools)
-    for round_index, turn in enumerate(turns):
-        replayed = execute_tool_calls(turn.calls, tools)
-        if list(replayed) != [tuple(r) for r in turn.results]:
-            raise EnvironmentReplayError(
-                f"environment {kind}{episode}: replaying tool round {round_index} ({[c.get('function') for c in turn.calls]}) "
-                f"after reset(**row) gave {replayed}, but the episode recorded {list(turn.results)}, so a Monte Carlo "
-                "continuation would not see the episode's state. Make reset and the tools deterministic given the "
-                "row and the calls so far (seed any randomness from a row column, keep no outside state), or use "
-                "advantage_estimator='grpo' / 'rloo' / 'gae'.",
-                environment=kind,
-                round=round_index,
-                where=where,
-            )
-    return environment
-
-
-def _short(value: Any, limit: int = 160) -> str:
-    text = repr(value)  # repr: one line, quotes visible
-    return text if len(text) <= limit else text[: limit - 4] + "...}"
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Resuming an episode
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -344,7 +179,9 @@ class EpisodeContinuation:
             one parsed assistant message) and every later one, tool messages included.
         environment: the continuation's own environment, in its final state (for ``get_reward`` and
             ``environments=``).
-        tool_rounds: tool-calling rounds the continuation ran.
+        tool_rounds: tool-calling rounds the continuation ran (their results in its tokens).
+        tool_calls: tool calls it executed (those of a dropped round included).
+        dropped_results: 1 when its last round's results were dropped for the budget (the calls ran), else 0.
     """
 
     completion_ids: list[int]
@@ -352,6 +189,8 @@ class EpisodeContinuation:
     messages: list[dict[str, Any]] = field(default_factory=list)
     environment: Any = None
     tool_rounds: int = 0
+    tool_calls: int = 0
+    dropped_results: int = 0
 
 
 @dataclass(frozen=True)
@@ -454,10 +293,14 @@ def continue_episodes(
             if not calls or state["rounds"] >= limit:
                 continue
             results = execute_tool_calls(calls, state["tools"])
+            out.tool_calls += len(calls)
             tool_messages = [{"role": "tool", "name": name, "content": content} for name, content in results]
             suffix = list(tool_suffix_ids(tool_messages))
             if len(out.completion_ids) + len(suffix) > max_completion_length:
-                continue  # TRL drops results that do not fit and ends the episode (the tools did run)
+                out.dropped_results = (
+                    1  # TRL drops results that do not fit and ends the episode (the tools ran)
+                )
+                continue
             out.messages += tool_messages
             out.completion_ids += suffix
             out.tool_mask += [0] * len(suffix)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mcadvantage._moved import warn_old_spelling
 from mcadvantage.core.settings import MCSettings
 from mcadvantage.core.text import decode_batch, is_conversational
 from mcadvantage.mc.planning import StatePlan
@@ -31,7 +32,6 @@ __all__ = [
     "RewardFunc",
     "RolloutIO",
     "Wave",
-    "WaveCounts",
     "average_values",
     "build_requests",
     "grade_rollouts",
@@ -42,8 +42,13 @@ __all__ = [
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
-#: A wave's record is the estimate's record (:class:`~mcadvantage.mc.stats.MCStats`): its name before they were one.
-WaveCounts = MCStats
+
+def __getattr__(name: str) -> Any:
+    # 0.1's name of a wave's record, which is the estimate's record (MCStats) since they were made one.
+    if name == "WaveCounts":
+        warn_old_spelling("mcadvantage.mc.rollouts.WaveCounts", "mcadvantage.mc.stats.MCStats")
+        return MCStats
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,10 @@ def build_requests(
     requests: list[RolloutRequest] = []
     request_of_state: list[int | None] = []
     if callable(budgets):  # 0.1's spelling
+        warn_old_spelling(
+            "build_requests(..., budgets=<function (prefix_len, prompt_len) -> tokens>)",
+            "build_requests(..., budgets=[one token budget per unique state, e.g. rollout_token_budget(...)])",
+        )
         budget_of = budgets
         budgets = [budget_of(prefix_len, len(trajectories[t].prompt_ids)) for t, prefix_len in plan.unique]
     for u, (t, prefix_len) in enumerate(plan.unique):

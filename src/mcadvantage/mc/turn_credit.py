@@ -20,13 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcadvantage.mc.episodes import (
+    NOT_RECORDED,
+    EpisodeRecord,
     ToolLoop,
     continue_episodes,
+    dropped_tool_calls,
     episode_step_boundaries,
     episode_token_advantages,
     recorded_tool_turns,
     replay_environment,
     tool_spans,
+    warn_dropped_tool_results,
 )
 from mcadvantage.samplers.base import RolloutRequest, Sampler
 
@@ -37,6 +41,8 @@ __all__ = [
     "Graders",
     "ToolLoop",
     "estimate_agent_credit",
+    "check_standalone_tools",
+    "episode_record",
     "estimate_turn_credit",
     "messages_before_round",
     "sampler_generate",
@@ -58,6 +64,8 @@ class Episode:
             rebuilds the environment (without the ``environment`` column when it routes a dict of factories), and
             its columns other than ``prompt`` go to reward functions, as in TRL.
         environment: the name of its environment in a dict ``environment_factory``; None for one factory.
+        state_keys: the environment's ``state_key`` after ``r`` tool rounds, by ``r``, where the trainer recorded it
+            (an environment with a ``state_key`` property); every rebuild is checked against them.
     """
 
     prompt_ids: list[int]
@@ -68,6 +76,7 @@ class Episode:
     prompt: Any = None
     row: dict[str, Any] = field(default_factory=dict)
     environment: str | None = None
+    state_keys: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,7 +84,10 @@ class EpisodeCredit:
     """The estimate for one episode: ``boundaries`` (its states), ``values`` ``[V(S_0), ..., V(S_{n-1}), R]``,
     per-token ``advantages`` (tool results 0), and what it cost: ``rollouts``, ``generated_tokens`` (the tokens the
     engine sampled for the continuations: model tokens only) and ``tool_result_tokens`` (the tool results'
-    tokens the continuations appended, which the engine prefills but does not sample)."""
+    tokens the continuations appended, which the engine prefills but does not sample), ``tool_calls`` (tool
+    executions: the replays that rebuilt the environments and the continuations' own calls) and
+    ``dropped_tool_results`` (tool rounds whose results were dropped for the budget: the episode's own and its
+    continuations')."""
 
     boundaries: list[int]
     values: list[float]
@@ -83,6 +95,8 @@ class EpisodeCredit:
     rollouts: int = 0
     generated_tokens: int = 0
     tool_result_tokens: int = 0
+    tool_calls: int = 0
+    dropped_tool_results: int = 0
 
 
 @dataclass
@@ -155,6 +169,38 @@ def _reset_kwargs(episode: Episode, routed: bool) -> dict[str, Any]:
     return {k: v for k, v in episode.row.items() if not (routed and k == "environment")}
 
 
+#: GRPO's prompt for a row without one (an environment that owns the data supplies it through reset).
+_EMPTY_PROMPT = [{"role": "user", "content": ""}]
+
+
+def episode_record(episode: Episode) -> EpisodeRecord:
+    """What a rebuild of ``episode``'s environment is checked against: its prompt after ``reset`` (against the
+    row's prompt with the rebuilt observation appended) and its recorded ``state_key`` values."""
+    prompt = episode.prompt if episode.prompt is not None else NOT_RECORDED
+    return EpisodeRecord(
+        prompt=prompt,
+        row_prompt=episode.row.get("prompt", _EMPTY_PROMPT),
+        state_keys=dict(episode.state_keys),
+    )
+
+
+def check_standalone_tools(
+    episodes: Sequence[Episode], standalone_tools: Sequence[Callable[..., Any]], rows: Sequence[int] | None
+) -> list[int]:
+    """``tools=`` alone: replay every episode's tool rounds once and compare the results with the recorded ones, so a
+    tool that keeps state between calls is refused (:class:`~mcadvantage.mc.episodes.EnvironmentReplayError`)
+    instead of giving continuations other results than the episode saw. Returns, per episode, the tool executions
+    it ran."""
+    calls = []
+    for e, episode in enumerate(episodes):
+        turns = recorded_tool_turns(episode.messages)
+        if turns:
+            where = f"batch row {e if rows is None else rows[e]}"
+            replay_environment(None, episode.row, turns, standalone_tools, where=where)
+        calls.append(sum(len(turn.calls) for turn in turns))
+    return calls
+
+
 #: Row columns TRL does not pass to reward functions (they come as prompts= / completions= / completion_ids=).
 _NOT_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
 
@@ -222,6 +268,12 @@ def estimate_turn_credit(
     jobs = []  # per continuation: (episode index, state index)
     inherits = []  # per continuation: the episode's messages up to its state's last tool round (shared per state)
     prompts, prefixes, masks, envs = [], [], [], []
+    replayed_calls: list[int] = []  # per continuation: the tool executions its rebuild ran
+    checked_calls = (
+        [0] * len(episodes)
+        if environment_factories is not None
+        else check_standalone_tools(episodes, standalone_tools, rows)
+    )
     for e, episode in enumerate(episodes):
         segment = (lambda s, t, ep=episode: turn_step_boundaries(ep, s, t)) if turn_step_boundaries else None
         bounds = episode_step_boundaries(episode.tool_mask, segment)
@@ -238,6 +290,7 @@ def estimate_turn_credit(
         # Where the tool results end, once per episode: a state's rounds are those ending before it
         # (tool_turns_before), and its K continuations share them and the messages they inherit.
         result_ends = [end for _, end in tool_spans(episode.tool_mask)]
+        record = episode_record(episode)
         for i, b in enumerate(bounds[:-1]):
             rounds = sum(1 for end in result_ends if end <= b)
             inherited = messages_before_round(episode.messages, rounds)
@@ -249,11 +302,13 @@ def estimate_turn_credit(
                         turns[:rounds],
                         standalone_tools,
                         where=f"batch row {e if rows is None else rows[e]}",
+                        record=record,
                     )
                     if factory is not None
                     else None
                 )
                 jobs.append((e, i))
+                replayed_calls.append(sum(len(turn.calls) for turn in turns[:rounds]) if factory else 0)
                 inherits.append(inherited)
                 prompts.append(episode.prompt_ids)
                 prefixes.append(episode.completion_ids[:b])
@@ -290,9 +345,14 @@ def estimate_turn_credit(
         sampled = sum(out.tool_mask[plans[e][i] :])  # the tool mask is 1 on the model's tokens
         credits[e].generated_tokens += sampled
         credits[e].tool_result_tokens += len(out.completion_ids) - plans[e][i] - sampled
+        credits[e].tool_calls += replayed_calls[j] + out.tool_calls
+        credits[e].dropped_tool_results += out.dropped_results
     for e, episode in enumerate(episodes):
+        credits[e].tool_calls += checked_calls[e]
+        credits[e].dropped_tool_results += bool(dropped_tool_calls(episode.messages))
         credits[e].values = [s / num_rollouts for s in sums[e]] + [float(episode.reward)]
         credits[e].advantages = episode_token_advantages(credits[e].values, plans[e], episode.tool_mask)
+    warn_dropped_tool_results(sum(credit.dropped_tool_results for credit in credits))
     return credits
 
 

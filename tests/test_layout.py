@@ -274,7 +274,7 @@ PUBLIC_NAMES = {
     "MCValueEstimator": "mcadvantage.mc.estimator",
     "Trajectory": "mcadvantage.mc.trajectory",
     "MCEstimate": "mcadvantage.mc.estimator",
-    "EnvironmentReplayError": "mcadvantage.mc.rebuild",
+    "EnvironmentReplayError": "mcadvantage.samplers.rebuild",
     "VinePPOConfig": "mcadvantage.trainer.config",
     "VinePPOTrainer": "mcadvantage.trainer.vineppo_trainer",
 }

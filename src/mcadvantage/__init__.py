@@ -71,7 +71,7 @@ _LAZY: dict[str, str] = {
     "Trajectory": "mc.estimator",
     "MCEstimate": "mc.estimator",
     # agent episodes: an environment that cannot be rebuilt at an episode's state
-    "EnvironmentReplayError": "mc.rebuild",
+    "EnvironmentReplayError": "samplers.rebuild",
     # TRL trainer (imports TRL)
     "VinePPOConfig": "trainer.config",
     "VinePPOTrainer": "trainer.vineppo_trainer",
@@ -116,7 +116,6 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         score_samples,
     )
     from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
-    from mcadvantage.mc.rebuild import EnvironmentReplayError
     from mcadvantage.samplers import (
         Continuation,
         RolloutRequest,
@@ -125,6 +124,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         VLLMSampler,
         VLLMServerSampler,
     )
+    from mcadvantage.samplers.rebuild import EnvironmentReplayError
     from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
     from mcadvantage.tasks.math import MathSegmenter, MathVerifier
     from mcadvantage.tasks.newline import NewlineSegmenter

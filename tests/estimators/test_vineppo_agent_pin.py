@@ -3,6 +3,12 @@
 recorded in ``vineppo_agent_pin.json``, so a refactor of the Monte Carlo engine is checked against the code as it
 was when the record was made (the record names that commit).
 
+``vineppo_agent_pin_before_merge.json`` was recorded from the second engine agent episodes had before issue 52
+(commit 482530f), which estimated every episode's states apart. The merged engine estimates identical states of a
+batch once (every group's first state, at least), so it draws fewer continuations and its values differ; with the
+states of every episode kept apart (the plan's grading key made per trajectory), it reproduces that record exactly,
+which checks that dedup is the only change of behaviour.
+
 Tolerance: integers (boundaries, rollouts, states, steps) exactly; floats within a relative 1e-6 (absolute 1e-7
 near 0), the float32 precision of the trained weights. The weights are summarised per parameter (its sum, its sum of
 squares and its first 8 entries): any change of an advantage moves them all.
@@ -153,6 +159,20 @@ def test_vineppo_on_environment_episodes_reproduces_the_recorded_values_advantag
     record = json.loads(RECORD.read_text())
     got = run_pinned(str(tmp_path))
     assert sum(len(s["rows"]) for s in got["steps"]) > 0
+    _close(got["steps"], record["steps"], "steps")
+    _close(got["logs"], record["logs"], "logs")
+    _close(got["weights"], record["weights"], "weights")
+
+
+def test_with_every_episodes_states_kept_apart_the_merged_engine_reproduces_the_old_engines_record(
+    tmp_path, monkeypatch
+):
+    import mcadvantage.mc.planning as planning
+
+    record = json.loads(RECORD.with_name("vineppo_agent_pin_before_merge.json").read_text())
+    shared = planning.grading_key
+    monkeypatch.setattr(planning, "grading_key", lambda traj: repr((id(traj), shared(traj))))
+    got = run_pinned(str(tmp_path))
     _close(got["steps"], record["steps"], "steps")
     _close(got["logs"], record["logs"], "logs")
     _close(got["weights"], record["weights"], "weights")

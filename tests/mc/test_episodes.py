@@ -7,21 +7,16 @@ import random
 
 import pytest
 
-from mcadvantage.mc.episodes import (
+from mcadvantage.mc.episodes import episode_step_boundaries, tool_turns_before
+from mcadvantage.samplers.episodes import ToolLoop, continue_episodes, model_spans, tool_spans
+from mcadvantage.samplers.rebuild import (
     EnvironmentReplayError,
     EpisodeRecord,
-    ToolLoop,
     ToolTurn,
-    continue_episodes,
     environment_tools,
-    episode_step_boundaries,
-    episode_token_advantages,
     execute_tool_calls,
-    model_spans,
     recorded_tool_turns,
     replay_environment,
-    tool_spans,
-    tool_turns_before,
     with_observation,
 )
 
@@ -49,16 +44,6 @@ def test_states_sit_at_turn_starts_and_segmenter_boundaries_never_in_tool_result
         episode_step_boundaries([0, 1])
     with pytest.raises(ValueError, match="boundary 3 lies outside its turn"):
         episode_step_boundaries(MASK, lambda s, e: [3] if s == 0 else [])
-
-
-def test_step_advantages_go_to_model_tokens_and_tool_results_get_zero():
-    bounds = [0, 5, 6, 11, 13]
-    values = [0.5, 0.25, 0.75, 1.0, 1.0]  # V(S_0..S_3), R
-    adv = episode_token_advantages(values, bounds, MASK)
-    # Step 1 = tokens 0..4 (turn 1 and its tool result): -0.25 on the model's 3 tokens, 0 on the result.
-    assert adv == [-0.25, -0.25, -0.25, 0, 0, 0.5, 0.25, 0.25, 0, 0, 0, 0.0, 0.0]
-    with pytest.raises(ValueError, match="3 values for 4 steps"):
-        episode_token_advantages(values[:3], bounds, MASK)
 
 
 def call(name, **arguments):

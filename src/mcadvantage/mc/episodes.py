@@ -1,99 +1,24 @@
-"""Multi-turn episodes for Monte Carlo credit: where the states are, which tokens get credit, how an environment is
-brought back to a state, and how a continuation resumes an episode (pure functions; the engine, the parser and
-the chat template come in as callables, so nothing here imports TRL).
+"""Multi-turn episodes on the credit side: where their states are (pure functions on a tool mask).
 
-An episode of TRL's tool loop (``tools=`` / ``environment_factory=``) is one completion whose tokens alternate
-between the model's own turns (``tool_mask`` 1) and tool results (``tool_mask`` 0), which TRL joins without
-re-tokenising. Monte Carlo credit treats it as follows:
+An episode of TRL's tool loop (``tools=`` / ``environment_factory=``, or a ``rollout_func``'s ``env_mask``) is one
+completion whose tokens alternate between the model's own turns (``tool_mask`` 1) and tool or environment results
+(``tool_mask`` 0). **States** sit at turn boundaries (the first token of each model turn, i.e. right after a tool
+result) and, through the step segmenter, at step boundaries inside the model's own turns
+(:func:`episode_step_boundaries`). A tool result never starts a state and never forms a step: the last step of a turn
+runs from its last boundary through the tool result to the next turn, so its value change includes what the
+environment answered; its tokens get no credit (the estimator zeroes them).
 
-- **States** sit at turn boundaries (the first token of each model turn, i.e. right after a tool result) and, through
-  the step segmenter, at step boundaries inside the model's own turns (:func:`episode_step_boundaries`). A tool
-  result never starts a state and never forms a step: the last step of a turn runs from its last boundary through
-  the tool result to the next turn, so its value change includes what the environment answered.
-- **Credit**: every model token of step ``i`` carries ``A_i = V(S_i) - V(S_{i-1})``; tool-result tokens get 0
-  (:func:`episode_token_advantages`).
-- **Environment state**: a continuation from state ``S`` must see its environment exactly as the episode left it
-  at ``S``. TRL keeps one pooled instance per episode and it ends holding the final state, so the state is rebuilt:
-  a fresh instance, ``reset(**row)``, then the prefix's recorded tool calls replayed in order, each replayed result
-  checked against the recorded one (:func:`replay_environment`). An environment whose replay differs (randomness,
-  outside state) is refused with :class:`EnvironmentReplayError` (its class, the call, both results, the fix).
-- **Continuation** (:func:`continue_episodes`): from its prefix, each continuation generates the rest of the
-  current turn, parses it, executes its tool calls on its own environment (TRL's semantics: an unknown tool or a
-  raising tool yields ``{"error": ...}``), appends the results' tokens and goes on until a turn without a tool call,
-  ``max_tool_calling_iterations`` or the completion budget. Active continuations go through the engine together,
-  one call per turn.
+Everything that touches environments (their rebuild at a state, the tool loop that continues an episode) belongs to
+the rollout layer: :mod:`mcadvantage.samplers.rebuild` and :mod:`mcadvantage.samplers.episodes`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from mcadvantage.mc.rebuild import (
-    NOT_RECORDED,
-    EnvironmentReplayError,
-    EpisodeRecord,
-    ToolTurn,
-    dropped_tool_calls,
-    environment_tools,
-    execute_tool_calls,
-    recorded_tool_turns,
-    replay_environment,
-    warn_dropped_tool_results,
-    with_observation,
-)
+from mcadvantage.samplers.episodes import model_spans, tool_spans
 
-__all__ = [
-    # the rebuild of an environment (mcadvantage.mc.rebuild), re-exported here, their first home
-    "NOT_RECORDED",
-    "EpisodeRecord",
-    "warn_dropped_tool_results",
-    "EnvironmentReplayError",
-    "EpisodeContinuation",
-    "ToolLoop",
-    "ToolTurn",
-    "continue_episodes",
-    "environment_tools",
-    "episode_step_boundaries",
-    "episode_token_advantages",
-    "execute_tool_calls",
-    "dropped_tool_calls",
-    "with_observation",
-    "model_spans",
-    "recorded_tool_turns",
-    "replay_environment",
-    "tool_spans",
-    "tool_turns_before",
-]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Where the states are
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _runs(tool_mask: Sequence[int], value: int) -> list[tuple[int, int]]:
-    spans, start = [], None
-    for i, m in enumerate(tool_mask):
-        if int(m) == value and start is None:
-            start = i
-        elif int(m) != value and start is not None:
-            spans.append((start, i))
-            start = None
-    if start is not None:
-        spans.append((start, len(tool_mask)))
-    return spans
-
-
-def model_spans(tool_mask: Sequence[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` of the model's own turns: the maximal runs of ``tool_mask`` 1."""
-    return _runs(tool_mask, 1)
-
-
-def tool_spans(tool_mask: Sequence[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` of the tool results: the maximal runs of ``tool_mask`` 0 (one per tool-calling round)."""
-    return _runs(tool_mask, 0)
+__all__ = ["episode_step_boundaries", "tool_turns_before"]
 
 
 def tool_turns_before(tool_mask: Sequence[int], position: int) -> int:
@@ -141,172 +66,3 @@ def episode_step_boundaries(
             bounds.add(int(b))
     bounds.discard(length)
     return sorted(bounds) + [length]
-
-
-def episode_token_advantages(
-    values: Sequence[float], boundaries: Sequence[int], tool_mask: Sequence[int]
-) -> list[float]:
-    """Per-token advantages of an episode: every model token of step ``i`` gets ``values[i] - values[i - 1]``
-    (``values`` = ``[V(S_0), ..., V(S_{n-1}), R]``), every tool-result token 0."""
-    if len(values) != len(boundaries):
-        raise ValueError(
-            f"episode_token_advantages: {len(values)} values for {len(boundaries) - 1} steps; pass "
-            "[V(S_0), ..., V(S_(n-1)), R] (one more value than steps)."
-        )
-    out = [0.0] * len(tool_mask)
-    for i in range(1, len(boundaries)):
-        step = float(values[i]) - float(values[i - 1])
-        for t in range(boundaries[i - 1], boundaries[i]):
-            if int(tool_mask[t]) == 1:
-                out[t] = step
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Resuming an episode
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class EpisodeContinuation:
-    """One continuation of an episode from a state.
-
-    Attributes:
-        completion_ids: the episode's completion from its start: the prefix's tokens then the continuation's (the
-            model's and the tool results').
-        tool_mask: its tool mask (0 on tool-result tokens).
-        messages: the messages the continuation produced: the current turn (the prefix's partial turn included, as
-            one parsed assistant message) and every later one, tool messages included.
-        environment: the continuation's own environment, in its final state (for ``get_reward`` and
-            ``environments=``).
-        tool_rounds: tool-calling rounds the continuation ran (their results in its tokens).
-        tool_calls: tool calls it executed (those of a dropped round included).
-        dropped_results: 1 when its last round's results were dropped for the budget (the calls ran), else 0.
-    """
-
-    completion_ids: list[int]
-    tool_mask: list[int]
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    environment: Any = None
-    tool_rounds: int = 0
-    tool_calls: int = 0
-    dropped_results: int = 0
-
-
-@dataclass(frozen=True)
-class ToolLoop:
-    """How an episode goes on, as GRPO's tool loop runs it: what continuing episodes needs besides their states.
-
-    Attributes:
-        generate: the engine, batched: ``generate(contexts, budgets)`` returns each context's new tokens.
-        parse: the response parser: ``parse(turn_ids, context_before_turn)`` (TRL's ``parse_response``).
-        tool_suffix_ids: the tool results' tokens: ``tool_suffix_ids(tool_messages)``.
-        max_completion_length: the episode's token budget (prefix included).
-        max_tool_calling_iterations: TRL's limit on tool rounds per episode (None: unlimited).
-        standalone_tools: the trainer's ``tools=``.
-    """
-
-    generate: Callable[[list[list[int]], list[int]], list[list[int]]]
-    parse: Callable[[list[int], list[int]], dict[str, Any]]
-    tool_suffix_ids: Callable[[list[dict[str, Any]]], list[int]]
-    max_completion_length: int
-    max_tool_calling_iterations: int | None = None
-    standalone_tools: Sequence[Callable[..., Any]] = ()
-
-
-def continue_episodes(
-    prompt_ids: Sequence[Sequence[int]],
-    prefixes: Sequence[Sequence[int]],
-    prefix_tool_masks: Sequence[Sequence[int]],
-    environments: Sequence[Any],
-    *,
-    loop: ToolLoop,
-) -> list[EpisodeContinuation]:
-    """Resume episodes from their states until each ends.
-
-    Each turn, the active continuations go to the engine together: ``generate(contexts, budgets)`` gets the full
-    token contexts (prompt + completion so far) and each one's remaining completion budget and returns the new
-    tokens (ending with EOS, or cut at the budget). The current turn's tokens (from its start, the prefix's partial
-    turn included) are parsed with ``parse(turn_ids, context_before_turn)`` (TRL's ``parse_response``); its tool
-    calls run on the continuation's environment (:func:`execute_tool_calls`), and ``tool_suffix_ids(tool_messages)``
-    (the chat template's tokens for the results and the next assistant header, as TRL renders them) is appended with
-    tool mask 0. A continuation ends with a turn without tool calls, when the tool results would not fit in
-    ``max_completion_length`` (TRL drops them and ends the episode), or after ``max_tool_calling_iterations`` rounds
-    counted over the whole episode (the prefix's rounds included).
-
-    Args:
-        prompt_ids: per continuation, the episode's prompt ids.
-        prefixes: per continuation, the completion tokens up to its state (a state of
-            :func:`episode_step_boundaries`: inside a model turn, or right after a tool result, whose tokens end
-            with the next assistant header).
-        prefix_tool_masks: their tool masks.
-        environments: per continuation, its own environment at the state (:func:`replay_environment`), or None
-            for standalone tools only.
-        loop: the engine, the parser, the tool results' tokens and the limits (:class:`ToolLoop`).
-    """
-    generate, parse, tool_suffix_ids = loop.generate, loop.parse, loop.tool_suffix_ids
-    max_completion_length, standalone_tools = loop.max_completion_length, loop.standalone_tools
-    limit = loop.max_tool_calling_iterations if loop.max_tool_calling_iterations is not None else float("inf")
-    states = []
-    # Where a prefix's open turn starts and how many rounds it holds, once per distinct prefix mask (the K
-    # continuations of a state share it).
-    seen: dict[tuple[int, ...], tuple[int, int]] = {}
-    for prompt, prefix, mask, env in zip(prompt_ids, prefixes, prefix_tool_masks, environments, strict=True):
-        if len(prefix) != len(mask):
-            raise ValueError(
-                f"continue_episodes: a prefix of {len(prefix)} tokens has {len(mask)} tool-mask entries; pass the "
-                "tool mask of the prefix itself (one entry per token)."
-            )
-        key = tuple(mask)
-        if key not in seen:
-            spans = model_spans(key)
-            seen[key] = (
-                spans[-1][0] if spans and spans[-1][1] == len(key) else len(key),
-                len(tool_spans(key)),
-            )
-        turn_start, rounds = seen[key]
-        states.append(
-            dict(
-                prompt=list(prompt),
-                out=EpisodeContinuation(list(prefix), [int(m) for m in mask], environment=env),
-                turn_start=turn_start,
-                rounds=rounds,
-                tools=environment_tools(env, standalone_tools),
-            )
-        )
-    active = list(range(len(states)))
-    while active:
-        contexts = [states[i]["prompt"] + states[i]["out"].completion_ids for i in active]
-        budgets = [max_completion_length - len(states[i]["out"].completion_ids) for i in active]
-        new_tokens = generate(contexts, budgets) if any(b > 0 for b in budgets) else [[] for _ in active]
-        still = []
-        for i, tokens, budget in zip(active, new_tokens, budgets, strict=True):
-            state, out = states[i], states[i]["out"]
-            tokens = list(tokens)[: max(budget, 0)]
-            out.completion_ids += tokens
-            out.tool_mask += [1] * len(tokens)
-            turn = out.completion_ids[state["turn_start"] :]
-            message = parse(turn, state["prompt"] + out.completion_ids[: state["turn_start"]]) if turn else {}
-            if message:
-                out.messages.append(message)
-            calls = message.get("tool_calls") if message else None
-            if not calls or state["rounds"] >= limit:
-                continue
-            results = execute_tool_calls(calls, state["tools"])
-            out.tool_calls += len(calls)
-            tool_messages = [{"role": "tool", "name": name, "content": content} for name, content in results]
-            suffix = list(tool_suffix_ids(tool_messages))
-            if len(out.completion_ids) + len(suffix) > max_completion_length:
-                out.dropped_results = (
-                    1  # TRL drops results that do not fit and ends the episode (the tools ran)
-                )
-                continue
-            out.messages += tool_messages
-            out.completion_ids += suffix
-            out.tool_mask += [0] * len(suffix)
-            out.tool_rounds += 1
-            state["rounds"] += 1
-            state["turn_start"] = len(out.completion_ids)
-            still.append(i)
-        active = still
-    return [state["out"] for state in states]

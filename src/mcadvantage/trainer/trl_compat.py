@@ -63,10 +63,10 @@ from trl import GRPOTrainer
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.versions import check_version_range
 from mcadvantage.estimators.batch import AdvantageBatch
-from mcadvantage.mc.episodes import NOT_RECORDED, dropped_tool_calls, recorded_tool_turns
-from mcadvantage.mc.turn_credit import AgentEpisodes, Episode
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
 from mcadvantage.rewards.truncation import score_truncated_responses, truncated_responses
+from mcadvantage.samplers.episodes import AgentEpisodes, Episode
+from mcadvantage.samplers.rebuild import NOT_RECORDED, dropped_tool_calls, recorded_tool_turns
 from mcadvantage.trainer.guards import checkpoint_to_resume, refuse_nonfinite_step
 
 __all__ = [
@@ -433,7 +433,7 @@ class GRPOTrainerHooks(GRPOTrainer):
         return list(self._standalone_tools)
 
     def agent_episodes(self, batch: AdvantageBatch) -> list[Episode]:
-        """The local batch's episodes as :func:`~mcadvantage.mc.turn_credit.estimate_turn_credit` takes them: token
+        """The local batch's episodes as :class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler` continues them: token
         ids, tool mask, GRPO's parsed conversation (``completions``), the combined reward, and the row (as GRPO reset
         the environment with it). Only for a batch of GRPO's tool loop (``batch.tool_mask`` set)."""
         if batch.tool_mask is None:

@@ -1,5 +1,6 @@
-"""Rebuilding an agent episode's environment at a state: the one rule, and what it checks (pure functions; nothing
-here imports TRL).
+"""Rebuilding an agent episode's environment at a state: the one rule (:func:`rebuild_environment`), and what it
+checks (pure functions; nothing here imports TRL). The rollout layer owns environments, so this lives beside the
+engines, under :mod:`mcadvantage.samplers`.
 
 An episode of TRL's tool loop records its tool rounds in its messages (:func:`recorded_tool_turns`). A Monte Carlo
 continuation from a state must see its environment exactly as the episode left it there, and TRL's pooled instance
@@ -32,6 +33,7 @@ __all__ = [
     "environment_tools",
     "execute_tool_calls",
     "recorded_tool_turns",
+    "rebuild_environment",
     "replay_environment",
     "warn_dropped_tool_results",
     "with_observation",
@@ -322,6 +324,39 @@ def replay_environment(
             )
         _check_state_key(environment, round_index + 1, record, label, where)
     return environment
+
+
+def rebuild_environment(
+    factory: Callable[[], Any],
+    reset_kwargs: Mapping[str, Any],
+    turns: Sequence[ToolTurn],
+    standalone_tools: Sequence[Callable[..., Any]] = (),
+    *,
+    where: str = "",
+    record: EpisodeRecord | None = None,
+    templates: dict[Any, Any] | None = None,
+    key: Any = None,
+) -> tuple[Any, int]:
+    """The one rule for an environment at an episode's state, for one continuation: returns ``(environment, tool
+    calls the rebuild ran)``.
+
+    Reset and replay (:func:`replay_environment`, checked), unless the environment opts into a cheaper fork: an
+    environment whose class defines ``_fork()`` (an underscore method, so TRL does not make it a tool) returning an
+    independent copy in the same state (``copy.deepcopy(self)`` for plain attributes) is rebuilt by replay once per
+    state, kept in ``templates`` under ``key`` (the caller's name for the state, e.g. its episode and rounds), and
+    every continuation gets ``template._fork()``: one replay per state instead of one per continuation. Without
+    ``templates`` every call replays.
+    """
+    if templates is not None and key in templates:
+        return templates[key]._fork(), 0
+    environment = replay_environment(
+        factory, reset_kwargs, turns, standalone_tools, where=where, record=record
+    )
+    calls = sum(len(turn.calls) for turn in turns)
+    if templates is not None and callable(getattr(type(environment), "_fork", None)):
+        templates[key] = environment
+        return environment._fork(), calls
+    return environment, calls
 
 
 def dropped_tool_calls(messages: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:

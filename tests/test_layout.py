@@ -247,6 +247,7 @@ PUBLIC_NAMES = {
     "step_advantages": "mcadvantage.core.advantages",
     "token_advantages": "mcadvantage.core.advantages",
     "masked_whiten": "mcadvantage.core.advantages",
+    "gae_advantages": "mcadvantage.core.advantages",
     "Sampler": "mcadvantage.samplers.base",
     "RolloutRequest": "mcadvantage.samplers.base",
     "Continuation": "mcadvantage.samplers.base",
@@ -275,6 +276,7 @@ PUBLIC_NAMES = {
     "Trajectory": "mcadvantage.mc.trajectory",
     "MCEstimate": "mcadvantage.mc.estimator",
     "EnvironmentReplayError": "mcadvantage.samplers.rebuild",
+    "diagnose_credit": "mcadvantage.evaluation.diagnostics",
     "VinePPOConfig": "mcadvantage.trainer.config",
     "VinePPOTrainer": "mcadvantage.trainer.vineppo_trainer",
 }

@@ -38,6 +38,7 @@ _LAZY: dict[str, str] = {
     "step_advantages": "core.advantages",
     "token_advantages": "core.advantages",
     "masked_whiten": "core.advantages",
+    "gae_advantages": "core.advantages",
     # sampling
     "Sampler": "samplers",
     "RolloutRequest": "samplers",
@@ -72,6 +73,8 @@ _LAZY: dict[str, str] = {
     "MCEstimate": "mc.estimator",
     # agent episodes: an environment that cannot be rebuilt at an episode's state
     "EnvironmentReplayError": "samplers.rebuild",
+    # credit-assignment diagnostics (estimators against a large-K ground truth)
+    "diagnose_credit": "evaluation.diagnostics",
     # TRL trainer (imports TRL)
     "VinePPOConfig": "trainer.config",
     "VinePPOTrainer": "trainer.vineppo_trainer",
@@ -94,7 +97,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see the real names
-    from mcadvantage.core.advantages import masked_whiten, step_advantages, token_advantages
+    from mcadvantage.core.advantages import gae_advantages, masked_whiten, step_advantages, token_advantages
     from mcadvantage.estimators import (
         AdvantageBatch,
         AdvantageEstimator,
@@ -108,6 +111,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         get_advantage_estimator,
         register_advantage_estimator,
     )
+    from mcadvantage.evaluation.diagnostics import diagnose_credit
     from mcadvantage.evaluation.pass_at_1 import (
         PassAt1Result,
         PassAt1Settings,

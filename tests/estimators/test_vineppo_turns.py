@@ -347,3 +347,17 @@ def test_hybrid_needs_the_episodes_and_refuses_what_turn_credit_does_not_support
     ):
         check_agent_kwargs({"rollout_func": print}, HybridEstimator(), 64)
     check_agent_kwargs({"environment_factory": Counter}, HybridEstimator(max_estimated_steps=2), 64)
+
+
+def test_a_step_budget_with_spread_states_is_taken_for_agents():
+    """Issue 53 met ``mc_steps_after_cap="spread"`` refused for agents; every step-budget setting works on agent
+    episodes now, and the config names the cap it needs."""
+    from mcadvantage import VinePPOConfig
+
+    with pytest.raises(ValueError, match=r"mc_steps_after_cap='spread'"):
+        VinePPOConfig(output_dir="unused", mc_steps_after_cap="spread")
+    check_agent_kwargs(
+        {"environment_factory": Counter},
+        VinePPOEstimator(max_estimated_steps=8, steps_after_cap="spread", step_segmenter="newline"),
+        64,
+    )

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from mcadvantage.samplers.episodes import model_spans, tool_spans
+from mcadvantage.samplers.episodes import model_spans, tool_spans  # an episode's spans (re-exported here)
 
-__all__ = ["episode_step_boundaries", "tool_turns_before"]
+__all__ = ["episode_step_boundaries", "model_spans", "tool_spans", "tool_turns_before"]
 
 
 def tool_turns_before(tool_mask: Sequence[int], position: int) -> int:

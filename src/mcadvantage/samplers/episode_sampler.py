@@ -12,6 +12,7 @@ environment offers, else reset and replay, checked), then GRPO's tool loop runs 
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,6 +176,7 @@ class EpisodeSampler:
             record=episode_record(episode),
             templates=self._templates,
             key=(id(episode), rounds),
+            reseed=_fresh_seed,
         )
         return environment, inherited, calls
 
@@ -192,6 +194,12 @@ class EpisodeSampler:
         if key not in self._suffixes:
             self._suffixes[key] = list(self.agent.tool_suffix_ids(tool_messages))
         return list(self._suffixes[key])
+
+
+def _fresh_seed() -> int:
+    """A seed for one continuation's environment randomness (``_reseed``): drawn from Python's global RNG, which the
+    trainer seeds (``set_seed(args.seed)``), so runs repeat; drawn only for environments that define ``_reseed``."""
+    return random.getrandbits(63)
 
 
 #: GRPO's prompt for a row without one (an environment that owns the data supplies it through reset).

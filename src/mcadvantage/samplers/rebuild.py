@@ -35,6 +35,7 @@ __all__ = [
     "recorded_tool_turns",
     "rebuild_environment",
     "replay_environment",
+    "reseed_environment",
     "warn_dropped_tool_results",
     "with_observation",
 ]
@@ -263,6 +264,7 @@ def replay_environment(
     *,
     where: str = "",
     record: EpisodeRecord | None = None,
+    reseed: Callable[[], int] | None = None,
 ) -> Any:
     """A fresh environment in the state an episode reached after ``turns``: ``factory()``, ``reset(**reset_kwargs)``,
     then every recorded tool round replayed in order (:func:`execute_tool_calls`). The one rule for rebuilding an
@@ -286,6 +288,9 @@ def replay_environment(
         where: which episode this is, for the error message (e.g. ``"batch row 3"``); the dataset row's
             columns are named in the message as well.
         record: what the episode recorded (:class:`EpisodeRecord`); None: only the tool results are checked.
+        reseed: the source of a fresh seed per rebuild (:func:`reseed_environment`), called once after the replay
+            when the environment has ``_reseed`` (None: the rebuilt environment goes on with the episode's random
+            stream).
     """
     record = record if record is not None else EpisodeRecord()
     environment = factory() if factory is not None else None
@@ -323,7 +328,18 @@ def replay_environment(
                 where=where,
             )
         _check_state_key(environment, round_index + 1, record, label, where)
+    reseed_environment(environment, reseed)
     return environment
+
+
+def reseed_environment(environment: Any, reseed: Callable[[], int] | None) -> None:
+    """Fresh randomness for one continuation: an environment whose transitions are random replays the episode's random
+    stream (seeded by ``reset`` from the row), so every rebuild would repeat the episode's luck. Such an environment
+    defines the optional hook ``_reseed(seed: int)`` (an underscore name: not a tool in TRL); it is called with a
+    fresh ``reseed()`` once the environment is at the state (``mcadvantage.envs``' adapters define it)."""
+    hook = getattr(environment, "_reseed", None)
+    if reseed is not None and callable(hook):
+        hook(int(reseed()))
 
 
 def rebuild_environment(
@@ -336,6 +352,7 @@ def rebuild_environment(
     record: EpisodeRecord | None = None,
     templates: dict[Any, Any] | None = None,
     key: Any = None,
+    reseed: Callable[[], int] | None = None,
 ) -> tuple[Any, int]:
     """The one rule for an environment at an episode's state, for one continuation: returns ``(environment, tool
     calls the rebuild ran)``.
@@ -345,17 +362,21 @@ def rebuild_environment(
     independent copy in the same state (``copy.deepcopy(self)`` for plain attributes) is rebuilt by replay once per
     state, kept in ``templates`` under ``key`` (the caller's name for the state, e.g. its episode and rounds), and
     every continuation gets ``template._fork()``: one replay per state instead of one per continuation. Without
-    ``templates`` every call replays.
+    ``templates`` every call replays. Either way the continuation's environment is then reseeded
+    (:func:`reseed_environment`) when ``reseed`` is given and it defines ``_reseed``.
     """
     if templates is not None and key in templates:
-        return templates[key]._fork(), 0
+        forked = templates[key]._fork()
+        reseed_environment(forked, reseed)
+        return forked, 0
     environment = replay_environment(
         factory, reset_kwargs, turns, standalone_tools, where=where, record=record
     )
     calls = sum(len(turn.calls) for turn in turns)
     if templates is not None and callable(getattr(type(environment), "_fork", None)):
-        templates[key] = environment
-        return environment._fork(), calls
+        templates[key] = environment  # kept at the state, never reseeded: each fork is
+        environment = environment._fork()
+    reseed_environment(environment, reseed)
     return environment, calls
 
 

@@ -6,9 +6,9 @@ the tiny tool-calling policy of ``examples/agent.py --quick`` (the testbed token
 
 1. a batch of episodes is generated as GRPO's tool loop generates them: every turn of the active episodes goes to the
    engine in one call, its tool calls run on the episode's environment, and the tool results' tokens are appended
-   (the library's :func:`~mcadvantage.mc.episodes.continue_episodes` from the empty state, with the trainer's own
+   (the library's :func:`~mcadvantage.samplers.episodes.continue_episodes` from the empty state, with the trainer's own
    parser and tool-result tokens, ``VinePPOTrainer.parse_turn`` / ``tool_result_ids``);
-2. VinePPO's turn credit (:func:`~mcadvantage.mc.turn_credit.estimate_agent_credit`, what
+2. VinePPO's turn credit (:class:`~mcadvantage.samplers.episodes.EpisodeSampler` under the Monte Carlo estimator, what
    ``advantage_estimator="vineppo"`` runs) estimates every turn boundary's value with K continuations.
 
 The engine is transformers ``generate`` on the CPU (:class:`~mcadvantage.samplers.hf.TransformersSampler`, one
@@ -116,11 +116,11 @@ def timed_generate(
 
 @contextlib.contextmanager
 def timed_replay() -> Iterator[None]:
-    """Time every :func:`~mcadvantage.mc.episodes.replay_environment` the estimator makes (``reset`` and the prefix's
-    tool calls; the tool calls' own time is also in ``CLOCK.tools``)."""
-    import mcadvantage.mc.turn_credit as turn_credit
+    """Time every :func:`~mcadvantage.samplers.rebuild.replay_environment` the estimator makes (``reset`` and the
+    prefix's tool calls; the tool calls' own time is also in ``CLOCK.tools``)."""
+    import mcadvantage.samplers.rebuild as rebuild
 
-    original = turn_credit.replay_environment
+    original = rebuild.replay_environment
 
     def replay(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
@@ -130,11 +130,11 @@ def timed_replay() -> Iterator[None]:
             CLOCK.replay += time.perf_counter() - started
             CLOCK.replays += 1
 
-    turn_credit.replay_environment = replay
+    rebuild.replay_environment = replay
     try:
         yield
     finally:
-        turn_credit.replay_environment = original
+        rebuild.replay_environment = original
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -308,8 +308,7 @@ def generate_episodes(
     """The rows' episodes as GRPO's tool loop plays them (see the module docstring), and the timing."""
     import torch
 
-    from mcadvantage.mc.episodes import ToolLoop, continue_episodes
-    from mcadvantage.mc.turn_credit import Episode, sampler_generate
+    from mcadvantage.samplers.episodes import Episode, ToolLoop, continue_episodes, sampler_generate
 
     prompts, prompt_ids, envs = zip(*(harness.prompt(row) for row in rows), strict=True)
     loop = ToolLoop(
@@ -339,13 +338,36 @@ def generate_episodes(
     return episodes, timing
 
 
+@dataclass
+class EpisodeEstimate:
+    """One episode's part of an estimate: its estimated states' ``boundaries`` (and its end), ``values`` and the
+    samples behind them (``rollouts``: an identical state shared with another episode counts for both)."""
+
+    boundaries: list[int]
+    values: list[float]
+    rollouts: int
+
+
 def estimate(
-    harness: Harness, episodes: Sequence[Any], horizon: int, k: int, seed: int
-) -> tuple[list, Timing]:
-    """VinePPO's turn credit of the episodes (every turn boundary a state, K continuations each), timed."""
+    harness: Harness,
+    episodes: Sequence[Any],
+    horizon: int,
+    k: int,
+    seed: int,
+    settings: dict[str, Any] | None = None,
+) -> tuple[list[EpisodeEstimate], Any, Timing]:
+    """VinePPO's turn credit of the episodes (every turn boundary a state, K continuations each, ``settings`` over
+    the Monte Carlo defaults), timed: the library's :class:`~mcadvantage.mc.estimator.MCValueEstimator` around an
+    :class:`~mcadvantage.samplers.episodes.EpisodeSampler`, as ``advantage_estimator="vineppo"`` runs it. Returns the
+    per-episode estimates, the estimate's :class:`~mcadvantage.mc.stats.MCStats` and the timing."""
     import torch
 
-    from mcadvantage.mc.turn_credit import AgentEpisodes, Graders, estimate_agent_credit, sampler_generate
+    from mcadvantage.core.settings import MCSettings
+    from mcadvantage.mc.episodes import episode_step_boundaries
+    from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
+    from mcadvantage.mc.planning import estimated_boundaries
+    from mcadvantage.samplers.episode_sampler import EpisodeSampler
+    from mcadvantage.samplers.episodes import AgentEpisodes
 
     agent = AgentEpisodes(
         episodes=list(episodes),
@@ -354,27 +376,61 @@ def estimate(
         tool_suffix_ids=harness.trainer.tool_result_ids,
         max_tool_calling_iterations=horizon + 1,
     )
-    generate = timed_generate(sampler_generate(harness.sampler))
+    mc = MCSettings(num_rollouts=k, **(settings or {}))
+    trajectories = [
+        Trajectory(
+            prompt_ids=list(ep.prompt_ids),
+            completion_ids=list(ep.completion_ids),
+            step_boundaries=episode_step_boundaries(ep.tool_mask),
+            reward=ep.reward,
+            prompt=ep.prompt,
+            fields={k: v for k, v in ep.row.items() if k != "prompt"},
+            tool_mask=list(ep.tool_mask),
+            episode=ep,
+        )
+        for ep in episodes
+    ]
+    estimator = MCValueEstimator(
+        EpisodeSampler(TimedEngine(harness.sampler), agent),
+        [get_reward],
+        harness.trainer.processing_class,
+        settings=mc,
+        max_completion_length=harness.max_completion_length,
+    )
     torch.manual_seed(seed)
     CLOCK.reset()
     with timed_replay():
         started = time.perf_counter()
-        credits = estimate_agent_credit(
-            agent,
-            range(len(episodes)),
-            num_rollouts=k,
-            generate=generate,
-            max_completion_length=harness.max_completion_length,
-            graders=Graders([get_reward], [1.0]),
-        )
+        result = estimator.estimate(trajectories)
         timing = Timing.of(time.perf_counter() - started)
-    return [credits[i] for i in range(len(episodes))], timing
+    per_episode = [
+        EpisodeEstimate(estimated_boundaries(t.step_boundaries, mc), list(v), int(sum(c)))
+        for t, v, c in zip(trajectories, result.values, result.sample_counts, strict=True)
+    ]
+    return per_episode, result.stats, timing
+
+
+class TimedEngine:
+    """The engine (a :class:`~mcadvantage.samplers.Sampler`) with its calls timed and the tokens it returned
+    counted."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def sample(self, requests: Sequence[Any]) -> list[list[Any]]:
+        started = time.perf_counter()
+        out = self.sampler.sample(requests)
+        CLOCK.engine += time.perf_counter() - started
+        CLOCK.engine_calls += 1
+        CLOCK.engine_tokens += sum(len(c.token_ids) for conts in out for c in conts)
+        return out
 
 
 def fork_seconds(episodes: Sequence[Any], credits: Sequence[Any], copies: int) -> tuple[float, int]:
     """Seconds and count of ``copy.deepcopy`` forks of an environment at every estimated state (``copies`` per
     state, as the estimator would fork one per continuation instead of replaying)."""
-    from mcadvantage.mc.episodes import recorded_tool_turns, replay_environment, tool_turns_before
+    from mcadvantage.mc.episodes import tool_turns_before
+    from mcadvantage.samplers.rebuild import recorded_tool_turns, replay_environment
 
     total, forks = 0.0, 0
     for episode, credit in zip(episodes, credits, strict=True):
@@ -441,17 +497,18 @@ def measure_horizon(
     for k in ks:
         timings, values = [], []
         for _ in range(repeats):
-            credits, timing = estimate(harness, episodes, horizon, k, seed + 1)
+            credits, stats, timing = estimate(harness, episodes, horizon, k, seed + 1)
             timings.append(timing)
             values.append([list(c.values) for c in credits])
         forks, fork_count = fork_seconds(episodes, credits, k)
-        generated = sum(c.generated_tokens for c in credits)
+        generated = stats.generated_tokens
         record["vineppo"][str(k)] = {
             "k": k,
             "states_per_episode": statistics.fmean(len(c.boundaries) - 1 for c in credits),
-            "rollouts_per_episode": statistics.fmean(c.rollouts for c in credits),
+            "rollouts_per_episode": stats.rollouts / n,
+            "unique_states": stats.unique_states,
             "model_tokens_per_episode": generated / n,
-            "tool_result_tokens_per_episode": sum(c.tool_result_tokens for c in credits) / n,
+            "tool_result_tokens_per_episode": (stats.tool_result_tokens or 0) / n,
             "engine_tokens": timings[0].engine_tokens,
             "model_tokens_vs_grpo": generated / sum(model_tokens) if sum(model_tokens) else math.nan,
             "same_values_every_repeat": all(v == values[0] for v in values),
@@ -505,6 +562,70 @@ def table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: The Monte Carlo settings whose cost on agent episodes ``--settings`` measures, each against the default on the same
+#: episodes and seed (``truncated_reward`` saves nothing alone: it is measured with the fixed budget it grades).
+SETTING_ARMS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "reuse_samples": {"reuse_samples": True},
+    "variance": {"allocation": "variance", "min_rollouts": 1},
+    "fixed_budget_32": {"rollout_budget": "fixed", "fixed_rollout_budget": 32},
+    "fixed_budget_32_truncated_0": {
+        "rollout_budget": "fixed",
+        "fixed_rollout_budget": 32,
+        "truncated_reward": 0.0,
+    },
+    "max_estimated_steps_2": {"max_estimated_steps": 2},
+    "min_step_tokens_64": {"min_step_tokens": 64},
+}
+
+
+def measure_settings(
+    harness: Harness, horizon: int, k: int, n_episodes: int, repeats: int, seed: int
+) -> dict[str, Any]:
+    """Every arm of :data:`SETTING_ARMS` on one horizon's episodes: sampled model tokens, tool-result tokens,
+    rollouts and wall per episode, and their ratios to the default's (the same episodes, the same seed)."""
+    rows = agent_rows("delayed", horizon, n_episodes, seed + horizon)
+    episodes, _ = generate_episodes(harness, rows, horizon, seed)
+    n, out = len(episodes), {}
+    for name, settings in SETTING_ARMS.items():
+        walls, stats = [], None
+        for _ in range(repeats):
+            _, stats, timing = estimate(harness, episodes, horizon, k, seed + 1, settings)
+            walls.append(timing.wall / n)
+        out[name] = {
+            "settings": settings,
+            "rollouts_per_episode": stats.rollouts / n,
+            "sampled_tokens_per_episode": stats.generated_tokens / n,
+            "tool_result_tokens_per_episode": (stats.tool_result_tokens or 0) / n,
+            "wall_per_episode_s": walls,
+        }
+    base = out["default"]
+    for arm in out.values():
+        arm["sampled_tokens_vs_default"] = (
+            arm["sampled_tokens_per_episode"] / base["sampled_tokens_per_episode"]
+        )
+        arm["wall_vs_default"] = statistics.median(arm["wall_per_episode_s"]) / statistics.median(
+            base["wall_per_episode_s"]
+        )
+    return {"horizon": horizon, "k": k, "episodes": n, "arms": out}
+
+
+def settings_table(records: Sequence[dict[str, Any]]) -> str:
+    """The markdown table of :func:`measure_settings`: one row per horizon and arm."""
+    lines = [
+        "| H | setting | rollouts / ep | sampled tokens / ep | x default tokens | wall / ep s (median) | x default wall |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for rec in records:
+        for name, arm in rec["arms"].items():
+            lines.append(
+                f"| {rec['horizon']} | {name} | {arm['rollouts_per_episode']:.1f} "
+                f"| {arm['sampled_tokens_per_episode']:.0f} | {arm['sampled_tokens_vs_default']:.2f} "
+                f"| {statistics.median(arm['wall_per_episode_s']):.3f} | {arm['wall_vs_default']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def run(
     horizons: Sequence[int],
     ks: Sequence[int],
@@ -514,8 +635,10 @@ def run(
     seed: int,
     output_dir: str,
     max_completion_length: int = MAX_COMPLETION_LENGTH,
+    settings_k: int | None = None,
 ) -> dict[str, Any]:
-    """Teach the policy, build the harness, measure every horizon; the JSON record."""
+    """Teach the policy, build the harness, measure every horizon (with ``settings_k``, every Monte Carlo setting
+    at that K instead of the default at each of ``ks``); the JSON record."""
     started = time.perf_counter()
     tokenizer, model, losses = teach_policy(horizons, teach_steps, seed)
     harness = build_harness(tokenizer, model, output_dir, max_completion_length)
@@ -524,7 +647,10 @@ def run(
     )
     records = []
     for horizon in horizons:
-        records.append(measure_horizon(harness, horizon, ks, n_episodes, repeats, seed))
+        if settings_k is None:
+            records.append(measure_horizon(harness, horizon, ks, n_episodes, repeats, seed))
+        else:
+            records.append(measure_settings(harness, horizon, settings_k, n_episodes, repeats, seed))
         print(f"H={horizon} done at {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return {
         "settings": {
@@ -554,6 +680,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument(
+        "--settings",
+        type=int,
+        default=None,
+        metavar="K",
+        help="measure every Monte Carlo setting (SETTING_ARMS) at this K against the default",
+    )
+    parser.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks" / "results" / "agent_turn_credit.json"
     )
     args = parser.parse_args(argv)
@@ -564,14 +697,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(args.horizons, args.k, args.episodes, args.repeats, args.teach_steps, args.seed, tmp)
+        result = run(
+            args.horizons,
+            args.k,
+            args.episodes,
+            args.repeats,
+            args.teach_steps,
+            args.seed,
+            tmp,
+            settings_k=args.settings,
+        )
     result["machine"] = machine_info(
         load_before=load, load_after=subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     )
     result["command"] = "python benchmarks/agent_turn_credit.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    result["table"] = table(result["horizons"])
+    result["table"] = (table if args.settings is None else settings_table)(result["horizons"])
     print(result["table"])
     print(f"total {result['total_seconds']:.0f} s; {result['machine']['load_before']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

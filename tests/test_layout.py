@@ -20,6 +20,7 @@ import ast
 import importlib
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -274,7 +275,7 @@ PUBLIC_NAMES = {
     "MCValueEstimator": "mcadvantage.mc.estimator",
     "Trajectory": "mcadvantage.mc.trajectory",
     "MCEstimate": "mcadvantage.mc.estimator",
-    "EnvironmentReplayError": "mcadvantage.mc.episodes",
+    "EnvironmentReplayError": "mcadvantage.samplers.rebuild",
     "diagnose_credit": "mcadvantage.evaluation.diagnostics",
     "VinePPOConfig": "mcadvantage.trainer.config",
     "VinePPOTrainer": "mcadvantage.trainer.vineppo_trainer",
@@ -411,6 +412,107 @@ def _old_path_uses(path: Path, old_leaves: set[str]) -> list[str]:
                 if name.startswith("mcadvantage.") and name.split(".")[1] in old_leaves
             ]
     return found
+
+
+def _old_spellings() -> dict[str, tuple[Any, str]]:
+    """Every 0.1 spelling other than a module path that is still accepted, and the 0.2 spelling its warning names:
+    ``label -> (a call that uses it, the 0.2 spelling)``. Old module paths: the tests above."""
+    from mcadvantage.core.settings import MCSettings
+    from mcadvantage.estimators import VinePPOEstimator
+    from mcadvantage.estimators.registry import as_advantage_estimator
+    from mcadvantage.mc import rollouts
+    from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
+    from mcadvantage.mc.planning import estimated_boundaries, plan_states
+    from mcadvantage.testing import FakeSampler
+
+    traj = Trajectory(prompt_ids=[1], completion_ids=[2, 3], step_boundaries=[0, 1, 2], reward=0.0)
+
+    def a_0_1_protocol_class():
+        class Old:  # the 0.1 protocol: from_config and estimate, no base class
+            def estimate(self, batch, context):
+                raise NotImplementedError
+
+        return as_advantage_estimator(Old())
+
+    return {
+        "estimated_boundaries with max_estimated_steps in settings' place": (
+            lambda: estimated_boundaries([0, 1, 2], 1),
+            "estimated_boundaries(..., MCSettings(max_estimated_steps=1))",
+        ),
+        "estimated_boundaries with loose setting keywords": (
+            lambda: estimated_boundaries([0, 1, 2], min_step_tokens=2),
+            "estimated_boundaries(..., MCSettings(min_step_tokens=2))",
+        ),
+        "plan_states with loose setting keywords": (
+            lambda: plan_states([traj], max_estimated_steps=1),
+            "plan_states(..., MCSettings(max_estimated_steps=1))",
+        ),
+        "build_requests with a budget function": (
+            lambda: rollouts.build_requests([traj], plan_states([traj], MCSettings()), 1, lambda p, q: 2),
+            "budgets=[one token budget per unique state",
+        ),
+        "rollouts.WaveCounts": (lambda: rollouts.WaveCounts, "mcadvantage.mc.stats.MCStats"),
+        **{
+            f"mcadvantage.mc.estimator.{name}": (
+                lambda name=name: getattr(importlib.import_module("mcadvantage.mc.estimator"), name),
+                f"{home}.{name}",
+            )
+            for name, home in [
+                ("StatePlan", "mcadvantage.mc.planning"),
+                ("plan_states", "mcadvantage.mc.planning"),
+                ("estimated_boundaries", "mcadvantage.mc.planning"),
+                ("build_requests", "mcadvantage.mc.rollouts"),
+                ("average_values", "mcadvantage.mc.rollouts"),
+            ]
+        },
+        "VinePPOEstimator.<setting> (a setting alias)": (
+            lambda: VinePPOEstimator(num_rollouts=2).num_rollouts,
+            "VinePPOEstimator.settings.num_rollouts",
+        ),
+        "MCValueEstimator.<setting> (a setting alias)": (
+            lambda: (
+                MCValueEstimator(
+                    FakeSampler(0.5, success_token_id=5, failure_token_id=6),
+                    [lambda **k: [0.0]],
+                    None,
+                    max_completion_length=8,
+                ).reuse_samples
+            ),
+            "MCValueEstimator.settings.reuse_samples",
+        ),
+        "an estimator class written to the 0.1 protocol (the class adapter)": (
+            a_0_1_protocol_class,
+            "(mcadvantage.AdvantageEstimator)",
+        ),
+    }
+
+
+def test_every_0_1_spelling_still_works_and_warns_naming_the_0_2_one():
+    """Old-style arguments, the 0.1 estimator-class adapter, setting aliases and names re-exported from their 0.1
+    home: each still works and warns with a FutureWarning (as old module paths do) that names the 0.2 spelling and
+    the release that removes the old one; the 0.2 spellings do not warn."""
+    import warnings
+
+    from mcadvantage._moved import REMOVED_IN
+
+    spellings = _old_spellings()
+    assert len(spellings) == 13
+    for label, (use, new) in spellings.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            use()
+        future = [w for w in caught if issubclass(w.category, FutureWarning)]
+        assert future, f"{label}: no FutureWarning"
+        message = str(future[0].message)
+        assert new in message and f"accepted until {REMOVED_IN}" in message, (label, message)
+    from mcadvantage.core.settings import MCSettings
+    from mcadvantage.estimators import VinePPOEstimator
+    from mcadvantage.mc.planning import estimated_boundaries
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        estimated_boundaries([0, 1, 2], MCSettings(max_estimated_steps=1))
+        assert VinePPOEstimator(num_rollouts=2).settings.num_rollouts == 2
 
 
 def test_the_project_itself_never_uses_an_old_module_path(tmp_path):

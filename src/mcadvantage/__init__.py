@@ -71,7 +71,8 @@ _LAZY: dict[str, str] = {
     "MCValueEstimator": "mc.estimator",
     "Trajectory": "mc.estimator",
     "MCEstimate": "mc.estimator",
-    "EnvironmentReplayError": "mc.episodes",
+    # agent episodes: an environment that cannot be rebuilt at an episode's state
+    "EnvironmentReplayError": "samplers.rebuild",
     # credit-assignment diagnostics (estimators against a large-K ground truth)
     "diagnose_credit": "evaluation.diagnostics",
     # TRL trainer (imports TRL)
@@ -118,7 +119,6 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         evaluate_pass_at_1,
         score_samples,
     )
-    from mcadvantage.mc.episodes import EnvironmentReplayError
     from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
     from mcadvantage.samplers import (
         Continuation,
@@ -128,6 +128,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         VLLMSampler,
         VLLMServerSampler,
     )
+    from mcadvantage.samplers.rebuild import EnvironmentReplayError
     from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
     from mcadvantage.tasks.math import MathSegmenter, MathVerifier
     from mcadvantage.tasks.newline import NewlineSegmenter

@@ -28,7 +28,15 @@ import warnings
 from types import FrameType, ModuleType
 from typing import Any
 
-__all__ = ["MOVED", "REMOVED_IN", "MovedModuleFinder", "install", "moved_message"]
+__all__ = [
+    "MOVED",
+    "REMOVED_IN",
+    "MovedModuleFinder",
+    "install",
+    "moved_message",
+    "old_spelling_message",
+    "warn_old_spelling",
+]
 
 #: The release that removes the old paths of :data:`MOVED` (the warning and docs/migration-0.2.md name it).
 REMOVED_IN = "0.4"
@@ -71,6 +79,22 @@ def moved_message(old: str, *, command: bool = False) -> str:
         f"The module {old} moved to {new}, and the old path stops working in mcadvantage {REMOVED_IN}: import "
         f"{new} instead (docs/migration-0.2.md lists every moved path)."
     )
+
+
+def old_spelling_message(old: str, new: str) -> str:
+    """What a 0.1 spelling other than a module path (an old-style argument, the 0.1 estimator protocol, a setting
+    alias, a re-exported name) warns: the old spelling, the 0.2 one and the release that removes the old."""
+    return (
+        f"{old} is mcadvantage 0.1's spelling, accepted until {REMOVED_IN}: write {new} instead "
+        "(docs/migration-0.2.md lists every old spelling)."
+    )
+
+
+def warn_old_spelling(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """Issue :func:`old_spelling_message` as a ``FutureWarning`` (as the old module paths warn), pointing
+    ``stacklevel`` frames up from this function's caller's caller (3: the line that called the function that
+    accepted the old spelling)."""
+    warnings.warn(old_spelling_message(old, new), FutureWarning, stacklevel=stacklevel)
 
 
 def _importing_frame() -> FrameType | None:

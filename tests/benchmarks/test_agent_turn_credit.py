@@ -50,17 +50,19 @@ def test_token_counts_match_the_episodes_and_the_budgets(bench, harness):
         sum(ep.tool_mask) for ep in episodes
     )  # GRPO's sampled tokens: the model's
     k = 2
-    credits, timing = bench.estimate(harness, episodes, 2, k, seed=1)
-    assert timing.engine_tokens == sum(c.generated_tokens for c in credits)
-    assert timing.replays == sum(c.rollouts for c in credits)  # one replayed environment per continuation
+    credits, stats, timing = bench.estimate(harness, episodes, 2, k, seed=1)
+    assert timing.engine_tokens == stats.generated_tokens
+    assert (
+        timing.replays == stats.rollouts == k * stats.unique_states
+    )  # one rebuilt environment per continuation
+    states = [b for credit in credits for b in credit.boundaries[:-1]]
+    remaining = [harness.max_completion_length - b for b in states]
+    # Each continuation's new tokens (model and tool results) fit in its state's remaining budget.
+    assert 0 < stats.generated_tokens + stats.tool_result_tokens <= k * sum(remaining)
+    # A continuation samples at least one token (every state opens or continues a model turn).
+    assert stats.generated_tokens >= stats.rollouts
     for episode, credit in zip(episodes, credits, strict=True):
-        states = credit.boundaries[:-1]
-        assert credit.rollouts == k * len(states)
-        remaining = [harness.max_completion_length - b for b in states]
-        # Each continuation's new tokens (model and tool results) fit in its state's remaining budget.
-        assert 0 < credit.generated_tokens + credit.tool_result_tokens <= k * sum(remaining)
-        # A continuation samples at least one token per state (every state opens or continues a model turn).
-        assert credit.generated_tokens >= k * len(states)
+        assert credit.rollouts == k * (len(credit.boundaries) - 1)
         assert credit.values[-1] == episode.reward
     assert 0.0 < timing.engine < timing.wall and timing.tools >= 0.0
 
@@ -79,7 +81,9 @@ def test_the_record_on_one_horizon(bench, harness):
     for k, v in record["vineppo"].items():
         assert v["k"] == int(k)
         assert v["engine_tokens"] == pytest.approx(2 * v["model_tokens_per_episode"])
-        assert v["rollouts_per_episode"] == pytest.approx(v["k"] * v["states_per_episode"])
+        # Identical states (the episodes' shared first state) are estimated once: K rollouts per unique state.
+        assert v["rollouts_per_episode"] == pytest.approx(v["k"] * v["unique_states"] / 2)
+        assert v["unique_states"] < 2 * v["states_per_episode"]
         assert v["replays"] == 2 * v["rollouts_per_episode"]
         assert v["model_tokens_vs_grpo"] == pytest.approx(
             v["model_tokens_per_episode"] / g["model_tokens_per_episode"]

@@ -21,7 +21,7 @@ from mcadvantage.envs import (  # noqa: E402
     openenv_app,
     openenv_environment,
 )
-from mcadvantage.mc.episodes import ToolTurn, execute_tool_calls, replay_environment  # noqa: E402
+from mcadvantage.samplers.rebuild import ToolTurn, execute_tool_calls, replay_environment  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a server subprocess starts in ~15 s; the tests themselves take seconds
 

@@ -152,7 +152,8 @@ def test_a_setting_set_on_the_estimator_alone_is_refused():
     from mcadvantage.estimators import VinePPOEstimator
 
     estimator = VinePPOEstimator(num_rollouts=3)
-    assert estimator.num_rollouts == 3  # the old attribute names still read the settings
+    with pytest.warns(FutureWarning, match=r"write VinePPOEstimator.settings.num_rollouts instead"):
+        assert estimator.num_rollouts == 3  # the old attribute names still read the settings, and warn
     with pytest.raises(
         AttributeError, match=r"VinePPOEstimator.reuse_samples is read from its Monte Carlo settings"
     ):

@@ -20,8 +20,9 @@ from mcadvantage.estimators import (  # noqa: E402
     HybridEstimator,
     VinePPOEstimator,
 )
-from mcadvantage.mc.turn_credit import AgentEpisodes, Episode  # noqa: E402
+from mcadvantage.mc.estimator import MCEstimate  # noqa: E402
 from mcadvantage.samplers.base import Continuation  # noqa: E402
+from mcadvantage.samplers.episodes import AgentEpisodes, Episode  # noqa: E402
 from mcadvantage.testing import build_char_tokenizer  # noqa: E402
 from mcadvantage.trainer.checks import check_agent_kwargs  # noqa: E402
 
@@ -132,7 +133,7 @@ def test_turn_credit_is_unbiased_skips_masked_rows_and_gives_tool_tokens_nothing
     estimator = VinePPOEstimator(num_rollouts=k, step_segmenter=lambda text: [text])
     result = estimator.estimate(batch, context)
 
-    assert estimator.last_rows == [0, 1] and estimator.last_estimate is None
+    assert estimator.last_rows == [0, 1] and len(estimator.last_turn_credit) == 2
     assert not result.advantages[2].any() and not result.token_mask[2].any()
     model_tokens = batch.completion_mask.bool() & batch.tool_mask.bool()
     assert torch.equal(result.token_mask, model_tokens)
@@ -143,7 +144,10 @@ def test_turn_credit_is_unbiased_skips_masked_rows_and_gives_tool_tokens_nothing
         # A mean of K counts in [0, LIMIT]: 5 standard errors of a variance <= LIMIT^2 / 4.
         assert all(abs(v - x) <= 5 * (LIMIT / 2) / k**0.5 for v, x in zip(values[:-1], exact, strict=True))
         assert values[-1] == episode.reward
-    assert result.metrics["rollouts"] == k * (2 + 3) and result.metrics["states"] == 5
+    # The episodes' first states are identical (same prompt, row and tokens), and so is the state after the first
+    # tool round: estimated once each, 3 unique states of 5.
+    assert result.metrics["rollouts"] == k * 3 and result.metrics["states"] == 5
+    assert result.metrics["dedup_ratio"] == pytest.approx(2 / 5)
 
 
 def test_turn_credit_needs_the_episodes_and_refuses_what_it_does_not_support():
@@ -151,10 +155,10 @@ def test_turn_credit_needs_the_episodes_and_refuses_what_it_does_not_support():
     # Without episodes, only a sampler that continues episodes (a rollout_func's continuation_func) may take the batch.
     with pytest.raises(ValueError, match=r"context.episodes is None, and the sampler continues plain text"):
         VinePPOEstimator(num_rollouts=2, step_segmenter="newline").estimate(batch, context)
-    with pytest.raises(
-        ValueError, match=r"mc_reuse_samples=True is not supported with tools= .*mc_reuse_samples"
-    ):
-        VinePPOEstimator(num_rollouts=2, reuse_samples=True).estimate(*_batch_and_context([recorded(1)]))
+    batch, _ = _batch_and_context([recorded(1)])
+    _, context = _batch_and_context([recorded(1), recorded(2)])
+    with pytest.raises(ValueError, match=r"context.episodes holds 2 episodes for a batch of 1 responses"):
+        VinePPOEstimator(num_rollouts=2, step_segmenter=ONE_STEP).estimate(batch, context)
 
 
 class NoEngine:
@@ -184,15 +188,21 @@ def test_server_mode_main_process_continues_every_process_episodes_and_sends_eac
     )
     sent = []
 
+    def payload(episodes):  # what a process sends the main process: its trajectories and its pooled extras
+        batch, context = _batch_and_context(episodes)
+        estimator = VinePPOEstimator(num_rollouts=k, step_segmenter=ONE_STEP)
+        return estimator._trajectories(batch, context, context.episodes)[:2]
+
+    parts = [payload(ours), payload(theirs)]
+
     def on(index, episodes, sampler_seed):
         batch, context = _batch_and_context(episodes, seed=sampler_seed, sample_on_main_only=True)
-        parts = {0: list(ours), 1: list(theirs)}
         return batch, dataclasses.replace(
             context,
             policy_sampler=context.policy_sampler if index == 0 else _no_engine,
             process_index=index,
             num_processes=2,
-            gather_object=lambda obj: [parts[0], parts[1]],
+            gather_object=lambda obj: list(parts),
             broadcast_object=lambda obj: sent.append(obj) or obj if index == 0 else sent[-1],
         )
 
@@ -203,8 +213,9 @@ def test_server_mode_main_process_continues_every_process_episodes_and_sends_eac
     assert main.values == reference.values[:2] and other.values == reference.values[2:]
     assert torch.equal(main.advantages, reference.advantages[:2, : main.advantages.shape[1]])
     assert torch.equal(other.advantages, reference.advantages[2:, : other.advantages.shape[1]])
-    # Each process counts its own episodes' rollouts: summed over processes, every rollout once.
-    assert main.metrics["rollouts"] + other.metrics["rollouts"] == reference.metrics["rollouts"]
+    # The main process did all the work and carries the statistics (as for single-turn responses): summed over
+    # processes, every rollout once.
+    assert main.metrics["rollouts"] == reference.metrics["rollouts"] and "rollouts" not in other.metrics
 
 
 def test_server_mode_main_process_failure_reaches_every_process():
@@ -221,7 +232,7 @@ def test_server_mode_main_process_failure_reaches_every_process():
     with pytest.raises(AssertionError, match="only the main process may sample"):
         VinePPOEstimator(num_rollouts=2, step_segmenter=ONE_STEP).estimate(batch, context)
     other = dataclasses.replace(context, process_index=1, broadcast_object=lambda obj: ("error", "boom"))
-    with pytest.raises(RuntimeError, match="turn credit failed on the main process: boom"):
+    with pytest.raises(RuntimeError, match="Monte Carlo estimation failed on the main process: boom"):
         VinePPOEstimator(num_rollouts=2, step_segmenter=ONE_STEP).estimate(batch, other)
 
 
@@ -243,35 +254,36 @@ def test_hybrid_process_without_chosen_rows_still_takes_part_in_server_sampling(
         policy_sampler=_no_engine,
         process_index=1,
         num_processes=2,
-        gather_object=lambda obj: calls.append(obj) or [[], obj[0]],
-        broadcast_object=lambda obj: ("ok", [[], []]),
+        gather_object=lambda obj: calls.append(obj) or [([], []), obj[0]],
+        broadcast_object=lambda obj: ("ok", [None, MCEstimate([], [], [], None, [])]),
     )
     joined = estimator.estimate(batch, two)
-    assert calls == [[[]]]  # it sent its (empty) share of episodes
+    assert calls == [[([], [])]]  # it sent its (empty) share of trajectories
     assert torch.equal(joined.advantages, result.advantages)  # GRPO's, untouched
 
 
 @pytest.mark.parametrize(
-    "setting,value,config_name",
+    "setting,value",
     [
-        ("reuse_samples", True, "mc_reuse_samples"),
-        ("allocation", "variance", "mc_allocation"),
-        ("max_estimated_steps", 2, "mc_max_estimated_steps"),
-        ("truncated_reward", 0.0, "mc_truncated_reward"),
-        ("min_step_tokens", 4, "mc_min_step_tokens"),
+        ("reuse_samples", True),
+        ("allocation", "variance"),
+        ("max_estimated_steps", 2),
+        ("truncated_reward", 0.0),
+        ("min_step_tokens", 4),
+        ("rollout_budget", "fixed"),
     ],
 )
-def test_the_trainer_refuses_monte_carlo_settings_turn_credit_ignores_before_loading_a_model(
-    setting, value, config_name
+def test_the_trainer_takes_every_monte_carlo_setting_with_agents_and_refuses_a_bare_rollout_func(
+    setting, value
 ):
-    estimator = VinePPOEstimator(num_rollouts=2, **{setting: value})
-    with pytest.raises(ValueError, match=rf"{config_name}=.* is not supported .* Set {config_name}="):
-        check_agent_kwargs({"environment_factory": Counter}, estimator, 64)
-    check_agent_kwargs({"tools": [print]}, VinePPOEstimator(num_rollouts=2), 64)  # the defaults pass
+    extra = {"fixed_rollout_budget": 16} if setting == "rollout_budget" else {}
+    estimator = VinePPOEstimator(num_rollouts=2, **{setting: value}, **extra)
+    check_agent_kwargs({"environment_factory": Counter}, estimator, 64)
+    check_agent_kwargs({"tools": [print]}, estimator, 64)
     with pytest.raises(
         NotImplementedError, match=r"'vineppo' needs continuation_func= next to rollout_func="
     ):
-        check_agent_kwargs({"rollout_func": print}, VinePPOEstimator(num_rollouts=2), 64)
+        check_agent_kwargs({"rollout_func": print}, estimator, 64)
 
 
 def _one_step(text):
@@ -334,31 +346,18 @@ def test_hybrid_needs_the_episodes_and_refuses_what_turn_credit_does_not_support
         NotImplementedError, match=r"advantage_estimator='hybrid' does not support rollout_func="
     ):
         check_agent_kwargs({"rollout_func": print}, HybridEstimator(), 64)
-    with pytest.raises(
-        ValueError,
-        match=r"mc_max_estimated_steps=2 is not supported with tools= / environment_factory= under "
-        r"advantage_estimator='hybrid'.* Set mc_max_estimated_steps=None",
-    ):
-        check_agent_kwargs({"environment_factory": Counter}, HybridEstimator(max_estimated_steps=2), 64)
+    check_agent_kwargs({"environment_factory": Counter}, HybridEstimator(max_estimated_steps=2), 64)
 
 
-def test_a_step_budget_is_refused_for_agents_in_one_message_that_names_every_setting():
-    """Issue 53: ``mc_steps_after_cap="spread"`` told an agent user to set ``mc_max_estimated_steps``, which turn
-    credit then refused. The config's message now names the default as the agent's choice, and the trainer's
-    refusal names both settings and both defaults at once."""
+def test_a_step_budget_with_spread_states_is_taken_for_agents():
+    """Issue 53 met ``mc_steps_after_cap="spread"`` refused for agents; every step-budget setting works on agent
+    episodes now, and the config names the cap it needs."""
     from mcadvantage import VinePPOConfig
 
-    with pytest.raises(ValueError, match=r"Use mc_steps_after_cap='merge' \(the default, and the only choice with "
-                       r"tools= / environment_factory="):  # fmt: skip
+    with pytest.raises(ValueError, match=r"mc_steps_after_cap='spread'"):
         VinePPOConfig(output_dir="unused", mc_steps_after_cap="spread")
-    with pytest.raises(
-        ValueError,
-        match=r"^mc_max_estimated_steps=8, mc_steps_after_cap='spread' are not supported with tools= / "
-        r"environment_factory= under advantage_estimator='vineppo'.* Set mc_max_estimated_steps=None, "
-        r"mc_steps_after_cap='merge' \(their defaults\)",
-    ):
-        check_agent_kwargs(
-            {"environment_factory": Counter},
-            VinePPOEstimator(max_estimated_steps=8, steps_after_cap="spread", step_segmenter="newline"),
-            64,
-        )
+    check_agent_kwargs(
+        {"environment_factory": Counter},
+        VinePPOEstimator(max_estimated_steps=8, steps_after_cap="spread", step_segmenter="newline"),
+        64,
+    )

@@ -520,8 +520,12 @@ def test_a_tool_that_raises_inside_a_continuation_gives_it_the_error_result_and_
     assert _logged(trainer, "tools/failure_frequency") == [0.0, 0.0]  # the episodes' own calls all ran
     assert len(graded.calls) == 2 * SETTINGS["max_steps"]
     states = 4 * SETTINGS["per_device_train_batch_size"]  # 3 calls and the answer: 4 turns per episode
-    assert [len(c["turns"]) for c in graded.continuations] == [MC["num_mc_rollouts"] * states] * 2
-    assert _logged(trainer, "mc/rollouts") == [float(MC["num_mc_rollouts"] * states)] * 2
+    assert _logged(trainer, "mc/states") == [float(states)] * 2
+    # Identical states (the group's shared first state, at least) are estimated once: K continuations each.
+    unique = [round(states * (1 - r)) for r in _logged(trainer, "mc/dedup_ratio")]
+    assert all(u < states for u in unique)
+    assert [len(c["turns"]) for c in graded.continuations] == [MC["num_mc_rollouts"] * u for u in unique]
+    assert _logged(trainer, "mc/rollouts") == [float(MC["num_mc_rollouts"] * u) for u in unique]
     crashed = 0
     for call in graded.continuations:
         for messages, turns in zip(call["completions"], call["turns"], strict=True):
@@ -556,7 +560,7 @@ def test_an_environment_whose_reset_raises_on_replay_is_named_before_any_update(
     """``reset`` succeeds for the batch's episodes, then raises when a continuation's environment is rebuilt: an
     ``EnvironmentReplayError`` chained to the environment's own error, naming the class, the episode (its batch row
     and dataset row) and the fix, before the step's update. (TRL's loop never resets twice for one episode.)"""
-    from mcadvantage.mc.episodes import EnvironmentReplayError
+    from mcadvantage import EnvironmentReplayError
 
     per_batch = SETTINGS["per_device_train_batch_size"]
     config = {"hybrid_budget": 50.0} if estimator == "hybrid" else {}
@@ -624,7 +628,7 @@ def test_a_replay_that_diverges_is_named_before_any_update(
     """An environment that does not replay (its tool results depend on outside state or on an unseeded random):
     the continuations' replay meets a tool result other than the recorded one, and training stops with an
     ``EnvironmentReplayError`` naming the class, the round, both results and the fix, before any update."""
-    from mcadvantage.mc.episodes import EnvironmentReplayError
+    from mcadvantage import EnvironmentReplayError
 
     monkeypatch.setitem(SIMULATOR, "version", 1)
     trainer, _, _ = _vine(tmp_path, environment)
@@ -651,6 +655,54 @@ def test_a_replay_that_diverges_is_named_before_any_update(
     _refused_before_any_update(trainer, initial)
 
 
+class DrawnTarget(AgentEnv):
+    """``reset`` shows a target drawn from an unseeded random (the probe's "Target 0" whose replays drew 2, 1, 3):
+    every tool result replays, only the observation differs."""
+
+    def reset(self, **row):
+        return f"{super().reset(**row)} target={random.SystemRandom().randrange(10**9)}"
+
+
+class HiddenLuck(AgentEnv):
+    """Draws hidden luck at ``reset`` that no observation or tool result shows, and exposes it as its
+    ``state_key``: only the key tells a rebuild from the episode."""
+
+    def reset(self, **row):
+        self._luck = random.SystemRandom().randrange(10**9)
+        return super().reset(**row)
+
+    @property
+    def state_key(self):
+        return (self.turn, self.state, self._luck)
+
+
+@pytest.mark.parametrize(
+    ("environment", "said"),
+    [(DrawnTarget, "reset(**row) returned"), (HiddenLuck, "state_key after replaying tool round")],
+    ids=["random-observation", "hidden-state-key"],
+)
+def test_a_rebuild_whose_observation_or_state_key_differs_is_refused_before_any_update(
+    key_turns, tmp_path, environment, said
+):
+    """Rebuilds are checked beyond the tool results: ``reset``'s observation against the episode's prompt, and an
+    environment's ``state_key`` against the key its episode ended with (recorded by the trainer from GRPO's pooled
+    instance). Either mismatch stops training with an ``EnvironmentReplayError`` (importable from ``mcadvantage``)
+    naming the class, the episode and both values, before any update: never trained on silently."""
+    from mcadvantage import EnvironmentReplayError
+
+    trainer, _, _ = _vine(tmp_path, environment)
+    initial = _weights(trainer)
+    with pytest.raises(EnvironmentReplayError) as err:
+        trainer.train()
+    message = str(err.value)
+    assert err.value.environment == environment.__name__ and err.value.where.startswith("batch row ")
+    assert message.startswith(
+        f"environment {environment.__name__} ({err.value.where}, dataset row {{'structure'"
+    )
+    assert said in message and "but the episode" in message
+    _refused_before_any_update(trainer, initial)
+
+
 def test_a_continuation_stops_at_max_tool_calling_iterations_counting_the_prefixs_rounds(
     scripted_turns, tmp_path
 ):
@@ -666,13 +718,21 @@ def test_a_continuation_stops_at_max_tool_calling_iterations_counting_the_prefix
     episode_shape = [("assistant", True), ("tool", False), ("assistant", True)]
     for call in graded.episodes:
         assert [_shape(c) for c in call["completions"]] == [episode_shape] * per_batch
-    for call in graded.continuations:  # 2 states per episode (its two turns), K each
-        assert len(call["completions"]) == 2 * k * per_batch
-        assert [_shape(c) for c in call["completions"]] == [episode_shape] * (2 * k * per_batch)
-        assert call["turns"] == [1] * (2 * k * per_batch)
-    # Engine calls per step: every continuation's first turn, then only those from the start (whose call ran).
-    assert [len(requests) for requests in rollouts.calls] == [2 * k * per_batch, k * per_batch] * 2
-    assert _logged(trainer, "mc/rollouts") == [float(2 * k * per_batch)] * 2
+    drawn = []
+    for call in graded.continuations:  # 2 states per episode (its two turns), K each per unique state
+        n = len(call["completions"])
+        # The episodes share their first state (one prompt): estimated once, so fewer than 2 K per episode.
+        assert n % k == 0 and 2 * k <= n < 2 * k * per_batch
+        assert [_shape(c) for c in call["completions"]] == [episode_shape] * n
+        assert call["turns"] == [1] * n
+        drawn.append(n)
+    # Engine calls per step: every continuation's first turn, then only those from an episode's start (whose call
+    # ran): K per distinct first state (one per prompt).
+    calls = [len(requests) for requests in rollouts.calls]
+    assert calls[::2] == drawn and all(
+        m % k == 0 and k <= m < n for m, n in zip(calls[1::2], drawn, strict=True)
+    )
+    assert _logged(trainer, "mc/rollouts") == [float(n) for n in drawn]
 
 
 @pytest.mark.parametrize(("kept", "call_runs"), [(3, False), (5, True)])
@@ -695,7 +755,8 @@ def test_a_continuation_cut_inside_a_tool_call_is_truncated_as_trl_truncates_the
     for episodes, continuations in zip(graded.episodes, graded.continuations, strict=True):
         shapes = {tuple(_shape(c)) for c in episodes["completions"]}
         assert len(shapes) == 1 and set(episodes["turns"]) == {turns}
-        assert len(continuations["completions"]) == 2 * k * per_batch  # 2 states per episode, K each
+        n = len(continuations["completions"])  # 2 states per episode, K each; the shared first state once
+        assert n % k == 0 and 2 * k <= n < 2 * k * per_batch
         assert {tuple(_shape(c)) for c in continuations["completions"]} == shapes
         assert set(continuations["lengths"]) == {length}
         assert set(continuations["turns"]) == {turns}

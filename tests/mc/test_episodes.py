@@ -7,20 +7,17 @@ import random
 
 import pytest
 
-from mcadvantage.mc.episodes import (
+from mcadvantage.mc.episodes import episode_step_boundaries, tool_turns_before
+from mcadvantage.samplers.episodes import ToolLoop, continue_episodes, model_spans, tool_spans
+from mcadvantage.samplers.rebuild import (
     EnvironmentReplayError,
-    ToolLoop,
+    EpisodeRecord,
     ToolTurn,
-    continue_episodes,
     environment_tools,
-    episode_step_boundaries,
-    episode_token_advantages,
     execute_tool_calls,
-    model_spans,
     recorded_tool_turns,
     replay_environment,
-    tool_spans,
-    tool_turns_before,
+    with_observation,
 )
 
 EOS, WORD, CALL = 2, 5, 7  # token ids of the scripted episodes
@@ -47,16 +44,6 @@ def test_states_sit_at_turn_starts_and_segmenter_boundaries_never_in_tool_result
         episode_step_boundaries([0, 1])
     with pytest.raises(ValueError, match="boundary 3 lies outside its turn"):
         episode_step_boundaries(MASK, lambda s, e: [3] if s == 0 else [])
-
-
-def test_step_advantages_go_to_model_tokens_and_tool_results_get_zero():
-    bounds = [0, 5, 6, 11, 13]
-    values = [0.5, 0.25, 0.75, 1.0, 1.0]  # V(S_0..S_3), R
-    adv = episode_token_advantages(values, bounds, MASK)
-    # Step 1 = tokens 0..4 (turn 1 and its tool result): -0.25 on the model's 3 tokens, 0 on the result.
-    assert adv == [-0.25, -0.25, -0.25, 0, 0, 0.5, 0.25, 0.25, 0, 0, 0, 0.0, 0.0]
-    with pytest.raises(ValueError, match="3 values for 4 steps"):
-        episode_token_advantages(values[:3], bounds, MASK)
 
 
 def call(name, **arguments):
@@ -185,6 +172,125 @@ def test_replay_names_an_environment_whose_reset_raises():
         replay_environment(Broken, {}, [])
 
 
+class RandomTarget(Counter):
+    """reset draws the target it shows from an unseeded random (the probe's "Target 0", replays drew 2, 1, 3)."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        self.target = random.SystemRandom().randrange(10**9)
+        return f" Target {self.target}"
+
+
+class HiddenSeed(Counter):
+    """Keeps a hidden random draw that no observation or tool result shows, but exposes it as its state_key."""
+
+    def reset(self, **row):
+        super().reset(**row)
+        self.hidden = random.SystemRandom().randrange(10**9)
+
+    @property
+    def state_key(self):
+        return (self.calls, self.hidden)
+
+
+class Point:
+    """A value with Python's default repr (its memory address)."""
+
+    def __init__(self, x):
+        self.x = x
+
+
+class Plotter(Counter):
+    """A deterministic tool that returns an object with the default repr."""
+
+    def plot(self, x: int):
+        return Point(x)
+
+
+PROMPT = [{"role": "user", "content": "play"}]
+
+
+def test_with_observation_appends_as_grpo_does():
+    assert with_observation(PROMPT, " T") == [{"role": "user", "content": "play T"}]
+    assert with_observation(PROMPT, None) == PROMPT
+    blocks = [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
+    assert with_observation(blocks, "b")[-1]["content"] == [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": "b"},
+    ]
+    assert with_observation(PROMPT, [{"type": "text", "text": "b"}])[-1]["content"] == [
+        {"type": "text", "text": "play"},
+        {"type": "text", "text": "b"},
+    ]
+
+
+def test_a_reset_that_draws_another_observation_is_refused_naming_both():
+    row = {"offset": 0, "prompt": PROMPT}
+    env = RandomTarget()
+    episode_prompt = with_observation(PROMPT, env.reset(**row))
+    record = EpisodeRecord(prompt=episode_prompt, row_prompt=PROMPT)
+    with pytest.raises(EnvironmentReplayError) as err:
+        replay_environment(RandomTarget, row, [], where="batch row 2", record=record)
+    message = str(err.value)
+    assert (err.value.environment, err.value.round, err.value.where) == ("RandomTarget", None, "batch row 2")
+    assert message.startswith(
+        "environment RandomTarget (batch row 2, dataset row {'offset': 0}): reset(**row)"
+    )
+    assert f"Target {env.target}" in message  # the episode's observation
+    assert "returned ' Target " in message  # and the rebuilt one
+    # A deterministic reset passes the same check.
+    fixed = with_observation(PROMPT, Counter().reset(**row))
+    replay_environment(Counter, row, [], record=EpisodeRecord(prompt=fixed, row_prompt=PROMPT))
+
+
+def test_hidden_state_that_differs_after_replay_is_refused_through_its_state_key():
+    row = {"offset": 0}
+    original = HiddenSeed()
+    original.reset(**row)
+    turns = [ToolTurn((call("add", a=1, b=2),), (("add", str(original.add(1, 2))),))]
+    # The tool results replay (the hidden draw shows nowhere), but the key after the round differs.
+    record = EpisodeRecord(state_keys={1: original.state_key})
+    with pytest.raises(EnvironmentReplayError) as err:
+        replay_environment(HiddenSeed, row, turns, where="batch row 0", record=record)
+    assert (err.value.round, err.value.where) == (0, "batch row 0")
+    assert "state_key after replaying tool round 0 is (1, " in str(err.value)
+    assert f"but the episode's was {original.state_key!r}" in str(err.value)
+    with pytest.raises(EnvironmentReplayError, match=r"state_key after reset\(\*\*row\) is \(0, "):
+        replay_environment(HiddenSeed, row, turns, record=EpisodeRecord(state_keys={0: (0, -1)}))
+    # Without a recorded key nothing can be compared (the contract says so): the replay goes through.
+    assert replay_environment(HiddenSeed, row, turns).calls == 1
+
+
+def test_an_unstable_default_repr_is_named_as_the_cause():
+    env = Plotter()
+    env.reset(offset=0)
+    turns = [ToolTurn((call("plot", x=1),), (("plot", str(env.plot(1))),))]
+    with pytest.raises(EnvironmentReplayError) as err:
+        replay_environment(Plotter, {"offset": 0}, turns)
+    message = str(err.value)
+    assert "differ only in memory addresses" in message and "__repr__" in message
+    assert "seed any randomness" not in message  # the tools are deterministic: not the advice here
+
+
+def test_a_stateful_tools_function_is_detected_on_replay():
+    seen = []
+
+    def remember(x: int) -> int:
+        """Keeps global state: the number of calls so far."""
+        seen.append(x)
+        return len(seen)
+
+    turns = [ToolTurn((call("remember", x=1),), (("remember", str(remember(1))),))]
+
+    def stateless(x: int) -> int:
+        return 1
+
+    stateless.__name__ = "remember"
+    replay_environment(None, {}, turns, [stateless])  # a stateless tool of that name replays
+    with pytest.raises(EnvironmentReplayError, match=r"environment tools= .*keeps state between calls"):
+        replay_environment(None, {}, turns, [remember])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Continuations, with a scripted engine: a turn is [WORD, CALL, EOS] (calls add(1, 2)) or [WORD, EOS] (answers)
 # ---------------------------------------------------------------------------------------------------------------
@@ -272,6 +378,7 @@ def test_tool_results_that_do_not_fit_end_the_episode_as_in_trl():
     # The call ran (the environment counts it) but its 3-token result would pass the 5-token budget: dropped.
     assert out.completion_ids == [WORD, CALL, EOS] and out.tool_mask == [1, 1, 1]
     assert out.environment.calls == 1 and out.tool_rounds == 0
+    assert (out.tool_calls, out.dropped_results) == (1, 1)
     [cut] = _continue([[]], [[]], [_env()], ScriptedEngine(1.0), max_completion_length=2)
     assert cut.completion_ids == [WORD, CALL]  # cut by the budget mid-turn
 

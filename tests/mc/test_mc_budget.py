@@ -124,6 +124,7 @@ def test_estimated_boundaries_merge_then_cap():
     ) == [0, 10, 20]
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # each spelling's warning: tests/test_layout.py
 def test_the_0_1_spelling_of_the_step_budget_still_works():
     """0.1's ``estimated_boundaries`` / ``plan_states`` took the step budget as loose arguments and ``build_requests``
     a budget function; those calls (re-exported from ``mcadvantage.mc.estimator``, their 0.1 home) still work."""
@@ -495,7 +496,8 @@ def test_config_names_the_config_field():
     from mcadvantage.estimators import VinePPOEstimator
 
     est = VinePPOEstimator.from_config(cfg)
-    assert (est.reuse_samples, est.allocation, est.min_rollouts, est.min_step_tokens) == (
+    s = est.settings
+    assert (s.reuse_samples, s.allocation, s.min_rollouts, s.min_step_tokens) == (
         True,
         "variance",
         1,

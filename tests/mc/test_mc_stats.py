@@ -99,6 +99,9 @@ def test_metric_reductions_come_from_the_fields_and_reduce_like_adding_the_recor
         "free_samples": "sum",
         "rollouts_saved": "sum",
         "budget_tokens": "sum",
+        "tool_result_tokens": "sum",
+        "tool_calls": "sum",
+        "dropped_tool_results": "sum",
     }
     a = part(seconds=1.0, free_samples=2.0, rollouts_saved=1.0)
     b = part(rollouts=10, generated_tokens=7, states=3, seconds=4.0, free_samples=5.0, rollouts_saved=-2.0)

@@ -172,7 +172,7 @@ def test_a_wave_is_one_sampler_call_and_one_grading_call(tok):
         [([n, eos], 0.0)] * 3,
     ]
     counts = wave.counts
-    assert isinstance(counts, MCStats) and rollouts.WaveCounts is MCStats
+    assert isinstance(counts, MCStats)
     assert (counts.requests, counts.rollouts, counts.generated_tokens) == (3, 6, 12)
     assert (counts.truncated_rollouts, counts.unscorable_rollouts, counts.unsampled_states) == (0, 0, 0)
     assert counts.rollout_rewards == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]

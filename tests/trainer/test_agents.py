@@ -399,17 +399,14 @@ def _initial_weights() -> dict[str, torch.Tensor]:
 def test_real_tool_loop_episodes_meet_the_turn_credit_contract(scripted_first_turn, tmp_path):
     """Issue 39 stage 2's building blocks on episodes of TRL's real tool loop: the episode's tool rounds match its
     tool-result spans token for token (the suffix GRPO computes), an Adder rebuilt by replay reproduces every recorded
-    result, a recorded turn parses back to its calls, and estimate_turn_credit runs on the batch with the live policy
+    result, a recorded turn parses back to its calls, and the Monte Carlo estimator runs on the batch with the live policy
     (finite values, no credit on tool results)."""
     from mcadvantage import VinePPOConfig, VinePPOTrainer
-    from mcadvantage.mc.episodes import (
-        episode_step_boundaries,
-        model_spans,
-        recorded_tool_turns,
-        replay_environment,
-        tool_spans,
-    )
-    from mcadvantage.mc.turn_credit import Graders, ToolLoop, estimate_turn_credit, sampler_generate
+    from mcadvantage.mc.episodes import episode_step_boundaries
+    from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
+    from mcadvantage.samplers.episode_sampler import EpisodeSampler
+    from mcadvantage.samplers.episodes import AgentEpisodes, model_spans, tool_spans
+    from mcadvantage.samplers.rebuild import recorded_tool_turns, replay_environment
 
     checked = {"rounds": 0, "credits": []}
 
@@ -430,19 +427,31 @@ def test_real_tool_loop_episodes_meet_the_turn_credit_contract(scripted_first_tu
                 parsed = trainer.parse_turn(ep.completion_ids[start:end], ep.prompt_ids)
                 assert parsed["tool_calls"] == list(turns[0].calls)
             checked["rounds"] += len(turns)
-        with trainer.estimator_context().policy_sampler() as sampler:
-            checked["credits"] += estimate_turn_credit(
-                episodes,
+        agent = AgentEpisodes(episodes, {None: Adder}, trainer.parse_turn, trainer.tool_result_ids, 2)
+        trajectories = [
+            Trajectory(
+                ep.prompt_ids,
+                ep.completion_ids,
+                episode_step_boundaries(ep.tool_mask),
+                ep.reward,
+                prompt=ep.prompt,
+                tool_mask=ep.tool_mask,
+                episode=ep,
+            )
+            for ep in episodes
+        ]
+        with trainer.estimator_context().policy_sampler() as engine:
+            estimator = MCValueEstimator(
+                EpisodeSampler(engine, agent),
+                trainer.reward_funcs,
+                trainer.processing_class,
                 num_rollouts=1,
-                environment_factories={None: Adder},
-                loop=ToolLoop(
-                    generate=sampler_generate(sampler),
-                    parse=trainer.parse_turn,
-                    tool_suffix_ids=trainer.tool_result_ids,
-                    max_completion_length=trainer.max_completion_length,
-                    max_tool_calling_iterations=2,
-                ),
-                graders=Graders(trainer.reward_funcs, trainer.reward_weights.tolist()),
+                reward_weights=trainer.reward_weights.tolist(),
+                max_completion_length=trainer.max_completion_length,
+            )
+            estimate = estimator.estimate(trajectories)
+            checked["credits"] += list(
+                zip(trajectories, estimate.values, estimate.sample_counts, strict=True)
             )
 
     tok = build_tool_calling_tokenizer()
@@ -459,9 +468,9 @@ def test_real_tool_loop_episodes_meet_the_turn_credit_contract(scripted_first_tu
     trainer.compute_advantages = compute
     trainer.train()
     assert checked["rounds"] > 0 and checked["credits"]
-    for credit in checked["credits"]:
-        assert all(math.isfinite(v) for v in credit.values)
-        assert credit.rollouts == len(credit.boundaries) - 1
+    for traj, values, counts in checked["credits"]:
+        assert all(math.isfinite(v) for v in values)
+        assert counts == [1] * (len(traj.step_boundaries) - 1)
 
 
 def _before_the_choice(text: str) -> list[str]:
@@ -533,7 +542,10 @@ def test_vineppo_gives_environment_episodes_unbiased_monte_carlo_turn_credit(tmp
     # holds tool rounds, so its continuations run tools too).
     assert all(v > 0 for v in _logged(trainer, "mc/generated_tokens"))
     assert all(v > 0 for v in _logged(trainer, "mc/tool_result_tokens"))
-    assert sum(credit.tool_result_tokens for _, _, credits in seen for credit in credits) > 0
+    # Tool executions per step (the replays' and the continuations'), so the replay multiplier is visible.
+    tool_calls = sum(result.metrics["tool_calls"] for result, _, _ in seen)
+    assert sum(_logged(trainer, "mc/tool_calls")) == tool_calls > 0
+    assert set(_logged(trainer, "mc/dropped_tool_results")) == {0.0}
     spies[0].check_tool_tokens_get_no_credit()
 
     errors = []
@@ -546,7 +558,9 @@ def test_vineppo_gives_environment_episodes_unbiased_monte_carlo_turn_credit(tmp
         for i, credit in zip(rows, credits, strict=True):
             ids = batch.completion_ids[i]
             assert credit.values[-1] == float(batch.rewards[i])  # V(S_n) = R, never estimated
-            assert credit.rollouts == k * (len(credit.boundaries) - 1)
+            assert credit.rollouts == k * (
+                len(credit.boundaries) - 1
+            )  # identical states share their k samples
             # Every turn boundary is a state (4 turns: 3 tool calls, then the answer), and states sit only on the
             # model's own tokens.
             starts = [

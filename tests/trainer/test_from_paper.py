@@ -98,7 +98,7 @@ def test_a_small_model_starts_with_the_budget_the_user_asked_for(short_context_m
         short_context_model, VinePPOConfig.from_paper("gsm8k", max_completion_length=24, **settings)
     )
     assert trainer.completion_room == (24, "max_completion_length")
-    assert trainer.advantage_estimator.fixed_rollout_budget == 24
+    assert trainer.advantage_estimator.settings.fixed_rollout_budget == 24
 
 
 @pytest.mark.slow

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from mcadvantage._moved import warn_old_spelling
+
 __all__ = [
     "ALLOCATIONS",
     "ROLLOUT_BUDGETS",
@@ -197,9 +199,13 @@ _FIELD_NAMES = tuple(_FIELDS)
 
 def setting_attribute(owner: object, name: str) -> Any:
     """``owner.<setting>`` for an object that holds its Monte Carlo settings as ``owner.settings`` (its
-    ``__getattr__``): the setting's value, so ``estimator.num_rollouts`` reads ``estimator.settings.num_rollouts``."""
+    ``__getattr__``): the setting's value, so ``estimator.num_rollouts`` (0.1's spelling, with a ``FutureWarning``)
+    reads ``estimator.settings.num_rollouts``."""
     settings = vars(owner).get("settings")
     if isinstance(settings, MCSettings) and name in _FIELDS:
+        kind = type(owner).__name__
+        # 4 frames up: warn_old_spelling, here, the owner's __getattr__, the line that read the alias.
+        warn_old_spelling(f"{kind}.{name}", f"{kind}.settings.{name}", stacklevel=4)
         return getattr(settings, name)
     raise AttributeError(f"{type(owner).__name__!r} object has no attribute {name!r}")
 
@@ -324,17 +330,15 @@ def validate_mc_settings(
     if steps_after_cap == "spread" and max_estimated_steps is None:
         raise ValueError(
             f"{n('steps_after_cap')}='spread' spreads {n('max_estimated_steps')} states over each response, but "
-            f"{n('max_estimated_steps')} is None. Use {n('steps_after_cap')}='merge' (the default, and the only "
-            f"choice with tools= / environment_factory=, whose turn credit estimates every state), or set "
+            f"{n('max_estimated_steps')} is None. Use {n('steps_after_cap')}='merge' (the default), or set "
             f"{n('max_estimated_steps')} (e.g. 8)."
         )
     if steps_after_cap == "zero" and max_estimated_steps is None:
         raise ValueError(
             f"{n('steps_after_cap')}='zero' gives the steps past {n('max_estimated_steps')} advantage 0, but "
             f"{n('max_estimated_steps')} is None (no cap), so it would change nothing. Use "
-            f"{n('steps_after_cap')}='merge' (the default, and the only choice with tools= / environment_factory=, "
-            f"whose turn credit estimates every state), or set {n('max_estimated_steps')} (the official code: 26 on "
-            "GSM8K)."
+            f"{n('steps_after_cap')}='merge' (the default), or set {n('max_estimated_steps')} (the official code: 26 "
+            "on GSM8K)."
         )
     if allocation not in ALLOCATIONS:
         raise ValueError(

@@ -68,7 +68,6 @@ from mcadvantage.estimators.vineppo import (
     MONTE_CARLO_CONFIG_FIELDS,
     VinePPOEstimator,
     check_turn_credit_support,
-    segmenter_inside_turns,
 )
 from mcadvantage.mc.episodes import episode_step_boundaries
 from mcadvantage.mc.planning import estimated_boundaries
@@ -241,56 +240,19 @@ class HybridEstimator(AdvantageEstimator):
         """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
         result = self.grpo.estimate(batch, context)
         self.last_rows = []
-        mask = batch.completion_mask
-        # The tokens of the loss: tool results (tool_mask 0) get no credit from either estimator.
-        loss_mask = loss_token_mask(mask, batch.tool_mask)
         # Sampled tokens, masked responses included: masking (often chosen by outcome) must not move the budget.
-        response_tokens = sum(len(ids) for ids in batch.completion_ids)
-        allowed = self.budget * response_tokens
+        allowed = self.budget * sum(len(ids) for ids in batch.completion_ids)
         metrics = dict(result.metrics)
         metrics.update(budget_tokens=allowed, generated_tokens=0.0, groups_estimated=0.0)
         reductions = {"budget_tokens": "sum", "generated_tokens": "sum", "groups_estimated": "sum"}
         all_rewards = batch.all_rewards.cpu()
         degenerate = degenerate_groups(all_rewards, batch.group_size)
         metrics["degenerate_groups"] = float(len(degenerate))
-        start = batch.local_slice.indices(all_rewards.shape[0])[0]
-        local = range(start, start + len(batch.completion_ids))
-        candidates = [
-            g
-            for g in degenerate
-            if any(g * batch.group_size <= i < (g + 1) * batch.group_size for i in local)
-        ]
-        if allowed <= 0 or not candidates:
-            self._take_part_in_server_sampling(batch, context)
-            return AdvantageResult(
-                advantages=result.advantages,
-                token_mask=result.token_mask,
-                metrics=metrics,
-                metric_reductions=reductions,
-            )
-        segmenter = self.monte_carlo.segmenter or get_segmenter(context.segmenter)
-        state_boundaries = self._state_boundaries(batch, context, segmenter)
-        # Responses of degenerate groups, in a seeded random order, each taken while its predicted cost fits:
-        # a whole group of long responses rarely fits a budget near GRPO's price, one response often does. The
-        # order and the budget ignore the mask; a chosen masked response keeps its share but is not estimated, so
-        # which responses are masked changes no other response's credit.
-        rows = [
-            i - start
-            for g in candidates
-            for i in range(g * batch.group_size, (g + 1) * batch.group_size)
-            if i in local and batch.completion_ids[i - start]
-        ]
-        self.rng.shuffle(rows)
-        chosen_rows: list[int] = []
-        reserved = spent = 0
-        for r in rows:
-            cost = predicted_rollout_tokens(state_boundaries(r), self.settings.num_rollouts)
-            if reserved + cost <= allowed:
-                reserved += cost
-                if int(mask[r].sum()) > 0:
-                    chosen_rows.append(r)
-                    spent += cost
-        if not chosen_rows:
+        rows = self._candidate_rows(batch, degenerate) if allowed > 0 else []
+        chosen_rows, spent = self._choose(batch, context, rows, allowed) if rows else ([], 0)
+        if not chosen_rows:  # no Monte Carlo credit this batch: nothing of an earlier batch's stays readable
+            mc = self.monte_carlo
+            mc.last_estimate, mc.last_rows, mc.last_turn_credit = None, [], []
             self._take_part_in_server_sampling(batch, context)
             return AdvantageResult(
                 advantages=result.advantages,
@@ -307,11 +269,12 @@ class HybridEstimator(AdvantageEstimator):
             std = float(nanstd(all_rewards)) if all_rewards.numel() > 1 else 0.0
             scale = 1.0 / std if std > 0 else 1.0
         advantages = result.advantages.clone()
-        for j, r in enumerate(sorted(chosen_rows)):
-            width = mc.advantages.shape[1]
+        for j, r in enumerate(self.last_rows):
             advantages[r] = 0.0
-            advantages[r, :width] = mc.advantages[j].to(advantages.device) * scale
-        advantages = advantages * loss_mask
+            advantages[r, : mc.advantages.shape[1]] = mc.advantages[j].to(advantages.device) * scale
+        # The tokens of the loss: tool results (tool_mask 0) get no credit from either estimator.
+        advantages = advantages * loss_token_mask(batch.completion_mask, batch.tool_mask)
+        start = batch.local_slice.indices(all_rewards.shape[0])[0]
         metrics.update(
             generated_tokens=float(mc.metrics.get("generated_tokens", 0.0)),
             groups_estimated=float(len({(start + r) // batch.group_size for r in chosen_rows})),
@@ -325,6 +288,39 @@ class HybridEstimator(AdvantageEstimator):
             metrics=metrics,
             metric_reductions=reductions,
         )
+
+    def _candidate_rows(self, batch: AdvantageBatch, degenerate: list[int]) -> list[int]:
+        """The local non-empty rows of the degenerate groups, in a seeded random order: a whole group of long
+        responses rarely fits a budget near GRPO's price, one response often does."""
+        start = batch.local_slice.indices(batch.all_rewards.shape[0])[0]
+        local = range(start, start + len(batch.completion_ids))
+        rows = [
+            i - start
+            for g in degenerate
+            for i in range(g * batch.group_size, (g + 1) * batch.group_size)
+            if i in local and batch.completion_ids[i - start]
+        ]
+        self.rng.shuffle(rows)
+        return rows
+
+    def _choose(
+        self, batch: AdvantageBatch, context: EstimatorContext, rows: list[int], allowed: float
+    ) -> tuple[list[int], int]:
+        """Each row taken while its predicted cost fits the budget: ``(chosen rows, their predicted tokens)``. The
+        order and the budget ignore the mask; a chosen masked response keeps its share but is not estimated, so
+        which responses are masked changes no other response's credit."""
+        segmenter = self.monte_carlo.segmenter or get_segmenter(context.segmenter)
+        state_boundaries = self._state_boundaries(batch, context, segmenter)
+        chosen_rows: list[int] = []
+        reserved = spent = 0
+        for r in rows:
+            cost = predicted_rollout_tokens(state_boundaries(r), self.settings.num_rollouts)
+            if reserved + cost <= allowed:
+                reserved += cost
+                if int(batch.completion_mask[r].sum()) > 0:
+                    chosen_rows.append(r)
+                    spent += cost
+        return chosen_rows, spent
 
     def _take_part_in_server_sampling(self, batch: AdvantageBatch, context: EstimatorContext) -> None:
         """With a vLLM server and several processes only the main process samples, in one collective call per batch
@@ -353,18 +349,24 @@ class HybridEstimator(AdvantageEstimator):
                 "HybridEstimator: the batch has a tool_mask (multi-turn episodes) but context.episodes is None, so "
                 "its episodes cannot be continued through their tool calls. VinePPOTrainer builds it for tools= and "
                 "environment_factory= (not for rollout_func=); elsewhere pass EstimatorContext(episodes="
-                "mcadvantage.mc.turn_credit.AgentEpisodes(...)), or use advantage_estimator='grpo'."
+                "mcadvantage.samplers.episodes.AgentEpisodes(...)), or use advantage_estimator='grpo'."
             )
         if len(agent.episodes) != len(batch.completion_ids):
             raise ValueError(
                 f"HybridEstimator: context.episodes holds {len(agent.episodes)} episodes for a batch of "
                 f"{len(batch.completion_ids)} responses; build one episode per local batch row, in batch order."
             )
-        inside = segmenter_inside_turns(segmenter, context.tokenizer)
 
         def episode_states(r: int) -> list[int]:
-            episode = agent.episodes[r]
-            return episode_step_boundaries(episode.tool_mask, lambda start, end: inside(episode, start, end))
+            ids = agent.episodes[r].completion_ids
+
+            def inside(start: int, end: int) -> list[int]:
+                turn = segment_completion(segmenter, context.tokenizer, ids[start:end])
+                return [start + b for b in turn[1:-1]]
+
+            return estimated_boundaries(
+                episode_step_boundaries(agent.episodes[r].tool_mask, inside), self.settings
+            )
 
         return episode_states
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple
 
+from mcadvantage._moved import warn_old_spelling
 from mcadvantage.estimators.base import AdvantageEstimator
 
 __all__ = [
@@ -81,6 +82,15 @@ def _adapted_class(cls: type) -> type[AdvantageEstimator]:
         return cls
     adapted = _ADAPTED.get(cls)
     if adapted is None:
+        # 5 frames up: warn_old_spelling, here, the registry function, the decorator or the trainer's lookup, and
+        # the user's line (approximately: the warning names the class either way).
+        warn_old_spelling(
+            f"an advantage estimator class written to the 0.1 protocol ({cls.__module__}.{cls.__qualname__}: "
+            "estimate without the base class)",
+            f"class {cls.__name__}(mcadvantage.AdvantageEstimator) (the hooks it leaves out then take the "
+            "contract's defaults)",
+            stacklevel=4,
+        )
         namespace = {
             "__module__": cls.__module__,
             "__qualname__": cls.__qualname__,

@@ -7,22 +7,20 @@ policy (the context's sampler) and grades them with the reward functions; every 
 every process' responses, estimates them all (identical states dedup across processes) and sends each
 process its part.
 
-Multi-turn episodes of GRPO's tool loop (``batch.tool_mask`` set, ``context.episodes`` built by the trainer for
-``tools=`` / ``environment_factory=``) get Monte Carlo credit per turn instead
-(:func:`~mcadvantage.mc.turn_credit.estimate_agent_credit`): states at turn boundaries and at the segmenter's step
-boundaries inside the model's turns, ``num_mc_rollouts`` continuations per state that resume the episode through its
-tool calls on replayed environments, tool-result tokens at advantage 0 and out of the whitening statistics.
-
-Why this module is long: one estimator with two inputs (single-turn responses and multi-turn episodes), each with its
-vLLM-server path (the main process samples for every process); the Monte Carlo machinery itself lives in ``mc/``.
+Multi-turn episodes take the same pipeline. A batch with a ``tool_mask`` puts its states at the first token of every
+model turn and at the segmenter's boundaries inside the turns (never in a tool result), and its tool-result tokens
+get advantage 0 and no whitening weight. Its continuations come from a sampler that continues episodes: for GRPO's
+tool loop (``tools=`` / ``environment_factory=``, ``context.episodes`` set) the policy's sampler wrapped in an
+:class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler` (each continuation on its own rebuilt environment, through
+the tool loop); for a ``rollout_func``, the user's ``continuation_func``. So every Monte Carlo setting, and the dedup
+of identical states, applies to agents as to single-turn responses.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,56 +44,39 @@ from mcadvantage.estimators.rules import (
 )
 from mcadvantage.mc.episodes import episode_step_boundaries
 from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
+from mcadvantage.mc.planning import estimated_boundaries
 from mcadvantage.mc.stats import MCStats
-from mcadvantage.mc.turn_credit import (
-    AgentEpisodes,
-    EpisodeCredit,
-    Graders,
-    estimate_agent_credit,
-    sampler_generate,
-)
+from mcadvantage.samplers.episode_sampler import EpisodeSampler, dropped_rounds
+from mcadvantage.samplers.episodes import AgentEpisodes
+from mcadvantage.samplers.rebuild import warn_dropped_tool_results
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
-__all__ = ["VinePPOEstimator", "check_turn_credit_support", "segmenter_inside_turns"]
+__all__ = ["EpisodeCredit", "VinePPOEstimator", "check_turn_credit_support"]
 
 # Dataset columns that GRPO itself consumes; every other column is passed to the reward functions.
 _NON_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
-
-#: Monte Carlo settings that turn credit does not honour yet: an agent episode is refused at trainer build time when
-#: one differs from its default (the continuation of an episode has the episode's remaining budget, counts only
-#: fresh continuations, and estimates every state).
-_TURN_CREDIT_AT_DEFAULT = (
-    "rollout_budget",
-    "max_estimated_steps",
-    "steps_after_cap",
-    "truncated_reward",
-    "reuse_samples",
-    "allocation",
-    "min_step_tokens",
-)
 
 #: The config fields the Monte Carlo estimators read: every Monte Carlo setting and the segmenter.
 MONTE_CARLO_CONFIG_FIELDS = (*mc_config_names().values(), "step_segmenter")
 
 
-def segmenter_inside_turns(segmenter: Any, tokenizer: Any) -> Callable[[Any, int, int], list[int]]:
-    """``(episode, start, end) -> boundaries``: the step segmenter's boundaries inside one model turn
-    ``[start, end)`` of an episode (:class:`~mcadvantage.mc.turn_credit.Episode`), as absolute positions strictly
-    inside the turn (what :func:`~mcadvantage.mc.episodes.episode_step_boundaries` takes)."""
+@dataclass
+class EpisodeCredit:
+    """The latest estimate of one multi-turn episode, read per episode: ``boundaries`` (its estimated states and its
+    end, after the step budget), ``values`` ``[V(S_0), ..., V(S_{m-1}), R]``, per-token ``advantages`` (tool
+    results 0) and ``rollouts`` (the samples behind its state values)."""
 
-    def inside_turn(episode: Any, start: int, end: int) -> list[int]:
-        bounds = segment_completion(segmenter, tokenizer, episode.completion_ids[start:end])
-        return [start + b for b in bounds[1:-1]]
-
-    return inside_turn
+    boundaries: list[int]
+    values: list[float]
+    advantages: list[float]
+    rollouts: int = 0
 
 
 def check_turn_credit_support(settings: MCSettings, given: Sequence[str], estimator: str) -> None:
     """Refuse what Monte Carlo turn credit cannot do, for an estimator that gives it (``"vineppo"``, ``"hybrid"``):
     ``rollout_func=`` among the trainer arguments ``given`` (``NotImplementedError``: its episodes can be resumed from
-    a prefix only by a ``continuation_func``, which ``"vineppo"`` takes), and a Monte Carlo setting of ``settings`` that turn credit does not honour (``ValueError``: it
-    runs every state's continuations to the episode's end within ``max_completion_length``). ``estimator`` is the
-    name the messages give (``advantage_estimator=...``)."""
+    a prefix only by a ``continuation_func``, which the trainer then drops from ``given``). Every Monte Carlo
+    setting works on agent episodes. ``estimator`` is the name the messages give (``advantage_estimator=...``)."""
     if "rollout_func" in given:
         how = (
             "needs continuation_func= next to rollout_func=: a Monte Carlo continuation resumes your rollout from a "
@@ -110,20 +91,6 @@ def check_turn_credit_support(settings: MCSettings, given: Sequence[str], estima
         raise NotImplementedError(
             f"advantage_estimator={estimator!r} {how}, or use advantage_estimator='grpo', 'rloo' or 'gae' (they "
             "train rollout_func episodes exactly as trl.GRPOTrainer does)."
-        )
-    names, defaults = mc_config_names(), MCSettings().as_dict()
-    # Every unsupported setting in one message: fixing one at a time could meet another's check on the way (e.g.
-    # mc_steps_after_cap='spread' needs mc_max_estimated_steps, which turn credit refuses).
-    unsupported = [name for name in _TURN_CREDIT_AT_DEFAULT if getattr(settings, name) != defaults[name]]
-    if unsupported:
-        given_text = ", ".join(f"{names[name]}={getattr(settings, name)!r}" for name in unsupported)
-        fix = ", ".join(f"{names[name]}={defaults[name]!r}" for name in unsupported)
-        verb, its = ("is", "its default") if len(unsupported) == 1 else ("are", "their defaults")
-        raise ValueError(
-            f"{given_text} {verb} not supported with tools= / environment_factory= under "
-            f"advantage_estimator={estimator!r}: Monte Carlo turn credit runs every state's num_mc_rollouts "
-            f"continuations to the episode's end within max_completion_length. Set {fix} ({its}), or use "
-            "advantage_estimator='grpo' / 'rloo' / 'gae'."
         )
 
 
@@ -166,8 +133,8 @@ class VinePPOEstimator(AdvantageEstimator):
             :class:`~mcadvantage.core.settings.MCSettings` field), applied over ``settings``.
 
     Attributes:
-        last_turn_credit: for a batch of multi-turn episodes, the :class:`~mcadvantage.mc.turn_credit.EpisodeCredit`
-            of each response in ``last_rows`` (``last_estimate`` is then None); empty otherwise.
+        last_turn_credit: for a batch of agent episodes (``context.episodes``), the :class:`EpisodeCredit` of each
+            response in ``last_rows``; empty otherwise.
         settings: the :class:`~mcadvantage.core.settings.MCSettings` every batch is estimated with
             (``estimator.num_rollouts`` and the other setting names read them; replace them whole to change one).
         last_estimate: the local :class:`~mcadvantage.mc.estimator.MCEstimate` of the latest batch (estimated
@@ -211,26 +178,76 @@ class VinePPOEstimator(AdvantageEstimator):
     def check_agent_support(self, given: Sequence[str]) -> None:
         """Turn credit continues episodes of ``tools=`` and ``environment_factory=``; refuse ``rollout_func=`` alone
         (its episodes can be resumed from a prefix only by the user's ``continuation_func``: the trainer drops
-        ``rollout_func`` from ``given`` when one is passed) and the Monte Carlo settings turn credit does not honour
-        (:func:`check_turn_credit_support`)."""
+        ``rollout_func`` from ``given`` when one is passed; :func:`check_turn_credit_support`)."""
         check_turn_credit_support(self.settings, given, self.name or type(self).__name__)
 
     # -- the seam ---------------------------------------------------------------------------------------------
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
         """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
-        if batch.tool_mask is not None and context.episodes is not None:
-            return self._estimate_turns(batch, context)
-        # A tool mask without episodes to replay: a rollout_func's env_mask, continued by the user's
-        # continuation_func (the sampler must say it continues episodes, checked in _run). The single-turn pipeline
-        # runs with states only at the model's tokens, and the other tokens get no credit.
+        agent = self._agent_episodes(batch, context)
+        # A tool mask: multi-turn episodes, continued by an EpisodeSampler (agent) or by the user's continuation_func
+        # (the sampler must say it continues episodes, checked in _run). States sit only at the model's tokens, and
+        # the other tokens get no credit.
         env_mask = None if batch.tool_mask is None else batch.tool_mask.detach().cpu().bool()
-        if env_mask is not None and context.sample_on_main_only:
+        if env_mask is not None and agent is None and context.sample_on_main_only:
             raise NotImplementedError(
                 "VinePPOEstimator: a batch with a tool_mask but no context.episodes (a rollout_func's env_mask) is "
                 "continued on every process by its continuation_func; sample_on_main_only=True (a vLLM server "
                 "sampler) cannot do that. Pass the continuation_func's sampler on every process."
             )
+        trajectories, extras, rows = self._trajectories(batch, context, agent)
+        estimate = self._run(
+            trajectories, extras, context, agent=agent, continues_episodes=env_mask is not None
+        )
+        self.last_estimate, self.last_rows = estimate, rows
+        self.last_turn_credit = [] if agent is None else self._episode_credits(trajectories, estimate)
+
+        mask = batch.completion_mask.detach().cpu()
+        advantages = torch.zeros(mask.shape, dtype=torch.float32)
+        token_mask = torch.zeros(mask.shape, dtype=torch.bool)
+        for j, i in enumerate(rows):
+            token_advs = estimate.token_advantages[j]
+            advantages[i, : len(token_advs)] = token_advs
+            token_mask[i] = mask[i].bool() if env_mask is None else mask[i].bool() & env_mask[i]
+        advantages = advantages * token_mask  # padding and environment tokens: exactly 0
+        metrics = self._summarize(estimate, advantages, token_mask)
+        if agent is not None:  # the episodes' own dropped tool rounds, besides their continuations'
+            own = dropped_rounds(agent.episodes)
+            warn_dropped_tool_results(own)
+            metrics["dropped_tool_results"] = metrics.get("dropped_tool_results", 0.0) + own
+        device = batch.completion_mask.device
+        return AdvantageResult(
+            advantages=advantages.to(device),
+            token_mask=token_mask.to(device),
+            values=estimate.values,
+            metrics=metrics,
+            metric_reductions=MCStats.metric_reductions(),
+        )
+
+    @staticmethod
+    def _agent_episodes(batch: AdvantageBatch, context: EstimatorContext) -> AgentEpisodes | None:
+        """``context.episodes`` for a batch of GRPO's tool loop (checked against the batch), else None."""
+        agent = context.episodes
+        if agent is None or batch.tool_mask is None:
+            return None
+        if len(agent.episodes) != len(batch.completion_ids):
+            raise ValueError(
+                f"VinePPOEstimator: context.episodes holds {len(agent.episodes)} episodes for a batch of "
+                f"{len(batch.completion_ids)} responses; build one episode per local batch row, in batch order."
+            )
+        if context.max_completion_length is None:
+            raise ValueError(
+                "VinePPOEstimator: context.max_completion_length is None; turn credit continues each episode within "
+                "the episode's token budget. Pass max_completion_length to the EstimatorContext."
+            )
+        return agent
+
+    def _trajectories(
+        self, batch: AdvantageBatch, context: EstimatorContext, agent: AgentEpisodes | None
+    ) -> tuple[list[Trajectory], list[Trajectory], list[int]]:
+        """The responses to estimate (as :class:`Trajectory`, with their batch rows) and those that only lend their
+        outcome to the pool of free samples."""
         segmenter = self.segmenter if self.segmenter is not None else get_segmenter(context.segmenter)
         rewards = batch.rewards.cpu()
         mask = batch.completion_mask.detach().cpu()
@@ -242,17 +259,19 @@ class VinePPOEstimator(AdvantageEstimator):
         rows: list[int] = []
         for i, ids in enumerate(batch.completion_ids):
             reward = float(rewards[i])
+            episode = None if agent is None else agent.episodes[i]
             if not ids or not math.isfinite(reward) or int(mask[i].sum()) == 0:
                 # Nothing to credit: advantage 0, excluded from the whitening statistics. Its outcome is still a
                 # free sample for the states it passes through (leaving masked or unscorable responses out would
                 # select the pool by outcome); unscorable counts 0, as an unscorable rollout does. Variance allocation
                 # pools the responses too, so it needs them as well.
                 if ids and self.settings.pools_free_samples:
-                    extras.append(
-                        self._trajectory(batch, i, None, context, reward if math.isfinite(reward) else 0.0)
-                    )
+                    kept = reward if math.isfinite(reward) else 0.0
+                    extras.append(self._trajectory(batch, i, None, context, kept, episode))
                 continue
-            if context.context_length is not None:  # iterable datasets are not checked before training
+            # Iterable datasets are not checked before training. An agent episode is not: its continuations never
+            # pass its budget, which the engine already took for the episode itself.
+            if context.context_length is not None and agent is None:
                 check_prompt_fits(
                     len(batch.prompt_ids[i]),
                     context.context_length,
@@ -260,143 +279,39 @@ class VinePPOEstimator(AdvantageEstimator):
                     where=f"local batch row {i}",
                     room_name=room_name,
                 )
-            trajectories.append(self._trajectory(batch, i, segmenter, context, reward))
+            trajectories.append(self._trajectory(batch, i, segmenter, context, reward, episode))
             rows.append(i)
+        return trajectories, extras, rows
 
-        estimate = self._run(trajectories, extras, context, continues_episodes=env_mask is not None)
-        self.last_estimate, self.last_rows, self.last_turn_credit = estimate, rows, []
-
-        advantages = torch.zeros(mask.shape, dtype=torch.float32)
-        token_mask = torch.zeros(mask.shape, dtype=torch.bool)
-        for j, i in enumerate(rows):
-            token_advs = estimate.token_advantages[j]
-            advantages[i, : len(token_advs)] = token_advs
-            token_mask[i] = mask[i].bool() if env_mask is None else mask[i].bool() & env_mask[i]
-        advantages = advantages * token_mask  # padding and environment tokens: exactly 0
-        device = batch.completion_mask.device
-        return AdvantageResult(
-            advantages=advantages.to(device),
-            token_mask=token_mask.to(device),
-            values=estimate.values,
-            metrics=self._summarize(estimate, advantages, token_mask),
-            metric_reductions=MCStats.metric_reductions(),
-        )
-
-    def _estimate_turns(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
-        """Monte Carlo credit per turn for a batch of multi-turn episodes (``batch.tool_mask`` set)."""
-        agent = context.episodes
-        if agent is None:
-            raise ValueError(
-                "VinePPOEstimator: the batch has a tool_mask (multi-turn episodes) but context.episodes is None, so "
-                "its episodes cannot be continued through their tool calls. VinePPOTrainer builds it for tools= and "
-                "environment_factory= (not for rollout_func=); elsewhere pass EstimatorContext(episodes="
-                "mcadvantage.mc.turn_credit.AgentEpisodes(...)), or use advantage_estimator='grpo'."
+    def _episode_credits(self, trajectories: list[Trajectory], estimate: MCEstimate) -> list[EpisodeCredit]:
+        """The latest estimate per episode (:attr:`last_turn_credit`)."""
+        return [
+            EpisodeCredit(
+                boundaries=estimated_boundaries(traj.step_boundaries, self.settings),
+                values=list(values),
+                advantages=[
+                    float(a) if traj.tool_mask is None or traj.tool_mask[t] else 0.0
+                    for t, a in enumerate(token_advs.tolist())
+                ],
+                rollouts=int(sum(counts)),
             )
-        if len(agent.episodes) != len(batch.completion_ids):
-            raise ValueError(
-                f"VinePPOEstimator: context.episodes holds {len(agent.episodes)} episodes for a batch of "
-                f"{len(batch.completion_ids)} responses; build one episode per local batch row, in batch order."
+            for traj, values, token_advs, counts in zip(
+                trajectories,
+                estimate.values,
+                estimate.token_advantages,
+                estimate.sample_counts,
+                strict=True,
             )
-        self.check_agent_support(())
-        if context.max_completion_length is None:
-            raise ValueError(
-                "VinePPOEstimator: context.max_completion_length is None; turn credit continues each episode within "
-                "the episode's token budget. Pass max_completion_length to the EstimatorContext."
-            )
-        segmenter = self.segmenter if self.segmenter is not None else get_segmenter(context.segmenter)
-        rewards = batch.rewards.cpu()
-        mask = batch.completion_mask.detach().cpu()
-        model_tokens = mask.bool() & batch.tool_mask.detach().cpu().bool()
-        # Empty, unscorable and masked-out responses (mask_truncated_completions) get advantage 0 and no weight.
-        rows = [
-            i
-            for i, ids in enumerate(batch.completion_ids)
-            if ids and math.isfinite(float(rewards[i])) and int(mask[i].sum()) > 0
         ]
-        # No prompt-length check here: a continuation never passes its episode's budget (max_completion_length
-        # from the same prompt), which the engine already took for the episode itself.
-
-        started = time.perf_counter()
-        credits = self._agent_credit(
-            agent, rows, context, segmenter_inside_turns(segmenter, context.tokenizer)
-        )
-        seconds = time.perf_counter() - started
-        ordered = [credits[i] for i in rows]
-        self.last_estimate, self.last_rows, self.last_turn_credit = None, rows, ordered
-
-        advantages = torch.zeros(mask.shape, dtype=torch.float32)
-        token_mask = torch.zeros(mask.shape, dtype=torch.bool)
-        for i, credit in zip(rows, ordered, strict=True):
-            advantages[i, : len(credit.advantages)] = torch.tensor(credit.advantages, dtype=torch.float32)
-            token_mask[i] = model_tokens[i]
-        advantages = advantages * token_mask  # tool results and padding: exactly 0
-        state_values = [v for credit in ordered for v in credit.values[:-1]]
-        tokens = float(token_mask.sum())
-        metrics = {
-            "mean_value": math.fsum(state_values) / len(state_values) if state_values else math.nan,
-            "mean_abs_advantage": float(advantages.abs().sum()) / tokens if tokens else math.nan,
-            "steps_per_response": len(state_values) / len(ordered) if ordered else math.nan,
-            "rollouts": float(sum(credit.rollouts for credit in ordered)),
-            "generated_tokens": float(sum(credit.generated_tokens for credit in ordered)),
-            "tool_result_tokens": float(sum(credit.tool_result_tokens for credit in ordered)),
-            "states": float(len(state_values)),
-            "seconds": seconds,
-        }
-        device = batch.completion_mask.device
-        return AdvantageResult(
-            advantages=advantages.to(device),
-            token_mask=token_mask.to(device),
-            values=[list(credit.values) for credit in ordered],
-            metrics=metrics,
-            metric_reductions={**MCStats.metric_reductions(), "tool_result_tokens": "sum"},
-        )
-
-    def _agent_credit(
-        self,
-        agent: AgentEpisodes,
-        rows: list[int],
-        context: EstimatorContext,
-        inside_turns: Callable[[Any, int, int], Sequence[int]],
-    ) -> dict[int, EpisodeCredit]:
-        """Turn credit of the episodes ``rows``, by row. With a vLLM server only the main process can sample: every
-        process sends it its episodes (plain data), the main process continues them all with its own environment
-        factories, parser and tools (the trainer builds the same ones on every process, and a continuation's
-        environment is rebuilt by reset and replay, never shared), and sends each process its credits back."""
-
-        def credit(episodes: AgentEpisodes, which: Sequence[int], sampler: Any) -> dict[int, EpisodeCredit]:
-            return estimate_agent_credit(
-                episodes,
-                which,
-                num_rollouts=self.settings.num_rollouts,
-                generate=sampler_generate(sampler),
-                max_completion_length=context.max_completion_length,
-                graders=Graders(
-                    list(context.reward_funcs), list(context.reward_weights), context.reward_kwargs
-                ),
-                turn_step_boundaries=inside_turns,
-            )
-
-        if not context.sample_on_main_only:
-            with context.policy_sampler() as sampler:
-                return credit(agent, rows, sampler)
-
-        def credit_all(per_process: list[list[Any]], sampler: Any) -> list[list[EpisodeCredit]]:
-            flat = [episode for part in per_process for episode in part]
-            everyone = credit(dataclasses.replace(agent, episodes=flat), range(len(flat)), sampler)
-            parts, start = [], 0
-            for part in per_process:
-                parts.append([everyone[start + j] for j in range(len(part))])
-                start += len(part)
-            return parts
-
-        mine = run_on_main_process(
-            context, [agent.episodes[i] for i in rows], credit_all, "Monte Carlo turn credit"
-        )
-        return dict(zip(rows, mine, strict=True))
 
     @staticmethod
     def _trajectory(
-        batch: AdvantageBatch, i: int, segmenter: Any, context: EstimatorContext, reward: float
+        batch: AdvantageBatch,
+        i: int,
+        segmenter: Any,
+        context: EstimatorContext,
+        reward: float,
+        episode: Any = None,
     ) -> Trajectory:
         """Row ``i`` as a :class:`Trajectory`; ``segmenter=None`` for a response that only lends its outcome to the
         pool (its steps are never estimated, so it is not segmented: one step)."""
@@ -429,6 +344,7 @@ class VinePPOEstimator(AdvantageEstimator):
             prompt=batch.prompts[i] if batch.prompts else None,
             fields={k: v for k, v in row.items() if k not in _NON_REWARD_COLUMNS},
             tool_mask=mask,
+            episode=episode,
         )
 
     # -- I/O around the pure estimator ------------------------------------------------------------------------
@@ -453,17 +369,25 @@ class VinePPOEstimator(AdvantageEstimator):
         extras: list[Trajectory],
         context: EstimatorContext,
         *,
+        agent: AgentEpisodes | None = None,
         continues_episodes: bool = False,
     ) -> MCEstimate:
+        """Estimate ``trajectories`` with the context's sampler (wrapped in an :class:`EpisodeSampler` for agent
+        episodes), here or, with a vLLM server, on the main process for every process."""
+
+        def episodes(sampler: Any) -> Any:
+            return sampler if agent is None else EpisodeSampler(sampler, agent)
+
         if not context.sample_on_main_only:
-            with context.policy_sampler() as sampler:
+            with context.policy_sampler() as engine:
+                sampler = episodes(engine)
                 if continues_episodes and not getattr(sampler, "continues_episodes", False):
                     raise ValueError(
                         "VinePPOEstimator: the batch has a tool_mask (multi-turn episodes) but context.episodes is "
                         "None, and the sampler continues plain text, so a continuation would resume an episode without "
                         "its tool calls and environment steps. VinePPOTrainer builds the episodes for tools= and "
                         "environment_factory=, and continues rollout_func= episodes with your continuation_func=; "
-                        "elsewhere pass EstimatorContext(episodes=mcadvantage.mc.turn_credit.AgentEpisodes(...)) or a "
+                        "elsewhere pass EstimatorContext(episodes=mcadvantage.samplers.episodes.AgentEpisodes(...)) or a "
                         "sampler that continues episodes (mcadvantage.trainer.continuation.ContinuationSampler), or "
                         "use advantage_estimator='grpo'."
                     )
@@ -472,9 +396,9 @@ class VinePPOEstimator(AdvantageEstimator):
                 )
         # Only the main process reaches the engine (vLLM server): it estimates every process' trajectories.
 
-        def estimate_all(per_process: list[Any], sampler: Any) -> list[MCEstimate]:
+        def estimate_all(per_process: list[Any], engine: Any) -> list[MCEstimate]:
             flat = [t for part, _ in per_process for t in part]
-            full = self.make_estimator(sampler, context).estimate(
+            full = self.make_estimator(episodes(engine), context).estimate(
                 flat,
                 reward_kwargs=context.reward_kwargs,
                 extra_responses=[t for _, part in per_process for t in part],

@@ -141,7 +141,7 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
         estimator = HybridEstimator(
             budget=budget, num_rollouts=int(options.get("k", 4)), step_segmenter=segmenter
         )
-        label = f"hybrid_b{budget:g}_k{estimator.monte_carlo.num_rollouts}_p{p}"
+        label = f"hybrid_b{budget:g}_k{estimator.monte_carlo.settings.num_rollouts}_p{p}"
     elif key == "tree":
         branching = [int(b) for b in options.get("branching", "4x2").split("x")]
         depths = [int(d) for d in options["depths"].split("-")] if "depths" in options else None

@@ -8,5 +8,6 @@ functions), :mod:`~mcadvantage.mc.trajectory` (the input), :mod:`~mcadvantage.mc
 :mod:`~mcadvantage.mc.rollouts` (requests, sampling, grading), :mod:`~mcadvantage.mc.pool` (free samples,
 leave-one-out) and :mod:`~mcadvantage.mc.estimator` (the orchestrator: it calls each stage in order, none calls back). The settings
 are one :class:`~mcadvantage.core.settings.MCSettings`. :mod:`~mcadvantage.mc.episodes` (standalone) holds what
-multi-turn episodes add: states at turn boundaries, environment replay, continuations through the tool loop;
-:mod:`~mcadvantage.mc.turn_credit` (on top of it) estimates every state's value of a batch of episodes."""
+multi-turn episodes add on the credit side: their states, at turn boundaries and never in a tool result. Agent
+episodes take the same pipeline: their continuations come from a sampler
+(:class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler`, in the rollout layer, which owns the environments)."""

@@ -37,18 +37,20 @@ vLLM) to reproduce an estimate.
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mcadvantage._moved import warn_old_spelling
 from mcadvantage.core.advantages import check_boundaries, step_advantages, token_advantages
 from mcadvantage.core.settings import MCSettings, refuse_setting_assignment, setting_attribute
-from mcadvantage.mc.planning import StatePlan, estimated_boundaries, plan_states
+from mcadvantage.mc.planning import plan_states as _plan_states
 from mcadvantage.mc.pool import (
     SamplePool,
     first_wave_counts,
@@ -60,10 +62,11 @@ from mcadvantage.mc.pool import (
 from mcadvantage.mc.rollouts import (
     RewardFunc,
     RolloutIO,
-    average_values,
-    build_requests,
     rollout_token_budget,
     sample_and_grade,
+)
+from mcadvantage.mc.rollouts import (
+    average_values as _average_values,
 )
 from mcadvantage.mc.stats import MCStats
 from mcadvantage.mc.trajectory import Trajectory
@@ -80,13 +83,28 @@ __all__ = [
     "fresh_rollout_values",
     "pooled_values",
     "variance_second_wave",
-    # re-exported from the stage modules (their 0.1 home was this module):
-    "StatePlan",
-    "plan_states",
-    "estimated_boundaries",
-    "build_requests",
-    "average_values",
 ]
+
+if TYPE_CHECKING:
+    from mcadvantage.mc.planning import StatePlan
+
+#: Names whose 0.1 home was this module, and the stage module that defines them: still importable from here, with a
+#: FutureWarning.
+_STAGE_NAMES = {
+    "StatePlan": "mcadvantage.mc.planning",
+    "plan_states": "mcadvantage.mc.planning",
+    "estimated_boundaries": "mcadvantage.mc.planning",
+    "build_requests": "mcadvantage.mc.rollouts",
+    "average_values": "mcadvantage.mc.rollouts",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _STAGE_NAMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warn_old_spelling(f"mcadvantage.mc.estimator.{name}", f"{home}.{name}")
+    return getattr(importlib.import_module(home), name)
 
 
 @dataclass
@@ -310,7 +328,7 @@ class MCValueEstimator:
         self._validate(trajectories)
         if extra:
             self._validate(extra)
-        plan = plan_states(trajectories, s)
+        plan = _plan_states(trajectories, s)
         budgets = [self.budget(prefix_len, len(trajectories[t].prompt_ids)) for t, prefix_len in plan.unique]
         stats = MCStats(
             trajectories=len(trajectories), states=plan.num_states, unique_states=len(plan.unique)
@@ -405,7 +423,7 @@ def fresh_rollout_values(waves: WaveRunner, num_rollouts: int) -> tuple[list[lis
         behind its value.
     """
     samples = waves.run([num_rollouts if ok else 0 for ok in waves.sampled])
-    per_state = average_values([[r for _, r in state] for state in samples])
+    per_state = _average_values([[r for _, r in state] for state in samples])
     values = [[per_state[u] for u in states] for states in waves.plan.state_index]
     return values, [len(state) for state in samples]
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcadvantage._moved import warn_old_spelling
 from mcadvantage.core.settings import MCSettings
 from mcadvantage.mc.budget import merge_short_steps, spread_boundaries
 from mcadvantage.mc.trajectory import Trajectory
@@ -33,6 +34,10 @@ def _step_budget(caller: str, settings: MCSettings | int | None, legacy: dict[st
         return settings
     if settings is not None:  # 0.1: max_estimated_steps in settings' place
         legacy = {"max_estimated_steps": settings, **legacy}
+    if legacy:
+        given = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
+        # 4 frames up: warn_old_spelling, _step_budget, the public function, its caller.
+        warn_old_spelling(f"{caller}(..., {given})", f"{caller}(..., MCSettings({given}))", stacklevel=4)
     return MCSettings().replace(**legacy)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mcadvantage._moved import warn_old_spelling
 from mcadvantage.core.settings import MCSettings
 from mcadvantage.core.text import decode_batch, is_conversational
 from mcadvantage.mc.planning import StatePlan
@@ -31,7 +32,6 @@ __all__ = [
     "RewardFunc",
     "RolloutIO",
     "Wave",
-    "WaveCounts",
     "average_values",
     "build_requests",
     "grade_rollouts",
@@ -42,8 +42,13 @@ __all__ = [
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
-#: A wave's record is the estimate's record (:class:`~mcadvantage.mc.stats.MCStats`): its name before they were one.
-WaveCounts = MCStats
+
+def __getattr__(name: str) -> Any:
+    # 0.1's name of a wave's record, which is the estimate's record (MCStats) since they were made one.
+    if name == "WaveCounts":
+        warn_old_spelling("mcadvantage.mc.rollouts.WaveCounts", "mcadvantage.mc.stats.MCStats")
+        return MCStats
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,10 @@ def build_requests(
     requests: list[RolloutRequest] = []
     request_of_state: list[int | None] = []
     if callable(budgets):  # 0.1's spelling
+        warn_old_spelling(
+            "build_requests(..., budgets=<function (prefix_len, prompt_len) -> tokens>)",
+            "build_requests(..., budgets=[one token budget per unique state, e.g. rollout_token_budget(...)])",
+        )
         budget_of = budgets
         budgets = [budget_of(prefix_len, len(trajectories[t].prompt_ids)) for t, prefix_len in plan.unique]
     for u, (t, prefix_len) in enumerate(plan.unique):
@@ -187,43 +196,46 @@ def validate_samples(requests: Sequence[RolloutRequest], samples: Any) -> list[l
     return [list(c) for c in samples]
 
 
-def grade_rollouts(items: list[tuple[Trajectory, list[int]]], io: RolloutIO) -> tuple[list[float], int]:
-    """Grade full responses ``(trajectory, completion ids)`` with every reward function of ``io``, one call
-    per function for the whole batch. Returns the combined rewards and the unscorable count."""
-    if not items:
-        return [], 0
+def _graded_completions(
+    items: list[tuple[Trajectory, list[int]]], io: RolloutIO, given: Sequence[Any] | None
+) -> list[Any]:
+    """The completions the reward functions get: ``given[j]`` where a sampler set one (an agent continuation's
+    conversation), else the decoded ids (a message list for a conversational prompt)."""
+    given = list(given) if given is not None else [None] * len(items)
+    todo = [j for j, g in enumerate(given) if g is None]
     # Decode the concatenated ids (not prefix text + continuation text) so a character split
     # across the prefix/continuation boundary (multi-token UTF-8) decodes correctly.
-    completion_ids = [ids for _, ids in items]
-    texts = decode_batch(io.tokenizer, completion_ids)
-    prompts = [traj.prompt for traj, _ in items]
-    completions: list[Any] = [
-        [{"role": "assistant", "content": text}] if is_conversational(traj.prompt) else text
-        for (traj, _), text in zip(items, texts, strict=True)
-    ]
+    texts = decode_batch(io.tokenizer, [items[j][1] for j in todo]) if todo else []
+    for j, text in zip(todo, texts, strict=True):
+        traj = items[j][0]
+        given[j] = [{"role": "assistant", "content": text}] if is_conversational(traj.prompt) else text
+    return given
+
+
+def grade_rollouts(
+    items: list[tuple[Trajectory, list[int]]], io: RolloutIO, completions: Sequence[Any] | None = None
+) -> tuple[list[float], int]:
+    """Grade full responses ``(trajectory, completion ids)`` with every reward function of ``io``, one call
+    per function for the whole batch (``completions``: per item, the completion as graded, or None to decode its
+    ids). Returns the combined rewards and the unscorable count."""
+    if not items:
+        return [], 0
     keys: list[str] = []
     for traj, _ in items:
-        for k in traj.fields:
-            if k not in keys:
-                keys.append(k)
-    columns = {k: [traj.fields.get(k) for traj, _ in items] for k in keys}
-
+        keys.extend(k for k in traj.fields if k not in keys)
+    arguments = dict(
+        prompts=[traj.prompt for traj, _ in items],
+        completions=_graded_completions(items, io, completions),
+        completion_ids=[ids for _, ids in items],
+        **{k: [traj.fields.get(k) for traj, _ in items] for k in keys},
+        **io.reward_kwargs,
+    )
     per_func: list[list[float]] = []
     for f in io.reward_funcs:
         # Raising, or returning inf, is a RewardFunctionError naming the function and the rollout: one infinite
         # rollout would make its state's value infinite and every whitened advantage NaN.
-        out = call_reward_func(
-            f,
-            getattr(f, "__name__", None) or type(f).__name__,
-            dict(
-                prompts=prompts,
-                completions=completions,
-                completion_ids=completion_ids,
-                **columns,
-                **io.reward_kwargs,
-            ),
-            where="Monte Carlo rollouts",
-        )
+        name = getattr(f, "__name__", None) or type(f).__name__
+        out = call_reward_func(f, name, arguments, where="Monte Carlo rollouts")
         if len(out) != len(items):
             raise RuntimeError(
                 f"reward function {getattr(f, '__name__', f)!r} returned {len(out)} rewards for "
@@ -232,7 +244,6 @@ def grade_rollouts(items: list[tuple[Trajectory, list[int]]], io: RolloutIO) -> 
         per_func.append(out)
         if io.progress is not None:
             io.progress.update(1)
-
     rewards: list[float] = []
     unscorable = 0
     for j in range(len(items)):
@@ -240,6 +251,46 @@ def grade_rollouts(items: list[tuple[Trajectory, list[int]]], io: RolloutIO) -> 
         unscorable += all_nan
         rewards.append(total)
     return rewards, unscorable
+
+
+def _draw(requests: list[RolloutRequest], io: RolloutIO, tally: MCStats) -> list[list[Continuation]]:
+    """ONE sampler call for the wave's requests, checked (:func:`validate_samples`) and timed."""
+    t0 = time.perf_counter()
+    samples = validate_samples(requests, io.sampler.sample(requests)) if requests else []
+    tally.sampling_seconds = time.perf_counter() - t0
+    if io.progress is not None:
+        io.progress.update(1)
+    return samples
+
+
+def _count(tally: MCStats, cont: Continuation) -> None:
+    """Add one continuation's cost to the wave's record: tokens the engine sampled (an agent continuation's
+    tool results apart, with its tool calls and dropped rounds)."""
+    tally.rollouts += 1
+    tally.truncated_rollouts += bool(cont.truncated)
+    if cont.tool_mask is None:
+        tally.generated_tokens += len(cont.token_ids)
+        return
+    sampled = sum(cont.tool_mask)
+    tally.generated_tokens += sampled
+    tally.tool_result_tokens = (tally.tool_result_tokens or 0) + len(cont.token_ids) - sampled
+    tally.tool_calls = (tally.tool_calls or 0) + cont.tool_calls
+    tally.dropped_tool_results = (tally.dropped_tool_results or 0) + cont.dropped_tool_results
+
+
+@dataclass
+class _ToGrade:
+    """What a wave sends to the reward functions: per item, who it is graded as, its ids, its completion (None:
+    decode the ids) and the unique state it is a sample of."""
+
+    items: list[tuple[Trajectory, list[int]]] = field(default_factory=list)
+    completions: list[Any] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+
+    def add(self, traj: Trajectory, ids: list[int], u: int, completion: Any = None) -> None:
+        self.items.append((traj, ids))
+        self.completions.append(completion)
+        self.slots.append(u)
 
 
 def sample_and_grade(
@@ -259,18 +310,9 @@ def sample_and_grade(
     truncated_reward = io.truncated_reward
     tally = MCStats()
     requests, request_of_state = build_requests(trajectories, plan, counts, budgets)
-
-    t0 = time.perf_counter()
-    samples: list[list[Continuation]] = []
-    if requests:
-        samples = validate_samples(requests, io.sampler.sample(requests))
-    tally.sampling_seconds = time.perf_counter() - t0
-    if io.progress is not None:
-        io.progress.update(1)
-
+    samples = _draw(requests, io, tally)
     out: list[list[tuple[list[int], float]]] = [[] for _ in plan.unique]
-    to_grade: list[tuple[Trajectory, list[int]]] = []
-    slots: list[int] = []  # unique-state index of each graded item
+    grading = _ToGrade()
     for u, (t, prefix_len) in enumerate(plan.unique):
         traj = trajectories[t]
         prefix = list(traj.completion_ids[:prefix_len])
@@ -282,29 +324,24 @@ def sample_and_grade(
                 if truncated_reward is not None:
                     out[u].append((prefix, truncated_reward))
                 else:
-                    to_grade.append((traj, prefix))
-                    slots.append(u)
+                    grading.add(traj, prefix, u)
             continue
         for cont in samples[r]:
-            tally.generated_tokens += len(cont.token_ids)
-            tally.truncated_rollouts += bool(cont.truncated)
-            tally.rollouts += 1
+            _count(tally, cont)
             ids = prefix + list(cont.token_ids)
             if cont.truncated and truncated_reward is not None:
                 out[u].append((ids, truncated_reward))
                 tally.rollout_rewards.append(truncated_reward)
             else:
-                # A continuation's own fields (a continuation_func's extra outputs) go over the state's row fields.
+                # A continuation's own fields (a continuation_func's extra outputs, an agent continuation's
+                # environment) go over the state's row fields.
                 graded_as = replace(traj, fields={**traj.fields, **cont.fields}) if cont.fields else traj
-                to_grade.append((graded_as, ids))
-                slots.append(u)
+                grading.add(graded_as, ids, u, cont.completion)
     tally.requests = len(requests)
-
     t0 = time.perf_counter()
-    graded, unscorable = grade_rollouts(to_grade, io)
+    graded, tally.unscorable_rollouts = grade_rollouts(grading.items, io, grading.completions)
     tally.grading_seconds = time.perf_counter() - t0
-    tally.unscorable_rollouts = unscorable
-    for u, (_, ids), reward in zip(slots, to_grade, graded, strict=True):
+    for u, (_, ids), reward in zip(grading.slots, grading.items, graded, strict=True):
         out[u].append((ids, reward))
         if request_of_state[u] is not None:
             tally.rollout_rewards.append(reward)

@@ -44,6 +44,9 @@ _STAT_NAMES = (
     "budget_tokens",
     "free_samples",
     "rollouts_saved",
+    "tool_result_tokens",
+    "tool_calls",
+    "dropped_tool_results",
     "trajectories",
     "states",
     "unique_states",
@@ -62,6 +65,9 @@ _METRIC_FIELDS = (
     "free_samples",
     "rollouts_saved",
     "budget_tokens",
+    "tool_result_tokens",
+    "tool_calls",
+    "dropped_tool_results",
 )
 
 
@@ -87,6 +93,10 @@ class MCStats(Mapping[str, float]):
         free_samples: with free samples pooled (``reuse_samples`` or ``allocation="variance"``), samples of a
             state's value that were not drawn for it, summed over unique states (None otherwise).
         rollouts_saved: with free samples pooled, ``num_rollouts`` per sampled state minus the rollouts drawn.
+        tool_result_tokens, tool_calls, dropped_tool_results: for agent episodes (continuations with a tool mask),
+            the tool results' tokens the continuations appended (prefilled, not sampled: ``generated_tokens``
+            counts the model's tokens only), the tool executions (the environments' rebuilds included) and the
+            tool rounds whose results were dropped for the budget; None otherwise.
         trajectories: number of trajectories.
         states: non-terminal states over all trajectories, before dedup.
         unique_states: states left after dedup.
@@ -106,6 +116,9 @@ class MCStats(Mapping[str, float]):
     budget_tokens: float | None = _stat("sum", None)
     free_samples: float | None = _stat("sum", None)
     rollouts_saved: float | None = _stat("sum", None)
+    tool_result_tokens: int | None = _stat("sum", None)
+    tool_calls: int | None = _stat("sum", None)
+    dropped_tool_results: int | None = _stat("sum", None)
     trajectories: int = _stat("sum")
     states: int = _stat("sum")
     unique_states: int = _stat("sum")
@@ -201,7 +214,14 @@ class MCStats(Mapping[str, float]):
             "dedup_ratio": self.dedup_ratio,
             "truncated_rollout_ratio": self.truncated_rollouts / self.rollouts if self.rollouts else 0.0,
         }
-        for name in ("free_samples", "rollouts_saved", "budget_tokens"):
+        for name in (
+            "free_samples",
+            "rollouts_saved",
+            "budget_tokens",
+            "tool_result_tokens",
+            "tool_calls",
+            "dropped_tool_results",
+        ):
             value = getattr(self, name)
             if value is not None:
                 out[name] = float(value)

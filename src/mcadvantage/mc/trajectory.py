@@ -32,6 +32,9 @@ class Trajectory:
             environment or tool tokens), 1 elsewhere; None: every token is the model's. The estimator does not read
             it (the caller places the step boundaries and zeroes those tokens' credit); a sampler that continues
             episodes receives it with the state (``RolloutRequest.origin``).
+        episode: the rollout layer's record of the episode this response is (an agent episode of GRPO's tool loop,
+            :class:`~mcadvantage.samplers.episodes.Episode`), for a sampler that continues it; None elsewhere. The
+            estimator does not read it.
     """
 
     prompt_ids: list[int]
@@ -41,3 +44,4 @@ class Trajectory:
     prompt: Any = None
     fields: dict[str, Any] = field(default_factory=dict)
     tool_mask: list[int] | None = None
+    episode: Any = field(default=None, repr=False, compare=False)

@@ -49,12 +49,24 @@ class Continuation:
     excluding any padding. ``truncated`` is True when generation stopped because the budget
     (``max_tokens``) ran out rather than at EOS. ``fields``: extra keyword arguments for the reward functions that
     grade this continuation (what a ``continuation_func`` returned besides its tokens, as ``rollout_func``'s extra
-    fields reach them), over the state's own row fields; engines leave it empty.
+    fields reach them; an agent continuation's ``environments``), over the state's own row fields; engines leave it
+    empty.
+
+    A sampler that continues agent episodes (:class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler`) also sets:
+    ``completion``, the response from its start as reward functions take it (the conversation's messages; None:
+    the estimator decodes the tokens); ``tool_mask``, 0 on the tokens the model did not sample (tool results),
+    which count as ``tool_result_tokens`` rather than ``generated_tokens``; ``tool_calls``, the tool executions
+    it ran (its environment's rebuild included); ``dropped_tool_results``, 1 when its last tool round's results
+    were dropped for the budget.
     """
 
     token_ids: tuple[int, ...]
     truncated: bool
     fields: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    completion: Any = field(default=None, compare=False)
+    tool_mask: tuple[int, ...] | None = field(default=None, compare=False)
+    tool_calls: int = field(default=0, compare=False)
+    dropped_tool_results: int = field(default=0, compare=False)
 
 
 @runtime_checkable

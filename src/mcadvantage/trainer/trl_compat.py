@@ -69,9 +69,10 @@ from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.versions import check_version_range
 from mcadvantage.estimators.base import ReadsStateKeys
 from mcadvantage.estimators.batch import AdvantageBatch
-from mcadvantage.mc.turn_credit import AgentEpisodes, Episode
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
 from mcadvantage.rewards.truncation import score_truncated_responses, truncated_responses
+from mcadvantage.samplers.episodes import AgentEpisodes, Episode
+from mcadvantage.samplers.rebuild import NOT_RECORDED, dropped_tool_calls, recorded_tool_turns
 from mcadvantage.trainer.guards import checkpoint_to_resume, refuse_nonfinite_step
 
 __all__ = [
@@ -534,7 +535,7 @@ class GRPOTrainerHooks(GRPOTrainer):
         return list(self._standalone_tools)
 
     def agent_episodes(self, batch: AdvantageBatch) -> list[Episode]:
-        """The local batch's episodes as :func:`~mcadvantage.mc.turn_credit.estimate_turn_credit` takes them: token
+        """The local batch's episodes as :class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler` continues them: token
         ids, tool mask, GRPO's parsed conversation (``completions``), the combined reward, and the row (as GRPO reset
         the environment with it). Only for a batch of GRPO's tool loop (``batch.tool_mask`` set)."""
         if batch.tool_mask is None:
@@ -555,9 +556,20 @@ class GRPOTrainerHooks(GRPOTrainer):
                 prompt=batch.prompts[i],
                 row=dict(batch.rows[i]),
                 environment=batch.rows[i].get(route) if route else None,
+                state_keys=self._final_state_key(i, messages[i]),
             )
             for i, ids in enumerate(batch.completion_ids)
         ]
+
+    def _final_state_key(self, row: int, messages: list[dict[str, Any]]) -> dict[int, Any]:
+        """``{rounds: key}``: the ``state_key`` of row ``row``'s pooled environment after its episode (GRPO's
+        instance holds the final state), by the episode's tool rounds; empty without a ``state_key``, or when the
+        episode's last round was dropped for the budget (its calls ran but no replay runs them)."""
+        environments = getattr(self, "environments", None) or []
+        if row >= len(environments) or dropped_tool_calls(messages):
+            return {}
+        key = getattr(environments[row], "state_key", NOT_RECORDED)
+        return {} if key is NOT_RECORDED else {len(recorded_tool_turns(messages)): key}
 
     def agent_context(self, batch: AdvantageBatch) -> AgentEpisodes | None:
         """What continuing the local batch's episodes through GRPO's tool loop needs (``EstimatorContext.episodes``):

@@ -11,9 +11,9 @@ The protocol (docs/lm-agent-map-protocol.md) was committed before any run. In br
 testbed's ``chain`` task through ``environment_factory=AgentEnv``; every run spends at most the setting's budget of
 sampled model tokens (its episodes' model tokens, Monte Carlo continuations' model tokens included; tool results are
 not sampled; the oracle's continuations are not charged), and is evaluated on a fixed held-out set of episodes at
-a quarter, a half and the whole of its budget (one run gives the three budget fractions: the learning rate is
-constant). Each arm and fraction chooses its (learning rate, prompts per step) from :data:`GRID` by the mean success
-of :data:`TUNING_SEEDS`, then runs :data:`EVAL_SEEDS`.
+half and the whole of its budget (one run gives the three budget fractions: the learning rate is
+constant). Each arm chooses its (learning rate, prompts per step) from :data:`GRID` by the mean full-budget success
+of :data:`TUNING_SEEDS`, then runs :data:`EVAL_SEEDS` (the oracle is not tuned: it runs at tuned GRPO's point).
 
 Records: one JSON file per run under ``benchmarks/results/lm_agent_map_runs/<setting>/<phase>/`` (written when the
 run finishes; a run whose file exists is skipped, an interrupted one restarts from its start), each naming the
@@ -49,7 +49,7 @@ WARMUP_DIR = RESULTS / "lm_agent_map_warmup"
 #: Budget fractions evaluated inside each run.
 FRACTIONS = (0.5, 1.0)
 #: The tuning grid, the same for every arm: learning rates x prompts per step (each prompt gets GENERATIONS episodes).
-GRID_LRS = (3e-4, 1e-3, 3e-3)
+GRID_LRS = (1e-3, 3e-3)
 GRID_PROMPTS = (2, 4)
 GRID: tuple[tuple[float, int], ...] = tuple((lr, p) for lr in GRID_LRS for p in GRID_PROMPTS)
 GENERATIONS = 4
@@ -217,8 +217,9 @@ def eval_specs(setting: str, arms: Sequence[str], root: Path = RUNS) -> list[Run
 
 
 def chosen_points(setting: str, arm: str, root: Path = RUNS) -> dict[float, tuple[float, int]]:
-    """Each fraction's chosen (learning rate, prompts per step) for ``arm``: its own tuning's choice, or, for an
-    untuned arm (the oracle), tuned GRPO's choice at the full budget for every fraction.
+    """The (learning rate, prompts per step) every fraction of ``arm`` is evaluated at: the arm's own choice at the
+    full budget (so 12 evaluation runs per arm serve both fractions), or, for an untuned arm (the oracle), tuned
+    GRPO's.
 
     Raises:
         ValueError: when the tuning runs it needs are not all there.
@@ -227,10 +228,8 @@ def chosen_points(setting: str, arm: str, root: Path = RUNS) -> dict[float, tupl
     records = [read_record(spec.path(root)) for spec in tuning_specs(setting, [source])]
     if any(r is None for r in records):
         raise ValueError(f"{setting}/{source}: tuning is incomplete; run --phase tune first.")
-    if not ARMS[arm].tuned:
-        point = choose(records, FRACTIONS[-1])
-        return {f: point for f in FRACTIONS}
-    return {f: choose(records, f) for f in FRACTIONS}
+    point = choose(records, FRACTIONS[-1])
+    return {f: point for f in FRACTIONS}
 
 
 def collapsed(start: float, final: float, n: int = EVAL_EPISODES) -> bool:
@@ -245,7 +244,7 @@ def collapsed(start: float, final: float, n: int = EVAL_EPISODES) -> bool:
 # --------------------------------------------------------------------------------------------------------------
 def run_config(setting: Setting, arm: Arm, spec: RunSpec, output_dir: str) -> Any:
     """The run's ``VinePPOConfig``: one generation batch per optimizer step, a constant learning rate (so the model
-    at a quarter of the budget is the model a quarter-budget run ends with), temperature 1."""
+    at half the budget is the model a half-budget run ends with), temperature 1."""
     from mcadvantage import VinePPOConfig
     from testbed.lm_agent import max_completion_length_for
 
@@ -532,11 +531,11 @@ def summarize(settings: Sequence[str], arms: Sequence[str], root: Path = RUNS) -
         rows = []
         for arm in arms:
             try:
-                points = chosen_points(name, arm, root)
+                chosen = chosen_points(name, arm, root)
             except ValueError:  # not tuned yet
                 continue
             for fraction in FRACTIONS:
-                lr, prompts = points[fraction]
+                lr, prompts = chosen[fraction]
                 runs = [
                     read_record(RunSpec(name, arm, lr, prompts, seed, "eval").path(root))
                     for seed in EVAL_SEEDS

@@ -92,6 +92,7 @@ class Arm:
     config: dict[str, Any]
     charge_mc: bool = True
     tuned: bool = True
+    settings: tuple[str, ...] | None = None  # None: every setting; else only these (the oracle: H = 2 only)
     available: Callable[[], str | None] = field(default=lambda: None)  # None, or why the arm cannot run yet
 
 
@@ -117,7 +118,11 @@ ARMS: dict[str, Arm] = {
         },
     ),
     "oracle_k16": Arm(
-        "oracle_k16", {"advantage_estimator": "vineppo", "num_mc_rollouts": 16}, charge_mc=False, tuned=False
+        "oracle_k16",
+        {"advantage_estimator": "vineppo", "num_mc_rollouts": 16},
+        charge_mc=False,
+        tuned=False,
+        settings=("chain_H2",),
     ),
     "anchor": Arm("anchor", {"advantage_estimator": "anchor"}, available=_anchor_available),
     "anchor_pooled": Arm(
@@ -207,6 +212,8 @@ def eval_specs(setting: str, arms: Sequence[str], root: Path = RUNS) -> list[Run
     seeds (one run serves every fraction that chose its point). Needs the arm's tuning records."""
     specs = []
     for arm in sorted(arms, key=lambda a: not ARMS[a].tuned):  # the untuned oracle last: the slowest runs
+        if not runs_in(arm, setting):
+            continue
         points = chosen_points(setting, arm, root)
         specs += [
             RunSpec(setting, arm, lr, p, seed, "eval")
@@ -214,6 +221,12 @@ def eval_specs(setting: str, arms: Sequence[str], root: Path = RUNS) -> list[Run
             for seed in EVAL_SEEDS
         ]
     return specs
+
+
+def runs_in(arm: str, setting: str) -> bool:
+    """Whether the protocol runs ``arm`` in ``setting`` (the oracle only at H = 2: its steps at H = 8 cost minutes)."""
+    allowed = ARMS[arm].settings
+    return allowed is None or setting in allowed
 
 
 def chosen_points(setting: str, arm: str, root: Path = RUNS) -> dict[float, tuple[float, int]]:
@@ -530,6 +543,8 @@ def summarize(settings: Sequence[str], arms: Sequence[str], root: Path = RUNS) -
         setting = SETTINGS[name]
         rows = []
         for arm in arms:
+            if not runs_in(arm, name):
+                continue
             try:
                 chosen = chosen_points(name, arm, root)
             except ValueError:  # not tuned yet

@@ -167,3 +167,8 @@ def test_every_tuned_arm_has_the_same_grid_and_the_oracle_is_not_charged_nor_tun
     )
     assert not set(lm.TUNING_SEEDS) & set(lm.EVAL_SEEDS)
     assert lm.ARMS["oracle_k16"].charge_mc is False and lm.ARMS["oracle_k16"].tuned is False
+
+
+def test_the_oracle_runs_at_h2_only():
+    assert lm.runs_in("oracle_k16", "chain_H2") and not lm.runs_in("oracle_k16", "chain_H8")
+    assert all(lm.runs_in("grpo", s) for s in lm.SETTINGS)

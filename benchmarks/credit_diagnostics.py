@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import replace
@@ -112,12 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - t0
     print(result.table())
     paths = result.save(args.output_dir)
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
     out = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "threads": args.threads,
-        },
+        "machine": machine_info(threads=args.threads),
         "command": "python benchmarks/credit_diagnostics.py "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "model": "shipped demo warm-up (seed 0)" if args.model is None and args.critic is None else model_dir,

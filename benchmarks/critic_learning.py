@@ -345,7 +345,10 @@ def run_online(arm: str, seed: int, root: Path) -> None:
     )
     trainer.remove_callback(PrinterCallback)
     trainer.train()
-    out.with_suffix(".done").write_text(json.dumps({"arm": arm, "seed": seed, "settings": settings}))
+    from _machine import machine_info  # beside this file (on the path: see the imports)
+
+    done = {"arm": arm, "seed": seed, "settings": settings, "environment": machine_info()}
+    out.with_suffix(".done").write_text(json.dumps(done))
 
 
 # ---- report ------------------------------------------------------------------------------------------------

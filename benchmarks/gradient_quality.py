@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -318,13 +317,16 @@ def ensure_cost_ratio(data: dict[str, Any], args: argparse.Namespace) -> None:
     """Measure r once, for the demo policy on this machine (the toys use the same r)."""
     if "cost_ratio" in data:
         return
-    import torch
 
     from mcadvantage.evaluation.cost_model import measure_cost_ratio
 
     _, model, _ = demo_task(args.demo_prompts, args.seed, args.threads)
     data["cost_ratio"] = measure_cost_ratio(model)
-    data["machine"] = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
+    data["machine"] = machine_info()
     save_results(data)
 
 

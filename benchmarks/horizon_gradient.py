@@ -137,12 +137,20 @@ def settings_of(cell: Cell, arm: str, repeats: int, seed: int) -> dict[str, Any]
 def measure(cell: Cell, arm: str, repeats: int, seed: int) -> dict[str, Any]:
     """One record: ``arm``'s batch gradients at the start of ``cell`` against the exact gradient."""
     from mcadvantage.evaluation.gradient_instrument import gradient_metrics
-    from testbed.agent_credit import arm_batch_gradients
+    from testbed.agent_credit import arm_batch_gradients, batch_identification
 
     param, structure, horizon, rate = cell
     start = time.perf_counter()
+    shares: list[float] = []
+    signs: list[bool] = []
+
+    def identify(policy: Any, batch: Any, raw: torch.Tensor) -> None:
+        batch_shares, batch_signs = batch_identification(policy, batch, raw)
+        shares.extend(batch_shares)
+        signs.extend(batch_signs)
+
     exact, gradients, tokens = arm_batch_gradients(
-        structure, horizon, rate, arm, seed, repeats, parameterization=param
+        structure, horizon, rate, arm, seed, repeats, parameterization=param, on_batch=identify
     )
     # Coordinates whose exact gradient is 0 (a turn that changes nothing, a state never reached) come out of autograd
     # as round-off (~1e-17); set them to 0 so that sign agreement is scored only where the sign is defined.
@@ -158,22 +166,35 @@ def measure(cell: Cell, arm: str, repeats: int, seed: int) -> dict[str, Any]:
         "per_batch": quality,
         "cosines": cosines,
         "equal_tokens": equal_token_error(gradients, exact, tokens, equal_token_budget(horizon), seed=seed),
+        # Credit identification at the start policy, on the same batches (testbed.agent_credit.batch_identification)
+        "identification": {
+            "irrelevant_share": sum(shares) / len(shares) if shares else math.nan,
+            "decisive_sign_accuracy": sum(signs) / len(signs) if signs else math.nan,
+            "credited_episodes": len(shares),
+            "signed_episodes": len(signs),
+        },
     }
 
 
 def run(root: Path, cells: Sequence[Cell], arms: Sequence[str], repeats: int, seed: int) -> int:
     """Measure every (cell, arm) whose record is missing or was made with other settings; returns how many ran."""
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
     ran = 0
     for cell in cells:
         for arm in arms:
             path = cell_dir(root, cell) / f"{arm}.json"
             if path.exists():
                 try:
-                    if json.loads(path.read_text())["settings"] == settings_of(cell, arm, repeats, seed):
+                    old = json.loads(path.read_text())
+                    # a record from before the identification was measured is measured again (same batches)
+                    if old["settings"] == settings_of(cell, arm, repeats, seed) and "identification" in old:
                         continue
                 except (json.JSONDecodeError, KeyError):
                     pass  # a torn or foreign file: measure again and replace it
-            record = measure(cell, arm, repeats, seed)
+            record = measure(cell, arm, repeats, seed) | {"environment": machine_info()}
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, allow_nan=True))
@@ -242,6 +263,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "equal_token_rel_sq_error": _r(eq["rel_sq_error"]),
                 "equal_token_rel_sq_error_ci": [_r(x) for x in eq["rel_sq_error_ci"]],
                 "bias_part": _r(eq["bias"]),
+                "irrelevant_share_at_start": _r(rec.get("identification", {}).get("irrelevant_share")),
+                "decisive_sign_accuracy_at_start": _r(rec.get("identification", {}).get("decisive_sign_accuracy")),
                 "vs_best_grpo": _ratio(rec, finite[base]) if base and arm in finite and arm != base else None,
             })  # fmt: skip
         rows.extend(cell_rows)
@@ -308,7 +331,79 @@ def _what_it_shows(cells: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any
         f"GRPO's {_span(grpo_hi, 0)} (no rollouts: it is GRPO there). Arms that give turns that do not matter exactly "
         "0 (the oracle, Monte Carlo in `delayed`) score the same under both parameterizations. A better gradient is "
         "not faster learning: the map above decides.",
+        *_anchor_reading(cells, rows, lo, hi),
     ]
+
+
+ANCHOR_ARMS = ("anchor", "anchor_pooled", "anchor_hist", "anchor_hist_pooled")
+
+
+def _anchor_reading(
+    cells: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], lo: int, hi: int
+) -> list[str]:
+    """The anchor arms (issue 49) in numbers: their error at equal tokens over the best GRPO arm's, per horizon, and
+    the cells where the interval of that ratio lies below or above 1."""
+    present = [a for a in ANCHOR_ARMS if any(r["arm"] == a for r in rows)]
+    if not present:
+        return []
+    parts = []
+    for arm in present:
+        below = sum(arm in c["below_best_grpo"] for c in cells)
+        above = sum(arm in c["above_best_grpo"] for c in cells)
+        parts.append(
+            f"`{arm}` {_span(_ratios(rows, arm, horizon=lo))} at H = {lo} and {_span(_ratios(rows, arm, horizon=hi))} "
+            f"at H = {hi} (below the best GRPO arm in {below} of {len(cells)} cells, above it in {above})"
+        )
+    return [
+        "- **Anchor-state credit** (issue 49; no extra samples: each arm's batch is `grpo`'s, so it is measured "
+        "at GRPO's tokens), error at equal tokens over the best GRPO arm's: "
+        + "; ".join(parts)
+        + ". `anchor` / `anchor_pooled` key turns by the true state `(turn, state)`, `anchor_hist` / "
+        "`anchor_hist_pooled` by the history before the turn (free-text observations: keys stop recurring once two "
+        "episodes diverge)."
+    ]
+
+
+def _identification_at_start(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Credit identification at the start policy, from the instrument's own batches (every arm's raw credit on
+    the same kind of batch, before any update): per arm and H, the mean over the cells at that H, shown only where
+    every cell's record carries it (records measured before the identification was added do not)."""
+    horizons = sorted({r["horizon"] for r in rows})
+
+    def complete(arm: str, h: int) -> list[dict[str, Any]] | None:
+        sel = [r for r in rows if r["arm"] == arm and r["horizon"] == h]
+        return sel if sel and all(r.get("irrelevant_share_at_start") is not None for r in sel) else None
+
+    shown = [a for a in ARMS if any(complete(a, h) for h in horizons)]
+    if not shown:
+        return []
+    lines = [
+        "",
+        "Credit identification at the start policy, on the instrument's batches: share of absolute raw credit on "
+        "turns whose exact advantage is 0 / sign accuracy on the decisive turn "
+        "(`testbed.agent_credit.batch_identification`, the measure of the learning runs' table above, here before "
+        "any update and on every batch); mean over the cells at that horizon. Arms whose records predate this "
+        "measure are left out.",
+        "",
+        "| arm | " + " | ".join(f"H={h}" for h in horizons) + " |",
+        "|---|" + "---|" * len(horizons),
+    ]
+    for arm in shown:
+        cells = []
+        for h in horizons:
+            sel = complete(arm, h)
+            if sel is None:
+                cells.append("-")
+                continue
+            share = sum(r["irrelevant_share_at_start"] for r in sel) / len(sel)
+            signs = [
+                r["decisive_sign_accuracy_at_start"]
+                for r in sel
+                if r["decisive_sign_accuracy_at_start"] is not None
+            ]
+            cells.append(f"{_f(share, 2)} / {_f(sum(signs) / len(signs) if signs else None, 2)}")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def render_section(gradient: dict[str, Any] | None) -> list[str]:
@@ -360,6 +455,7 @@ def render_section(gradient: dict[str, Any] | None) -> list[str]:
             f"| {c['best_arm']} | {', '.join(a for a in c['below_best_grpo'] if a in practical) or '-'} "
             f"| {', '.join(c['above_best_grpo']) or '-'} |"
         )
+    lines += _identification_at_start(rows)
     lines += [
         "",
         "Every arm and cell: sampled tokens per batch, per-batch cosine and sign agreement, the relative squared "

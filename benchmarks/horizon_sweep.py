@@ -36,6 +36,7 @@ if str(ROOT / "benchmarks") not in sys.path:  # the gradient stage's module live
     sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import horizon_gradient  # noqa: E402  (beside this file)
+from _machine import machine_info  # noqa: E402  (beside this file)
 
 from mcadvantage.evaluation.stats import holm_adjust, paired_t_test  # noqa: E402
 from testbed.agent_credit import ARMS, GRPO_ARMS, PARAMETERIZATIONS, batch_tokens  # noqa: E402
@@ -109,7 +110,12 @@ def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
     param, structure, horizon, rate = cell
     start = time.perf_counter()
     result = train_arm(structure, horizon, rate, arm, seed, budget_episodes=budget, parameterization=param)
-    record = {"settings": settings, "seconds": round(time.perf_counter() - start, 3), **asdict(result)}
+    record = {
+        "settings": settings,
+        "seconds": round(time.perf_counter() - start, 3),
+        **asdict(result),
+        "environment": machine_info(),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, allow_nan=True))
@@ -552,7 +558,7 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         "| arm | " + " | ".join(f"H={h}" for h in horizons) + " |",
         "|---|" + "---|" * len(horizons),
     ]
-    for arm in ARMS:
+    for arm in (a for a in ARMS if any(r["arm"] == a for r in rows)):  # arms with learning runs
         cellv = []
         for h in horizons:
             sel = [r for r in rows if r["arm"] == arm and r["horizon"] == h]

@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -232,6 +231,15 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)  # atomic: an interrupted write never leaves half a file
 
 
+def _machine_info() -> dict:
+    """``benchmarks/_machine.py``'s :func:`machine_info` (beside this file, which tests load by path)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    from _machine import machine_info
+
+    return machine_info()
+
+
 def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
     """Train (or reuse) the seed's warm-up policy; returns its metadata."""
     meta_path = seed_dir / "warmup.json"
@@ -265,6 +273,7 @@ def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
         "curve_problems": config.curve_problems,
         "seconds": seconds,
         "config": asdict(config),
+        "environment": _machine_info(),
     }
     _write_json(meta_path, meta)
     return meta
@@ -445,6 +454,7 @@ def run_arm_process(
 
     if str(BENCHMARKS) not in sys.path:  # the RL-free arms are benchmark code, beside this file
         sys.path.insert(0, str(BENCHMARKS))
+    from _machine import machine_info
     from rl_free_arms import run_dpo_plus_arm, run_restem_arm, run_sft_arm
 
     _quiet_libraries()
@@ -577,6 +587,7 @@ def run_arm_process(
             "process_seconds": time.perf_counter() - t0,
             "temperature": config.temperature,
             "torch_threads": torch.get_num_threads(),
+            "environment": machine_info(),
             **matching,
             **extra,
         },
@@ -861,12 +872,12 @@ def report(
             for k in ("accuracy", "curve_on_first_problems", "curve_problems", "seconds", "shared_start")
             if k in w
         }
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
     result = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpus": os.cpu_count(),
-        },
+        "machine": machine_info(),  # where the report was written; each run's own is in its record
         "command": command,
         "tasks": TASKS,
         "sft_learning_rate": SFT_LR,

@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -589,6 +588,10 @@ def plot(options: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["toy", "demo"], choices=list(TASK_ORDER))
@@ -668,6 +671,7 @@ def main(argv: list[str] | None = None) -> int:
                     "truth_variance": task["truth_variance"],
                     "value_variance": task["value_variance"],
                     "settings": settings,
+                    "environment": machine_info(threads=args.threads),
                 }
             ),
             encoding="utf-8",
@@ -702,11 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(options))
     plot(options, png)
     out = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "threads": args.threads,
-        },
+        "machine": machine_info(threads=args.threads),
         "command": "python benchmarks/mc_efficiency.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "tasks": descriptions,
         "ground_truth_variance": truth_variance,

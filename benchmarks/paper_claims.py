@@ -366,6 +366,17 @@ def training_accuracy(logs: list[dict], step: int, window: int) -> float:
     return statistics.fmean(rows)
 
 
+def same_fields(new: dict, old: dict, fields: tuple[str, ...]) -> bool:
+    """Whether a re-run's record ``new`` equals the record ``old`` in ``fields``: the protocol's rule ("equal") for
+    the checks that compare two records made on one machine (the reproduction, start and re-timing checks), through
+    the helper every comparison of a re-run with a record uses (``benchmarks/_records.py``, its exact rule)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _records import EXACT, compare_record
+
+    return not compare_record(new, old, dict.fromkeys(fields, EXACT))[0]
+
+
 def regime_reproduction(curves: dict[str, dict[int, list[dict]]]) -> dict:
     """Whether the new ``grpo`` and ``vineppo_k4`` runs reproduce the regime study's records of the same seed at steps
     20 and 40 (the protocol's check: more evaluations and the KL sample must not touch training)."""
@@ -379,11 +390,7 @@ def regime_reproduction(curves: dict[str, dict[int, list[dict]]]) -> dict:
             old = {r["step"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
             for step in (20, 40):
                 checked += 1
-                new = at_step(curve, step)
-                if (
-                    new["accuracy"] == old[step]["accuracy"]
-                    and new["sampled_tokens"] == old[step]["sampled_tokens"]
-                ):
+                if same_fields(at_step(curve, step), old[step], ("accuracy", "sampled_tokens")):
                     matched += 1
                 else:
                     mismatches.append(f"{arm} seed {seed} step {step}")
@@ -642,8 +649,8 @@ def start_check(check_root: Path = START_CHECK, task: str = STAGE3_TASK) -> dict
         old = load_curves(REGIME_RUNS, task, "grpo", [seed]).get(seed)
         for step in (20, 40):
             checked += 1
-            if old is not None and all(
-                at_step(curve, step)[k] == at_step(old, step)[k] for k in ("accuracy", "sampled_tokens")
+            if old is not None and same_fields(
+                at_step(curve, step), at_step(old, step), ("accuracy", "sampled_tokens")
             ):
                 identical += 1
     return {"checked": checked, "identical": identical}
@@ -786,7 +793,7 @@ def retime(
         for arm in RETIME_ARMS
         for seed in SEEDS
         for new, old in itertools.zip_longest(curves[arm][seed], decision[arm][seed], fillvalue={})
-        if not new or not old or any(new[f] != old[f] for f in fields)
+        if not new or not old or not same_fields(new, old, fields)
     ]
     out["mismatches"] = [f"{run} seed {seed} {where}" for run, seed, where in differing]
     out["mismatched_seeds"] = sorted({seed for _, seed, _ in differing})
@@ -1038,6 +1045,7 @@ def critic_logs(
     ev, ev_last, bias, value, reward = [], [], [], [], []
     nonnegative = logged = below_constant = 0
     errors = True  # whether every run logged the fresh value errors (runs since the critic study)
+    per_seed: list[dict] = []
     for seed in seeds:
         # Step logs of the policy's steps only (a critic warm-up's are logged at steps <= 0). Explained variance on
         # fresh states against the reward-to-go: the logged "_fresh" metric where there is one (under lambda < 1 the
@@ -1066,6 +1074,7 @@ def critic_logs(
         reward.append(statistics.fmean(r["reward"] for r in tail))
         nonnegative += sum(r["critic/explained_variance"] >= 0 for r in logs)
         logged += len(logs)
+        per_seed.append(_critic_tail(seed, logs, max(r["step"] for r in load_logs(root, task, arm, seed))))
     return {
         "task": task,
         "arm": arm,
@@ -1080,6 +1089,46 @@ def critic_logs(
         "steps_nonnegative": nonnegative,
         "steps_logged": logged,
         **({"seeds_below_constant": below_constant} if errors else {}),
+        "last_steps": _critic_tail_summary(per_seed),
+    }
+
+
+CRITIC_TAIL = (
+    10  # issue 53: critic quality as the mean over the last 10 policy steps, beside the last step alone
+)
+CRITIC_GOAL = 0.3  # issue 40's goal for the critic's fresh explained variance
+
+
+def _critic_tail(seed: int, logs: list[dict], last: float) -> dict:
+    """One run's critic over its last ``CRITIC_TAIL`` policy steps up to step ``last`` (by step number; a step whose
+    batch had no reward variance logs no explained variance): the mean explained variance, the last logged step's,
+    and the share of tied groups (every response the same reward) at that step and over the whole run."""
+    tail = [r for r in logs if r["step"] > last - CRITIC_TAIL]
+    return {
+        "seed": seed,
+        "ev_tail_mean": statistics.fmean(r["critic/explained_variance"] for r in tail),
+        "ev_last": logs[-1]["critic/explained_variance"],
+        "last_step": logs[-1]["step"],
+        "tied_last": logs[-1].get("frac_reward_zero_std", math.nan),
+        "tied_run": statistics.fmean(r.get("frac_reward_zero_std", math.nan) for r in logs),
+    }
+
+
+def _critic_tail_summary(per_seed: list[dict]) -> dict:
+    """Over the seeds: the mean over the last steps (t interval) and at the last step, with how many seeds pass the
+    goal either way, and the tied share of the last step's batch against the runs' average."""
+    return {
+        "window": CRITIC_TAIL,
+        "goal": CRITIC_GOAL,
+        "per_seed": per_seed,
+        "ev_tail": one_sample([x["ev_tail_mean"] for x in per_seed]),
+        "ev_tail_median": statistics.median(x["ev_tail_mean"] for x in per_seed),
+        "ev_last_mean": statistics.fmean(x["ev_last"] for x in per_seed),
+        "ev_last_median": statistics.median(x["ev_last"] for x in per_seed),
+        "seeds_tail_above_goal": sum(x["ev_tail_mean"] > CRITIC_GOAL for x in per_seed),
+        "seeds_last_above_goal": sum(x["ev_last"] > CRITIC_GOAL for x in per_seed),
+        "tied_last": statistics.fmean(x["tied_last"] for x in per_seed),
+        "tied_run": statistics.fmean(x["tied_run"] for x in per_seed),
     }
 
 
@@ -1156,6 +1205,161 @@ def grpo_divergence(root: Path = RUNS) -> dict:
     return out
 
 
+# ---- issue 53: the paper's claims that had no row, from committed records (descriptive; no new run) ----------------
+
+GRADIENT_TASKS = (
+    "demo_plateau",
+    "demo",
+)  # gradient_quality.json's tasks with PPO's 40-step critic (gae_w40_p4)
+GRADIENT_ESTIMATORS = ("gae_w40_p4", "vineppo_k4_p4", "grpo_p4")
+
+
+def lambda_comparison() -> dict:
+    """``ppo_warm`` (GAE lambda 1) minus ``ppo_warm_l0.95`` in held-out accuracy at the last step, paired by seed, on
+    each stage the two arms ran (the amendment of 2026-11-28: the lambda arm is a second reading, not a test)."""
+    out = {}
+    for stage, (task, root, *_rest) in WARM_STAGES.items():
+        curves = {arm: load_curves(root, task, arm, SEEDS) for arm in WARM_ARMS}
+        if any(len(c) != len(SEEDS) for c in curves.values()):
+            continue
+        last = max(r["step"] for r in curves[WARM_ARMS[0]][SEEDS[0]])
+        out[stage] = {"task": task, "step": last, "test": paired_finals(curves, *WARM_ARMS, last)}
+    return out
+
+
+def rloo_race(root: Path | None = None) -> dict:
+    """VinePPO K = 4 against RLOO to RLOO's peak in the 3-seed study (task ``demo``, the only RLOO runs), in training
+    seconds and in steps, by :func:`race`."""
+    root = REGIME_RUNS if root is None else root
+    curves = {arm: load_curves(root, OLDER_TASK, arm, OLDER_SEEDS) for arm in ("rloo", "vineppo_k4")}
+    return {
+        "task": OLDER_TASK,
+        "seconds": race(curves, "vineppo_k4", "rloo", "rloo", "train_seconds"),
+        "steps": race(curves, "vineppo_k4", "rloo", "rloo", "step"),
+    }
+
+
+def determinism_by_position(diagnostics: Path = DIAGNOSTICS_PPO) -> dict:
+    """How deterministic the policy is at each step position: the mean of V(1-V) over the states at that position,
+    V the K = 128 ground truth (the variance of one rollout's 0/1 return from the state), and per response its last
+    state's V(1-V) minus its prompt state's, a mean per prompt with a t interval over the prompts."""
+    states = value_states(diagnostics / "metrics.json")["vineppo_k9"]
+
+    def spread(x: dict) -> float:
+        return x["truth"] * (1 - x["truth"])
+
+    by_response: dict[int, list[dict]] = {}
+    for x in states:
+        by_response.setdefault(x["response"], []).append(x)
+    positions = sorted({x["position"] for x in states})
+    return {
+        "by_position": {
+            str(p): statistics.fmean(spread(x) for x in states if x["position"] == p) for p in positions
+        },
+        "states_by_position": {str(p): sum(x["position"] == p for x in states) for p in positions},
+        "last_minus_first": one_sample(
+            _by_prompt(
+                [(r[0]["prompt"], spread(r[-1]) - spread(r[0])) for r in by_response.values() if len(r) > 1]
+            )
+        ),
+    }
+
+
+def data_budget(studies: dict) -> dict:
+    """Episodes and sampled tokens per run: stage 1's arms (the task preset's prompts, responses and steps) and the
+    3-seed study's arms, RL-free ones included (sampled tokens from their records)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    from learning_efficiency import task_config
+
+    c = task_config(TASK, 0)
+    older = {arm: load_curves(REGIME_RUNS, OLDER_TASK, arm, OLDER_SEEDS) for arm in (*OLDER_ARMS, "rloo")}
+    return {
+        "episodes_per_run": c.prompts_per_step * c.num_generations * c.rl_steps,
+        "prompts_per_run": c.prompts_per_step * c.rl_steps,
+        "stage1_sampled_tokens": {
+            arm: pts[-1]["sampled_tokens"] for arm, pts in studies["stage1"]["curves"].items()
+        },
+        "older_sampled_tokens": {
+            arm: statistics.fmean(curve[s][-1]["sampled_tokens"] for s in OLDER_SEEDS)
+            for arm, curve in older.items()
+        },
+    }
+
+
+def truncation(root: Path = RUNS) -> dict:
+    """How often stage 1's responses hit the length limit (``completions/clipped_ratio``, the truncated share of a
+    step's responses): the mean over every logged step of every run, per arm, and the steps with any."""
+    logs = {arm: [r for s in SEEDS for r in load_logs(root, TASK, arm, s)] for arm in STAGE1_ARMS}
+    return {
+        arm: {
+            "share": statistics.fmean(r["completions/clipped_ratio"] for r in rows),
+            "steps_with_any": sum(r["completions/clipped_ratio"] > 0 for r in rows),
+            "steps": len(rows),
+        }
+        for arm, rows in logs.items()
+    }
+
+
+def gradient_records(path: Path = RESULTS / "gradient_quality.json") -> dict:
+    """The batch-gradient measurements of PPO's 40-step critic (lambda = 1), VinePPO K = 4 and GRPO at 4 prompts a
+    batch, by task (``benchmarks/gradient_quality.py``): cosine to the reference gradient and relative squared error,
+    each with its 95% interval, the mean estimate's cosine and the bias ratio (about 1 for an unbiased estimator)."""
+    tasks = json.loads(path.read_text())["tasks"]
+    keys = ("cosine", "cosine_ci", "rel_sq_error", "rel_sq_error_ci", "mean_cosine", "bias_ratio", "repeats")
+    return {
+        task: {
+            r["estimator"]: {k: r[k] for k in keys}
+            for r in tasks[task]["records"]
+            if r["estimator"] in GRADIENT_ESTIMATORS
+        }
+        for task in GRADIENT_TASKS
+    }
+
+
+def value_move_cost(studies: dict, root: Path = RETIME) -> dict:
+    """What moving the value rows to the warmed-up critic would cost (issue 53): the warmed-up runs kept no critic
+    weights, so each of the 12 seeds needs a ``ppo_warm`` run again with its critic saved (its quiet training seconds
+    per run, warm-up included, from the set-aside re-timing) and one credit-diagnostics run on it (the recorded
+    seconds of the one critic's diagnostics, K = 128 ground truth on 100 states, one thread)."""
+    curves = load_curves(root, TASK, WARM_ARMS[0], SEEDS)
+    diagnostics = json.loads(DIAGNOSTICS_PPO.with_suffix(".json").read_text())
+    train = statistics.fmean(c[-1]["train_seconds"] for c in curves.values()) if curves else math.nan
+    study = studies["ppo_arms"][f"{WARM_ARMS[0]}_stage1"]
+    return {
+        "seeds": len(SEEDS),
+        "train_seconds_per_run": train,
+        "diagnostics_seconds_per_critic": diagnostics["seconds"],
+        "diagnostics_threads": diagnostics["machine"]["threads"],
+        "total_hours": len(SEEDS) * (train + diagnostics["seconds"]) / 3600,
+        "seeds_not_reproducing": study.get("retime", {}).get("mismatched_seeds", []),
+    }
+
+
+def unrowed_claims(studies: dict) -> dict:
+    """Everything the rows added by issue 53 read, from committed records only."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    import learning_efficiency as le
+
+    return {
+        "lambda": lambda_comparison(),
+        "rloo_race": rloo_race(),
+        "determinism": determinism_by_position(),
+        "data_budget": data_budget(studies),
+        "truncation": truncation(),
+        "gradients": gradient_records(),
+        "value_move_cost": value_move_cost(studies),
+        "max_completion_length": le.task_config(TASK, 0).max_completion_length,
+        "rl_free_settings": {
+            "dpo_beta": le.DPO_BETA,
+            "dpo_epochs": le.DPO_EPOCHS,
+            "restem_iterations": le.RESTEM_ITERATIONS,
+            "restem_epochs": le.RESTEM_EPOCHS,
+        },  # fmt: skip
+    }
+
+
 def setup_differences(studies: dict) -> list[dict]:
     """How our setup differs from the paper's (Table 1, Secs 5 and C): the settings the runs used (the task preset of
     ``benchmarks/learning_efficiency.py`` and stage 1's logs), beside the paper's, and what each difference does."""
@@ -1186,11 +1390,19 @@ def setup_differences(studies: dict) -> list[dict]:
          "noisier gradients; the critic sees 16 times fewer states per update"),
         ("training steps", "1,000 (MATH), 650 (GSM8K)", f"{c.rl_steps}", "only the early part of training"),
         ("learning rate", "1e-6, 3% warm-up, polynomial decay",
-         ", ".join(f"{x:g}" for x in ts["learning_rate"]) + ", constant (the critic's the same, no warm-up)",
-         "larger steps per update; a critic that starts with the policy and gets no warm-up"),
-        ("critic", "initialised from the SFT model; PPO's settings swept (KL, batch, mini-batch, lambda, epochs)",
-         "initialised from the starting policy, gamma = lambda = 1, value clip 0.2, nothing tuned",
-         "our critic's explained variance stays below 0 (the training-log rows)"),
+         ", ".join(f"{x:g}" for x in ts["learning_rate"]) + ", constant (`ppo`'s critic the same, no warm-up; the "
+         "warmed-up arms' critic 3e-3, 30x, after 10 critic-only steps)",
+         "larger steps per update"),
+        ("tuning", "PPO's settings swept (KL, batch, mini-batch, lambda, epochs); VinePPO borrows them unchanged",
+         "nothing tuned for the policy of any arm; PPO's critic was the only tuned component: in `ppo_warm` and "
+         "`ppo_warm_l0.95` its learning rate (grid 1x, 10x, 30x, 100x the policy's) and warm-up (10 or 40 steps, 3 "
+         "seeds); `vineppo_k4` and `grpo` run the shared settings",
+         "the one tuned arm is PPO; VinePPO is level with it (the `ppo_warm` rows)"),
+        ("critic", "initialised from the SFT model; trained 2 epochs per batch with PPO's swept settings",
+         "initialised from the starting policy, gamma = 1, value clip 0.2; `ppo`: lambda 1, no warm-up; `ppo_warm`: "
+         "lambda 1, tuned learning rate and warm-up; `ppo_warm_l0.95`: the same at lambda 0.95",
+         "`ppo`'s critic's explained variance stays below 0 (the training-log rows); the warmed-up critic's averages "
+         f"{_warm_tail(studies)} over the last 10 steps on `{TASK}` (the seed-by-seed table)"),
         ("sampling temperature", "0.6", f"{c.temperature}", "the same"),
         ("evaluation", "sampled at T = 0.35, mean of 16 rounds, test set",
          f"greedy decoding of {c.eval_problems} held-out problems",
@@ -1201,10 +1413,38 @@ def setup_differences(studies: dict) -> list[dict]:
          f"{ts['vineppo_steps_per_response']:.2f} steps per response on average",
          "few steps per response: little room for step credit beyond the outcome"),
         ("hardware and timing", "4x A100 (1.1B), 8x H100 (7B), vLLM",
-         f"1 CPU thread per run on a 2-core machine shared with other work ({_timing_conditions(studies)})",
+         f"1 CPU thread per run on a 2-core machine shared with other work ({_timing_conditions(studies)})"
+         + _set_aside_text(studies),
          "wall-clock ratios are CPU ratios, not GPU ones"),
     ]  # fmt: skip
     return [{"aspect": a, "paper": p, "ours": o, "effect": e} for a, p, o, e in rows]
+
+
+def _warm_tail(studies: dict) -> str:
+    """The warmed-up critic's mean fresh explained variance over the last 10 steps on stage 1, with its interval."""
+    study = studies.get("ppo_arms", {}).get(f"{WARM_ARMS[0]}_stage1", {})
+    if not study.get("complete"):
+        return "(not measured yet)"
+    t = study["critic_logs"]["last_steps"]["ev_tail"]
+    return f"{t['mean']:+.2f} {_fmt_ci(t['ci95'], '+.2f')}"
+
+
+def _set_aside_text(studies: dict) -> str:
+    """The warmed-up arms' quiet re-timing that the amendment's rule set aside, quoted beside the used one."""
+    used = studies.get("stage1", {}).get("retime", {})
+    aside = {arm: r for arm, r in studies.get("set_aside_retime", {}).items() if r}
+    if not aside or not used.get("identical"):
+        return ""
+    parts = [f"{_ratio_text(r)} a `{arm}` run" for arm, r in aside.items()]
+    seeds = " and ".join(
+        f"{', '.join(map(str, r['mismatched_seeds']))} of `{arm}`" for arm, r in aside.items()
+    )
+    return (
+        f". Quiet, a VinePPO K = 4 run took {_ratio_text(used['seconds_per_run_ratio'])} a `ppo` run (critic without "
+        "warm-up; post hoc, descriptive). The warmed-up arms' quiet re-timing is post hoc and descriptive and was set "
+        f"aside by its amendment's rule (2026-11-28 15:09 UTC; note of 15:52 UTC: seeds {seeds} differ from their "
+        "records), so it decides nothing; for information, a VinePPO K = 4 run took " + " and ".join(parts)
+    )
 
 
 def _timing_conditions(studies: dict) -> str:
@@ -1367,6 +1607,25 @@ def ppo_arm_study(
     return out
 
 
+def set_aside_retime(arm: str, mismatched: list[int], root: Path = RETIME) -> dict:
+    """The quiet re-timing of a warmed-up arm that its amendment's rule set aside (``RETIMINGS``; its runs differ from
+    the stage-1 records in the seeds ``mismatched``): VinePPO K = 4's quiet training seconds per run over the arm's,
+    paired by seed, quoted for information only (post hoc, descriptive, used for no verdict). Empty until complete."""
+    curves = {
+        "vineppo_k4": load_curves(root, TASK, "vineppo_k4", SEEDS),
+        "ppo": load_curves(root, TASK, arm, SEEDS),
+    }
+    if any(len(c) != len(SEEDS) for c in curves.values()):
+        return {}
+    last = max(r["step"] for r in curves["ppo"][SEEDS[0]])
+    return {
+        "arm": arm,
+        "amendment": RETIMINGS[("stage1", arm)][0],
+        "mismatched_seeds": mismatched,
+        **seconds_per_run_ratio(curves, last),
+    }
+
+
 def holm_arms_over_two_tasks(arms: dict[str, dict]) -> None:
     """Stage 3's rule for a further PPO arm, in place: its ``sign_plateau`` M1 gets Holm over that arm's two tasks'
     M1 (its stage-1 p and this one), or over itself alone while the arm's stage 1 is incomplete (as :func:`stage3`)."""
@@ -1412,7 +1671,7 @@ def ppo_arm_row(measure: str, studies: dict) -> dict:
     if what == "explained_variance":
         return logs_row("explained_variance", study["critic_logs"])
     if what == "value_bias":
-        return logs_row("bias", study["critic_logs"])
+        return critic_bias_row(study)
     row = stage_row(f"stage1:{what}", {"stage1": study})
     if "family" in row["evidence"]:
         row["evidence"]["family"] = f"{name} M1-M4 (Holm)"
@@ -1423,7 +1682,7 @@ def critic_row(study: dict) -> dict:
     """A further PPO arm's critic, described (the amendment of 2026-11-28 tests nothing here): its explained variance on
     fresh states and how many seeds' critics predicted better than the running mean of earlier rewards."""
     logs = study["critic_logs"]
-    ev = logs["explained_variance"]
+    ev, tail = logs["explained_variance"], logs["last_steps"]
     better = logs.get("seeds_below_constant")
     beside = (
         f"; its value error below the running mean's in {better} of {logs['seeds']} seeds"
@@ -1433,10 +1692,31 @@ def critic_row(study: dict) -> dict:
     return _descriptive(
         f"PPO arm `{study['arm']}` on `{study['task']}`: the critic's explained variance on fresh states, mean of the "
         f"last {logs['window']} policy steps per run: {ev['mean']:+.2f} over {logs['seeds']} seeds (median "
-        f"{logs['explained_variance_median']:+.2f}); at the last policy step, median over seeds "
-        f"{logs['explained_variance_last_step_median']:+.2f} (the goal: above 0.3){beside}",
+        f"{logs['explained_variance_median']:+.2f}); at the last policy step alone (chosen after the runs were "
+        "read), median over seeds "
+        f"{logs['explained_variance_last_step_median']:+.2f} (the goal: above 0.3); mean of the last "
+        f"{tail['window']} policy steps per run {tail['ev_tail']['mean']:+.2f} {_fmt_ci(tail['ev_tail']['ci95'], '+.2f')}"
+        f", above the goal in {tail['seeds_tail_above_goal']} of {logs['seeds']} seeds{beside}",
         "described beside the accuracy rows, no test (amendment of 2026-11-28); value error from the logged "
         "critic/value_error_fresh and critic/value_error_constant",
+    )
+
+
+def critic_bias_row(study: dict) -> dict:
+    """A further PPO arm's critic bias from its training logs, described (the amendment of 2026-11-28 tests nothing
+    here): the mean value minus the mean reward over the last policy steps, which at gamma = 1 with the reward at the
+    end estimates the critic's mean signed error against the true values (a state's return is unbiased for its
+    value), over all 12 seeds."""
+    logs = study["critic_logs"]
+    t = logs["value_minus_reward"]
+    return _descriptive(
+        f"PPO arm `{study['arm']}` on `{study['task']}`, last {logs['window']} policy steps: the critic's mean value "
+        f"{logs['mean_value']:.2f} against the mean reward {logs['mean_reward']:.2f}: {t['mean']:+.2f} "
+        f"{_fmt_ci(t['ci95'], '+.2f')} over {logs['seeds']} seeds (for the critic without warm-up, see the "
+        "value_critic_bias_training row)",
+        "described beside the accuracy rows, no test (amendment of 2026-11-28); the value error, ranking and "
+        "misclassification rows above need the critic's weights, which the warmed-up runs did not keep (see the "
+        "note above these rows)",
     )
 
 
@@ -2096,6 +2376,126 @@ def extra_row(entry: dict, studies: dict) -> dict:
     raise ValueError(f"unknown measure {measure!r} in {CATALOGUE}")
 
 
+def _not_measurable(why: str) -> dict:
+    return _row("", "", why, {"kind": "not measurable"})
+
+
+def _gradient_text(g: dict, task: str) -> str:
+    """One task's batch gradients of PPO's critic, VinePPO K = 4 and GRPO (4 prompts a batch)."""
+    names = {"gae_w40_p4": "PPO's 40-step critic", "vineppo_k4_p4": "K=4", "grpo_p4": "GRPO"}
+    return f"`{task}`: " + ", ".join(
+        f"{names[e]} {g[e]['rel_sq_error']:.2f} {_fmt_ci(g[e]['rel_sq_error_ci'], '.2f')}"
+        for e in GRADIENT_ESTIMATORS
+    )
+
+
+def unrowed_row(entry: dict, studies: dict) -> dict:
+    """The rows added by issue 53 (``unrowed:<name>``): descriptive or not measurable, from ``studies["unrowed"]``."""
+    u, name = studies["unrowed"], entry["measure"].split(":")[1]
+    if name == "lambda":
+        return _descriptive(
+            "GAE lambda 1 (`ppo_warm`) minus lambda 0.95 (`ppo_warm_l0.95`), held-out accuracy at step 40, 12 paired "
+            "seeds: "
+            + ", ".join(
+                f"`{x['task']}` {x['test']['mean']:+.3f} {_fmt_ci(x['test']['ci95'])}"
+                for x in u["lambda"].values()
+            ),
+            entry["why"],
+        )
+    if name == "rloo_race":
+        r = u["rloo_race"]
+        return _descriptive(
+            f"task {r['task']}, 3 seeds: in training seconds, {_race_text(r['seconds'], 's', 'RLOO')}; in steps, "
+            f"{_race_text(r['steps'], 'steps', 'RLOO')}",
+            entry["why"],
+        )
+    if name == "determinism":
+        d = u["determinism"]
+        t = d["last_minus_first"]
+        return _descriptive(
+            "mean V(1-V) of the K=128 ground truth by step position: "
+            + ", ".join(
+                f"{p}: {v:.3f} ({d['states_by_position'][p]} states)" for p, v in d["by_position"].items()
+            )
+            + f"; per response, last state minus prompt state {t['mean']:+.3f} {_fmt_ci(t['ci95'])} (mean over "
+            f"{t['n']} prompts)",
+            entry["why"],
+        )
+    if name == "data_budget":
+        b = u["data_budget"]
+        tokens = b["stage1_sampled_tokens"]
+        older = b["older_sampled_tokens"]
+        return _descriptive(
+            f"every arm trains on {b['prompts_per_run']} prompts x 8 responses = {b['episodes_per_run']:,} episodes "
+            "per run; sampled tokens per run, stage 1: "
+            + ", ".join(f"{arm} {x:,.0f}" for arm, x in tokens.items())
+            + "; the 3-seed study: "
+            + ", ".join(f"{arm} {x:,.0f}" for arm, x in older.items()),
+            entry["why"],
+        )
+    if name == "gradients":
+        g = u["gradients"]
+        return _descriptive(
+            "relative squared error of the batch gradient (variance and bias against the signal, scale removed), "
+            + "; ".join(_gradient_text(g[task], task) for task in GRADIENT_TASKS),
+            entry["why"],
+        )
+    if name == "lambda_one_unbiased":
+        g = u["gradients"]
+        return _descriptive(
+            "PPO's 40-step critic as the baseline at lambda = 1, the mean of 30 batch gradients: "
+            + "; ".join(
+                f"`{task}` cosine to the reference {g[task]['gae_w40_p4']['mean_cosine']:.3f}, bias ratio "
+                f"{g[task]['gae_w40_p4']['bias_ratio']:.2f} (GRPO {g[task]['grpo_p4']['bias_ratio']:.2f}, K=4 "
+                f"{g[task]['vineppo_k4_p4']['bias_ratio']:.2f})"
+                for task in GRADIENT_TASKS
+            ),
+            entry["why"],
+        )
+    return unrowed_row_more(name, entry, studies)
+
+
+def unrowed_row_more(name: str, entry: dict, studies: dict) -> dict:
+    """The rest of :func:`unrowed_row`: rows whose answer is a reason or a few numbers from other studies."""
+    u = studies["unrowed"]
+    if name == "not_measurable":
+        return _not_measurable(entry["why"])
+    if name == "truncation":
+        t = u["truncation"]
+        return _not_measurable(
+            f"{entry['why']}; in stage 1 no response reached the {u['max_completion_length']}-token limit (truncated "
+            "share above 0 at "
+            + ", ".join(f"{x['steps_with_any']} of {x['steps']} {arm} steps" for arm, x in t.items())
+            + "), so such a penalty would have had nothing to act on"
+        )
+    if name == "rl_free_settings":
+        r = u["rl_free_settings"]
+        return _not_measurable(entry["why"].format(**r))
+    if name == "cost_gsm8k":
+        s1, s4 = studies["stage1"]["retime"], studies["stage4"]["retime"]
+        ts = studies["training_signals"]
+        return _descriptive(
+            "VinePPO K=4 over PPO in training seconds per run, re-timed on a quiet machine: "
+            f"{_ratio_text(s1['seconds_per_run_ratio'])} (stage 1), {_ratio_text(s4['seconds_per_run_ratio'])} "
+            f"(stage 4), with {ts['vineppo_tokens_per_response']:.1f} tokens and "
+            f"{ts['vineppo_steps_per_response']:.2f} steps per response",
+            entry["why"],
+        )
+    if name == "tuned_for_ppo":
+        arms = studies["ppo_arms"]
+        return _descriptive(
+            "VinePPO K=4 minus `ppo_warm` (the only arm with tuning: its critic's learning rate and warm-up) at step "
+            "40, 12 paired seeds: "
+            + ", ".join(
+                f"`{a['task']}` {a['m1_accuracy']['mean']:+.3f} {_fmt_ci(a['m1_accuracy']['ci95'])}"
+                for a in arms.values()
+                if a["arm"] == WARM_ARMS[0] and a["complete"]
+            ),
+            entry["why"],
+        )
+    raise ValueError(f"unknown measure {entry['measure']!r} in {CATALOGUE}")
+
+
 def existing_row(entry: dict) -> dict:
     """A descriptive row answered by another study's committed result: its numbers read from the result file by key
     path (a row with a test is computed, not read: see the catalogue's ``measure`` rows)."""
@@ -2128,6 +2528,8 @@ def catalogue_row(entry: dict, studies: dict) -> tuple[dict, str]:
         return ppo_arm_row(measure, studies), studies["ppo_arms"][measure.split(":")[1]]["command"]
     if family == "extra":
         return extra_row(entry, studies), entry.get("command", "")
+    if family == "unrowed":
+        return unrowed_row(entry, studies), entry.get("command", "")
     if "arithmetic" in entry:
         return arithmetic_row(entry), ""
     if "source" in entry:
@@ -2140,17 +2542,39 @@ def new_study_row(kind: str, studies: dict[str, dict]) -> dict:
     return stage_row(kind, studies)
 
 
+def mark_repeats(claims: list[dict]) -> None:
+    """In place: a row whose measurement (``ours`` and ``evidence``) is exactly an earlier row's gets ``repeats``,
+    that row's id (issue 53: it answers another wording of the paper with the same numbers, so counts and Holm
+    families count it once)."""
+    first: dict[str, str] = {}
+    for c in claims:
+        if c["verdict"] == "not measurable here" or not c["ours"]:
+            continue
+        key = json.dumps([c["ours"], c["evidence"]], sort_keys=True)
+        if key in first:
+            c["repeats"] = first[key]
+        else:
+            first[key] = c["id"]
+
+
 def apply_posthoc_holm(claims: list[dict]) -> list[float]:
-    """Holm over the amendment's post-hoc family (every test row in it with a p-value), then every row's verdict
-    from its evidence again; returns the adjusted p-values in row order."""
-    rows = [c for c in claims if c["evidence"].get("family") == POSTHOC_FAMILY and "p" in c["evidence"]]
+    """Holm over the amendment's post-hoc family (every test row in it with a p-value, a repeat counted once), then
+    every row's verdict from its evidence again; returns the adjusted p-values in row order."""
+    rows = [
+        c
+        for c in claims
+        if c["evidence"].get("family") == POSTHOC_FAMILY and "p" in c["evidence"] and "repeats" not in c
+    ]
     adjusted = _stats().holm_adjust([c["evidence"]["p"] for c in rows]) if rows else []
     for c, p in zip(rows, adjusted, strict=True):
         c["evidence"]["p_holm"] = p
         c["why"] = (
             c["why"] + "; " if c["why"] else ""
         ) + f"post-hoc family of {len(rows)} tests, Holm p {p:.3g}"
+    by_id = {c["id"]: c for c in claims}
     for c in claims:
+        if "repeats" in c and "p_holm" in by_id[c["repeats"]]["evidence"]:
+            c["evidence"] = json.loads(json.dumps(by_id[c["repeats"]]["evidence"]))
         c["verdict"] = verdict(c["evidence"])
     return adjusted
 
@@ -2172,6 +2596,12 @@ def build(root: Path = RUNS) -> dict:
     studies["training_signals"] = training_signals(root)
     studies["ppo_arms"] = {name: ppo_arm_study(*spec) for name, spec in PPO_ARM_STUDIES.items()}
     holm_arms_over_two_tasks(studies["ppo_arms"])
+    studies["set_aside_retime"] = {
+        study["arm"]: set_aside_retime(study["arm"], study["retime"].get("mismatched_seeds", []))
+        for study in studies["ppo_arms"].values()
+        if "retime" in study and not study["retime"].get("identical", True)
+    }
+    studies["unrowed"] = unrowed_claims(studies)
     claims = []
     for entry in catalogue["claims"]:
         row, command = catalogue_row(entry, studies)
@@ -2186,6 +2616,7 @@ def build(root: Path = RUNS) -> dict:
                 "command": command,
             }
         )
+    mark_repeats(claims)
     apply_posthoc_holm(claims)
     return {
         "command": COMMAND,
@@ -2280,24 +2711,34 @@ def _critic_warmup_summary(arms: dict[str, dict]) -> list[str]:
         f"{warm['fresh_ev_at_policy_step_40']:+.2f}; that critic had reached "
         f"{warm['fresh_ev_pooled_warmup_last_10']:+.2f} while the policy was still fixed, and fell back to "
         f"{warm['fresh_ev_pooled_31_40']:+.2f} once the policy moved. Yet a value of the prompt alone could explain "
-        f"{warm['prompt_level_share_31_40']:.2f} of the reward's variance. With 4 new prompts a step, this critic "
-        "cannot follow a moving policy's values. The PPO arms are re-run with it all the same (protocol amendment of "
+        f"{warm['prompt_level_share_31_40']:.2f} of the reward's variance. With 4 new prompts a step, this critic did "
+        "not follow the moving policy's values in these tries. The cheap remedies (more critic passes per batch, a "
+        "larger critic batch, a critic learning-rate grid given the same tuning budget as the other arms) were not "
+        "tried, so this shows what these settings did, not that a critic cannot learn here. The PPO arms are re-run with it all the same (protocol amendment of "
         f"2026-11-28: {' and '.join(f'`{a}`' for a in WARM_ARMS)}, the second at GAE lambda 0.95), since this critic "
         "at least learns the mean reward: "
         f"{sum(a['finished']['ppo'] for a in arms.values())} of {len(arms) * len(SEEDS)} runs have finished "
         f"({sum(a['complete'] for a in arms.values())} of {len(arms)} arm-and-stage sets of 12 seeds complete, each "
-        "read in its own row once complete); every other PPO row is the PPO whose critic had no warm-up."
+        "read in its own row once complete); every other PPO row is the PPO whose critic had no warm-up. The last "
+        "step alone was chosen after the runs were read; the mean over the last 10 steps is the measure, seed by "
+        "seed in [the warmed-up critic, seed by seed](#the-warmed-up-critic-seed-by-seed)."
         + "".join(_warm_arm_sentence(a) for a in arms.values() if a["complete"]),
     ]
 
 
 def _warm_arm_sentence(study: dict) -> str:
-    """One complete warmed-up PPO arm-and-stage in a sentence: its critic at the last step and VinePPO against it."""
-    m1, logs = study["m1_accuracy"], study["critic_logs"]
+    """One complete warmed-up PPO arm-and-stage in a sentence: its critic over the last 10 policy steps and at the
+    last one (the seeds are in the page's table), and VinePPO against it."""
+    m1, tail = study["m1_accuracy"], study["critic_logs"]["last_steps"]
+    seeds, first = len(tail["per_seed"]), study["last_step"] - tail["window"] + 1
     return (
-        f" `{study['arm']}` on `{study['task']}`, {logs['seeds']} seeds: the critic's fresh explained variance at the "
-        f"last policy step has median {logs['explained_variance_last_step_median']:+.2f}, and VinePPO K = 4 minus it "
-        f"is {m1['mean']:+.3f} [{m1['ci95'][0]:+.3f}, {m1['ci95'][1]:+.3f}] at step {study['last_step']}."
+        f" `{study['arm']}` on `{study['task']}`, {seeds} seeds: the critic's fresh explained variance averaged over "
+        f"policy steps {first}-{study['last_step']} is {tail['ev_tail']['mean']:+.2f} {_fmt_ci(tail['ev_tail']['ci95'], '+.2f')} "
+        f"(median {tail['ev_tail_median']:+.2f}; {tail['seeds_tail_above_goal']} of {seeds} seeds above "
+        f"{tail['goal']}); at the last policy step alone, median {tail['ev_last_median']:+.2f} "
+        f"({tail['seeds_last_above_goal']} of {seeds} above {tail['goal']}), on batches with "
+        f"{tail['tied_last']:.2f} of their groups tied against {tail['tied_run']:.2f} over the runs; VinePPO K = 4 "
+        f"minus it is {m1['mean']:+.3f} {_fmt_ci(m1['ci95'])} at step {study['last_step']}."
     )
 
 
@@ -2322,7 +2763,10 @@ VERDICT_ORDER = ("holds", "holds partly", "does not hold", "inconclusive", "desc
 
 def _verdict_rule_section(claims: list[dict]) -> list[str]:
     """How every verdict is read (the protocol's amendment of 2026-11-27) and how many rows have each."""
-    counts = {v: sum(c["verdict"] == v for c in claims) for v in VERDICT_ORDER}
+    counted = [c for c in claims if "repeats" not in c]
+    counts = {v: sum(c["verdict"] == v for c in counted) for v in VERDICT_ORDER}
+    repeats = len(claims) - len(counted)
+    measured = len(counted) - counts["not measurable here"]
     return [
         "## How a verdict is read",
         "",
@@ -2336,7 +2780,10 @@ def _verdict_rule_section(claims: list[dict]) -> list[str]:
         "(no average over the runs that got there only). Rows added after the records were read are post hoc and "
         "share one Holm family.",
         "",
-        f"{len(claims)} rows: " + ", ".join(f"{v} {n}" for v, n in counts.items() if n) + ".",
+        f"{len(claims)} rows. {repeats} of them repeat an earlier row's measurement for another wording of the "
+        "paper (each says which) and are counted once, so the counts below are over "
+        f"{len(counted)} claims: {measured} with a measurement here and {counts['not measurable here']} not measurable "
+        "here. Verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items() if n) + ".",
         "",
     ]
 
@@ -2366,14 +2813,21 @@ def render_page(result: dict) -> str:
     for row in result["claims"]:
         sections.setdefault(row["section"], []).append(row)
     for section, rows in sections.items():
-        lines += [f"## {section}", "", "| claim | paper | ours | 95% CI | verdict |", "|---|---|---|---|---|"]
+        lines += [f"## {section}", "", *_section_note(section, result["studies"])]
+        lines += ["| claim | paper | ours | 95% CI | verdict |", "|---|---|---|---|---|"]
         for row in rows:
-            verdict = f"**{row['verdict']}**" + (f": {row['why']}" if row["why"] else "")
+            repeat = (
+                f" (repeats `{row['repeats']}`: the same measurement, counted once)"
+                if "repeats" in row
+                else ""
+            )
+            verdict = f"**{row['verdict']}**{repeat}" + (f": {row['why']}" if row["why"] else "")
             lines.append(
                 f"| {_cell(row['claim'])} ({_cell(row['where'])}) | {_cell(row['paper'])} | {_cell(row['ours'])} "
                 f"| {_cell(row['ci'])} | {_cell(verdict)} |"
             )
         lines.append("")
+    lines += _critic_seeds_section(result["studies"].get("ppo_arms", {}))
     lines += ["## Commands", "", "| claim | command |", "|---|---|"]
     for row in result["claims"]:
         if row["command"]:
@@ -2420,6 +2874,75 @@ def render_page(result: dict) -> str:
         ]
     lines += render_later_stages(result["studies"])
     return "\n".join(lines)
+
+
+VALUE_SECTION = "Value prediction: Monte Carlo values against the critic"
+
+
+def _section_note(section: str, studies: dict) -> list[str]:
+    """A paragraph under a section's heading: for the value rows, which critic they read and why not the warmed-up
+    one (issue 53), with the cost of the runs that would need."""
+    cost = studies.get("unrowed", {}).get("value_move_cost")
+    if section != VALUE_SECTION or not cost:
+        return []
+    return [
+        "The rows that compare values with the K = 128 ground truth state by state (value error, ranking, "
+        "within 0.05, by position, bias, misclassification) read one critic: the 40-step `ppo` critic without "
+        "warm-up of the 3-seed study (task `demo`, seed 0), 100 states. They were not moved to the warmed-up critic (12 seeds), because its runs "
+        f"kept no critic weights (their records are curves and logs). Moving them needs, for each of the "
+        f"{cost['seeds']} seeds, a `ppo_warm` run again with its critic saved (about "
+        f"{cost['train_seconds_per_run']:.0f} s of training, quiet, warm-up included) and one credit-diagnostics run on "
+        f"it (about {cost['diagnostics_seconds_per_critic']:.0f} s on {cost['diagnostics_threads']} thread, as the "
+        f"recorded one took): about {cost['total_hours']:.1f} hours of one core. They were not run in this round: "
+        "the 2-core machine was shared with other work, and issue 53's round allowed no new training runs. And those critics would not be the recorded runs' in every seed: "
+        f"re-run, seeds {', '.join(map(str, cost['seeds_not_reproducing']))} of `ppo_warm` differ from their records "
+        "(the amendment of 2026-11-28 15:52 UTC). What the warmed-up runs' logs do answer is in the `ppo_warm` rows "
+        "below (explained variance on fresh states, mean value against mean reward).",
+        "",
+    ]
+
+
+def _critic_seeds_section(arms: dict[str, dict]) -> list[str]:
+    """The warmed-up critic seed by seed (issue 53): per arm and stage, the fresh explained variance averaged over
+    the last 10 policy steps and at the last step alone, with the tied share of groups beneath."""
+    done = [a for a in arms.values() if a.get("complete")]
+    if not done:
+        return []
+    tails = [a["critic_logs"]["last_steps"] for a in done]
+    window, goal = tails[0]["window"], tails[0]["goal"]
+    seeds = [x["seed"] for x in tails[0]["per_seed"]]
+    rows = [
+        [
+            str(seed),
+            *(f"{t['per_seed'][i]['ev_tail_mean']:+.2f} / {t['per_seed'][i]['ev_last']:+.2f}" for t in tails),
+        ]
+        for i, seed in enumerate(seeds)
+    ]
+    rows += [
+        ["mean", *(f"{t['ev_tail']['mean']:+.2f} / {t['ev_last_mean']:+.2f}" for t in tails)],
+        ["median", *(f"{t['ev_tail_median']:+.2f} / {t['ev_last_median']:+.2f}" for t in tails)],
+        [
+            f"seeds above {goal}",
+            *(f"{t['seeds_tail_above_goal']} / {t['seeds_last_above_goal']}" for t in tails),
+        ],
+        ["tied groups: last step / run", *(f"{t['tied_last']:.2f} / {t['tied_run']:.2f}" for t in tails)],
+    ]
+    return [
+        "## The warmed-up critic, seed by seed",
+        "",
+        f"The critic's explained variance on fresh states (the batch it is about to train on), the mean over the last "
+        f"{window} policy steps of each run / at the last policy step alone (a step whose batch had no reward variance "
+        "logs none). The goal of issue 40 was above "
+        f"{goal}. The last step alone was chosen after the runs were read; its batches had more tied groups (every "
+        "response the same reward) than the runs' average. Read from each run's training logs "
+        "(`benchmarks/results/paper_claims_runs`, `benchmarks/results/learning_efficiency_runs` for `sign_plateau`).",
+        "",
+        *_table(
+            ["seed", *(f"`{a['arm']}` `{a['task']}`" for a in done)],
+            ["r"] * (len(done) + 1),
+            rows,
+        ),
+    ]
 
 
 def _unfinished(study: dict) -> list[str]:

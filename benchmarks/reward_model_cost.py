@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -132,12 +131,12 @@ def main() -> None:
             f"{row['grader']:32} {row['params']:>11,} {row['batch_size'] or '-':>6} {row['ms_per_rollout']:>11.3f} "
             f"{row['ratio_to_verifier']:>11.0f}"
         )
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
     result = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpus": os.cpu_count(),
-        },
+        "machine": machine_info(),
         "rollouts": len(prompts),
         "mean_characters": chars,
         "rows": rows,

@@ -38,7 +38,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -399,15 +398,14 @@ def main() -> None:
         ],
     )
 
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
     result: dict[str, Any] = {
         "command": "python " + " ".join(["benchmarks/segmenter_fidelity.py", *sys.argv[1:]]),
         "official_commit": args.commit if args.vineppo is not None else None,
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-        },
+        "machine": machine_info(),
         "math500_steps": rows,
         "reference_before": REFERENCE_BEFORE,
     }

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -201,14 +200,13 @@ def main() -> None:
     for r in align:
         print("| " + " | ".join(fmt(r[c]) for c in acols) + " |")
 
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
     result = {
         "command": "python benchmarks/segmenter_stats.py",
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-        },
+        "machine": machine_info(),
         "steps": steps,
         "alignment_1024_tokens": align,
     }

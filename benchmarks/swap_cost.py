@@ -90,8 +90,8 @@ def prompt_rows(n: int, seed: int) -> list[dict[str, str]]:
 
 def training_args(arm: str, prompts: int, output_dir: Path, args: argparse.Namespace) -> Any:
     """The arm's config: ``trl.GRPOConfig`` for the GRPO arms, ``VinePPOConfig`` for the others, with the same
-    fields (``VinePPOConfig`` keeps every ``GRPOConfig`` default, so these are the only settings that differ from
-    a default run)."""
+    fields (``VinePPOConfig`` keeps every ``GRPOConfig`` default but bf16, set here, and scale_rewards, which
+    follows the estimator; so these are the only settings that differ from a default run)."""
     shared: dict[str, Any] = dict(
         output_dir=str(output_dir),
         max_steps=args.steps,

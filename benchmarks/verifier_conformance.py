@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from fractions import Fraction
@@ -173,14 +171,13 @@ def main() -> None:
     verifier.warmup()
     startup = time.perf_counter() - start
 
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
     results = {
         "command": "python benchmarks/verifier_conformance.py",
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "note": "shared 2-core CPU machine (other jobs running)",
-        },
+        "machine": machine_info(note="shared 2-core CPU machine (other jobs running)"),
         "math_verifier": repr(verifier),
         "grading_process_startup_s": startup,
         "gsm8k": gsm8k(args.shared),

@@ -38,6 +38,7 @@ from _common import logger, setup_logging
 from trl import ModelConfig, TrlParser
 
 from mcadvantage import VinePPOConfig
+from mcadvantage.estimators import BUILTIN_ESTIMATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at the repository's root
@@ -50,6 +51,11 @@ from testbed.agent_policy import scripted_episode_ids  # noqa: E402
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 #: Exit status of a refused configuration (an estimator that does not take agent episodes).
 EXIT_REFUSED = 2
+#: The last line the script prints for a refused estimator (examples/README.md quotes it): every built-in estimator
+#: takes environment episodes.
+REFUSAL_FIX = "Fix: pass --estimator grpo (or {}).".format(
+    ", ".join(n for n in BUILTIN_ESTIMATORS if n != "grpo")
+)
 
 
 @dataclass
@@ -98,8 +104,9 @@ class AgentConfig(VinePPOConfig):
             "help": "The advantage estimator (as VinePPOConfig's advantage_estimator): 'grpo' (default), 'rloo' or "
             "'gae' train tool and environment episodes exactly as trl.GRPOTrainer does, 'vineppo' with Monte Carlo "
             "credit per turn, 'hybrid' with GRPO's advantage plus that credit for tied groups, 'tree' with groups "
-            "branching in the first turn; an estimator that does not take them is refused with the reason and the "
-            "fix.",
+            "branching in the first turn, 'anchor' with per-turn credit from the turns that start from the same "
+            "environment state (AgentEnv.state_key), no extra samples; an estimator that does not take them is "
+            "refused with the reason and the fix.",
         },
     )
 
@@ -306,7 +313,7 @@ def build_trainer(model: Any, tokenizer: Any, training_args: AgentConfig, train_
             raise
         print(
             f"examples/agent.py: --estimator {training_args.advantage_estimator} cannot train this environment's "
-            f"episodes: {err}\nFix: pass --estimator grpo (or rloo, gae, vineppo, hybrid, tree).",
+            f"episodes: {err}\n{REFUSAL_FIX}",
             file=sys.stderr,
         )
         raise SystemExit(EXIT_REFUSED) from err

@@ -1,6 +1,9 @@
 # Shared venv set-up for scripts/demo.sh and scripts/test.sh (sourced, not run).
 # Torch is pinned to the CPU build first: an unpinned torch pulls several GB of CUDA packages.
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+# Text files (docs, records) are UTF-8: read them as UTF-8 whatever the machine's locale says (Python's UTF-8 mode),
+# so a page compared with its generator, or a record with a re-run, reads the same on every machine.
+export PYTHONUTF8=1
 
 setup_venv() {  # setup_venv VENV EXTRAS [fresh]: with "fresh", an existing VENV is emptied first
   local venv="$1" extras="$2" fresh="${3:-}"

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from mcadvantage.estimators.base import AdvantageEstimator
 from mcadvantage.estimators.baselines import GRPOEstimator, RLOOEstimator
 from mcadvantage.estimators.batch import AdvantageBatch
 from mcadvantage.estimators.hybrid import HybridEstimator
@@ -72,9 +73,11 @@ __all__ = [
     "ProbabilityTable",
     "TabularAgentPolicy",
     "TabularCritic",
+    "ToyAnchor",
     "agent_gradient_task",
     "arm_batch_gradients",
     "arm_names",
+    "batch_identification",
     "batch_tokens",
     "gae_advantages",
     "grpo_match_factor",
@@ -411,7 +414,9 @@ def batch_tokens(arm: str, horizon: int) -> int:
     episodes = spec.prompts(horizon) * spec.group(horizon)
     if arm in ("vineppo_k1", "vineppo_k1_reuse"):
         return episodes * vineppo_k1_episode_tokens(horizon)
-    if spec.kind == "estimator" and not isinstance(spec.build(horizon), GRPOEstimator | RLOOEstimator):
+    if spec.kind == "estimator" and not isinstance(
+        spec.build(horizon), GRPOEstimator | RLOOEstimator | ToyAnchor
+    ):
         raise ValueError(
             f"batch_tokens: arm {arm!r} has no closed form here; use an arm without rollouts or 'vineppo_k1'"
         )
@@ -439,6 +444,48 @@ class ArmSpec:
     group: Callable[[int], int] = lambda h: BASE_GROUP
     lam: float = 1.0
     whiten: bool | None = None
+
+
+class ToyAnchor(AdvantageEstimator):
+    """``advantage_estimator="anchor"`` on the toy's batches, keyed as the arm says: the toy's batches carry no tool
+    mask and no keys, so this marks the choices as the model's turns (``tool_mask`` 1 on choice tokens only: the
+    environment's ``+`` / ``-`` and EOS are tool results) and gives each turn its key, then calls the library's
+    :class:`~mcadvantage.estimators.anchor.AnchorEstimator` through the seam.
+
+    Keys: ``"state"``, the true state before turn ``t``, ``(t, s_t)`` (``s_t`` read from the environment's token after
+    turn ``t - 1``; the first state is the task's, shared by the group); ``"history"``, every token before the turn
+    (the prompt and the episode so far): what observation keys amount to when the observation carries the history,
+    so two episodes share a key only while their histories are identical.
+    """
+
+    def __init__(self, key: str, credit: str = "normalized") -> None:
+        from mcadvantage.estimators.anchor import AnchorEstimator
+
+        if key not in ("state", "history"):
+            raise ValueError(f"ToyAnchor: key={key!r} must be 'state' or 'history'.")
+        self.key = key
+        self.inner = AnchorEstimator(credit=credit)
+        tok = _tokenizer()
+        self._choice_ids = {tok.convert_tokens_to_ids(ch) for ch in CHOICE_CHARS}
+
+    def keyed(self, batch: AdvantageBatch) -> AdvantageBatch:
+        """``batch`` with the toy's tool mask and turn keys."""
+        import dataclasses
+
+        mask = torch.zeros_like(batch.completion_mask, dtype=torch.long)
+        keys = []
+        for i, ids in enumerate(batch.completion_ids):
+            turns = [p for p, tok in enumerate(ids) if tok in self._choice_ids]
+            mask[i, turns] = 1
+            if self.key == "state":
+                keys.append([(t, None if t == 0 else ids[p - 1]) for t, p in enumerate(turns)])
+            else:
+                keys.append([(tuple(batch.prompt_ids[i]), tuple(ids[:p])) for p in turns])
+        return dataclasses.replace(batch, tool_mask=mask, turn_keys=keys)
+
+    def estimate(self, batch: AdvantageBatch, context: Any) -> Any:
+        """The anchor estimator's result on the keyed batch."""
+        return self.inner.estimate(self.keyed(batch), context)
 
 
 def _vineppo(k: int, reuse: bool) -> Callable[[int], Any]:
@@ -480,6 +527,12 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("oracle", "oracle", whiten=False),
         ArmSpec("critic_l1", "critic", lam=1.0, whiten=True),
         ArmSpec("critic_l095", "critic", lam=0.95, whiten=True),
+        # Anchor-state turn credit (issue 49): GiGPO's normalised step advantage and the pooled batch values, keyed
+        # by the true state (turn, state) or by the history (free-text observations); no extra samples.
+        ArmSpec("anchor", "estimator", build=lambda h: ToyAnchor("state")),
+        ArmSpec("anchor_pooled", "estimator", build=lambda h: ToyAnchor("state", "pooled")),
+        ArmSpec("anchor_hist", "estimator", build=lambda h: ToyAnchor("history")),
+        ArmSpec("anchor_hist_pooled", "estimator", build=lambda h: ToyAnchor("history", "pooled")),
         # Exploratory (protocol amendment): GRPO at the (2, 2) tree's sampled tokens per batch (3 H per group of 4
         # leaves, so 3 prompts x 4), to separate the tree's credit from its cheaper batch.
         ArmSpec("grpo_tree_tokens", "estimator", build=lambda h: GRPOEstimator(), prompts=lambda h: 3),
@@ -596,6 +649,28 @@ def _batch_advantages(
     return _turn_advantages(spec, policy, batch, critic), valid, bool(spec.whiten)
 
 
+def batch_identification(
+    policy: TabularAgentPolicy, batch: AdvantageBatch, raw: torch.Tensor, episodes: int | None = None
+) -> tuple[list[float], list[bool]]:
+    """Credit identification of an arm's raw advantages on a batch (its first ``episodes`` episodes; None: all),
+    against the exact advantages of the policy that drew it (:func:`testbed.agent_env.credit_report`): per episode
+    whose every turn was played and that got some credit, the share of absolute credit on turns whose exact
+    advantage is 0, and, where the decisive turn's exact advantage is not 0, whether its credit has that sign."""
+    table = policy.table()
+    shares: list[float] = []
+    signs: list[bool] = []
+    for i, ids in enumerate(batch.completion_ids[:episodes]):
+        positions = [p for p, tok in enumerate(ids) if policy.is_policy_token(tok)]
+        credits = [float(raw[i, p]) for p in positions]
+        if len(credits) != policy.task.horizon or not any(credits):
+            continue
+        report = credit_report(policy.task, table, policy.choices_of(ids), credits)
+        shares.append(report.irrelevant_share)
+        if report.decisive_sign_agrees is not None:
+            signs.append(report.decisive_sign_agrees)
+    return shares, signs
+
+
 def _critic_visits(
     policy: TabularAgentPolicy, batch: AdvantageBatch, critic: TabularCritic, lam: float
 ) -> list[tuple[int, int, float]]:
@@ -683,16 +758,9 @@ def train_arm(
         advantages = _whiten(raw, valid) if whiten else raw * valid
         # credit identification on this batch (the raw credit, before whitening shifts it), against the exact
         # advantages of the policy that drew it
-        table = policy.table()
-        for i, ids in enumerate(batch.completion_ids[:credit_episodes_per_batch]):
-            positions = [p for p, tok in enumerate(ids) if policy.is_policy_token(tok)]
-            credits = [float(raw[i, p]) for p in positions]
-            if len(credits) != horizon or not any(credits):
-                continue
-            report = credit_report(task, table, policy.choices_of(ids), credits)
-            shares.append(report.irrelevant_share)
-            if report.decisive_sign_agrees is not None:
-                signs.append(report.decisive_sign_agrees)
+        batch_shares, batch_signs = batch_identification(policy, batch, raw, credit_episodes_per_batch)
+        shares += batch_shares
+        signs += batch_signs
         if critic is not None:
             critic.update(_critic_visits(policy, batch, critic, spec.lam))
         weights = advantages * valid / max(int(valid.sum()), 1)
@@ -738,6 +806,7 @@ def arm_batch_gradients(
     parameterization: str = "turn",
     critic_warmup_batches: int = 2,
     critic_rate: float = 0.5,
+    on_batch: Callable[[TabularAgentPolicy, AdvantageBatch, torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
     """The exact gradient at the start policy and ``repeats`` independent batch gradients of ``arm`` there, each as
     :func:`train_arm` computes its first update (the arm's batch, its advantages on the policy tokens, its
@@ -745,7 +814,8 @@ def arm_batch_gradients(
 
     The policy never moves. A ``critic`` arm gets a fresh critic per repeat, fitted on ``critic_warmup_batches``
     batches first as in training; those batches' tokens are not counted (a run pays them once, not per batch).
-    The oracle's batch costs its episodes only.
+    The oracle's batch costs its episodes only. ``on_batch(policy, batch, raw)``, when given, sees each batch and
+    the arm's raw advantages on it (e.g. :func:`batch_identification`).
     """
     from mcadvantage.estimators.base import DrawsTrees
     from mcadvantage.estimators.registry import as_advantage_estimator
@@ -780,6 +850,8 @@ def arm_batch_gradients(
         batch = _draw_batch(gtask, prompts, group, schedule)
         raw, valid, whiten = _batch_advantages(spec, policy, batch, estimator, context, critic)
         tokens.append(policy.sampled_tokens - before)
+        if on_batch is not None:
+            on_batch(policy, batch, raw * valid)
         advantages = _whiten(raw, valid) if whiten else raw * valid
         weights = advantages * valid / max(int(valid.sum()), 1)
         logp = policy.token_logprobs(batch.prompt_ids, batch.completion_ids)

@@ -203,7 +203,7 @@ class AgentTask:
 class AgentEnv:
     """The environment TRL instantiates per rollout (``environment_factory=AgentEnv``): ``reset(**row)``, one tool
     ``act(choice)`` and ``get_reward()``. Read-only properties (:attr:`task`, :attr:`turn`, :attr:`state`,
-    :attr:`finished`) expose the state to tests; properties are not tools in TRL."""
+    :attr:`finished`, :attr:`state_key`) expose the state to tests; properties are not tools in TRL."""
 
     def __init__(self) -> None:
         self._task: AgentTask | None = None
@@ -261,6 +261,12 @@ class AgentEnv:
     @property
     def finished(self) -> bool:
         return self._task is not None and self._turn >= self._task.horizon
+
+    @property
+    def state_key(self) -> tuple[int, int]:
+        """The environment's state as ``advantage_estimator="anchor"`` reads it: ``(turns played, state)``, the
+        whole state of the dynamics within one task (the task itself is the row's, shared by a prompt group)."""
+        return (self._turn, self._state)
 
     def _require_task(self) -> AgentTask:
         if self._task is None:

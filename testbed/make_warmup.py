@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -34,6 +33,21 @@ from typing import Any
 from mcadvantage.demo.config import DemoConfig, validate_config, warmup_settings
 from mcadvantage.demo.run import _quiet_libraries
 from testbed.tasks import FLAWS, TASK_PRESETS, StudyConfig, build_data
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _machine_info() -> dict[str, Any]:
+    """Where the warm-up was made (commit, versions, CPU and its instruction sets, threads): the one function every
+    record writer uses, ``benchmarks/_machine.py``'s ``machine_info``."""
+    import sys
+
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    from _machine import machine_info
+
+    return machine_info()
+
 
 __all__ = [
     "COMMAND",
@@ -162,7 +176,7 @@ def make_warmup(
         "eval_problems": len(data.eval_set),
         "seconds": seconds,
         "torch": torch.__version__,
-        "machine": {"platform": platform.platform(), "processor": platform.processor()},
+        "machine": _machine_info(),
         "command": f"{COMMAND} --seed {config.seed} --output_dir {output_dir}"
         + (f" --warmup_schedule plateau --warmup_patience {config.warmup_patience}" if plateau else "")
         + (

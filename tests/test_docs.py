@@ -165,6 +165,22 @@ def test_migration_page_lists_every_moved_path_and_the_release_that_removes_them
     )
 
 
+def test_migration_page_from_02_names_every_refused_turn_credit_setting_and_config_difference():
+    """docs/migration-0.3.md lists what 0.3 refuses for agents and the GRPOConfig defaults that differ; both lists
+    are defined once in the code, and the page must name every entry."""
+    pytest.importorskip("trl")
+    from mcadvantage.core.settings import mc_config_names
+    from mcadvantage.estimators.vineppo import _TURN_CREDIT_AT_DEFAULT
+    from mcadvantage.trainer.config import GRPO_DEFAULT_DIFFERENCES
+
+    page = (DOCS / "migration-0.3.md").read_text(encoding="utf-8")
+    names = mc_config_names()
+    missing = [names[n] for n in _TURN_CREDIT_AT_DEFAULT if f"`{names[n]}" not in page]
+    missing += [n for n in GRPO_DEFAULT_DIFFERENCES if f"`{n}" not in page]
+    assert not missing, f"docs/migration-0.3.md does not name {missing}"
+    assert "migration-0.3.md" in _nav_pages(_nav())
+
+
 def test_readme_first_screen_has_what_why_install_quickstart_and_results():
     """What a visitor of the package index sees without scrolling (the first 40 lines of README.md)."""
     screen = "\n".join((ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:40])
@@ -409,6 +425,113 @@ def test_snippet_checker_catches_a_wrong_keyword():
     assert len(problems) == 2, problems
     assert "num_mc_rolouts" in problems[0]
     assert "MCValueEstimator.estimat: no such method" in problems[1]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Every import the README and the docs show works
+# --------------------------------------------------------------------------------------------------------------
+
+_IMPORT_RE = re.compile(
+    r"\bfrom\s+(?P<module>mcadvantage(?:\.\w+)*)\s+import\s+(?P<names>\([^)]*\)|[\w ,]+)"
+    r"|\bimport\s+(?P<plain>mcadvantage(?:\.\w+)*)"
+)
+_FENCED_RE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
+
+
+def _code_texts(path: Path) -> list[str]:
+    """The code a reader may paste from a Markdown file: every fenced block (any language: a ``python -c`` in a
+    bash block counts) and every inline code span outside them."""
+    text = path.read_text(encoding="utf-8")
+    blocks = _FENCED_RE.findall(text)
+    prose = _FENCED_RE.sub("", text)
+    return blocks + re.findall(r"`([^`\n]+(?:\n[^`\n]+)?)`", prose)
+
+
+def _shown_imports(code: str) -> list[tuple[str, str | None]]:
+    """``(module, name)`` for each ``from mcadvantage... import name`` in ``code`` and ``(module, None)`` for each
+    ``import mcadvantage...``; placeholders such as ``import ...`` are not names and are skipped."""
+    found: list[tuple[str, str | None]] = []
+    for match in _IMPORT_RE.finditer(code):
+        if match.group("plain"):
+            found.append((match.group("plain"), None))
+            continue
+        for item in match.group("names").strip("()").replace("\n", ",").split(","):
+            name = item.split(" as ")[0].strip()
+            if name.isidentifier():
+                found.append((match.group("module"), name))
+    return found
+
+
+def _import_problem(module: str, name: str | None) -> str | None:
+    """Why ``from module import name`` (or ``import module``) fails, or None; a module that needs an extra that is
+    not installed here (verl, vLLM, ...) is not a problem of the docs."""
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name and not err.name.startswith("mcadvantage"):
+            return None
+        return f"import {module}: {err}"
+    if name is not None and not hasattr(imported, name):
+        return f"from {module} import {name}: no such name"
+    return None
+
+
+def _doc_files() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "examples" / "README.md", *_pages()]
+
+
+def test_every_import_in_the_readme_and_docs_works():
+    """Issue 53: the README listed names that ``from mcadvantage import ...`` did not give. Every import statement
+    in a code block or code span of the README, examples/README.md and docs/**/*.md is run."""
+    pytest.importorskip("trl")  # VinePPOTrainer / VinePPOConfig import TRL
+    shown = {
+        (module, name, str(path.relative_to(ROOT)))
+        for path in _doc_files()
+        for code in _code_texts(path)
+        for module, name in _shown_imports(code)
+    }
+    assert len(shown) >= 50, f"only {len(shown)} imports found; did the pattern break?"
+    problems = sorted(
+        f"{where}: {problem}"
+        for module, name, where in shown
+        if (problem := _import_problem(module, name)) is not None
+    )
+    assert not problems, "imports in the docs that fail:\n" + "\n".join(problems)
+
+
+def test_every_name_the_readmes_box_lists_is_importable_from_the_package():
+    """The README's "What is in the box" table names public pieces by their import name: each plain name comes
+    ``from mcadvantage import ...``, each dotted one is a module that imports."""
+    pytest.importorskip("trl")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    box = readme.split("## What is in the box", 1)[1].split("\n## ", 1)[0]
+    cells = re.findall(r"^\| ([^|]+) \|", box, re.M)
+    names = [n for cell in cells for n in re.findall(r"`([\w.]+)`", cell)]
+    assert len(names) >= 15, names
+    problems = [
+        problem
+        for name in names
+        if (problem := _import_problem(name, None) if "." in name else _import_problem("mcadvantage", name))
+    ]
+    assert not problems, problems
+
+
+def test_the_import_finder_sees_every_form():
+    code = (
+        "from mcadvantage import A, B as C\nfrom mcadvantage.x.y import (\n    D,\n    E,\n)\n"
+        'python -c "import mcadvantage.z"\nfrom mcadvantage import ...\n'
+    )
+    assert _shown_imports(code) == [
+        ("mcadvantage", "A"),
+        ("mcadvantage", "B"),
+        ("mcadvantage.x.y", "D"),
+        ("mcadvantage.x.y", "E"),
+        ("mcadvantage.z", None),
+    ]
+    assert (
+        _import_problem("mcadvantage", "no_such_name") == "from mcadvantage import no_such_name: no such name"
+    )
+    assert _import_problem("mcadvantage", "VinePPOTrainer") is None
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -746,7 +746,10 @@ def test_agent_example_refuses_an_estimator_that_does_not_take_agent_episodes(
     assert (
         f"advantage_estimator={name!r} does not support environment_factory=" in err
     )  # the library's reason
-    assert "Fix: pass --estimator grpo" in err
+    assert err.rstrip().endswith(agent_example.REFUSAL_FIX)
+    # examples/README.md quotes the same line (issue 53: it quoted a shorter one).
+    readme = " ".join((EXAMPLES / "README.md").read_text(encoding="utf-8").split())
+    assert f"`{agent_example.REFUSAL_FIX}`" in readme
     assert not (tmp_path / "out" / "trainer_state.json").exists()
 
 
@@ -780,3 +783,37 @@ def test_agent_example_quick_run_trains_the_environment(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(out)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_agent_example_quick_run_trains_with_anchor_credit(tmp_path):
+    """``python examples/agent.py --estimator anchor --quick``: the anchor credit reads ``AgentEnv.state_key`` during
+    TRL's tool loop and trains; its ``anchor/*`` metrics are logged at every step."""
+    out = tmp_path / "out"
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+    )
+    command = [
+        sys.executable,
+        str(EXAMPLES / "agent.py"),
+        "--estimator",
+        "anchor",
+        "--quick",
+        "--output_dir",
+        str(out),
+    ]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, f"agent example failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert "Trained 4 steps with --estimator anchor" in proc.stderr
+    state = json.loads((out / "trainer_state.json").read_text())
+    steps = [e for e in state["log_history"] if "loss" in e]
+    assert state["global_step"] == len(steps) == 4
+    assert sum(e["tools/call_frequency"] for e in steps) > 0
+    assert all(0.0 <= e["anchor/grouped_turn_share"] <= 1.0 for e in steps)
+    assert all(e["anchor/mean_step_group_size"] >= 1.0 for e in steps)
+    assert all(math.isfinite(e["loss"]) for e in steps)

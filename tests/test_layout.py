@@ -246,6 +246,7 @@ PUBLIC_NAMES = {
     "step_advantages": "mcadvantage.core.advantages",
     "token_advantages": "mcadvantage.core.advantages",
     "masked_whiten": "mcadvantage.core.advantages",
+    "gae_advantages": "mcadvantage.core.advantages",
     "Sampler": "mcadvantage.samplers.base",
     "RolloutRequest": "mcadvantage.samplers.base",
     "Continuation": "mcadvantage.samplers.base",
@@ -273,6 +274,8 @@ PUBLIC_NAMES = {
     "MCValueEstimator": "mcadvantage.mc.estimator",
     "Trajectory": "mcadvantage.mc.trajectory",
     "MCEstimate": "mcadvantage.mc.estimator",
+    "EnvironmentReplayError": "mcadvantage.mc.episodes",
+    "diagnose_credit": "mcadvantage.evaluation.diagnostics",
     "VinePPOConfig": "mcadvantage.trainer.config",
     "VinePPOTrainer": "mcadvantage.trainer.vineppo_trainer",
 }

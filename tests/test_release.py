@@ -393,6 +393,72 @@ def test_readme_quickstart_runs_from_the_installed_wheel(user_venv):
     assert out.strip().splitlines()[-1] == "steps 1", out[-2000:]
 
 
+#: The README's agent quickstart, made runnable offline the same way: the model id becomes a tiny random Llama with
+#: a real tool-calling chat template (both shipped in ``mcadvantage.testing``), the config gets a short CPU run.
+README_AGENT_MODEL = 'model="Qwen/Qwen3-0.6B",'
+AGENT_PREAMBLE = """\
+from datasets import Dataset
+from mcadvantage.testing import build_tiny_llama, build_tool_calling_tokenizer
+
+tok = build_tool_calling_tokenizer()
+TINY_AGENT = build_tiny_llama(
+    tok, hidden_size=64, num_layers=1, num_heads=2, head_dim=32, intermediate_size=128, max_position_embeddings=1024
+)
+TINY_RUN = dict(
+    max_steps=2, per_device_train_batch_size=2, num_generations=2, max_completion_length=24,
+    use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none", save_strategy="no", seed=0,
+)
+dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "What is 1 + 2?"}]] * 2})
+"""
+
+
+def readme_agent_quickstart() -> str:
+    """The README's Python block that passes ``environment_factory=``."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = [
+        b for b in re.findall(r"^```python\n(.*?)^```", text, re.M | re.S) if "environment_factory=" in b
+    ]
+    assert len(blocks) == 1, (
+        "README.md should hold one agent quickstart (a python block with environment_factory=)"
+    )
+    return blocks[0]
+
+
+def runnable_agent_quickstart() -> str:
+    snippet = readme_agent_quickstart()
+    assert snippet.count(README_AGENT_MODEL) == 1 and snippet.count(README_CONFIG) == 1, snippet
+    assert "trainer.train()" in snippet
+    snippet = snippet.replace(README_AGENT_MODEL, "model=TINY_AGENT, processing_class=tok,").replace(
+        README_CONFIG, "VinePPOConfig(**TINY_RUN, "
+    )
+    report = (
+        "est = trainer.last_advantage_result\n"
+        "print('estimator', trainer.args.advantage_estimator, 'rollouts', trainer.advantage_estimator.num_rollouts)\n"
+        "print('steps', trainer.state.global_step, 'values', est is not None and len(est.values))\n"
+    )
+    return AGENT_PREAMBLE + snippet + report
+
+
+def test_the_readme_agent_quickstart_is_the_snippet_the_wheel_test_runs():
+    runnable, readme = runnable_agent_quickstart(), readme_agent_quickstart()
+    for line in readme.splitlines():
+        if README_AGENT_MODEL not in line and README_CONFIG not in line:
+            assert line in runnable, line
+    assert "environment_factory=Adder" in runnable and "num_mc_rollouts=4" in runnable
+
+
+@pytest.mark.slow
+def test_readme_agent_quickstart_trains_from_the_installed_wheel(user_venv):
+    """Issue 53: the agent quickstart, from a directory outside the checkout with the installed wheel, trains two
+    steps under the default estimator ("vineppo": Monte Carlo credit per turn)."""
+    script = user_venv["home"] / "agent_quickstart.py"
+    script.write_text(runnable_agent_quickstart(), encoding="utf-8")
+    out = _run_as_user(user_venv, str(script), timeout=300)
+    lines = out.strip().splitlines()
+    assert lines[-2] == "estimator vineppo rollouts 4", out[-2000:]
+    assert lines[-1].startswith("steps 2 values ") and lines[-1] != "steps 2 values False", out[-2000:]
+
+
 @pytest.mark.slow
 def test_demo_entry_point_runs_from_the_installed_wheel(user_venv):
     out = _run_as_user(user_venv, "-m", "mcadvantage.demo", "--help", timeout=300)

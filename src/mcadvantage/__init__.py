@@ -38,6 +38,7 @@ _LAZY: dict[str, str] = {
     "step_advantages": "core.advantages",
     "token_advantages": "core.advantages",
     "masked_whiten": "core.advantages",
+    "gae_advantages": "core.advantages",
     # sampling
     "Sampler": "samplers",
     "RolloutRequest": "samplers",
@@ -70,6 +71,9 @@ _LAZY: dict[str, str] = {
     "MCValueEstimator": "mc.estimator",
     "Trajectory": "mc.estimator",
     "MCEstimate": "mc.estimator",
+    "EnvironmentReplayError": "mc.episodes",
+    # credit-assignment diagnostics (estimators against a large-K ground truth)
+    "diagnose_credit": "evaluation.diagnostics",
     # TRL trainer (imports TRL)
     "VinePPOConfig": "trainer.config",
     "VinePPOTrainer": "trainer.vineppo_trainer",
@@ -92,7 +96,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see the real names
-    from mcadvantage.core.advantages import masked_whiten, step_advantages, token_advantages
+    from mcadvantage.core.advantages import gae_advantages, masked_whiten, step_advantages, token_advantages
     from mcadvantage.estimators import (
         AdvantageBatch,
         AdvantageEstimator,
@@ -106,6 +110,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         get_advantage_estimator,
         register_advantage_estimator,
     )
+    from mcadvantage.evaluation.diagnostics import diagnose_credit
     from mcadvantage.evaluation.pass_at_1 import (
         PassAt1Result,
         PassAt1Settings,
@@ -113,6 +118,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         evaluate_pass_at_1,
         score_samples,
     )
+    from mcadvantage.mc.episodes import EnvironmentReplayError
     from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
     from mcadvantage.samplers import (
         Continuation,

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import horizon_sweep as hs  # noqa: E402
+from _records import compare_tree  # noqa: E402
 
 TINY = ["--params", "shared", "--structures", "delayed", "--horizons", "2", "--rates", "0.5",
         "--arms", "grpo", "oracle", "vineppo_k1", "--budget", "32"]  # fmt: skip
@@ -76,7 +77,7 @@ def test_committed_summary_and_page_regenerate_from_the_committed_records():
             )
         )
     )
-    assert regenerated == committed
+    assert compare_tree(regenerated, committed) == []  # within float64's tolerance: another CPU's last bits
     assert hs.PAGE.read_text() == hs.render_page(committed, figure="figures/where_credit_pays.png")
     confirmed = [c for c in committed["cells"] if c["stage"] == "confirmed"]
     assert confirmed and all(c["seeds"] >= 12 for c in confirmed)

@@ -1,5 +1,5 @@
 """benchmarks/where_credit_pays_demo.py, the offline demo's crossover mode: the crossover is found by the rule on the
-committed map, the demo's runs equal the committed records, and the printed gaps are the paired tests of its runs."""
+committed map, the demo's runs equal the committed records within tolerance, and the printed gaps are the paired tests of its runs."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import horizon_sweep as hs  # noqa: E402
 import where_credit_pays_demo as demo  # noqa: E402
+from _records import FLOAT64  # noqa: E402
 
 from mcadvantage.evaluation.stats import paired_t_test  # noqa: E402
 
@@ -64,17 +65,23 @@ def test_demo_runs_equal_the_committed_records_and_print_their_paired_gaps(tmp_p
         cell = tuple(res["cell"])
         assert names == [demo.best_grpo_arm(summary, cell), found["arm"], *demo.REFERENCE_ARMS]
         for arm, a in res["arms"].items():
-            # deterministic per seed: every run equals the study's committed record of the same settings
-            assert a["committed_found"] == 3 and a["matches_committed"] == 3, (cell, arm)
+            # deterministic per seed: every run equals the study's committed record of the same settings, within
+            # the exact toy's tolerance (another CPU moves a float64 in its last bits; benchmarks/_records.py)
+            c = a["committed"]
+            assert (c["found"], c["within"], c["outside"]) == (3, 3, []), (cell, arm, c)
+            assert 0.0 <= c["largest"] <= 1e-9
+            assert f"{arm:<18}" in printed and a["committed_summary"] in printed
+            assert a["committed_summary"].startswith("3/3 within tolerance (largest difference ")
             committed = [
                 json.loads(hs.record_path(hs.RUNS, cell, arm, s).read_text())["success_at_budget"]
                 for s in range(3)
             ]
-            assert a["success"] == committed
+            assert all(FLOAT64.allows(x, y) for x, y in zip(a["success"], committed, strict=True))
         base = res["arms"][names[0]]["success"]
         gap = paired_t_test([x - y for x, y in zip(res["arms"][found["arm"]]["success"], base, strict=True)])
         assert f"{gap['mean']:+.3f} [{gap['ci95'][0]:+.3f}, {gap['ci95'][1]:+.3f}]" in printed
     assert f"pays at H = {found['pays_at']}" in printed
+    assert "outside tolerance" not in printed and result["environment"]["cpu"]
 
 
 def test_one_seed_is_refused_with_the_fix(tmp_path):

@@ -340,3 +340,25 @@ def test_hybrid_needs_the_episodes_and_refuses_what_turn_credit_does_not_support
         r"advantage_estimator='hybrid'.* Set mc_max_estimated_steps=None",
     ):
         check_agent_kwargs({"environment_factory": Counter}, HybridEstimator(max_estimated_steps=2), 64)
+
+
+def test_a_step_budget_is_refused_for_agents_in_one_message_that_names_every_setting():
+    """Issue 53: ``mc_steps_after_cap="spread"`` told an agent user to set ``mc_max_estimated_steps``, which turn
+    credit then refused. The config's message now names the default as the agent's choice, and the trainer's
+    refusal names both settings and both defaults at once."""
+    from mcadvantage import VinePPOConfig
+
+    with pytest.raises(ValueError, match=r"Use mc_steps_after_cap='merge' \(the default, and the only choice with "
+                       r"tools= / environment_factory="):  # fmt: skip
+        VinePPOConfig(output_dir="unused", mc_steps_after_cap="spread")
+    with pytest.raises(
+        ValueError,
+        match=r"^mc_max_estimated_steps=8, mc_steps_after_cap='spread' are not supported with tools= / "
+        r"environment_factory= under advantage_estimator='vineppo'.* Set mc_max_estimated_steps=None, "
+        r"mc_steps_after_cap='merge' \(their defaults\)",
+    ):
+        check_agent_kwargs(
+            {"environment_factory": Counter},
+            VinePPOEstimator(max_estimated_steps=8, steps_after_cap="spread", step_segmenter="newline"),
+            64,
+        )

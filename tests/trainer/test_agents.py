@@ -361,6 +361,30 @@ def test_a_dict_of_environments_needs_the_environment_column(tmp_path):
         )  # fmt: skip
 
 
+def test_an_unknown_environment_keeps_grpos_words(tmp_path):
+    """Issue 53: GRPOTrainer refuses a row naming an environment that is not in a dict ``environment_factory`` at
+    ``train()``; VinePPOTrainer finds it earlier (its prompt-length check renders every row's tools) and its message
+    contains GRPO's, word for word, before what to do."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    tok = build_tool_calling_tokenizer()
+    data = _prompts(2, environment=["adder", "counter"])
+    kwargs = dict(reward_funcs=[vowel_share], train_dataset=data, processing_class=tok)
+    grpo = GRPOTrainer(
+        model=_tiny_model(tok), args=GRPOConfig(output_dir=str(tmp_path / "grpo"), **SETTINGS),
+        environment_factory={"adder": Adder}, **kwargs,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="not among the environments") as grpo_error:
+        grpo.train()
+    args = VinePPOConfig(output_dir=str(tmp_path / "vine"), **{**SETTINGS, "advantage_estimator": "grpo"})
+    with pytest.raises(ValueError, match="not among the environments") as ours:
+        VinePPOTrainer(model=_tiny_model(tok), args=args, environment_factory={"adder": Adder}, **kwargs)
+    assert str(grpo_error.value) in str(ours.value), (str(grpo_error.value), str(ours.value))
+    assert "\"'" not in str(ours.value)  # names quoted once: ['adder'], not ["'adder'"]
+
+
 _INITIAL: dict[str, torch.Tensor] = {}
 
 
@@ -838,3 +862,185 @@ def test_tree_leaves_first_turns_carry_no_engine_logprobs_and_their_later_turns_
             assert (logps[row, first:length][~later] == 0.0).all() and (
                 logps[row, first:length][later] == -1.0
             ).all()
+
+
+# ----------------------------------------------------------------------------- "anchor": credit by state, no samples
+
+
+class KeyedAdder(Adder):
+    """:class:`Adder` with the read-only ``state_key`` the anchor credit reads: the number of calls so far."""
+
+    @property
+    def state_key(self) -> int:
+        return len(self.calls)
+
+
+class KeyedDoubler(Doubler):
+    """:class:`Doubler` with a ``state_key`` (it keeps no state: every turn starts from the same one)."""
+
+    @property
+    def state_key(self) -> str:
+        return "doubler"
+
+
+def keyed_rollout(prompts, trainer):
+    """:func:`scripted_rollout` returning each completion's state keys (two model turns: before and after the
+    observation) in the ``turn_keys`` field."""
+    out = scripted_rollout(prompts, trainer)
+    return {**out, "turn_keys": [["start", "after 42"] for _ in prompts]}
+
+
+def _anchor_case(name: str) -> dict:
+    case = _case(name)
+    if name == "environment":
+        case["environment_factory"] = KeyedAdder
+    elif name == "environment dict":
+        case["environment_factory"] = {"adder": KeyedAdder, "doubler": KeyedDoubler}
+    elif name == "rollout_func":
+        case["rollout_func"] = keyed_rollout
+    return case
+
+
+class _EngineCalls:
+    """Counts the engine's generation calls (GRPO's ``_generate_single_turn`` and the Monte Carlo sampler) and how
+    many of them fall inside the advantage phase (``compute_advantages``)."""
+
+    def __init__(self, trainer):
+        self.total = self.in_advantages = 0
+        self._inside = False
+        generate, compute, sampler = (
+            trainer._generate_single_turn,
+            trainer.compute_advantages,
+            trainer._rollout_sampler,
+        )
+
+        def counted_generate(*args, **kwargs):
+            self.total += 1
+            self.in_advantages += self._inside
+            return generate(*args, **kwargs)
+
+        def counted_compute(batch):
+            self._inside = True
+            try:
+                return compute(batch)
+            finally:
+                self._inside = False
+
+        def counted_sampler():  # the Monte Carlo sampler's context (also built, unused, for every first turn)
+            self.in_advantages += self._inside
+            return sampler()
+
+        trainer._generate_single_turn = counted_generate
+        trainer.compute_advantages = counted_compute
+        trainer._rollout_sampler = counted_sampler
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_anchor_trains_tool_environment_and_rollout_func_episodes_without_extra_generation(
+    scripted_first_turn, tmp_path, case
+):
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    tok = build_tool_calling_tokenizer()
+    args = VinePPOConfig(output_dir=str(tmp_path), **{**SETTINGS, "advantage_estimator": "anchor"})
+    trainer = VinePPOTrainer(model=_tiny_model(tok), args=args, processing_class=tok, **_anchor_case(case))
+    spy = _Spy(trainer)
+    calls = _EngineCalls(trainer)
+    trainer.train()
+    assert trainer.state.global_step == SETTINGS["max_steps"]
+    if case != "rollout_func":
+        assert sum(_logged(trainer, "tools/call_frequency")) > 0
+        assert calls.total > 0  # the engine generated the episodes ...
+    assert calls.in_advantages == 0  # ... and nothing while the advantages were computed
+    spy.check_tool_tokens_get_no_credit()
+    for batch in spy.batches:
+        assert batch.turn_keys is not None and len(batch.turn_keys) == len(batch.completion_ids)
+        for r, keys in enumerate(batch.turn_keys):
+            mask = batch.tool_mask[r, : len(batch.completion_ids[r])].tolist()
+            assert len(keys) == sum(1 for j, m in enumerate(mask) if m and (j == 0 or not mask[j - 1]))
+            if case == "environment":
+                assert keys == list(range(len(keys)))  # the calls made before each turn
+            if case == "rollout_func":
+                assert keys == ["start", "after 42"]
+    for key in (
+        "grouped_turn_share",
+        "singleton_turn_share",
+        "mean_step_group_size",
+        "mean_abs_step_advantage",
+    ):
+        assert _logged(trainer, f"anchor/{key}"), key
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+
+
+def test_anchor_refuses_an_environment_without_state_key_and_a_rollout_func_without_keys(
+    scripted_first_turn, tmp_path
+):
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+
+    tok = build_tool_calling_tokenizer()
+    args = VinePPOConfig(output_dir=str(tmp_path), **{**SETTINGS, "advantage_estimator": "anchor"})
+    with pytest.raises(
+        TypeError, match=r"Adder \(environment 'adder'\) does not have.*anchor_state='observation'"
+    ):
+        VinePPOTrainer(
+            model=_tiny_model(tok), args=args, processing_class=tok,
+            **{**_anchor_case("environment dict"), "environment_factory": {"adder": Adder, "doubler": KeyedDoubler}},
+        ).train()  # fmt: skip
+    trainer = VinePPOTrainer(model=_tiny_model(tok), args=args, processing_class=tok, **_case("rollout_func"))
+    with pytest.raises(
+        ValueError, match=r"rollout_func returned no 'turn_keys' field .*anchor_state='observation'"
+    ):
+        trainer.train()
+    # Keyed by observation, the same environment without state_key trains.
+    args = VinePPOConfig(
+        output_dir=str(tmp_path), **{**SETTINGS, "advantage_estimator": "anchor", "max_steps": 1},
+        anchor_state="observation",
+    )  # fmt: skip
+    trainer = VinePPOTrainer(model=_tiny_model(tok), args=args, processing_class=tok, **_case("environment"))
+    trainer.train()
+    assert trainer.state.global_step == 1 and _logged(trainer, "anchor/singleton_turn_share")
+
+
+def test_anchor_records_the_testbed_environments_true_state_before_every_turn(tmp_path, monkeypatch):
+    """On the testbed (scripted tool-calling policy, AgentEnv with its state_key ``(turns played, state)``), the keys
+    the trainer recorded during GRPO's tool loop equal the states read back from the episode's own tool results."""
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+    from testbed.agent_env import GOOD, STATE_NAMES, AgentEnv, AgentTask, KeyPolicy, make_agent_dataset
+    from testbed.agent_policy import ScriptedAgentSampler, build_agent_model, build_agent_tokenizer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tok = build_agent_tokenizer()
+    args = VinePPOConfig(
+        output_dir=str(tmp_path),
+        **{**SETTINGS, "generation_kwargs": None, "max_completion_length": 128, "num_generations": 4},
+        advantage_estimator="anchor",
+    )
+    data = make_agent_dataset("recovery", 3, 4, seed=0)
+    trainer = VinePPOTrainer(
+        model=build_agent_model(tok, max_position_embeddings=512), reward_funcs=None, args=args,
+        train_dataset=data, processing_class=tok, environment_factory=AgentEnv,
+    )  # fmt: skip
+    episodes = ScriptedAgentSampler(KeyPolicy(0.5), tok, seed=2)
+    from trl import GRPOTrainer
+
+    # GRPO's generation scripted below the trainer's own hook (which records the keys), as a real engine sits.
+    monkeypatch.setattr(
+        GRPOTrainer,
+        "_generate_single_turn",
+        lambda self, prompt_ids, *a, **k: (episodes.generate(prompt_ids, args.max_completion_length), None),
+    )
+    spy = _Spy(trainer)
+    trainer.train()
+    names = {name: state for state, name in STATE_NAMES.items()}
+    initial = AgentTask.from_row(data[0]).initial_state()
+    assert initial == GOOD
+    checked = 0
+    for batch in spy.batches:
+        for r, ids in enumerate(batch.completion_ids):
+            results = re.findall(r"turn (\d+)/3 state=(\w+)", tok.decode(ids))
+            want = [(0, initial)] + [(int(t), names[s]) for t, s in results]
+            assert batch.turn_keys[r] == want[: len(batch.turn_keys[r])]
+            assert len(batch.turn_keys[r]) in (len(want), len(want) - 1)
+            checked += len(results)
+    assert checked > 0

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("trl")
 
 from mcadvantage.tasks.gsm8k import GSM8KSegmenter  # noqa: E402
-from mcadvantage.trainer.config import VinePPOConfig  # noqa: E402
+from mcadvantage.trainer.config import GRPO_DEFAULT_DIFFERENCES, VinePPOConfig  # noqa: E402
 
 
 def make(**kwargs):
@@ -24,8 +24,8 @@ def split_lines(text: str) -> list[str]:
     return text.splitlines(keepends=True) or [text]
 
 
-#: The only GRPOConfig fields whose VinePPOConfig default differs, each documented in VinePPOConfig's docstring.
-DOCUMENTED_DIFFERENCES = {"scale_rewards", "bf16", "output_dir"}
+#: The only GRPOConfig fields whose VinePPOConfig default differs: the listed ones (output_dir is the test's own).
+DOCUMENTED_DIFFERENCES = {*GRPO_DEFAULT_DIFFERENCES, "output_dir"}
 
 
 def test_every_grpo_field_keeps_grpos_default_so_the_swap_changes_only_the_advantage():
@@ -64,11 +64,11 @@ def test_every_grpo_field_keeps_grpos_default_so_the_swap_changes_only_the_advan
     assert vine.mc_rollout_budget == "remaining" and vine.mc_fixed_rollout_budget is None
     assert vine.mc_max_estimated_steps is None and vine.mc_truncated_reward is None
     assert vine.mc_estimate_on_eval is False
-    # bf16 "auto": on only with a bf16-capable CUDA device (GRPOConfig would turn it on everywhere).
+    # bf16 unset: GRPOConfig's (on) wherever GRPOConfig builds; off only where it would be refused (no bf16 GPU
+    # and use_cpu unset; tests/trainer/test_drop_in.py).
     assert vine.bf16 == bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    # An explicit value wins (bf16 on CPU needs use_cpu=True in TrainingArguments).
-    assert make(bf16=True, use_cpu=True).bf16 is True
-    assert make(use_cpu=True).bf16 is False
+    assert make(use_cpu=True).bf16 is GRPOConfig(output_dir="unused", use_cpu=True).bf16 is True
+    assert make(bf16=False, use_cpu=True).bf16 is False  # an explicit value wins
 
 
 def test_the_papers_ppo_settings_come_from_from_paper():

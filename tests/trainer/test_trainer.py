@@ -88,8 +88,21 @@ def test_plain_grpo_config_rejected(model, tok, tmp_path):
 
 
 @pytest.mark.parametrize("reward_funcs,why", [(None, "reward_funcs is None"), ([], "reward_funcs is empty")])
-def test_missing_reward_funcs(model, tok, tmp_path, reward_funcs, why):
-    with pytest.raises(ValueError, match=rf"^No reward source provided \({why}; GRPOTrainer's message\)"):
+def test_missing_reward_funcs_keep_grpos_words(model, tok, tmp_path, reward_funcs, why):
+    """Our check runs before the model is loaded; its message starts with GRPOTrainer's own for the same input
+    (issue 53: an error TRL raises keeps TRL's words), then says what VinePPO needs."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    grpo_args = GRPOConfig(output_dir=str(tmp_path / "grpo"), report_to="none", use_cpu=True, bf16=False)
+    with pytest.raises(ValueError) as grpo_error:
+        GRPOTrainer(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=grpo_args,
+            train_dataset=arithmetic(),
+            processing_class=tok,
+        )
+    with pytest.raises(ValueError, match=rf"^No reward source provided\. .*\({why}\.\)") as ours:
         VinePPOTrainer(
             model=model,
             reward_funcs=reward_funcs,
@@ -97,11 +110,12 @@ def test_missing_reward_funcs(model, tok, tmp_path, reward_funcs, why):
             train_dataset=arithmetic(),
             processing_class=tok,
         )
+    assert str(ours.value).startswith(str(grpo_error.value)), (str(grpo_error.value), str(ours.value))
 
 
 def test_reward_funcs_are_optional_in_the_signature_as_in_grpo(model, tok, tmp_path):
     # GRPOTrainer(model=...) is valid Python; so is ours, with an error that says what is missing.
-    with pytest.raises(ValueError, match=r"^No reward source provided \(reward_funcs is None"):
+    with pytest.raises(ValueError, match=r"^No reward source provided\. .*\(reward_funcs is None\.\)"):
         VinePPOTrainer(model=model, args=config(tmp_path), train_dataset=arithmetic(), processing_class=tok)
 
     # With an environment, the environment may own the reward (get_reward); one that does not gets GRPO's error.

@@ -324,13 +324,17 @@ def validate_mc_settings(
     if steps_after_cap == "spread" and max_estimated_steps is None:
         raise ValueError(
             f"{n('steps_after_cap')}='spread' spreads {n('max_estimated_steps')} states over each response, but "
-            f"{n('max_estimated_steps')} is None. Set it (e.g. 8), or use {n('steps_after_cap')}='merge'."
+            f"{n('max_estimated_steps')} is None. Use {n('steps_after_cap')}='merge' (the default, and the only "
+            f"choice with tools= / environment_factory=, whose turn credit estimates every state), or set "
+            f"{n('max_estimated_steps')} (e.g. 8)."
         )
     if steps_after_cap == "zero" and max_estimated_steps is None:
         raise ValueError(
             f"{n('steps_after_cap')}='zero' gives the steps past {n('max_estimated_steps')} advantage 0, but "
-            f"{n('max_estimated_steps')} is None (no cap), so it would change nothing. Set "
-            f"{n('max_estimated_steps')} (the official code: 26 on GSM8K), or use {n('steps_after_cap')}='merge'."
+            f"{n('max_estimated_steps')} is None (no cap), so it would change nothing. Use "
+            f"{n('steps_after_cap')}='merge' (the default, and the only choice with tools= / environment_factory=, "
+            f"whose turn credit estimates every state), or set {n('max_estimated_steps')} (the official code: 26 on "
+            "GSM8K)."
         )
     if allocation not in ALLOCATIONS:
         raise ValueError(

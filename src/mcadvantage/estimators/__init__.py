@@ -3,7 +3,7 @@
 registry with the one table of built-ins, ``BUILTIN_ESTIMATORS`` (:mod:`~mcadvantage.estimators.registry`).
 
 The built-in classes: :class:`VinePPOEstimator`, :class:`GRPOEstimator`, :class:`RLOOEstimator`,
-:class:`CriticEstimator`, :class:`HybridEstimator` and :class:`TreeEstimator`. Every estimator subclasses
+:class:`CriticEstimator`, :class:`HybridEstimator`, :class:`TreeEstimator` and :class:`AnchorEstimator`. Every estimator subclasses
 :class:`AdvantageEstimator`; register your own with :func:`register_advantage_estimator` and check it with
 :func:`mcadvantage.testing.check_advantage_estimator`.
 """
@@ -13,7 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from mcadvantage.estimators.base import AdvantageEstimator, DrawsTrees, KeepsMonteCarloEstimate
+from mcadvantage.estimators.base import (
+    AdvantageEstimator,
+    DrawsTrees,
+    KeepsMonteCarloEstimate,
+    ReadsStateKeys,
+)
 from mcadvantage.estimators.batch import (
     AdvantageBatch,
     AdvantageResult,
@@ -46,6 +51,7 @@ _LAZY = {
     "CriticEstimator": ".critic",
     "HybridEstimator": ".hybrid",
     "TreeEstimator": ".tree",
+    "AnchorEstimator": ".anchor",
 }
 
 __all__ = [
@@ -58,6 +64,7 @@ __all__ = [
     "DrawsTrees",
     "EstimatorContext",
     "KeepsMonteCarloEstimate",
+    "ReadsStateKeys",
     "as_advantage_estimator",
     "available_advantage_estimators",
     "build_advantage_estimator",

@@ -49,6 +49,7 @@ __all__ = [
     "EstimatorContext",
     "KeepsMonteCarloEstimate",
     "MetricReduction",
+    "ReadsStateKeys",
     "check_finite_advantages",
     "combine_rewards",
     "finalize_advantages",
@@ -186,3 +187,19 @@ class ContinuesEpisodes(Protocol):
         ``given`` (names among ``tools``, ``environment_factory``, ``rollout_func``) or with its own settings: raise
         ``NotImplementedError`` for an argument, ``ValueError`` for a setting, naming it and the fix."""
         ...
+
+
+@runtime_checkable
+class ReadsStateKeys(Protocol):
+    """An estimator that credits the turns of multi-turn episodes by the environment state before them (``"anchor"``):
+    the trainer fills ``AdvantageBatch.turn_keys`` for it.
+
+    Attributes:
+        state_source: where the keys come from. ``"state_key"``: the environment's read-only ``state_key`` property
+            (recorded during GRPO's tool loop after ``reset`` and after each round of tool results; a
+            ``rollout_func`` returns them as its ``turn_keys`` field; with ``tools=`` alone, which has no environment
+            object, the observation below). ``"observation"``: the estimator keys each turn by the tokens of the
+            tool results before it (the prompt's for the first turn) and needs nothing from the trainer.
+    """
+
+    state_source: str

@@ -11,7 +11,7 @@ Plain dataclasses and pure functions on tensors; nothing here imports TRL. The c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -87,6 +87,11 @@ class AdvantageBatch:
             which the model did not choose and the loss leaves out (``completion_mask * tool_mask``); estimators
             give them no credit and leave them out of the whitening statistics. None: every completion token is
             the model's.
+        turn_keys: per local response, the state key before each of its model turns (any hashable: the
+            environment's ``state_key`` after ``reset`` and after each round of tool results, or a ``rollout_func``'s
+            ``turn_keys`` field), filled by the trainer for estimators that credit turns by state
+            (:class:`~mcadvantage.estimators.base.ReadsStateKeys`, ``"anchor"``); None otherwise. Turn ``t`` is the
+            ``t``-th run of model tokens (``tool_mask`` 1) of the completion.
     """
 
     prompt_ids: list[list[int]]
@@ -101,9 +106,15 @@ class AdvantageBatch:
     mode: str = "train"
     tree_paths: list[Any] | None = None
     tool_mask: torch.Tensor | None = None
+    turn_keys: list[list[Hashable]] | None = None
 
     def __post_init__(self) -> None:
         size = len(self.completion_ids)
+        if self.turn_keys is not None and len(self.turn_keys) != size:
+            raise ValueError(
+                f"AdvantageBatch: turn_keys holds {len(self.turn_keys)} episodes for {size} local responses; give "
+                "one list of state keys (one per model turn) per response."
+            )
         if len(self.prompt_ids) != size or self.completion_mask.shape[0] != size:
             raise ValueError(
                 f"AdvantageBatch: prompt_ids ({len(self.prompt_ids)}), completion_ids ({size}) and completion_mask "

@@ -57,6 +57,10 @@ BUILTIN_ESTIMATORS: dict[str, BuiltinEstimator] = {
     "tree": BuiltinEstimator(
         ".tree", "groups drawn as trees of shared prefixes, step credit from their own leaves"
     ),
+    "anchor": BuiltinEstimator(
+        ".anchor",
+        "GRPO plus per-turn credit from the batch's turns that start from the same state (GiGPO), no extra samples",
+    ),
 }
 
 #: The entry-point group an installed package registers estimators under: ``name = "package.module:Class"``.

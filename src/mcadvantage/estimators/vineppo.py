@@ -67,6 +67,7 @@ _NON_REWARD_COLUMNS = ("prompt", "completion", "completion_ids")
 _TURN_CREDIT_AT_DEFAULT = (
     "rollout_budget",
     "max_estimated_steps",
+    "steps_after_cap",
     "truncated_reward",
     "reuse_samples",
     "allocation",
@@ -111,15 +112,19 @@ def check_turn_credit_support(settings: MCSettings, given: Sequence[str], estima
             "train rollout_func episodes exactly as trl.GRPOTrainer does)."
         )
     names, defaults = mc_config_names(), MCSettings().as_dict()
-    for name in _TURN_CREDIT_AT_DEFAULT:
-        value, needed = getattr(settings, name), defaults[name]
-        if value != needed:
-            raise ValueError(
-                f"{names[name]}={value!r} is not supported with tools= / environment_factory= under "
-                f"advantage_estimator={estimator!r}: Monte Carlo turn credit runs every state's num_mc_rollouts "
-                f"continuations to the episode's end within max_completion_length. Set {names[name]}={needed!r} (its "
-                "default), or use advantage_estimator='grpo' / 'rloo' / 'gae'."
-            )
+    # Every unsupported setting in one message: fixing one at a time could meet another's check on the way (e.g.
+    # mc_steps_after_cap='spread' needs mc_max_estimated_steps, which turn credit refuses).
+    unsupported = [name for name in _TURN_CREDIT_AT_DEFAULT if getattr(settings, name) != defaults[name]]
+    if unsupported:
+        given_text = ", ".join(f"{names[name]}={getattr(settings, name)!r}" for name in unsupported)
+        fix = ", ".join(f"{names[name]}={defaults[name]!r}" for name in unsupported)
+        verb, its = ("is", "its default") if len(unsupported) == 1 else ("are", "their defaults")
+        raise ValueError(
+            f"{given_text} {verb} not supported with tools= / environment_factory= under "
+            f"advantage_estimator={estimator!r}: Monte Carlo turn credit runs every state's num_mc_rollouts "
+            f"continuations to the episode's end within max_completion_length. Set {fix} ({its}), or use "
+            "advantage_estimator='grpo' / 'rloo' / 'gae'."
+        )
 
 
 def run_on_main_process(

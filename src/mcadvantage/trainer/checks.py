@@ -97,6 +97,14 @@ def check_engine_settings(args: Any) -> None:
         )
 
 
+#: GRPOTrainer's words when no reward source is given (TRL raises them after loading the model); the earlier check
+#: here starts with them, so a user or a test that reads TRL's message finds it.
+TRL_NO_REWARD_SOURCE = (
+    "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment defines a "
+    "`get_reward` method."
+)
+
+
 def check_reward_funcs(reward_funcs: Any, *, environment_factory: Any = None) -> list[Any]:
     """The reward functions as a list (reward models and async functions included: they grade rollouts through
     :func:`~mcadvantage.rewards.models.as_rollout_reward_func`).
@@ -108,15 +116,14 @@ def check_reward_funcs(reward_funcs: Any, *, environment_factory: Any = None) ->
         return []
     if reward_funcs is None:
         raise ValueError(
-            "No reward source provided (reward_funcs is None; GRPOTrainer's message): VinePPO grades every response and Monte Carlo continuation with reward functions "
-            "or reward models. Pass e.g. mcadvantage.GSM8KVerifier(), a function f(prompts, completions, **kw), or "
-            "a reward model id."
+            f"{TRL_NO_REWARD_SOURCE} (reward_funcs is None.) VinePPO grades every response and Monte Carlo "
+            "continuation with reward functions or reward models: pass e.g. mcadvantage.GSM8KVerifier(), a function "
+            "f(prompts, completions, **kw), or a reward model id."
         )
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
         raise ValueError(
-            "No reward source provided (reward_funcs is empty; GRPOTrainer's message): pass at least one reward "
-            "function or reward model."
+            f"{TRL_NO_REWARD_SOURCE} (reward_funcs is empty.) Pass at least one reward function or reward model."
         )
     for func in funcs:
         if not (isinstance(func, (str, nn.Module)) or callable(func)):

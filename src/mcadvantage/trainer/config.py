@@ -1,8 +1,13 @@
 """Configuration of :class:`~mcadvantage.trainer.vineppo_trainer.VinePPOTrainer`: TRL's ``GRPOConfig`` plus the Monte Carlo
-settings of VinePPO. GRPO's fields keep GRPOConfig's defaults (a drop-in); ``VinePPOConfig.from_paper(task)`` sets the
+settings of VinePPO. GRPO's fields keep GRPOConfig's defaults (a drop-in; the exceptions
+are :data:`GRPO_DEFAULT_DIFFERENCES`); ``VinePPOConfig.from_paper(task)`` sets the
 paper's.
 
 Importing this module imports TRL (``GRPOConfig``), but not vLLM.
+
+Why this module is long: ``HfArgumentParser`` reads every command-line setting from the fields of one dataclass,
+so every estimator's settings and their help texts live in ``VinePPOConfig``; the validation rules live elsewhere
+(:mod:`mcadvantage.core.settings`, :mod:`mcadvantage.estimators.rules`).
 """
 
 from __future__ import annotations
@@ -26,15 +31,36 @@ from mcadvantage.estimators.registry import (
 )
 
 
-def _bf16_available() -> bool:
-    """True when a CUDA device with native bfloat16 support is visible (the only case where ``bf16=None``
-    resolves to True)."""
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    except Exception:  # a broken CUDA install must not break building a config
+def _bf16_refused_here(use_cpu: bool) -> bool:
+    """True where ``TrainingArguments`` refuses ``bf16=True`` ("Your setup doesn't support bf16/gpu"): no
+    bf16-capable GPU or XLA device, and ``use_cpu`` unset. Asks transformers the question it asks itself."""
+    if use_cpu:
         return False
+    try:
+        from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+        return not (is_torch_bf16_gpu_available() or is_torch_xla_available())
+    except Exception:  # a broken CUDA install must not break building a config
+        return True
+
+
+#: Every ``GRPOConfig`` field whose value ``VinePPOConfig`` resolves differently when left unset, with the reason:
+#: the one list of differences (rendered on docs/howto/grpo-to-vineppo.md; tests/trainer/test_config.py compares
+#: the two dataclasses field by field against it). Every other field keeps ``GRPOConfig``'s default.
+GRPO_DEFAULT_DIFFERENCES: dict[str, str] = {
+    "bf16": (
+        "Unset, `GRPOConfig` turns bf16 on whenever fp16 is off, and `TrainingArguments` then refuses the config on a "
+        'machine without a bf16-capable GPU unless `use_cpu=True` ("Your setup doesn\'t support bf16/gpu"). There, '
+        "and only there, `VinePPOConfig` turns bf16 off instead, so a CPU-only machine trains in float32 without "
+        "flags. Wherever `GRPOConfig` builds (a bf16 GPU, or `use_cpu=True`, where both give `bf16=True`), the value "
+        "is `GRPOConfig`'s."
+    ),
+    "scale_rewards": (
+        'Unset, the estimator\'s `default_scale_rewards`: `"group"` (`GRPOConfig`\'s) under `"grpo"`, '
+        '`"hybrid"` and `"anchor"`; `"none"` under the others, which refuse any other value (reward scaling shapes only '
+        "GRPO's advantages)."
+    ),
+}
 
 
 @dataclass
@@ -74,7 +100,7 @@ class VinePPOConfig(GRPOConfig):
             `"vineppo"`, `"hybrid"`) on evaluation batches; refused for the others, which estimate evaluation
             batches anyway. Off by default because it multiplies the cost of evaluation. Defaults to `False`.
         scale_rewards (str | None): GRPO's reward scaling. `None` resolves to the estimator's
-            ``default_scale_rewards``: `"group"` (GRPO's) for `"grpo"` and `"hybrid"`, `"none"` for the rest,
+            ``default_scale_rewards``: `"group"` (GRPO's) for `"grpo"`, `"hybrid"` and `"anchor"`, `"none"` for the rest,
             which refuse any other value (reward scaling shapes only GRPO's advantages).
 
     **`"vineppo"`** (Monte Carlo step values): `num_mc_rollouts` (K continuations per state, paper: 9),
@@ -108,9 +134,16 @@ class VinePPOConfig(GRPOConfig):
     `tree_depths` (the completion token depth of each level, first `0`, increasing; `None` spreads them over the
     first half of `max_completion_length`).
 
-    **Defaults that differ from GRPOConfig**: `scale_rewards` (above), and `bf16=None`, which resolves to True only
-    on a CUDA GPU with bfloat16 support (GRPO turns bf16 on whenever fp16 is off, which slows CPU runs). GRPO's
-    defaults that already match the paper: `learning_rate=1e-6`, `epsilon=0.2`, `num_generations=8`, and
+    **`"anchor"`** (GiGPO's anchor-state turn credit for agents, from the batch's own episodes, no extra samples):
+    `anchor_state` (`"state_key"`, the environment's read-only property, or `"observation"`), `anchor_gamma` (the
+    turn returns' discount, `1.0`), `anchor_weight` (the step advantage's weight beside GRPO's, `1.0`),
+    `anchor_scope` (`"group"` or `"batch"`) and `anchor_credit` (`"normalized"`, GiGPO's, or `"pooled"`); it reads
+    GRPO's `scale_rewards` (default `"group"`). See docs/howto/turn-credit-for-agents.md.
+
+    **Defaults that differ from GRPOConfig**: only those listed, with their reasons, in
+    :data:`GRPO_DEFAULT_DIFFERENCES`: `scale_rewards` (above), and unset `bf16` where `GRPOConfig` would be refused
+    (no bf16-capable GPU and `use_cpu` unset: off instead of an error); with `use_cpu=True` or on a bf16 GPU, `bf16`
+    is `GRPOConfig`'s (on). GRPO's defaults that already match the paper: `learning_rate=1e-6`, `epsilon=0.2`, `num_generations=8`, and
     `loss_type="dapo"` (the clipped surrogate summed over tokens and divided by the completion tokens of the whole
     accumulated batch: the paper's token-weighted mean). The per-token estimators (`"vineppo"`, `"gae"`,
     `"hybrid"`, `"tree"`) also accept `"bnpo"`, `"dr_grpo"` and `"grpo"` and refuse other loss types (rule
@@ -185,6 +218,40 @@ class VinePPOConfig(GRPOConfig):
         },
     )
 
+    # ---- Anchor-state turn credit (advantage_estimator="anchor") ------------------------------------------
+    anchor_state: str = field(
+        default="state_key",
+        metadata={
+            "help": "'anchor' only: the state key of each turn: 'state_key' (the environment's read-only state_key "
+            "property; a rollout_func's 'turn_keys' field; the observation with tools= alone) or 'observation' (the "
+            "tokens of the tool results before the turn; the prompt for the first)."
+        },
+    )
+    anchor_gamma: float = field(
+        default=1.0, metadata={"help": "'anchor' only: discount of the turn returns, in (0, 1]."}
+    )
+    anchor_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "'anchor' only: weight of the step advantage beside GRPO's episode advantage (GiGPO: 1.0; "
+            "0: GRPO exactly). Normalized credit only."
+        },
+    )
+    anchor_scope: str = field(
+        default="group",
+        metadata={
+            "help": "'anchor' only: which episodes share a step group: 'group' (the prompt group, GiGPO's) or "
+            "'batch' (every episode whose key matches: only for keys that identify the task too)."
+        },
+    )
+    anchor_credit: str = field(
+        default="normalized",
+        metadata={
+            "help": "'anchor' only: 'normalized' (GiGPO: GRPO's advantage plus the turn return normalised in its step "
+            "group) or 'pooled' (step groups' mean returns as values V(s), advantage V(s_t+1) - V(s_t))."
+        },
+    )
+
     # ---- Monte Carlo value estimation ---------------------------------------------------------------------
     num_mc_rollouts: int = MCSettings.config_field("num_rollouts")
     step_segmenter: Callable[[str], list[str]] | str | None = field(
@@ -230,16 +297,25 @@ class VinePPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        # Resolve bf16 before GRPOConfig does: it would turn bf16 on unconditionally (slow on CPU).
+        # Unset bf16 is GRPOConfig's (on unless fp16), except where TrainingArguments would refuse that
+        # (GRPO_DEFAULT_DIFFERENCES): there it is off.
         if self.bf16 is None:
-            self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_available()
+            self.bf16 = (not self.fp16) and not _bf16_refused_here(self.use_cpu)
         estimator_cls = get_advantage_estimator(self.advantage_estimator)
         self.advantage_estimator = estimator_cls.name
         if self.scale_rewards is None:
             self.scale_rewards = estimator_cls.default_scale_rewards
         if self.whiten_advantages is None:
             self.whiten_advantages = bool(estimator_cls.whiten_by_default)
-        super().__post_init__()
+        try:
+            super().__post_init__()
+        except ValueError as err:
+            one_generation = self.num_generations is not None and self.num_generations < 2
+            if one_generation and estimator_cls.name != "grpo" and "generations" in str(err):
+                raise ValueError(
+                    _one_generation_message(self.num_generations, estimator_cls.name, err)
+                ) from err
+            raise
         self._validate_settings(estimator_cls)
 
     def _validate_settings(self, estimator_cls: type) -> None:
@@ -419,6 +495,19 @@ def _differs_from_default(config: Any, name: str) -> bool:
     if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
         return list(value) != list(default)  # a tuple from the command line equals the default list
     return value != default
+
+
+def _one_generation_message(num_generations: int, estimator: str, trl_error: Exception) -> str:
+    """Why ``num_generations < 2`` is refused under an estimator other than GRPO's, with the fix; TRL's own words
+    follow (its check is what refuses it)."""
+    return (
+        f"num_generations={num_generations} is refused under advantage_estimator={estimator!r}: VinePPOTrainer is "
+        "TRL's GRPOTrainer underneath, which samples every prompt as a group of num_generations responses and "
+        "refuses groups of fewer than 2 whatever the estimator, even one whose values need no group (a Monte Carlo "
+        "value averages its own continuations). Set num_generations=2 or more (GRPOConfig's default is 8); to "
+        "sample less per prompt, use num_generations=2 and fewer num_mc_rollouts. TRL's GRPOConfig says: "
+        f"{trl_error}"
+    )
 
 
 def _quoted_or(names: list[str]) -> str:

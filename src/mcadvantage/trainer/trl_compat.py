@@ -31,6 +31,11 @@ What is used, and why:
 - ``_generate_single_turn`` and ``_tool_call_loop``: with ``advantage_estimator="tree"``, a training batch's
   first model turn is drawn as trees instead of GRPO's independent samples; the tool loop is wrapped only to mark
   its own calls (every later turn, ``num_generations=1``), which generate as GRPO does.
+- ``environments`` (read in :meth:`GRPOTrainerHooks._generate_single_turn`) and ``_environment_pool``: with
+  ``advantage_estimator="anchor"``, each environment's ``state_key`` is read at every generation call of a batch
+  (the first turn, then each round of the tool loop), so each turn's state is recorded as the model saw it
+  (:meth:`GRPOTrainerHooks.batch_turn_keys`); the pool's first instance of each environment gives its class, checked
+  for the property before training.
 - ``_tag_names`` / ``_name``: the model-card tags and trainer name.
 - ``Trainer._save_checkpoint`` / ``_get_output_dir`` and ``Trainer._load_optimizer_and_scheduler``: extended to
   save the advantage estimator's own state (the ``"gae"`` critic) in every checkpoint and restore it on resume.
@@ -62,6 +67,7 @@ from trl import GRPOTrainer
 
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.versions import check_version_range
+from mcadvantage.estimators.base import ReadsStateKeys
 from mcadvantage.estimators.batch import AdvantageBatch
 from mcadvantage.mc.turn_credit import AgentEpisodes, Episode
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
@@ -155,8 +161,10 @@ class GRPOTrainerHooks(GRPOTrainer):
 
     def train(self, resume_from_checkpoint: Any = None, trial: Any = None, **kwargs: Any) -> Any:
         """``Trainer.train``, resuming only from a checkpoint whose files
-        :func:`~mcadvantage.trainer.guards.checkpoint_to_resume` verified (before anything is loaded or written)."""
+        :func:`~mcadvantage.trainer.guards.checkpoint_to_resume` verified (before anything is loaded or written),
+        and with every environment giving the state key the estimator reads (:meth:`check_state_keys_available`)."""
         checkpoint = checkpoint_to_resume(resume_from_checkpoint, self.args.output_dir)
+        self.check_state_keys_available()
         return super().train(resume_from_checkpoint=checkpoint, trial=trial, **kwargs)
 
     def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
@@ -268,6 +276,7 @@ class GRPOTrainerHooks(GRPOTrainer):
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
     ):
+        self._record_state_keys()
         # Trees are drawn for training batches in the episode's first model turn only: GRPO's _generate calls this
         # once for the first turn with the group size; with tools= / environment_factory= its tool loop then calls
         # it again for every later turn of each leaf (num_generations=1), and those generate as GRPO does.
@@ -286,6 +295,7 @@ class GRPOTrainerHooks(GRPOTrainer):
         )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        self._mcadvantage_state_log = [] if self.records_state_keys() else None
         self._mcadvantage_captured = None
         self._mcadvantage_tree_paths = None
         self._mcadvantage_completions = None
@@ -317,6 +327,8 @@ class GRPOTrainerHooks(GRPOTrainer):
             tree_paths=self._mcadvantage_tree_paths,
             tool_mask=output.get("tool_mask"),
         )
+        batch.turn_keys = self.batch_turn_keys(batch)
+        self._mcadvantage_state_log = None
         self._mcadvantage_completions = captured["completions"]
         advantages = self.compute_advantages(batch)
         output["advantages"] = advantages
@@ -369,12 +381,14 @@ class GRPOTrainerHooks(GRPOTrainer):
             prompt_ids, _, _ = self._tokenize_prompts(prompts)
             return [list(ids) for ids in prompt_ids]
         names = [None] * len(prompts) if environments is None else list(environments)
-        unknown = sorted({repr(n) for n in names if n not in self.environment_factories})
+        unknown = [n for n in dict.fromkeys(names) if n not in self.environment_factories]
         if unknown:
+            # GRPO's own message for the same rows (it raises it at generation time), then what to do.
             raise ValueError(
-                f"environments {', '.join(unknown)} are not among environment_factory's "
-                f"{sorted(map(repr, self.environment_factories))}; name each prompt's environment (a dict "
-                "environment_factory needs the rows' 'environment' values)."
+                f"Example has `environment={unknown[0]!r}`, which is not among the environments passed to "
+                f"`environment_factory`. Expected one of: {list(self.environment_factories)}. Name each prompt's "
+                "environment in the rows' 'environment' column with one of those keys (a dict environment_factory "
+                "routes every row by it)" + (f"; unknown names: {unknown}." if len(unknown) > 1 else ".")
             )
         missing = object()
         saved = getattr(self, "_batch_environments", missing)
@@ -387,6 +401,94 @@ class GRPOTrainerHooks(GRPOTrainer):
             else:
                 self._batch_environments = saved
         return [list(ids) for ids in prompt_ids]
+
+    # -- agents: the state before each turn, for credit by state (mcadvantage.estimators.anchor) ---------------
+
+    #: While a batch is generated with state keys recorded: per generation call of GRPO (its first turn, then each
+    #: call of its tool loop), every local episode's ``environment.state_key`` at that moment. None: not recording.
+    _mcadvantage_state_log: list[list[Any]] | None = None
+
+    def records_state_keys(self) -> bool:
+        """Whether batches record their episodes' state keys: for an estimator that reads them from the environment
+        (:class:`~mcadvantage.estimators.base.ReadsStateKeys` with ``state_source="state_key"``)."""
+        est = getattr(self, "advantage_estimator", None)
+        return isinstance(est, ReadsStateKeys) and est.state_source == "state_key"
+
+    def check_state_keys_available(self) -> None:
+        """Refuse, before training (and before any batch is generated), environments without the ``state_key`` property the estimator reads
+        (:func:`~mcadvantage.estimators.anchor.check_state_key_property`, naming the fix)."""
+        from mcadvantage.estimators.anchor import check_state_key_property
+
+        if self.records_state_keys():
+            for name, cls in self.environment_classes.items():
+                check_state_key_property(cls, name)
+
+    def _record_state_keys(self) -> None:
+        # GRPO calls _generate_single_turn once for every episode's first turn (after reset) and once per round of
+        # its tool loop (after the round's tool results); an episode that leaves the loop never comes back, so
+        # episode i's turn t was generated at call t. The environments are read as the model's turn starts.
+        log = self._mcadvantage_state_log
+        if log is None or not self.environments:
+            return
+        snapshot = []
+        for i, environment in enumerate(self.environments):
+            try:
+                snapshot.append(environment.state_key)
+            except AttributeError as err:
+                raise AttributeError(
+                    f"reading state_key of the environment of local episode {i} ({type(environment).__name__}) "
+                    f"failed: {err}. advantage_estimator='anchor' with anchor_state='state_key' reads a read-only "
+                    "property state_key before each model turn; add it, or set anchor_state='observation'."
+                ) from err
+        log.append(snapshot)
+
+    @property
+    def environment_classes(self) -> dict[str | None, type]:
+        """The class of each environment ``environment_factory`` builds, by name (one factory: ``{None: cls}``;
+        GRPO built one instance of each at init); empty without ``environment_factory``."""
+        if self.environment_factories is None:
+            return {}
+        return {name: type(self._environment_pool[name][0]) for name in self.environment_factories}
+
+    def batch_turn_keys(self, batch: AdvantageBatch) -> list[list[Any]] | None:
+        """The local episodes' state keys before each model turn (``AdvantageBatch.turn_keys``) when this batch
+        recorded them or its ``rollout_func`` returned them; None for single-turn batches and when nothing asks
+        for keys (:meth:`records_state_keys`).
+
+        - ``environment_factory=``: the keys recorded during GRPO's tool loop (:meth:`_record_state_keys`).
+        - ``rollout_func=``: its extra field ``turn_keys`` (one list per completion; a missing field raises).
+        - ``tools=`` alone (no environment object): the tool results before each turn (the observation).
+        """
+        from mcadvantage.estimators.anchor import (
+            ROLLOUT_KEYS_FIELD,
+            observation_keys,
+            recorded_turn_keys,
+            turn_spans,
+        )
+
+        if not self.records_state_keys() or batch.tool_mask is None:
+            return None
+        masks = batch.tool_mask.cpu().tolist()
+        if self.rollout_func is not None:
+            missing = [i for i, row in enumerate(batch.rows) if ROLLOUT_KEYS_FIELD not in row]
+            if missing:
+                raise ValueError(
+                    f"advantage_estimator='anchor' with anchor_state='state_key': rollout_func returned no "
+                    f"{ROLLOUT_KEYS_FIELD!r} field (local rows {missing[:5]}). Return, beside prompt_ids / "
+                    f"completion_ids / logprobs, {ROLLOUT_KEYS_FIELD!r}: one list per completion holding the "
+                    "environment's state key (any hashable) before each model turn (each run of env_mask 1); or set "
+                    "anchor_state='observation' to key turns by the environment's tokens before them."
+                )
+            return [list(row[ROLLOUT_KEYS_FIELD]) for row in batch.rows]
+        if (
+            self.environment_factories is None
+        ):  # tools= alone: no environment object, the key is the observation
+            return [
+                observation_keys(batch.prompt_ids[r], ids, masks[r])
+                for r, ids in enumerate(batch.completion_ids)
+            ]
+        counts = [len(turn_spans(masks[r], len(ids))) for r, ids in enumerate(batch.completion_ids)]
+        return recorded_turn_keys(self._mcadvantage_state_log or [], counts)
 
     # -- agents: what Monte Carlo turn credit needs from GRPO's tool loop (mcadvantage.mc.episodes) ------------
 

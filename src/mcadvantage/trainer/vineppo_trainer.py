@@ -133,7 +133,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
             kind = "a GRPOConfig" if isinstance(args, GRPOConfig) else type(args).__name__
             raise TypeError(
                 f"args is {kind}, but VinePPOTrainer needs a mcadvantage.VinePPOConfig (it adds the Monte Carlo "
-                "settings; every GRPO field keeps GRPOConfig's default). Build one with VinePPOConfig(**your_kwargs), or "
+                "settings; every GRPO field keeps GRPOConfig's default but those in GRPO_DEFAULT_DIFFERENCES). Build one with VinePPOConfig(**your_kwargs), or "
                 "VinePPOConfig.from_paper(task, **overrides) for the paper's settings."
             )
         # Missing reward sources and columns fail here, before the model (and a vLLM engine) is loaded.

@@ -126,7 +126,7 @@ ARMS: dict[str, Arm] = {
     ),
     "anchor": Arm("anchor", {"advantage_estimator": "anchor"}, available=_anchor_available),
     "anchor_pooled": Arm(
-        "anchor_pooled", {"advantage_estimator": "anchor", "anchor_pooled": True}, available=_anchor_available
+        "anchor_pooled", {"advantage_estimator": "anchor", "anchor_credit": "pooled"}, available=_anchor_available
     ),
 }
 

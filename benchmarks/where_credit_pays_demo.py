@@ -1,6 +1,6 @@
 """The offline demo's crossover mode: train GRPO and the credit arm that wins on the map, side by side, and print both.
 
-    bash scripts/demo.sh --where_credit_pays          # from a clone (sets up .venv first); about 2 minutes on 2 cores
+    bash scripts/demo.sh --where_credit_pays_untuned  # from a clone (sets up .venv first); about 2 minutes on 2 cores
     python benchmarks/where_credit_pays_demo.py       # the same, in an existing environment
 
 The map of ``docs/where-credit-pays.md`` (issue 41) tests every credit arm against the best GRPO arm of each cell at

@@ -63,6 +63,16 @@ class AgentArguments:
     """The task and the example's own switches (training settings are :class:`AgentConfig` flags, model settings
     :class:`AgentModelConfig` flags)."""
 
+    env: str = field(
+        default="testbed",
+        metadata={
+            "help": "The environment: 'testbed' (the research testbed's AgentEnv, default), a gymnasium id with discrete "
+            "actions (FrozenLake-v1, Taxi-v4, CliffWalking-v1: mcadvantage.envs.gymnasium_environment), or "
+            "'openenv:<url>' (an OpenEnv server: mcadvantage.envs.openenv_environment). The task flags below "
+            "(--structure, --horizon, ...) and the --quick format warm-up apply to the testbed only; other "
+            "environments take --train_rows rows seeded from --task_seed. Needs pip install 'mcadvantage[envs]'."
+        },
+    )
     quick: bool = field(
         default=False,
         metadata={
@@ -205,6 +215,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[AgentArguments, Agent
     return script_args, training_args, model_args
 
 
+def make_environment(script_args: AgentArguments) -> tuple[Any, Any]:
+    """The ``environment_factory`` class and the training rows for ``--env``."""
+    if script_args.env == "testbed":
+        return AgentEnv, agent_dataset(script_args)
+    from mcadvantage.envs import environment_dataset, gymnasium_environment, openenv_environment
+
+    if script_args.env.startswith("openenv:"):
+        environment = openenv_environment(script_args.env.removeprefix("openenv:"))
+    else:
+        environment = gymnasium_environment(script_args.env)
+    return environment, environment_dataset(environment, script_args.train_rows, script_args.task_seed)
+
+
 def agent_dataset(script_args: AgentArguments) -> Any:
     """The training rows: one task per row (random keys), the columns ``AgentEnv.reset`` reads."""
     return make_agent_dataset(
@@ -220,7 +243,7 @@ def agent_dataset(script_args: AgentArguments) -> Any:
 # --------------------------------------------------------------------------------------------------------------
 # --quick: a tiny offline model that knows the tool-call format
 # --------------------------------------------------------------------------------------------------------------
-def quick_model() -> tuple[Any, Any]:
+def quick_model(max_position_embeddings: int = 512) -> tuple[Any, Any]:
     """The testbed's character tokenizer with Qwen3's tool-calling template (compact: a turn is a few tokens) and a
     tiny random Llama for it, built offline."""
     from testbed.agent_policy import build_agent_model, build_agent_tokenizer
@@ -228,7 +251,7 @@ def quick_model() -> tuple[Any, Any]:
     tokenizer = build_agent_tokenizer()
     model = build_agent_model(
         tokenizer,
-        max_position_embeddings=512,
+        max_position_embeddings=max_position_embeddings,
         num_layers=1,
         hidden_size=64,
         head_dim=32,
@@ -293,7 +316,9 @@ def teach_format(
 # --------------------------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------------------------
-def build_trainer(model: Any, tokenizer: Any, training_args: AgentConfig, train_dataset: Any) -> Any:
+def build_trainer(
+    model: Any, tokenizer: Any, training_args: AgentConfig, train_dataset: Any, environment: Any = AgentEnv
+) -> Any:
     """``VinePPOTrainer`` with the environment as ``environment_factory`` and no reward function (the environment's
     ``get_reward`` is the reward). An estimator that refuses agent episodes ends the script with the library's
     message and the flag that fixes it (exit status :data:`EXIT_REFUSED`)."""
@@ -306,7 +331,7 @@ def build_trainer(model: Any, tokenizer: Any, training_args: AgentConfig, train_
             args=training_args,
             train_dataset=train_dataset,
             processing_class=tokenizer,
-            environment_factory=AgentEnv,
+            environment_factory=environment,
         )
     except NotImplementedError as err:
         if training_args.advantage_estimator not in str(err):  # not the refusal of this estimator
@@ -328,10 +353,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )  # environment_factory is marked experimental in TRL
     script_args, training_args, model_args = parse_args(argv)
     setup_logging(training_args)
-    train_dataset = agent_dataset(script_args)
+    environment, train_dataset = make_environment(script_args)
+    testbed = environment is AgentEnv
 
     if script_args.quick:
-        tokenizer, model = quick_model()
+        # Another environment's prompts carry its rules and tool schema, one character per token: a longer context.
+        tokenizer, model = quick_model(512 if testbed else 2048)
     else:
         from transformers import AutoTokenizer
 
@@ -349,13 +376,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         }
 
     # The trainer first: a refused estimator stops here, before the warm-up or any model is loaded.
-    trainer = build_trainer(model, tokenizer, training_args, train_dataset)
+    trainer = build_trainer(model, tokenizer, training_args, train_dataset, environment)
     summary: dict[str, Any] = {
         "model": "tiny (--quick)" if script_args.quick else model_args.model_name_or_path,
         "estimator": training_args.advantage_estimator,
         "output_dir": training_args.output_dir,
     }
-    if script_args.quick and script_args.format_warmup_steps > 0:
+    if script_args.quick and script_args.format_warmup_steps > 0 and testbed:
         losses = teach_format(
             trainer.model,
             tokenizer,

@@ -16,6 +16,7 @@ setup_venv() {  # setup_venv VENV EXTRAS [fresh]: with "fresh", an existing VENV
   # The CPU wheel (a local file on our machines; PyPI's CPU index elsewhere).
   "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}" \
     || "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
+  # The test extra includes envs (gymnasium, openenv-core), so the environment adapters' tests run for real.
   "$venv/bin/python" -m pip install -q -e ".[${extras}]" "torch==${TORCH_VERSION}"
   case ",${extras}," in *,test,*) install_verl_cpu "$venv" ;; esac
 }

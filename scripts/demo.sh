@@ -4,8 +4,10 @@
 # character-level Llama, then GRPO and VinePPO side by side from it. Nothing is downloaded at run time
 # (set-up installs packages).
 # Usage: bash scripts/demo.sh [demo flags, e.g. --seed 1; --help lists them]
-#        bash scripts/demo.sh --where_credit_pays [--seeds N]   the map's crossover on the agent credit toy
-#          (docs/where-credit-pays.md): GRPO and the credit arm that wins, side by side; about a minute
+#        bash scripts/demo.sh --where_credit_pays [--seeds N]   what survives tuning on the agent credit toy
+#          (docs/where-credit-pays.md): where the oracle's tuned gain is largest, the best tuned GRPO, the oracle
+#          and practical arms side by side, each at its tuned learning rate and batch; about a minute
+#        bash scripts/demo.sh --where_credit_pays_untuned [--seeds N]   the untuned map's crossover (one lr)
 #   VENV=path   where the virtual environment lives (default: .venv)
 # Outputs in demo_output/: learning_curve.png, responses.html, metrics.json.
 set -euo pipefail
@@ -17,6 +19,10 @@ setup_venv "$VENV" demo
 echo "[demo.sh] environment ready in $((SECONDS - setup_start))s ($VENV)"
 if [ "${1:-}" = "--where_credit_pays" ]; then
   shift
-  exec "$VENV/bin/python" benchmarks/where_credit_pays_demo.py --output demo_output/where_credit_pays.json "$@"
+  exec "$VENV/bin/python" benchmarks/credit_map_tuned_demo.py --output demo_output/where_credit_pays.json "$@"
+fi
+if [ "${1:-}" = "--where_credit_pays_untuned" ]; then
+  shift
+  exec "$VENV/bin/python" benchmarks/where_credit_pays_demo.py --output demo_output/where_credit_pays_untuned.json "$@"
 fi
 "$VENV/bin/python" -m mcadvantage.demo --output_dir demo_output "$@"

@@ -73,6 +73,7 @@ __all__ = [
     "ProbabilityTable",
     "TabularAgentPolicy",
     "TabularCritic",
+    "NoisyOutcome",
     "ToyAnchor",
     "agent_gradient_task",
     "arm_batch_gradients",
@@ -130,13 +131,16 @@ def _key_logit_for(p_key: float, choices: int) -> float:
 def start_logits(task: AgentTask, success_rate: float, parameterization: str = "turn") -> torch.Tensor:
     """Initial logits giving exactly ``success_rate``: the key's logit ``c`` (every other choice 0) at every turn
     and state, with ``c`` solved from ``delayed``'s ``P = p`` or ``recovery``'s ``P = 1 - (1 - p) ** 2`` (decisive
-    and repair turn both pick the key with ``p``). Checked against :func:`testbed.agent_env.success_probability` by
+    and repair turn both pick the key with ``p``; a ``gauntlet`` task's ``P = p ** D``). Checked against :func:`testbed.agent_env.success_probability` by
     the caller (:meth:`TabularAgentPolicy.exact_success`)."""
     if not 0.0 < success_rate < 1.0:
         raise ValueError(f"success_rate={success_rate} must lie strictly between 0 and 1.")
     if parameterization not in PARAMETERIZATIONS:
         raise ValueError(f"parameterization={parameterization!r} must be one of {PARAMETERIZATIONS}.")
-    p = success_rate if task.structure == "delayed" else 1.0 - math.sqrt(1.0 - success_rate)
+    if task.structure == "gauntlet":  # every one of the decisive turns must pick the key: P = p ** D
+        p = success_rate ** (1.0 / len(task.decisive_turns))
+    else:
+        p = success_rate if task.structure == "delayed" else 1.0 - math.sqrt(1.0 - success_rate)
     c = _key_logit_for(p, task.choices)
     shape = (task.horizon, 2, task.choices) if parameterization == "turn" else (2, task.choices)
     logits = torch.zeros(shape, dtype=torch.float64)
@@ -322,11 +326,18 @@ class TabularAgentPolicy:
         return mask
 
 
-def agent_gradient_task(policy: TabularAgentPolicy, prompts: int) -> Any:
+def agent_gradient_task(
+    policy: TabularAgentPolicy, prompts: int, *, reward_noise: float = 0.0, seed: int = 0
+) -> Any:
     """A :class:`~mcadvantage.evaluation.gradient_instrument.GradientTask` on the toy: ``prompts`` distinct prompt
     labels (``P00:`` ...), the policy as oracle and sampler, ``OutcomeReward("+")``, the turn segmenter and room for
-    a whole episode (``2 H + 1`` tokens)."""
+    a whole episode (``2 H + 1`` tokens). ``reward_noise > 0``: the reward is :class:`NoisyOutcome` (each reward
+    flipped with that probability, from ``seed``)."""
     from mcadvantage.evaluation.gradient_instrument import GradientTask
+
+    reward: Any = OutcomeReward(GOOD_CHAR, name="final_state_good")
+    if reward_noise > 0:
+        reward = NoisyOutcome(reward, reward_noise, seed)
 
     tok = policy.tokenizer
     texts = [f"P{i:03d}:" for i in range(prompts)]
@@ -336,11 +347,26 @@ def agent_gradient_task(policy: TabularAgentPolicy, prompts: int) -> Any:
         prompt_ids=[tok(t, add_special_tokens=False)["input_ids"] for t in texts],
         prompts=texts,
         rows=[{} for _ in texts],
-        reward_funcs=[OutcomeReward(GOOD_CHAR, name="final_state_good")],
+        reward_funcs=[reward],
         tokenizer=tok,
         segmenter=turn_pairs,
         max_completion_length=2 * policy.task.horizon + 1,
     )
+
+
+class NoisyOutcome:
+    """A noisy outcome: the wrapped reward function's 0/1 rewards, each flipped with probability ``noise`` (a
+    private ``random.Random(seed)``), for the training episodes and Monte Carlo rollouts alike. The study's measure
+    stays the exact probability of the good final state, not the noisy reward."""
+
+    def __init__(self, reward: Callable[..., list[float]], noise: float, seed: int) -> None:
+        if not 0.0 <= noise < 0.5:
+            raise ValueError(f"reward_noise={noise} must lie in [0, 0.5): at 0.5 the reward says nothing.")
+        self.reward, self.noise, self.rng = reward, noise, random.Random(f"noise-{seed}")
+        self.__name__ = f"noisy_{getattr(reward, '__name__', 'reward')}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[float]:
+        return [1.0 - r if self.rng.random() < self.noise else r for r in self.reward(*args, **kwargs)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -358,6 +384,10 @@ class TabularCritic:
             raise ValueError(f"rate={rate} must lie in (0, 1].")
         self.values = [[0.5, 0.5] for _ in range(horizon)]
         self.rate = rate
+
+    def keys(self, task: Any, choices: Sequence[int]) -> list[int]:
+        """What the tabular critic sees before each turn (and after the last): the exact state."""
+        return _episode_states(task, choices)
 
     def value(self, turn: int, state: int) -> float:
         return self.values[turn][state]
@@ -377,7 +407,8 @@ def gae_advantages(
 ) -> tuple[list[float], list[float]]:
     """GAE (gamma 1, reward only at the end) of one episode's turns: ``delta_t = V(s_{t+1}) - V(s_t)`` with
     ``V(s_H) = R``, ``A_t = sum_k lam^k delta_{t+k}``; returns the advantages and the lambda-return targets
-    ``A_t + V(s_t)``. ``states`` are the ``H + 1`` turn-boundary states."""
+    ``A_t + V(s_t)``. ``states`` are the ``H + 1`` turn-boundary states (or whatever the critic keys its values
+    by: :meth:`TabularCritic.keys`)."""
     horizon = len(states) - 1
     v = [critic.value(t, states[t]) for t in range(horizon)] + [float(reward)]
     advantages = [0.0] * horizon
@@ -435,6 +466,10 @@ class ArmSpec:
         group: ``horizon -> responses per prompt``.
         lam: GAE lambda of a ``"critic"`` arm.
         whiten: whiten the turn advantages over the batch's policy tokens (None: the estimator's default).
+        critic: for ``"critic"``: ``task -> critic`` (None: :class:`TabularCritic`); a critic has ``keys(task,
+            choices)`` (what it sees before each turn), ``value(turn, key)`` and ``update(visits)``.
+        advantages: for ``"custom"``: ``(policy, batch, context) -> (B, T)`` raw advantages on the choice tokens
+            (the credit computed from the batch alone, e.g. anchor-state credit in :mod:`testbed.credit_map`).
     """
 
     name: str
@@ -444,6 +479,8 @@ class ArmSpec:
     group: Callable[[int], int] = lambda h: BASE_GROUP
     lam: float = 1.0
     whiten: bool | None = None
+    critic: Callable[[Any], Any] | None = None
+    advantages: Callable[..., torch.Tensor] | None = None
 
 
 class ToyAnchor(AdvantageEstimator):
@@ -561,6 +598,7 @@ class ArmRun:
             whose exact advantage is 0 (:func:`testbed.agent_env.credit_report`), or NaN.
         decisive_sign_accuracy: share of episodes whose decisive-turn credit has the exact advantage's sign.
         credited_episodes: episodes in ``irrelevant_share``.
+        update_tokens: sampled tokens spent (warm-up included) after each update.
     """
 
     curve: list[tuple[int, float]]
@@ -575,6 +613,7 @@ class ArmRun:
     credited_episodes: int
     start_success: float
     extra: dict[str, float] = field(default_factory=dict)
+    update_tokens: list[int] = field(default_factory=list)
 
 
 def _whiten(adv: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -613,7 +652,7 @@ def _turn_advantages(
             turn_adv = [b - a for a, b in zip(path, path[1:], strict=False)]
         else:
             assert critic is not None
-            turn_adv, _ = gae_advantages(states, rewards[i], critic, spec.lam)
+            turn_adv, _ = gae_advantages(critic.keys(task, choices), rewards[i], critic, spec.lam)
         positions = [p for p, tok in enumerate(ids) if policy.is_policy_token(tok)]
         for p, a in zip(positions, turn_adv, strict=False):
             adv[i, p] = a
@@ -646,6 +685,9 @@ def _batch_advantages(
         if result.token_mask is not None:
             valid = valid & result.token_mask.bool()
         return raw, valid, estimator.whiten_by_default if spec.whiten is None else spec.whiten
+    if spec.kind == "custom":
+        assert spec.advantages is not None
+        return spec.advantages(policy, batch, context).float(), valid, bool(spec.whiten)
     return _turn_advantages(spec, policy, batch, critic), valid, bool(spec.whiten)
 
 
@@ -676,7 +718,7 @@ def _critic_visits(
 ) -> list[tuple[int, int, float]]:
     visits = []
     for ids, reward in zip(batch.completion_ids, batch.rewards.tolist(), strict=True):
-        states = _episode_states(policy.task, policy.choices_of(ids))
+        states = critic.keys(policy.task, policy.choices_of(ids))
         _, targets = gae_advantages(states, reward, critic, lam)
         visits.extend((t, states[t], y) for t, y in enumerate(targets))
     return visits
@@ -686,7 +728,7 @@ def train_arm(
     structure: str,
     horizon: int,
     start_rate: float,
-    arm: str,
+    arm: str | ArmSpec,
     seed: int,
     *,
     budget_episodes: int,
@@ -695,23 +737,35 @@ def train_arm(
     critic_warmup_batches: int = 2,
     critic_rate: float = 0.5,
     credit_episodes_per_batch: int = 16,
+    task: Any | None = None,
+    batch_shape: tuple[int, int] | None = None,
+    reward_noise: float = 0.0,
 ) -> ArmRun:
     """Train one arm from the start policy until ``budget_episodes * horizon`` sampled tokens are spent.
 
     Every update: draw the arm's batch (a tree for ``tree``), compute its turn advantages (the estimator through
-    the seam; the oracle from the exact values; the critic by GAE), keep only the policy tokens (tool results and
-    EOS get 0), whiten them over the batch's policy tokens when the arm whitens (the estimator's default
-    otherwise), and take one Adam step on ``-sum A log pi / policy tokens``. A batch whose sampled tokens would
-    overrun the budget is not trained on (it is not counted either): the run stops there. Before its first update a
-    ``critic`` arm spends ``critic_warmup_batches`` batches fitting its critic with the policy fixed (counted).
+    the seam; the oracle from the exact values; the critic by GAE; a ``custom`` arm's function), keep only the
+    policy tokens (tool results and EOS get 0), whiten them over the batch's policy tokens when the arm whitens (the
+    estimator's default otherwise), and take one Adam step on ``-sum A log pi / policy tokens``. A batch whose
+    sampled tokens would overrun the budget is not trained on (it is not counted either): the run stops there.
+    Before its first update a ``critic`` arm spends ``critic_warmup_batches`` batches fitting its critic with the
+    policy fixed (counted).
+
+    ``arm`` is a name of :data:`ARMS` or an :class:`ArmSpec`; ``task`` replaces ``toy_task(structure, horizon)``
+    (e.g. a :class:`testbed.credit_map.GauntletTask`; its ``horizon`` must equal ``horizon``); ``batch_shape``
+    ``(prompts, responses per prompt)`` replaces the arm's (trees: ``prompts`` trees); ``reward_noise`` flips each
+    reward (episodes and rollouts alike) with that probability, from the run's seed. ``ArmRun.update_tokens`` lists
+    the sampled tokens spent after each update, so a run at a budget gives every smaller budget's result too.
     """
     from mcadvantage.estimators.base import DrawsTrees
     from mcadvantage.estimators.registry import as_advantage_estimator
 
-    if arm not in ARMS:
+    if isinstance(arm, str) and arm not in ARMS:
         raise ValueError(f"arm={arm!r} is not one of {list(ARMS)}.")
-    spec = ARMS[arm]
-    task = toy_task(structure, horizon)
+    spec = ARMS[arm] if isinstance(arm, str) else arm
+    task = toy_task(structure, horizon) if task is None else task
+    if task.horizon != horizon:
+        raise ValueError(f"task.horizon={task.horizon} but horizon={horizon}: pass the same horizon.")
     policy = TabularAgentPolicy(
         task, start_logits(task, start_rate, parameterization), parameterization=parameterization, seed=seed
     )
@@ -724,13 +778,16 @@ def train_arm(
         )
     torch.manual_seed(seed)
     estimator = as_advantage_estimator(spec.build(horizon)) if spec.build is not None else None
-    prompts, group = spec.prompts(horizon), spec.group(horizon)
-    gtask = agent_gradient_task(policy, prompts)
+    prompts, group = (spec.prompts(horizon), spec.group(horizon)) if batch_shape is None else batch_shape
+    gtask = agent_gradient_task(policy, prompts, reward_noise=reward_noise, seed=seed)
     context = gtask.context()
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     budget = budget_episodes * horizon
     curve = [(0, start)]
-    critic = TabularCritic(horizon, rate=critic_rate) if spec.kind == "critic" else None
+    critic = None
+    if spec.kind == "critic":
+        critic = TabularCritic(horizon, rate=critic_rate) if spec.critic is None else spec.critic(task)
+    update_tokens: list[int] = []
     spent = episode_tokens = rollout_tokens = episodes = steps = 0
     shares: list[float] = []
     signs: list[bool] = []
@@ -774,6 +831,7 @@ def train_arm(
         spent += total_drawn
         episode_tokens += drawn
         rollout_tokens += total_drawn - drawn
+        update_tokens.append(spent)
         curve.append((spent, policy.exact_success()))
     return ArmRun(
         curve=curve,
@@ -787,6 +845,7 @@ def train_arm(
         decisive_sign_accuracy=sum(signs) / len(signs) if signs else math.nan,
         credited_episodes=len(shares),
         start_success=start,
+        update_tokens=update_tokens,
     )
 
 

@@ -786,6 +786,33 @@ def test_agent_example_quick_run_trains_the_environment(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("env", "estimator"), [("FrozenLake-v1", "grpo"), ("openenv", "grpo")])
+def test_agent_example_quick_run_trains_a_gymnasium_game_and_an_openenv_server(tmp_path, env, estimator):
+    """``python examples/agent.py --quick --env FrozenLake-v1`` (the gymnasium adapter) and ``--env openenv:<url>``
+    (a real local OpenEnv server serving FrozenLake) train two steps offline; the game's reward is logged."""
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("openenv.core")
+    from mcadvantage.envs import LocalOpenEnvServer
+
+    out = tmp_path / "out"
+    environ = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    server = LocalOpenEnvServer("FrozenLake-v1", start_timeout_s=120) if env == "openenv" else None
+    try:
+        flag = f"openenv:{server.url}" if server else env
+        command = [sys.executable, str(EXAMPLES / "agent.py"), "--quick", "--env", flag, "--estimator", estimator,
+                   "--max_steps", "2", "--output_dir", str(out)]  # fmt: skip
+        proc = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=280)
+    finally:
+        if server:
+            server.stop()
+    assert proc.returncode == 0, f"agent example failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert f"Trained 2 steps with --estimator {estimator}" in proc.stderr
+    steps = [e for e in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+    name = "FrozenLakeV1" if env != "openenv" else "OpenEnvFrozenLakeV1"
+    assert len(steps) == 2 and all(0.0 <= e[f"rewards/{name}/mean"] <= 1.0 for e in steps)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_agent_example_quick_run_trains_with_anchor_credit(tmp_path):
     """``python examples/agent.py --estimator anchor --quick``: the anchor credit reads ``AgentEnv.state_key`` during

@@ -44,7 +44,9 @@ def test_runs_resume_per_record_and_rerun_torn_or_changed_ones(tmp_path, capsys)
     assert [r["arm"] for r in summary["records"]] == ["grpo", "vineppo_k1", "oracle"]
     assert summary["records"][2]["vs_best_grpo"]["n"] == 3 and summary["cells"][0]["stage"] == "scout"
     page = (tmp_path / "page.md").read_text()
-    assert page == hs.render_page(json.loads((tmp_path / "s.json").read_text()), figure="fig.png")
+    assert page == hs.UNTUNED_MARKER + "\n" + hs.untuned_section(
+        json.loads((tmp_path / "s.json").read_text()), "fig.png"
+    )
     assert f"grpo ({summary['cells'][0]['best_grpo_success']:.3f})" in page
     assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -78,7 +80,11 @@ def test_committed_summary_and_page_regenerate_from_the_committed_records():
         )
     )
     assert compare_tree(regenerated, committed) == []  # within float64's tolerance: another CPU's last bits
-    assert hs.PAGE.read_text() == hs.render_page(committed, figure="figures/where_credit_pays.png")
+    lead, below = hs.PAGE.read_text().split(hs.UNTUNED_MARKER)
+    assert below == "\n" + hs.untuned_section(committed, figure="figures/where_credit_pays.png")
+    assert lead.startswith(
+        "# Where does turn credit pay?"
+    )  # the tuned map leads (tests/benchmarks/test_credit_map_tuned.py)
     confirmed = [c for c in committed["cells"] if c["stage"] == "confirmed"]
     assert confirmed and all(c["seeds"] >= 12 for c in confirmed)
 

@@ -316,3 +316,22 @@ def test_monte_carlo_values_from_replayed_states_are_unbiased_and_share_no_state
         max_tool_calling_iterations=limit,
     )
     assert leaked[0].environment.get_reward() > exact + 10  # one instance counted every continuation's calls
+
+
+def test_replay_reseeds_an_environment_with_the_hook_after_the_replay():
+    """``replay_environment(..., reseed=source)`` calls the optional ``_reseed(seed)`` once, after the replay, with
+    a fresh seed from the source; environments without the hook, or no source, are left as replayed."""
+
+    class Reseedable(Counter):
+        def _reseed(self, seed):
+            self.reseeded = (seed, self.calls)  # the replay already happened
+
+    row = {"offset": 10}
+    first = (call("add", a=1, b=2),)
+    turns = [ToolTurn(first, (("add", "14"),))]
+    seeds = iter([7, 8])
+    a = replay_environment(Reseedable, row, turns, reseed=lambda: next(seeds))
+    b = replay_environment(Reseedable, row, turns, reseed=lambda: next(seeds))
+    assert (a.reseeded, b.reseeded) == ((7, 1), (8, 1))
+    assert not hasattr(replay_environment(Reseedable, row, turns), "reseeded")
+    assert replay_environment(Counter, row, turns, reseed=lambda: 1 / 0).calls == 1  # no hook: never called

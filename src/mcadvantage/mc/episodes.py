@@ -269,6 +269,7 @@ def replay_environment(
     standalone_tools: Sequence[Callable[..., Any]] = (),
     *,
     where: str = "",
+    reseed: Callable[[], int] | None = None,
 ) -> Any:
     """A fresh environment in the state an episode reached after ``turns``: ``factory()``, ``reset(**reset_kwargs)``,
     then every recorded tool round replayed in order (:func:`execute_tool_calls`), each replayed result checked
@@ -280,9 +281,16 @@ def replay_environment(
     instance (files, services) are run again by every replay: make them idempotent, or keep such effects out of the
     tools.
 
+    An environment whose transitions are random replays the episode's random stream (seeded by ``reset`` from the
+    row), so every rebuild would then repeat the episode's luck. Such an environment defines the optional hook
+    ``_reseed(seed: int)``: after the replay it is called with a fresh ``reseed()``, so each continuation draws its
+    own randomness from its state on (``mcadvantage.envs``' adapters define it).
+
     Args:
         where: which episode this is, for the error message (e.g. ``"batch row 3"``); the dataset row's
             columns are named in the message as well.
+        reseed: the source of a fresh seed per rebuild, called once after the replay when the environment has
+            ``_reseed`` (None: no reseeding, the rebuilt environment goes on with the episode's random stream).
 
     Raises:
         EnvironmentReplayError: naming the environment class, the episode (``where`` and its row's columns), what
@@ -319,6 +327,9 @@ def replay_environment(
                 round=round_index,
                 where=where,
             )
+    hook = getattr(environment, "_reseed", None)
+    if reseed is not None and callable(hook):
+        hook(int(reseed()))  # fresh randomness from here on (the replay reproduced the episode's)
     return environment
 
 

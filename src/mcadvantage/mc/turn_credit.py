@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,6 +182,13 @@ class Graders:
     reward_kwargs: Mapping[str, Any] | None = None
 
 
+def _fresh_seed() -> int:
+    """A seed for one continuation's environment randomness (:func:`replay_environment`'s ``reseed``): drawn from
+    Python's global RNG, which the trainer seeds (``set_seed(args.seed)``), so runs repeat; drawn only for
+    environments that define ``_reseed``."""
+    return random.getrandbits(63)
+
+
 def estimate_turn_credit(
     episodes: Sequence[Episode],
     *,
@@ -249,6 +257,7 @@ def estimate_turn_credit(
                         turns[:rounds],
                         standalone_tools,
                         where=f"batch row {e if rows is None else rows[e]}",
+                        reseed=_fresh_seed,
                     )
                     if factory is not None
                     else None

@@ -11,10 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from mcadvantage.testing.fakes import save_tiny_model
+from mcadvantage.testing.multi_turn import (
+    MULTI_TURN_RULES,
+    MultiTurnRuleBroken,
+    check_multi_turn,
+    multi_turn_batch,
+    multi_turn_skip_reason,
+)
 
-#: The rules :func:`check_advantage_estimator` checks, in the order it checks them (an
-#: :class:`EstimatorContractError` names the one broken).
-CONTRACT_RULES = (
+#: The rules of the tiny training run, in the order they are checked.
+SINGLE_TURN_RULES = (
     "declares the contract",
     "(B, T) float advantages",
     "finite on the token mask",
@@ -23,6 +29,10 @@ CONTRACT_RULES = (
     "a short training step",
     "state_dict round trip through a checkpoint",
 )
+#: The rules :func:`check_advantage_estimator` checks, in the order it checks them (an
+#: :class:`EstimatorContractError` names the one broken): the tiny run's, then the multi-turn part's
+#: (:mod:`mcadvantage.testing.multi_turn`).
+CONTRACT_RULES = SINGLE_TURN_RULES + MULTI_TURN_RULES
 
 
 class EstimatorContractError(AssertionError):
@@ -49,6 +59,9 @@ class EstimatorCheckReport:
         padding_tokens: padding positions checked to be zero (the check fails when there were none).
         logged_metrics: the metric names logged under the estimator's prefix (``"prefix/name"``).
         state_keys: the keys of its ``state_dict()`` after training (empty for a stateless estimator).
+        multi_turn_rules: the rules of the multi-turn part it passed (empty when skipped; the state-key rules only
+            for an estimator that reads ``batch.turn_keys``).
+        multi_turn_skipped: why the multi-turn part was skipped (None: it ran).
     """
 
     estimator: str
@@ -56,6 +69,8 @@ class EstimatorCheckReport:
     padding_tokens: int
     logged_metrics: tuple[str, ...]
     state_keys: tuple[str, ...]
+    multi_turn_rules: tuple[str, ...] = ()
+    multi_turn_skipped: str | None = None
 
 
 def chunk4(text: str) -> str | list[str]:
@@ -81,6 +96,7 @@ def check_advantage_estimator(
     workdir: str | Path | None = None,
     config_overrides: dict[str, Any] | None = None,
     reward_func: Callable[..., list[float]] = vowel_share,
+    multi_turn: bool = True,
 ) -> EstimatorCheckReport:
     """Check an advantage estimator against the contract, in your own test suite.
 
@@ -100,12 +116,36 @@ def check_advantage_estimator(
     7. *state_dict round trip through a checkpoint*: saved into a checkpoint file, loaded into a fresh estimator
        (``from_config``), the same state back.
 
+    Then the multi-turn part (:mod:`mcadvantage.testing.multi_turn`): a hand-built batch of agent episodes (two
+    prompt groups, one to three model turns, tool results inside the completions with ``tool_mask`` 0, ``turn_keys``
+    that recur within a group) goes to copies of the trained estimator, each result through rules 2 to 5, then:
+
+    8. *accepts multi-turn episodes*: ``estimate`` returns on it;
+    9. *tool-result tokens: zero and outside the token mask* (so they stay out of the whitening statistics);
+    10. *finite on the model's tokens* (``completion_mask * tool_mask``), inside or outside ``token_mask``;
+    11. *the same batch twice, the same advantages* (a stateless estimator called twice; one with state, two copies
+        of the same state), and the batch left as given;
+    12. *episodes reordered within a group, advantages reordered alike* (responses to a prompt are exchangeable);
+
+    and for an estimator that reads state keys (:class:`~mcadvantage.estimators.base.ReadsStateKeys` with a source
+    other than ``"observation"``, e.g. ``"anchor"``):
+
+    13. *unhashable state keys refused with TypeError*;
+    14. *state keys renamed one-to-one, the same advantages* (keys compare by value: new objects of another type,
+        all printing alike).
+
+    Comparisons hold within ``rtol=1e-5, atol=1e-6``. The multi-turn part is skipped, with the reason in the
+    report, for estimators that sample continuations (``uses_rollouts=True``: ``"vineppo"``, ``"hybrid"``): their
+    turn credit continues episodes through their tool calls, which needs ``EstimatorContext.episodes`` (a live
+    environment and policy) that a hand-built batch cannot give.
+
     Args:
         estimator: a registered name, an estimator class, or an instance (used as the trainer's
             ``advantage_estimator=``; a class or a name is built with ``from_config``).
         workdir: where the tiny model, the run and the checkpoint go; a temporary directory when None.
         config_overrides: ``VinePPOConfig`` fields over the tiny run's (e.g. your estimator's own settings).
         reward_func: the reward function of the run (default: the share of vowels, which varies on random text).
+        multi_turn: run the multi-turn part (False: skip it, for an estimator never trained on agent episodes).
 
     Returns:
         An :class:`EstimatorCheckReport`.
@@ -118,7 +158,11 @@ def check_advantage_estimator(
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="mcadvantage-estimator-check-") as tmp:
             return check_advantage_estimator(
-                estimator, workdir=tmp, config_overrides=config_overrides, reward_func=reward_func
+                estimator,
+                workdir=tmp,
+                config_overrides=config_overrides,
+                reward_func=reward_func,
+                multi_turn=multi_turn,
             )
     from mcadvantage.estimators import AdvantageEstimator, as_advantage_estimator, get_advantage_estimator
 
@@ -162,13 +206,34 @@ def check_advantage_estimator(
             )
     _check_training(label, trainer)
     state_keys = _check_state_round_trip(label, used, trainer.args, workdir / "checkpoint")
+    skipped = multi_turn_skip_reason(used) if multi_turn else "multi_turn=False"
     return EstimatorCheckReport(
         estimator=label,
         batches=len(results),
         padding_tokens=padding,
         logged_metrics=tuple(sorted(k for k in logged if k.startswith(f"{prefix}/"))),
         state_keys=state_keys,
+        multi_turn_rules=() if skipped else _check_multi_turn(label, trainer),
+        multi_turn_skipped=skipped,
     )
+
+
+def _check_multi_turn(label: str, trainer: Any) -> tuple[str, ...]:
+    """The multi-turn part on copies of the trained estimator, with the trainer's context and device."""
+    used, args = trainer.advantage_estimator, trainer.args
+    batch = multi_turn_batch(
+        used,
+        trainer.processing_class,
+        args.num_generations,
+        args.max_completion_length,
+        trainer.accelerator.device,
+    )
+    try:
+        return check_multi_turn(
+            used, trainer.estimator_context(), batch, lambda b, result: _check_result(label, b, result)
+        )
+    except MultiTurnRuleBroken as broken:
+        raise EstimatorContractError(label, broken.rule, broken.detail) from broken
 
 
 def _check_declaration(cls: type, label: str) -> None:

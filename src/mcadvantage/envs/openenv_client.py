@@ -1,0 +1,370 @@
+"""An OpenEnv server as TRL's ``environment_factory``: :func:`openenv_environment` builds a class whose instances
+each hold one WebSocket session (openenv-core's ``GenericEnvClient``) per episode.
+
+- ``reset(**row)`` opens a session and resets the server's environment with ``seed=row["seed"]``; the first
+  observation's text is the prompt's tail;
+- one tool: the server's action schema (``/schema``) as the tool's parameters (JSON string, integer, number or
+  boolean fields; allowed values from an ``enum``); a refused action (the server's validation or execution error)
+  comes back to the model as a tool error (``ValueError``), counted in ``invalid_actions``;
+- ``get_reward()``: the sum of the server's step rewards; it raises :class:`OpenEnvError` when the session broke
+  mid-episode (the server died or timed out), so a dead server stops the run with its URL instead of training on
+  error messages;
+- ``state_key``: a field of the server's ``state()`` the user names, or the observation text;
+- rebuild for Monte Carlo continuations: reset with the episode's seed and replay of its calls (the library's
+  replay), then ``_reseed(seed)``: one reset that replays the calls server-side and reseeds, for servers that echo
+  ``reseeded`` (those :func:`~mcadvantage.envs.openenv_app` serves); others are refused unless ``reseed=False``.
+
+Every network wait has a timeout (connect, each message, ``/schema``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar
+
+from mcadvantage.envs._common import check_tool_name, class_name, hashable, make_tool, require, seed_from_row
+
+__all__ = ["OpenEnvEnvironment", "OpenEnvError", "openenv_environment"]
+
+_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool}
+#: Server error codes that mean the action was refused (the model's mistake), not that the session broke.
+_REFUSED = ("VALIDATION_ERROR", "EXECUTION_ERROR")
+
+
+class _Refused(RuntimeError):
+    """An error message from the server (``{"type": "error", "data": {"message", "code"}}``)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(f"{message} (code: {code})")
+        self.code = code
+
+
+class _Session:
+    """One OpenEnv WebSocket session (``/ws``), synchronous, with a timeout on the handshake and on every reply.
+
+    openenv-core's ``GenericEnvClient.sync()`` speaks the same protocol, but importing ``openenv.core`` costs
+    seconds (it loads gradio) and each sync client runs its own event-loop thread; an episode needs neither, so the
+    four messages (reset, step, state, close) go through ``websockets``' synchronous client directly.
+    """
+
+    def __init__(self, url: str, connect_timeout_s: float, message_timeout_s: float) -> None:
+        from websockets.sync.client import connect
+
+        ws_url = "ws" + url[len("http") :] if url.startswith("http") else url
+        self._ws = connect(f"{ws_url}/ws", open_timeout=connect_timeout_s, close_timeout=1.0, max_size=2**27)
+        self._timeout = message_timeout_s
+
+    def request(self, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            self._ws.send(json.dumps({"type": kind, "data": data} if kind != "state" else {"type": kind}))
+        except ConnectionClosed:
+            pass  # a server that refused the session sent why before closing: read it below
+        reply = json.loads(self._ws.recv(timeout=self._timeout))
+        if reply.get("type") == "error":
+            error = reply.get("data", {})
+            raise _Refused(str(error.get("message", "unknown error")), str(error.get("code", "UNKNOWN")))
+        return reply.get("data", {})
+
+    def close(self) -> None:
+        try:
+            self._ws.send(json.dumps({"type": "close"}))
+        finally:
+            self._ws.close()
+
+
+class OpenEnvError(RuntimeError):
+    """The OpenEnv server cannot be used: unreachable, out of sessions, or gone mid-episode (the message names the
+    URL and what to do)."""
+
+
+def _server_hint(url: str) -> str:
+    return (
+        f"Start the server (e.g. python -m mcadvantage.envs.openenv_server FrozenLake-v1 --port 8000 for "
+        f"http://127.0.0.1:8000) or fix the URL {url!r}."
+    )
+
+
+class OpenEnvEnvironment:
+    """Base of the classes :func:`openenv_environment` builds; not used directly."""
+
+    _url: ClassVar[str]
+    _fields: ClassVar[tuple[str, ...]]
+    _timeouts: ClassVar[tuple[float, float]]
+    _render: ClassVar[Callable[[dict[str, Any]], str]]
+    _key_field: ClassVar[str | None]
+    _seed_column: ClassVar[str]
+    _can_reseed: ClassVar[bool]
+    _tool_name: ClassVar[str]
+    _instructions: ClassVar[str]
+
+    def __init__(self) -> None:
+        self._client: Any = None  # opened by reset: TRL builds a probe instance it never resets
+        self._begin(None)
+
+    def _begin(self, seed: int | None) -> None:
+        self._seed, self._total, self._over, self._broken = seed, 0.0, False, ""
+        self._invalid, self._text, self._key = 0, "", None
+        self._actions: list[dict[str, Any]] = []
+        self._state_keys: list[Hashable] = []
+
+    def __del__(self) -> None:
+        if (
+            not sys.is_finalizing()
+        ):  # at interpreter exit the socket closes with the process (websockets is gone)
+            self._close()
+
+    def _close(self) -> None:
+        client, self._client = getattr(self, "_client", None), None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # the session is gone either way
+                pass
+
+    def _call(self, what: str, **data: Any) -> dict[str, Any]:
+        """One request on the session (opened on first use); connection loss, timeouts and a full server become
+        :class:`OpenEnvError`; a refused action stays :class:`_Refused`."""
+        try:
+            if self._client is None:
+                self._client = _Session(self._url, *self._timeouts)
+            return self._client.request(what, data)
+        except _Refused as err:
+            if err.code in _REFUSED:
+                raise
+            self._close()
+            if err.code == "CAPACITY_REACHED":
+                raise OpenEnvError(
+                    f"the OpenEnv server at {self._url} has no free session ({err}). A run holds one session per "
+                    "episode of the batch, plus one per Monte Carlo continuation being rebuilt under 'vineppo': start "
+                    "the server with a larger max_concurrent_envs (python -m mcadvantage.envs.openenv_server ... "
+                    "--max-concurrent-envs N), or lower per_device_train_batch_size / num_mc_rollouts."
+                ) from None
+            raise self._lost(what, err) from None
+        except Exception as err:  # refused connections, timeouts, a closed socket (websockets' errors)
+            raise self._lost(what, err) from None
+
+    def _lost(self, what: str, err: Exception) -> OpenEnvError:
+        self._close()
+        self._broken = f"{what} failed: {type(err).__name__}: {err}"
+        return OpenEnvError(
+            f"the OpenEnv server at {self._url} did not answer {what}() ({type(err).__name__}: {err}); the episode's "
+            f"session is lost. {_server_hint(self._url)} Timeouts: connect {self._timeouts[0]:g} s, each message "
+            f"{self._timeouts[1]:g} s (openenv_environment's connect_timeout_s / message_timeout_s)."
+        )
+
+    def reset(self, **row: Any) -> str:
+        """Open a session for the episode and reset the server's environment with the row's seed."""
+        seed = seed_from_row(row, self._seed_column, type(self).__name__)
+        self._close()  # one session per episode
+        self._begin(seed)
+        self._observe(self._call("reset", seed=seed))
+        return self._text
+
+    def _observe(self, result: dict[str, Any]) -> None:
+        self._text = self._render(result.get("observation", {}))
+        self._over = bool(result.get("done"))
+        if self._key_field is None:
+            self._key = self._text
+        else:
+            state = self._call("state")
+            if self._key_field not in state:
+                raise OpenEnvError(
+                    f"state_key_field={self._key_field!r}: the state() of the server at {self._url} has the fields "
+                    f"{sorted(state)}; name one of them."
+                )
+            self._key = hashable(state[self._key_field])
+        self._state_keys.append(self._key)
+
+    def get_reward(self) -> float:
+        """The sum of the server's rewards this episode (raises :class:`OpenEnvError` if the session broke)."""
+        if self._broken:
+            raise OpenEnvError(
+                f"the episode's session with the OpenEnv server at {self._url} broke ({self._broken}), so its reward "
+                f"is unknown. {_server_hint(self._url)}"
+            )
+        return float(self._total)
+
+    @property
+    def state_key(self) -> Hashable | None:
+        """The state key after the last reset or step: the named ``state()`` field, or the observation text."""
+        return self._key
+
+    @property
+    def done(self) -> bool:
+        """Whether the server said the episode is over."""
+        return self._over
+
+    @property
+    def invalid_actions(self) -> int:
+        """Tool calls of this episode the server (or the adapter) refused."""
+        return self._invalid
+
+    def _act(self, **arguments: Any) -> str:
+        if self._seed is None:
+            raise RuntimeError(f"{type(self).__name__}: call reset(**row) before {self._tool_name}.")
+        if self._broken:
+            raise OpenEnvError(
+                f"the session with {self._url} is lost ({self._broken}); the episode cannot go on."
+            )
+        if self._over:
+            self._invalid += 1
+            raise ValueError(f"the episode is over; do not call {self._tool_name} again: give your answer.")
+        try:
+            result = self._call("step", **arguments)
+        except _Refused as err:
+            self._invalid += 1
+            raise ValueError(f"{self._tool_name}({json.dumps(arguments)}) was refused: {err}") from None
+        self._actions.append(dict(arguments))
+        self._total += float(result.get("reward") or 0.0)
+        self._observe(result)
+        return self._text + (
+            f"\nThe episode is over. Do not call {self._tool_name} again." if self._over else ""
+        )
+
+    def _reseed(self, seed: int) -> None:
+        """Fresh randomness for a Monte Carlo continuation: reset with the episode's seed, replay its calls on the
+        server and reseed there (the server must echo ``reseeded``); the state must come back unchanged."""
+        if not self._can_reseed:
+            return
+        before = self._text
+        result = self._call("reset", seed=self._seed, replay=self._actions, reseed=int(seed))
+        if result.get("observation", {}).get("reseeded") != int(seed):
+            raise OpenEnvError(
+                f"the OpenEnv server at {self._url} ignored the reseed of a Monte Carlo continuation (its reset does "
+                "not take replay= and reseed=), so every continuation would repeat the episode's random draws. Serve "
+                "the environment with mcadvantage.envs.openenv_app, or pass reseed=False to openenv_environment if "
+                "its transitions are deterministic."
+            )
+        if self._render(result.get("observation", {})) != before:
+            raise OpenEnvError(
+                f"the server at {self._url} did not rebuild the same state on the reseeding reset."
+            )
+
+
+def _schema(url: str, timeout_s: float) -> dict[str, Any]:
+    requests = require("requests", "mcadvantage.envs.openenv_environment")
+    try:
+        response = requests.get(f"{url.rstrip('/')}/schema", timeout=timeout_s)
+        response.raise_for_status()
+        return response.json()
+    except requests.RequestException as err:
+        raise OpenEnvError(
+            f"no OpenEnv server answers at {url} ({type(err).__name__}: {err}). {_server_hint(url)}"
+        ) from None
+
+
+def _metadata(url: str, timeout_s: float) -> dict[str, Any]:
+    """The server's ``/metadata`` (its ``readme_content`` is the prompt's instructions when set); {} if absent."""
+    import requests
+
+    try:
+        response = requests.get(f"{url}/metadata", timeout=timeout_s)
+        return response.json() if response.ok else {}
+    except (requests.RequestException, ValueError):
+        return {}
+
+
+def _tool_parameters(action: dict[str, Any], url: str) -> tuple[list[tuple[str, type]], list[str]]:
+    """The tool's parameters and their docstring lines from the server's action schema."""
+    parameters, lines = [], []
+    required = set(action.get("required", []))
+    for name, field in action.get("properties", {}).items():
+        if name == "metadata":
+            continue
+        kind = _TYPES.get(field.get("type"))
+        if kind is None or name not in required:
+            raise ValueError(
+                f"openenv_environment: the action field {name!r} of the server at {url} is "
+                f"{field.get('type', field)!r}{'' if name in required else ' and optional'}; the adapter maps "
+                "required string, integer, number and boolean fields to the tool's parameters. Write your own "
+                "environment class for this server (docs/howto/bring-your-environment.md)."
+            )
+        choices = f" (choices: {json.dumps(field['enum'])})" if "enum" in field else ""
+        parameters.append((name, kind))
+        lines.append(f"    {name}: {field.get('description') or field.get('title') or name}{choices}")
+    if not parameters:
+        raise ValueError(
+            f"openenv_environment: the action schema of the server at {url} has no fields: {action}."
+        )
+    return parameters, lines
+
+
+def openenv_environment(
+    base_url: str,
+    *,
+    tool_name: str = "act",
+    state_key_field: str | None = None,
+    observation_field: str | None = "text",
+    render: Callable[[dict[str, Any]], str] | None = None,
+    seed_column: str = "seed",
+    reseed: bool = True,
+    connect_timeout_s: float = 10.0,
+    message_timeout_s: float = 30.0,
+    name: str | None = None,
+) -> type[OpenEnvEnvironment]:
+    """An ``environment_factory`` class for the OpenEnv server at ``base_url`` (``http://host:port``).
+
+    Args:
+        tool_name: the tool's name; its parameters are the server's action fields.
+        state_key_field: the field of the server's ``state()`` that ``state_key`` returns (None: the observation text).
+        observation_field: the observation field whose text the model sees (None or absent: the observation as JSON).
+        render: ``render(observation_dict) -> str``, instead of ``observation_field``.
+        seed_column: the dataset column ``reset(**row)`` reads the episode's seed from.
+        reseed: refresh the server's randomness per Monte Carlo continuation (needs a server that echoes
+            ``reseeded``, as :func:`~mcadvantage.envs.openenv_app`'s do); False for deterministic servers.
+        connect_timeout_s: the timeout of opening a session and of ``/schema`` (seconds).
+        message_timeout_s: the timeout of every reply on a session (seconds): nothing waits longer.
+        name: the class name (TRL logs the reward as ``rewards/<name>/mean``).
+
+    Raises:
+        OpenEnvError: no server answers at ``base_url`` (naming it and how to start one).
+        ValueError: an action schema the tool cannot express, or a reserved ``tool_name``.
+    """
+    check_tool_name(tool_name)
+    url = base_url.rstrip("/")
+    schema = _schema(url, connect_timeout_s)
+    parameters, lines = _tool_parameters(schema.get("action", {}), url)
+    description = (schema.get("action", {}).get("description") or f"Act in the environment at {url}.").split(
+        "\n"
+    )[0]
+    doc = (
+        f"{description}\n\nArgs:\n" + "\n".join(lines) + "\n\nReturns:\n    The observation after the action."
+    )
+
+    def text_of(observation: dict[str, Any]) -> str:
+        if render is not None:
+            return str(render(observation))
+        if observation_field is not None and observation_field in observation:
+            return str(observation[observation_field])
+        return json.dumps(observation, sort_keys=True)
+
+    readme = _metadata(url, connect_timeout_s).get("readme_content")
+    cls_name = name or class_name(
+        f"OpenEnv {schema.get('action', {}).get('title', 'Env').removesuffix('Action')}"
+    )
+    tool = make_tool(tool_name, cls_name, doc, parameters, lambda self, **arguments: self._act(**arguments))
+    argument = ", ".join(n for n, _ in parameters)
+    return type(
+        cls_name,
+        (OpenEnvEnvironment,),
+        {
+            tool_name: tool,
+            "_url": url,
+            "_fields": tuple(n for n, _ in parameters),
+            "_timeouts": (float(connect_timeout_s), float(message_timeout_s)),
+            "_render": staticmethod(text_of),
+            "_key_field": state_key_field,
+            "_seed_column": seed_column,
+            "_can_reseed": bool(reseed),
+            "_tool_name": tool_name,
+            "_instructions": readme
+            or f"{description}\nCall the tool {tool_name}({argument}), one call per turn. When the "
+            f"episode is over, answer without calling {tool_name}.\nThe start:\n",
+            "__doc__": f"The OpenEnv server at {url} as a TRL environment (mcadvantage.envs.openenv_environment).",
+            "__module__": __name__,
+        },
+    )

@@ -1,0 +1,97 @@
+"""benchmarks/credit_map_tuned.py: the tuning rule, the resumable runner, Holm only on complete families, and the
+committed summary, page lead and README bullet regenerate from the committed records."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import credit_map_tuned as cmt  # noqa: E402
+
+
+def _rec(success: float, steps: int = 3) -> dict:
+    return {
+        "budgets": {
+            f"{f:g}": {"success": success, "steps": steps, "sampled_tokens": 10} for f in cmt.FRACTIONS
+        }
+    }
+
+
+def test_the_rule_takes_the_best_tuning_mean_ties_to_the_smaller_lr_and_skips_points_without_updates():
+    records = {(lr, p, s): _rec(0.5) for lr, p in cmt.GRID for s in cmt.TUNING_SEEDS}
+    for s in cmt.TUNING_SEEDS:
+        records[(1.0, 2, s)] = _rec(0.9)
+        records[(0.3, 4, s)] = _rec(0.9)  # tie on the mean: the smaller lr wins
+        records[(3.0, 1, s)] = _rec(1.0, steps=0)  # never updates: not eligible however good
+    assert cmt.choose(records, 1.0) == {"lr": 0.3, "prompts": 4, "group": cmt.GROUP, "tuning_mean": 0.9}
+    none_update = {k: _rec(0.5, steps=0) for k in records}
+    assert cmt.choose(none_update, 0.25) is None  # "cannot afford"
+    del records[(0.03, 1, cmt.TUNING_SEEDS[0])]
+    assert cmt.choose(records, 1.0) is None  # tuning not finished: no choice yet
+
+
+def test_runner_resumes_and_reruns_a_torn_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(cmt, "GRID", ((1.0, 1), (0.1, 2)))
+    monkeypatch.setattr(cmt, "TUNING_SEEDS", (1000,))
+    monkeypatch.setattr(cmt, "EVAL_SEEDS", (0, 1))
+    cell = {**cmt.MAP_CELLS[-2], "horizon": 2, "budget_episodes": 16, "name": "tiny"}
+    runner = cmt.Runner(tmp_path, 10, quiet=True)
+    cmt.run_cell(runner, cell, ["grpo", "oracle"])
+    expected = sum(
+        2 + 2 * len(cmt.tuned_points(cmt.load_arm(tmp_path, "tiny", a))) for a in ("grpo", "oracle")
+    )
+    assert runner.ran == expected  # 2 grid points x 1 tuning seed, then 2 seeds at each chosen point
+    line = json.loads(cmt.arm_file(tmp_path, "tiny", "grpo").read_text().splitlines()[0])
+    assert set(line["budgets"]) == {"0.25", "0.5", "1"} and line["machine"]["torch_threads"] >= 1
+    assert line["budgets"]["1"]["steps"] >= line["budgets"]["0.25"]["steps"]
+    again = cmt.Runner(tmp_path, 10, quiet=True)
+    cmt.run_cell(again, cell, ["grpo", "oracle"])
+    assert again.ran == 0
+    path = cmt.arm_file(tmp_path, "tiny", "oracle")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(["{torn", *lines[1:]]) + "\n")
+    third = cmt.Runner(tmp_path, 10, quiet=True)
+    cmt.run_cell(third, cell, ["grpo", "oracle"])
+    assert third.ran == 1
+
+
+def test_holm_waits_for_a_complete_family():
+    def arm(name: str, success: list[float], status: str = "complete") -> dict:
+        return {"arm": name, "status": status, "success": success}
+
+    grpo = arm("grpo", [0.5] * 24)
+    group = [grpo, arm("oracle", [0.9] * 12 + [0.8] * 12), arm("rloo", [0.5] * 20, "partial")]
+    assert cmt.decide(group) is False and group[1]["vs_best_grpo"]["verdict"] == "pending"
+    group = [grpo, arm("oracle", [0.9] * 12 + [0.8] * 12), arm("vineppo_k4", [], "cannot afford")]
+    assert cmt.decide(group) is True
+    assert group[1]["vs_best_grpo"]["verdict"] == "pays" and "vs_best_grpo" not in group[2]
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict:
+    return json.loads(cmt.SUMMARY.read_text())
+
+
+def test_committed_summary_page_and_readme_regenerate_from_the_committed_records(committed):
+    assert json.loads(json.dumps(cmt.summarize(cmt.RUNS))) == committed
+    page = cmt.PAGE.read_text()
+    assert page.split(cmt.MARKER)[0] == cmt.render_lead(committed) + "\n"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert " ".join(cmt.readme_bullet(committed).split()) in readme
+    for r in committed["records"]:
+        assert {"arm", "budget_fraction", "chosen", "tuning_seeds", "seeds", "success", "sampled_tokens",
+                "collapsed"} <= set(r)  # fmt: skip
+        assert len(r["success"]) == len(r["seeds"]) == len(r["collapsed"])
+
+
+def test_the_hard_cell_is_the_scouts_choice_by_the_rule(committed):
+    scout = committed["hard_scout"]
+    first = next(c for c in scout["candidates"] if c["tuned_grpo"]["tuning_mean"] <= cmt.HARD_CEILING)
+    assert scout["chosen"] == first["cell"] == json.loads(cmt.HARD_CHOICE.read_text())["chosen"]
+    assert [c["cell"] for c in scout["candidates"]] == list(cmt.HARD_CANDIDATES)

@@ -1,0 +1,128 @@
+"""OpenEnv: a gymnasium game served by ``openenv_app`` in a real subprocess server, used through
+``openenv_environment``'s client class exactly as through the in-process adapter; rebuilds exact with fresh
+randomness per continuation; a dead, full or absent server gets a clear error naming its URL. The testbed's
+``AgentEnv`` is served too (in-process app)."""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("gymnasium")
+pytest.importorskip("openenv.core")
+
+from mcadvantage.envs import (  # noqa: E402
+    LocalOpenEnvServer,
+    OpenEnvError,
+    gymnasium_environment,
+    openenv_app,
+    openenv_environment,
+)
+from mcadvantage.mc.episodes import ToolTurn, execute_tool_calls, replay_environment  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a server subprocess starts in ~15 s; the tests themselves take seconds
+
+SLIPPERY = gymnasium_environment("FrozenLake-v1", env_kwargs={"is_slippery": True})
+
+
+def _call(action: str) -> dict:
+    return {"type": "function", "function": {"name": "act", "arguments": {"action": action}}}
+
+
+def test_the_client_class_plays_as_the_in_process_adapter(frozen_lake_server):
+    from transformers.utils import get_json_schema
+
+    Remote = openenv_environment(frozen_lake_server.url, state_key_field="key")
+    schema = get_json_schema(Remote().act)["function"]["parameters"]["properties"]["action"]
+    assert schema["enum"] == ["left", "down", "right", "up"]  # the server's schema carries the allowed values
+    assert Remote._instructions == SLIPPERY._instructions  # and the game's rules (its /metadata)
+    rng = random.Random(0)
+    for seed in range(3):
+        remote, local = Remote(), SLIPPERY()
+        assert remote.reset(seed=seed) == local.reset(seed=seed)
+        for _ in range(6):
+            if local.done:
+                break
+            move = rng.choice(["left", "down", "right", "up"])
+            assert remote.act(move).startswith(local.act(move).split("\nThe episode is over")[0])
+            assert remote.state_key == local.state_key and remote.get_reward() == local.get_reward()
+        assert remote.done == local.done
+    fresh = Remote()
+    fresh.reset(seed=0)
+    with pytest.raises(
+        ValueError, match=r"act\(\{\"action\": \"jump\"\}\) was refused: 'jump' is not an action"
+    ):
+        fresh.act("jump")
+    assert fresh.invalid_actions == 1 and fresh.state_key == 0
+
+
+def test_rebuilds_are_exact_and_each_continuation_gets_fresh_randomness(frozen_lake_server):
+    Remote = openenv_environment(frozen_lake_server.url, state_key_field="key")
+    env = Remote()
+    row = {"prompt": [], "seed": 3}
+    env.reset(**row)
+    turns = [ToolTurn((_call("right"),), tuple(execute_tool_calls([_call("right")], {"act": env.act})))]
+    state = env.state_key
+    outcomes = {True: Counter(), False: Counter()}
+    seeds = random.Random(1)
+    for fresh in (False, True):
+        for _ in range(24):
+            rebuilt = replay_environment(
+                Remote, row, turns, reseed=(lambda: seeds.getrandbits(63)) if fresh else None
+            )
+            assert rebuilt.state_key == state  # replay checked every result; the reseed kept the state
+            rebuilt.act("down")
+            outcomes[fresh][rebuilt.state_key] += 1
+            rebuilt._close()
+    assert len(outcomes[False]) == 1  # without reseeding: the episode's luck, every time
+    assert (
+        len(outcomes[True]) == 3
+    )  # with it: all three slips (P(a slip missing in 24) < 3 * (2/3)^24 < 1e-4)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_absent_full_and_dead_servers_get_clear_errors():
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(
+        OpenEnvError, match=rf"no OpenEnv server answers at {url} .*python -m mcadvantage.envs.openenv_server"
+    ):
+        openenv_environment(url, connect_timeout_s=2)
+    with LocalOpenEnvServer("FrozenLake-v1", max_concurrent_envs=1, start_timeout_s=120) as server:
+        Remote = openenv_environment(server.url, message_timeout_s=5)
+        first, second = Remote(), Remote()
+        first.reset(seed=0)
+        with pytest.raises(OpenEnvError, match=r"has no free session .*--max-concurrent-envs N"):
+            second.reset(seed=0)
+        first.act("down")
+        server.stop()  # the server dies mid-episode
+        with pytest.raises(
+            OpenEnvError, match=rf"the OpenEnv server at {server.url} did not answer step\(\)"
+        ):
+            first.act("down")
+        with pytest.raises(OpenEnvError, match=r"session .* broke .*so its reward is unknown"):
+            first.get_reward()
+
+
+def test_the_testbed_agent_env_serves_too():
+    from starlette.testclient import TestClient
+
+    from testbed.agent_env import AgentEnv, agent_rows
+
+    client = TestClient(openenv_app(AgentEnv))
+    action = client.get("/schema").json()["action"]
+    assert action["required"] == ["choice"] and action["properties"]["choice"]["type"] == "integer"
+    row = {k: v for k, v in agent_rows("delayed", 2, 1, seed=0)[0].items() if k != "prompt"}
+    local = AgentEnv()
+    with client.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": {**row, "seed": 0}})
+        assert ws.receive_json()["data"]["observation"]["text"] == local.reset(**row)
+        ws.send_json({"type": "step", "data": {"choice": 1}})
+        assert ws.receive_json()["data"]["observation"]["text"] == local.act(1)

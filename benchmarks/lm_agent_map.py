@@ -64,11 +64,14 @@ COLLAPSE_SES = 2.0
 #: "gae": steps that train the critic alone (charged: they sample episodes) and the critic's learning rate.
 CRITIC_WARMUP_STEPS = 4
 CRITIC_LR = 3e-3
+#: FrozenLake's budget of sampled model tokens (sized in the protocol's FrozenLake amendment).
+FROZENLAKE_BUDGET = 10_000
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One cell of the map: an environment at a horizon, and its budget of sampled model tokens."""
+    """One cell of the map: an environment at a horizon (for FrozenLake: its episode limit, the most moves), and its
+    budget of sampled model tokens."""
 
     name: str
     env: str
@@ -76,11 +79,67 @@ class Setting:
     budget_tokens: int
 
 
-#: The settings (the FrozenLake setting joins when mcadvantage.envs is on main; docs/lm-agent-map-protocol.md).
+#: The settings, run in this order (docs/lm-agent-map-protocol.md; FrozenLake by its amendment of 2026-11-29).
 SETTINGS: dict[str, Setting] = {
     "chain_H2": Setting("chain_H2", "agent_chain", 2, 9_000),
     "chain_H8": Setting("chain_H8", "agent_chain", 8, 12_000),
+    "frozenlake_4x4": Setting("frozenlake_4x4", "frozenlake", 8, FROZENLAKE_BUDGET),
 }
+#: The FrozenLake start (testbed.lm_frozenlake's warm-up).
+FROZENLAKE_WARMUP_DIR = WARMUP_DIR / "frozenlake"
+
+
+@dataclass(frozen=True)
+class EnvParts:
+    """What a run needs of its setting's environment: the ``environment_factory`` class, the training and held-out
+    rows, the episode's token budget, and how an episode's accepted tool calls are counted."""
+
+    factory: Any
+    train_rows: list[dict[str, Any]]
+    eval_rows: list[dict[str, Any]]
+    max_completion_length: int
+    calls: Callable[[Any], int] | None = None
+
+
+def environment_parts(setting: Setting, eval_episodes: int | None = None) -> EnvParts:
+    """The environment side of ``setting`` (``agent_chain``: the agent testbed's ``chain`` task; ``frozenlake``:
+    FrozenLake-v1 4x4 through ``mcadvantage.envs.gymnasium_environment``), with ``eval_episodes`` held-out rows
+    (default :data:`EVAL_EPISODES`)."""
+    eval_episodes = EVAL_EPISODES if eval_episodes is None else eval_episodes
+    if setting.env == "agent_chain":
+        from testbed.agent_env import AgentEnv
+        from testbed.lm_agent import TRAIN_ROW_SEED, eval_rows, max_completion_length_for, task_rows
+
+        return EnvParts(
+            AgentEnv,
+            task_rows(setting.horizon, 512, TRAIN_ROW_SEED),
+            eval_rows(setting.horizon, eval_episodes),
+            max_completion_length_for(setting.horizon),
+        )
+    if setting.env == "frozenlake":
+        import testbed.lm_frozenlake as fl
+
+        return EnvParts(
+            fl.frozenlake_environment(),
+            fl.frozenlake_rows(512, fl.TRAIN_ROW_SEED),
+            fl.frozenlake_rows(eval_episodes, fl.EVAL_ROW_SEED),
+            fl.max_completion_length(),
+            fl._moves,
+        )
+    raise ValueError(f"setting {setting.name}: unknown env {setting.env!r} (agent_chain or frozenlake).")
+
+
+def load_start(setting: Setting, warmup_dir: Path | None = None) -> tuple[Any, Any]:
+    """The setting's start (tokenizer, model): the chain warm-up, or the FrozenLake one."""
+    if setting.env == "frozenlake":
+        from testbed.lm_frozenlake import load_frozenlake_warmup
+
+        tokenizer, model, _ = load_frozenlake_warmup(warmup_dir or FROZENLAKE_WARMUP_DIR)
+    else:
+        from testbed.lm_agent import load_warmup
+
+        tokenizer, model, _ = load_warmup(warmup_dir or WARMUP_DIR)
+    return tokenizer, model
 
 
 @dataclass(frozen=True)
@@ -126,7 +185,9 @@ ARMS: dict[str, Arm] = {
     ),
     "anchor": Arm("anchor", {"advantage_estimator": "anchor"}, available=_anchor_available),
     "anchor_pooled": Arm(
-        "anchor_pooled", {"advantage_estimator": "anchor", "anchor_credit": "pooled"}, available=_anchor_available
+        "anchor_pooled",
+        {"advantage_estimator": "anchor", "anchor_credit": "pooled"},
+        available=_anchor_available,
     ),
 }
 
@@ -259,7 +320,6 @@ def run_config(setting: Setting, arm: Arm, spec: RunSpec, output_dir: str) -> An
     """The run's ``VinePPOConfig``: one generation batch per optimizer step, a constant learning rate (so the model
     at half the budget is the model a half-budget run ends with), temperature 1."""
     from mcadvantage import VinePPOConfig
-    from testbed.lm_agent import max_completion_length_for
 
     return VinePPOConfig(
         output_dir=output_dir,
@@ -276,7 +336,7 @@ def run_config(setting: Setting, arm: Arm, spec: RunSpec, output_dir: str) -> An
         lr_scheduler_type="constant",
         max_steps=100_000,  # the budget stops the run
         temperature=1.0,
-        max_completion_length=max_completion_length_for(setting.horizon),
+        max_completion_length=environment_parts(setting, 1).max_completion_length,
         max_tool_calling_iterations=setting.horizon + 1,
         seed=spec.seed,
         **arm.config,
@@ -284,7 +344,7 @@ def run_config(setting: Setting, arm: Arm, spec: RunSpec, output_dir: str) -> An
 
 
 def run_one(
-    spec: RunSpec, *, warmup_dir: Path = WARMUP_DIR, start_success: float | None = None
+    spec: RunSpec, *, warmup_dir: Path | None = None, start_success: float | None = None
 ) -> dict[str, Any]:
     """Train one run to its budget, evaluating at every fraction; returns its record (not written)."""
     import torch
@@ -292,16 +352,15 @@ def run_one(
     from transformers import TrainerCallback
 
     from mcadvantage import VinePPOTrainer
-    from testbed.agent_env import AgentEnv
-    from testbed.lm_agent import TRAIN_ROW_SEED, eval_rows, load_warmup, task_rows
 
     setting, arm = SETTINGS[spec.setting], ARMS[spec.arm]
     why = arm.available()
     if why is not None:
         raise RuntimeError(f"arm {spec.arm} cannot run: {why}")
     torch.manual_seed(spec.seed)
-    tokenizer, model, _ = load_warmup(warmup_dir)
-    rows = eval_rows(setting.horizon, EVAL_EPISODES)
+    tokenizer, model = load_start(setting, warmup_dir)
+    parts = environment_parts(setting)
+    rows = parts.eval_rows
     ledger = Ledger(setting.budget_tokens, charge_mc=arm.charge_mc)
 
     class Trainer(VinePPOTrainer):
@@ -316,7 +375,7 @@ def run_one(
     class Checkpoints(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             for fraction in ledger.due(state.global_step):
-                success = _success(trainer, rows)
+                success = _success(trainer, rows, parts)
                 ledger.record(fraction, state.global_step, success)
             if ledger.finished:
                 control.should_training_stop = True
@@ -327,12 +386,12 @@ def run_one(
             model=model,
             reward_funcs=None,
             args=run_config(setting, arm, spec, tmp),
-            train_dataset=Dataset.from_list(task_rows(setting.horizon, 512, TRAIN_ROW_SEED)),
+            train_dataset=Dataset.from_list(parts.train_rows),
             processing_class=tokenizer,
-            environment_factory=AgentEnv,
+            environment_factory=parts.factory,
             callbacks=[Checkpoints()],
         )
-        start = start_success if start_success is not None else _success(trainer, rows)
+        start = start_success if start_success is not None else _success(trainer, rows, parts)
         ledger.start_success = start
         started = time.perf_counter()
         trainer.train()
@@ -340,10 +399,10 @@ def run_one(
     return ledger.as_record(spec, setting, seconds)
 
 
-def _success(trainer: Any, rows: Sequence[dict[str, Any]]) -> float:
+def _success(trainer: Any, rows: Sequence[dict[str, Any]], parts: EnvParts) -> float:
     from testbed.lm_agent import play_episodes
 
-    played = play_episodes(trainer, rows, seed=EVAL_SEED)
+    played = play_episodes(trainer, rows, seed=EVAL_SEED, environment=parts.factory, calls=parts.calls)
     return sum(p.reward for p in played) / len(played)
 
 
@@ -460,18 +519,27 @@ def provenance() -> dict[str, Any]:
     )
 
 
-def start_success(setting: Setting, warmup_dir: Path = WARMUP_DIR) -> float:
+def start_success(setting: Setting, warmup_dir: Path | None = None) -> float:
     """The start's success on the held-out set (the same for every run of the setting), cached in the runs' folder."""
     path = RUNS / setting.name / "start.json"
     cached = read_record(path)
     if cached is not None:
         return cached["success"]
-    from testbed.lm_agent import eval_rows, load_warmup, make_tool_trainer
+    from testbed.lm_agent import make_tool_trainer
 
-    tokenizer, model, _ = load_warmup(warmup_dir)
+    tokenizer, model = load_start(setting, warmup_dir)
+    parts = environment_parts(setting)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = make_tool_trainer(model, tokenizer, setting.horizon, tmp)
-        success = _success(trainer, eval_rows(setting.horizon, EVAL_EPISODES))
+        trainer = make_tool_trainer(
+            model,
+            tokenizer,
+            setting.horizon,
+            tmp,
+            environment=parts.factory,
+            rows=parts.train_rows[:2],
+            max_completion_length=parts.max_completion_length,
+        )
+        success = _success(trainer, parts.eval_rows, parts)
     write_record(
         path, {"setting": setting.name, "success": success, "episodes": EVAL_EPISODES, "seed": EVAL_SEED}
     )

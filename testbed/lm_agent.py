@@ -143,18 +143,44 @@ def demonstrations(config: WarmupConfig, tokenizer: Any) -> list[tuple[list[int]
 def train_warmup(config: WarmupConfig, *, progress: bool = True) -> tuple[Any, Any, list[float]]:
     """Supervised steps (AdamW, constant rate) on :func:`demonstrations`, loss on the model's own turns only.
     Returns the tokenizer, the model (in eval mode) and the loss of every step."""
+    tokenizer, model = build_policy(config)
+    episodes = demonstrations(config, tokenizer)
+    losses = supervised_fit(
+        model,
+        tokenizer,
+        episodes,
+        steps=config.steps,
+        batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        seed=config.seed,
+        progress=progress,
+    )
+    return tokenizer, model, losses
+
+
+def supervised_fit(
+    model: Any,
+    tokenizer: Any,
+    episodes: Sequence[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    progress: bool = True,
+) -> list[float]:
+    """``steps`` supervised steps (AdamW, constant rate) on episodes drawn with replacement (``Random(seed + 1)``),
+    the loss on the masked (model's own) tokens only; leaves the model in eval mode and returns every step's loss."""
     import torch
     from tqdm.auto import tqdm
 
-    tokenizer, model = build_policy(config)
-    episodes = demonstrations(config, tokenizer)
-    rng = random.Random(config.seed + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+    rng = random.Random(seed + 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
     pad = tokenizer.pad_token_id
     model.train()
     losses = []
-    for _ in tqdm(range(config.steps), desc="lm warm-up (SFT)", unit="step", disable=not progress):
-        batch = [episodes[rng.randrange(len(episodes))] for _ in range(config.batch_size)]
+    for _ in tqdm(range(steps), desc="lm warm-up (SFT)", unit="step", disable=not progress):
+        batch = [episodes[rng.randrange(len(episodes))] for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in batch)
         ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in batch])
         labels = torch.tensor([[t if m else -100 for t, m in zip(i, k, strict=True)] + [-100] * (width - len(i))
@@ -166,7 +192,7 @@ def train_warmup(config: WarmupConfig, *, progress: bool = True) -> tuple[Any, A
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
     model.eval()
-    return tokenizer, model, losses
+    return losses
 
 
 def save_warmup(model: Any, output_dir: str | Path, meta: dict[str, Any]) -> None:
@@ -205,9 +231,20 @@ def load_warmup(output_dir: str | Path) -> tuple[Any, Any, dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------------------
 # Playing episodes through the trainer's tool loop
 # --------------------------------------------------------------------------------------------------------------
-def make_tool_trainer(model: Any, tokenizer: Any, horizon: int, output_dir: str | Path) -> Any:
-    """A ``VinePPOTrainer(advantage_estimator="grpo", environment_factory=AgentEnv)`` that never trains: its parser,
-    tool-result tokens and prompt renderer drive :func:`play_episodes`."""
+def make_tool_trainer(
+    model: Any,
+    tokenizer: Any,
+    horizon: int,
+    output_dir: str | Path,
+    *,
+    environment: Any = AgentEnv,
+    rows: Sequence[dict[str, Any]] | None = None,
+    max_completion_length: int | None = None,
+) -> Any:
+    """A ``VinePPOTrainer(advantage_estimator="grpo", environment_factory=environment)`` that never trains: its
+    parser, tool-result tokens and prompt renderer drive :func:`play_episodes`. ``horizon`` sets the tool rounds
+    (``horizon + 1``); ``rows`` (two dataset rows; default the ``chain`` task's) and ``max_completion_length``
+    (default :func:`max_completion_length_for`) are for other environments."""
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -222,7 +259,7 @@ def make_tool_trainer(model: Any, tokenizer: Any, horizon: int, output_dir: str 
         bf16=False,
         per_device_train_batch_size=2,
         num_generations=2,
-        max_completion_length=max_completion_length_for(horizon),
+        max_completion_length=max_completion_length or max_completion_length_for(horizon),
         max_tool_calling_iterations=horizon + 1,
         max_steps=1,
         advantage_estimator="grpo",
@@ -233,9 +270,9 @@ def make_tool_trainer(model: Any, tokenizer: Any, horizon: int, output_dir: str 
         model=model,
         reward_funcs=None,
         args=args,
-        train_dataset=Dataset.from_list(task_rows(horizon, 2, 0)),
+        train_dataset=Dataset.from_list(list(rows) if rows is not None else task_rows(horizon, 2, 0)),
         processing_class=tokenizer,
-        environment_factory=AgentEnv,
+        environment_factory=environment,
     )
 
 
@@ -249,12 +286,19 @@ class Played:
 
 
 def play_episodes(
-    trainer: Any, rows: Sequence[dict[str, Any]], *, seed: int, batch: int = 128
+    trainer: Any,
+    rows: Sequence[dict[str, Any]],
+    *,
+    seed: int,
+    batch: int = 128,
+    environment: Any = AgentEnv,
+    calls: Any = None,
 ) -> list[Played]:
     """Play one episode per row with ``trainer.model`` through GRPO's tool loop (TRL's parser and tool-result tokens,
     ``max_completion_length`` and ``max_tool_calling_iterations`` of ``trainer.args``), sampling at temperature 1
     under a forked RNG seeded with ``seed`` (so the caller's random stream is untouched and one model gives the same
-    episodes). The reward is the environment's ``get_reward()``."""
+    episodes). The reward is the environment's ``get_reward()``; ``environment`` is the class played (default
+    ``AgentEnv``) and ``calls(env)`` counts an episode's accepted tool calls (default ``env.turn``)."""
     import torch
 
     from mcadvantage.mc.episodes import ToolLoop, continue_episodes
@@ -280,7 +324,7 @@ def play_episodes(
                 chunk = rows[start : start + batch]
                 envs, prompt_ids = [], []
                 for row in chunk:
-                    env = AgentEnv()
+                    env = environment()
                     observation = env.reset(**row)
                     prompt = [
                         *row["prompt"][:-1],
@@ -293,7 +337,11 @@ def play_episodes(
                     prompt_ids, [[] for _ in chunk], [[] for _ in chunk], envs, loop=loop
                 )
                 played += [
-                    Played(out.environment.get_reward(), out.environment.turn, sum(out.tool_mask))
+                    Played(
+                        out.environment.get_reward(),
+                        calls(out.environment) if calls is not None else out.environment.turn,
+                        sum(out.tool_mask),
+                    )
                     for out in outs
                 ]
     finally:

@@ -172,3 +172,43 @@ def test_every_tuned_arm_has_the_same_grid_and_the_oracle_is_not_charged_nor_tun
 def test_the_oracle_runs_at_h2_only():
     assert lm.runs_in("oracle_k16", "chain_H2") and not lm.runs_in("oracle_k16", "chain_H8")
     assert all(lm.runs_in("grpo", s) for s in lm.SETTINGS)
+
+
+def test_frozenlake_runs_after_the_chain_settings_with_the_adapter_and_its_own_start():
+    assert list(lm.SETTINGS)[-1] == "frozenlake_4x4" and list(lm.SETTINGS)[:2] == ["chain_H2", "chain_H8"]
+    setting = lm.SETTINGS["frozenlake_4x4"]
+    assert (
+        setting.env == "frozenlake" and setting.horizon == 8 and setting.budget_tokens == lm.FROZENLAKE_BUDGET
+    )
+    pytest.importorskip("gymnasium")
+    from mcadvantage.envs import GymnasiumEnvironment
+
+    parts = lm.environment_parts(setting, eval_episodes=3)
+    assert issubclass(parts.factory, GymnasiumEnvironment) and len(parts.eval_rows) == 3
+    assert {"prompt", "seed"} <= set(parts.train_rows[0]) and len(parts.train_rows) == 512
+    eval_seeds = {r["seed"] for r in lm.environment_parts(setting).eval_rows}
+    assert not eval_seeds & {r["seed"] for r in parts.train_rows}  # held-out rows
+    env = parts.factory()
+    env.reset(**parts.eval_rows[0])
+    env.act("down")
+    assert env.state_key == 4 and parts.calls(env) == 1  # anchor's key: the adapter's state_key, the cell
+    # every tuned arm runs there on the same grid; the oracle does not (its steps cost minutes at 8 turns)
+    arms = sorted({s.arm for s in lm.tuning_specs("frozenlake_4x4", list(lm.ARMS))})
+    assert arms == sorted(a for a, arm in lm.ARMS.items() if arm.tuned)
+    assert not lm.runs_in("oracle_k16", "frozenlake_4x4")
+
+
+@pytest.mark.slow
+def test_a_frozenlake_run_spends_within_its_budget_and_evaluates_both_fractions(monkeypatch):
+    """One GRPO run on FrozenLake through the real trainer, at a budget of a few steps and 8 held-out episodes."""
+    pytest.importorskip("gymnasium")
+    import dataclasses
+
+    setting = dataclasses.replace(lm.SETTINGS["frozenlake_4x4"], budget_tokens=400)
+    monkeypatch.setitem(lm.SETTINGS, "frozenlake_4x4", setting)
+    monkeypatch.setattr(lm, "EVAL_EPISODES", 8)
+    record = lm.run_one(lm.RunSpec("frozenlake_4x4", "grpo", 1e-3, 1, 0, "tune"), start_success=0.2)
+    assert record["env"] == "frozenlake" and record["steps"] >= 1
+    assert [p["fraction"] for p in record["checkpoints"]] == list(lm.FRACTIONS)
+    assert 0 < record["sampled_tokens"] <= 400 and record["own_tokens"] == record["sampled_tokens"]
+    assert all(0.0 <= p["success"] <= 1.0 for p in record["checkpoints"])

@@ -45,6 +45,7 @@ if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at
     sys.path.insert(0, str(ROOT))
 
 from testbed.agent_env import STRUCTURES, AgentEnv, KeyPolicy, agent_rows, make_agent_dataset  # noqa: E402
+from testbed.agent_policy import scripted_episode_ids  # noqa: E402
 
 #: The model a real run starts from: small, with a chat template TRL parses tool calls for.
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
@@ -257,49 +258,6 @@ def quick_model(max_position_embeddings: int = 512) -> tuple[Any, Any]:
         intermediate_size=128,
     )
     return tokenizer, model
-
-
-def scripted_episode_ids(
-    tokenizer: Any, row: dict[str, Any], choices: Sequence[int], chat_template_kwargs: dict[str, Any]
-) -> tuple[list[int], list[int]]:
-    """One whole episode as token ids, rendered with TRL's training chat template (prefix-preserving, so its turns
-    are the tokens TRL's tool loop joins), and a mask that is 1 on the model's own turns (to the end-of-turn token)
-    and 0 on the prompt and the tool results."""
-    from trl.chat_template_utils import get_training_chat_template
-
-    from testbed.agent_policy import FINAL_TEXT, TOOL_NAME
-
-    template = get_training_chat_template(tokenizer) or tokenizer.chat_template
-    env = AgentEnv()
-    observation = env.reset(**row)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": row["prompt"][0]["content"] + observation}]
-
-    def render(msgs: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
-        return tokenizer.apply_chat_template(
-            msgs,
-            tools=[env.act],
-            chat_template=template,
-            add_generation_prompt=generation_prompt,
-            tokenize=True,
-            return_dict=False,
-            **chat_template_kwargs,
-        )
-
-    turns: list[dict[str, Any]] = []
-    for choice in choices:
-        call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"choice": int(choice)}}}
-        turns.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        turns.append({"role": "tool", "name": TOOL_NAME, "content": env.act(int(choice))})
-    turns.append({"role": "assistant", "content": FINAL_TEXT})
-    ids = render(messages + turns, False)
-    mask = [0] * len(ids)
-    for k, message in enumerate(turns):
-        if message["role"] != "assistant":
-            continue
-        start = len(render(messages + turns[:k], True))
-        end = start + ids[start:].index(tokenizer.eos_token_id) + 1  # the turn, through its end-of-turn token
-        mask[start:end] = [1] * (end - start)
-    return ids, mask
 
 
 def teach_format(

@@ -13,6 +13,10 @@ structure, one later *repair* turn:
   ``repair_turn`` (later), choosing the key mends a broken state. The mistake costs only what the repair fails to
   win back, so the mistake turn's exact advantage is smaller than in ``delayed``, and the repair turn matters only
   after a mistake.
+- ``chain``: several decisive turns. The state starts *good*; from ``decisive_turn`` to the last turn, every turn is
+  decisive: a choice other than the key there breaks the state for good (nothing mends it). With a policy that picks
+  the key with probability ``p`` it succeeds with ``p ** (horizon - decisive_turn)``, and turns before
+  ``decisive_turn`` change nothing.
 
 The state is shown to the agent: :meth:`AgentEnv.reset` returns ``key=K choices=A turns=H state=S`` (TRL appends it
 to the prompt's last message) and every ``act`` returns ``turn t/H state=S``, so a policy may depend on the turn and
@@ -71,7 +75,7 @@ __all__ = [
     "view_of",
 ]
 
-STRUCTURES = ("delayed", "recovery")
+STRUCTURES = ("delayed", "recovery", "chain")
 BAD, GOOD = 0, 1
 STATE_NAMES = {BAD: "bad", GOOD: "good"}
 _STATE_OF_NAME = {name: state for state, name in STATE_NAMES.items()}
@@ -92,11 +96,12 @@ class AgentTask:
     """One episode's parameters: what a dataset row carries and ``reset(**row)`` reads.
 
     Args:
-        structure: ``"delayed"`` or ``"recovery"`` (see the module docstring).
+        structure: ``"delayed"``, ``"recovery"`` or ``"chain"`` (see the module docstring).
         horizon: turns per episode, ``H >= 1`` (``>= 2`` for ``recovery``, which needs a later repair turn).
         key: the right choice at the decisive (and repair) turn, in ``0 .. choices - 1``.
         choices: how many choices ``act`` accepts, ``>= 2``.
-        decisive_turn: the 0-based turn whose choice decides (delayed) or can break (recovery) the outcome.
+        decisive_turn: the 0-based turn whose choice decides (delayed) or can break (recovery) the outcome; in
+            ``chain`` the first of the decisive turns (every turn from it on is decisive).
         repair_turn: ``recovery`` only: the 0-based later turn where the key mends a broken state; None means the
             last turn. Must be None for ``delayed``.
     """
@@ -125,10 +130,11 @@ class AgentTask:
             raise ValueError(
                 f"decisive_turn={self.decisive_turn} must lie in 0 .. horizon - 1 = {self.horizon - 1} (0-based)."
             )
-        if self.structure == "delayed":
+        if self.structure in ("delayed", "chain"):
             if self.repair_turn is not None:
                 raise ValueError(
-                    f"repair_turn={self.repair_turn!r} is for structure='recovery'; pass None for 'delayed'."
+                    f"repair_turn={self.repair_turn!r} is for structure='recovery'; pass None for "
+                    f"{self.structure!r}."
                 )
             return
         repair = self.horizon - 1 if self.repair_turn is None else self.repair_turn
@@ -172,11 +178,14 @@ class AgentTask:
         }
 
     def initial_state(self) -> int:
-        """The state before the first turn: *bad* for ``delayed`` (nothing won yet), *good* for ``recovery``."""
+        """The state before the first turn: *bad* for ``delayed`` (nothing won yet), *good* for ``recovery`` and
+        ``chain`` (nothing lost yet)."""
         return BAD if self.structure == "delayed" else GOOD
 
     def transition(self, turn: int, state: int, choice: int) -> int:
         """The state after ``choice`` at ``turn`` from ``state`` (the environment's whole dynamics)."""
+        if self.structure == "chain":
+            return BAD if turn >= self.decisive_turn and choice != self.key else state
         if turn == self.decisive_turn:
             return GOOD if choice == self.key else BAD
         if turn == self.repair_turn and state == BAD and choice == self.key:
@@ -184,7 +193,10 @@ class AgentTask:
         return state
 
     def relevant_turns(self) -> tuple[int, ...]:
-        """The turns whose choice can change the outcome (the decisive turn, and the repair turn in recovery)."""
+        """The turns whose choice can change the outcome (the decisive turn, the repair turn in recovery, every turn
+        from the decisive one on in chain)."""
+        if self.structure == "chain":
+            return tuple(range(self.decisive_turn, self.horizon))
         return (self.decisive_turn,) if self.repair_turn is None else (self.decisive_turn, self.repair_turn)
 
 

@@ -9,6 +9,8 @@ model, and a scripted policy whose choice probabilities, hence exact values, are
   becomes one token per run: a first prompt of ~100 tokens instead of ~750, and a turn of 6 tokens instead of 48, so
   a tiny model can learn the format and long episodes stay cheap on a CPU.
 - :func:`build_agent_model`: a tiny random Llama for that tokenizer (EOS ``<|im_end|>``, room for long episodes).
+- :func:`scripted_episode_ids`: one whole scripted episode as token ids, rendered with TRL's training chat template, and the
+  mask of the model's own turns (the supervised warm-ups' demonstrations).
 - :class:`ScriptedAgentSampler`: a :class:`~mcadvantage.samplers.Sampler` that plays the rest of one assistant turn
   per request: it reads the episode's progress from the prefix (:func:`testbed.agent_env.read_progress`), draws a
   choice from a :class:`~testbed.agent_env.TurnPolicy` and writes the tool call as the template does (or ``done``
@@ -37,6 +39,7 @@ __all__ = [
     "ScriptedAgentSampler",
     "build_agent_model",
     "build_agent_tokenizer",
+    "scripted_episode_ids",
     "tool_call_text",
 ]
 
@@ -275,3 +278,44 @@ class ScriptedAgentSampler:
         generation in a TRL run, e.g. behind ``GRPOTrainer._generate_single_turn``."""
         requests = [RolloutRequest(prefix_ids=tuple(ids), n=1, max_tokens=max_tokens) for ids in prompt_ids]
         return [list(conts[0].token_ids) for conts in self.sample(requests)]
+
+
+def scripted_episode_ids(
+    tokenizer: Any, row: dict[str, Any], choices: Sequence[int], chat_template_kwargs: dict[str, Any]
+) -> tuple[list[int], list[int]]:
+    """One whole episode as token ids, rendered with TRL's training chat template (prefix-preserving, so its turns
+    are the tokens TRL's tool loop joins), and a mask that is 1 on the model's own turns (to the end-of-turn token)
+    and 0 on the prompt and the tool results."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    template = get_training_chat_template(tokenizer) or tokenizer.chat_template
+    env = AgentEnv()
+    observation = env.reset(**row)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": row["prompt"][0]["content"] + observation}]
+
+    def render(msgs: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+        return tokenizer.apply_chat_template(
+            msgs,
+            tools=[env.act],
+            chat_template=template,
+            add_generation_prompt=generation_prompt,
+            tokenize=True,
+            return_dict=False,
+            **chat_template_kwargs,
+        )
+
+    turns: list[dict[str, Any]] = []
+    for choice in choices:
+        call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"choice": int(choice)}}}
+        turns.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        turns.append({"role": "tool", "name": TOOL_NAME, "content": env.act(int(choice))})
+    turns.append({"role": "assistant", "content": FINAL_TEXT})
+    ids = render(messages + turns, False)
+    mask = [0] * len(ids)
+    for k, message in enumerate(turns):
+        if message["role"] != "assistant":
+            continue
+        start = len(render(messages + turns[:k], True))
+        end = start + ids[start:].index(tokenizer.eos_token_id) + 1  # the turn, through its end-of-turn token
+        mask[start:end] = [1] * (end - start)
+    return ids, mask

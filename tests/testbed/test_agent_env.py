@@ -47,6 +47,8 @@ TASKS = [
     AgentTask("recovery", horizon=2, key=1, choices=2),
     AgentTask("recovery", horizon=4, key=0, choices=3, decisive_turn=1),
     AgentTask("recovery", horizon=5, key=2, choices=3, decisive_turn=0, repair_turn=2),
+    AgentTask("chain", horizon=2, key=1, choices=2),
+    AgentTask("chain", horizon=5, key=2, choices=3, decisive_turn=2),
 ]
 
 
@@ -254,6 +256,8 @@ def test_only_act_is_a_tool_under_trl_conventions():
         (dict(structure="recovery", horizon=1, key=0), "repair_turn=None"),
         (dict(structure="recovery", horizon=4, key=0, decisive_turn=2, repair_turn=1), "repair_turn=1"),
         (dict(structure="delayed", horizon=2.0, key=0), "horizon=2.0"),
+        (dict(structure="chain", horizon=3, key=0, repair_turn=2), "repair_turn=2"),
+        (dict(structure="chain", horizon=3, key=0, decisive_turn=3), "decisive_turn=3"),
     ],
 )
 def test_bad_task_parameters_are_refused_by_name(kwargs, match):
@@ -308,3 +312,16 @@ def test_credit_report_scores_exact_outcome_and_misplaced_credit():
     assert report.exact[2] == 0.0 and report.irrelevant_share == pytest.approx(0.75)
     with pytest.raises(ValueError, match="turn_credits has 2 entries"):
         credit_report(task, policy, right, [0.1, 0.2])
+
+
+def test_chain_has_several_decisive_turns_and_succeeds_with_p_to_their_number():
+    """chain: every turn from decisive_turn on must pick the key (p ** m for m such turns); earlier turns change
+    nothing, and a mistake is never mended."""
+    p = 0.6
+    task = AgentTask("chain", horizon=8, key=3, decisive_turn=5)
+    assert task.relevant_turns() == (5, 6, 7)
+    assert success_probability(task, KeyPolicy(p)) == pytest.approx(p**3)
+    assert replay_states(task, [0, 0, 0, 0, 0, 3, 3, 3]) == [GOOD] * 9
+    assert replay_states(task, [3, 3, 3, 3, 3, 3, 0, 3])[-1] == BAD
+    advantages = exact_advantages(task, KeyPolicy(p), [0, 1, 2, 0, 1, 3, 3, 3])
+    assert advantages[:5] == [0.0] * 5 and all(a > 0 for a in advantages[5:])

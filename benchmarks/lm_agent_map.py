@@ -1,0 +1,682 @@
+"""Where turn credit pays for a language model: every arm trained through ``VinePPOTrainer`` on a multi-turn tool
+environment, at equal sampled model tokens, each with its learning rate and batch tuned on held-out seeds.
+
+    python benchmarks/lm_agent_map.py --phase tune          # the tuning runs (resumable), then
+    python benchmarks/lm_agent_map.py --phase eval          # the evaluation runs of every arm's chosen config
+    python benchmarks/lm_agent_map.py --phase all           # both, in that order (what the background run does)
+    python benchmarks/lm_agent_map.py --report              # the summary from the records there, nothing run
+
+The protocol (docs/lm-agent-map-protocol.md) was committed before any run. In brief: the start is
+:mod:`testbed.lm_agent`'s warm-up (a tiny tool-calling Llama, success about 0.1-0.3), the environment the agent
+testbed's ``chain`` task through ``environment_factory=AgentEnv``; every run spends at most the setting's budget of
+sampled model tokens (its episodes' model tokens, Monte Carlo continuations' model tokens included; tool results are
+not sampled; the oracle's continuations are not charged), and is evaluated on a fixed held-out set of episodes at
+half and the whole of its budget (one run gives the three budget fractions: the learning rate is
+constant). Each arm chooses its (learning rate, prompts per step) from :data:`GRID` by the mean full-budget success
+of :data:`TUNING_SEEDS`, then runs :data:`EVAL_SEEDS` (the oracle is not tuned: it runs at tuned GRPO's point).
+
+Records: one JSON file per run under ``benchmarks/results/lm_agent_map_runs/<setting>/<phase>/`` (written when the
+run finishes; a run whose file exists is skipped, an interrupted one restarts from its start), each naming the
+commit, library versions, CPU and threads; the summary ``benchmarks/results/lm_agent_map.json`` has one record per
+(setting, budget fraction, arm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at the repository's root
+    sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results"
+RUNS = RESULTS / "lm_agent_map_runs"
+SUMMARY = RESULTS / "lm_agent_map.json"
+WARMUP_DIR = RESULTS / "lm_agent_map_warmup"
+
+#: Budget fractions evaluated inside each run.
+FRACTIONS = (0.5, 1.0)
+#: The tuning grid, the same for every arm: learning rates x prompts per step (each prompt gets GENERATIONS episodes).
+GRID_LRS = (1e-3, 3e-3)
+GRID_PROMPTS = (2, 4)
+GRID: tuple[tuple[float, int], ...] = tuple((lr, p) for lr in GRID_LRS for p in GRID_PROMPTS)
+GENERATIONS = 4
+TUNING_SEEDS = (1000, 1001)
+EVAL_SEEDS = tuple(range(12))
+#: Held-out evaluation episodes per checkpoint (one per row of ``testbed.lm_agent.eval_rows``) and their seed (fixed:
+#: every run and the start are evaluated on the same rows with the same random stream).
+EVAL_EPISODES = 192
+EVAL_SEED = 7
+#: A run "collapsed" when it ends below its start by more than two SEs of a difference of two such evaluations.
+COLLAPSE_SES = 2.0
+#: "gae": steps that train the critic alone (charged: they sample episodes) and the critic's learning rate.
+CRITIC_WARMUP_STEPS = 4
+CRITIC_LR = 3e-3
+#: FrozenLake's budget of sampled model tokens (sized in the protocol's FrozenLake amendment).
+FROZENLAKE_BUDGET = 10_000
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One cell of the map: an environment at a horizon (for FrozenLake: its episode limit, the most moves), and its
+    budget of sampled model tokens."""
+
+    name: str
+    env: str
+    horizon: int
+    budget_tokens: int
+
+
+#: The settings, run in this order (docs/lm-agent-map-protocol.md; FrozenLake by its amendment of 2026-11-29).
+SETTINGS: dict[str, Setting] = {
+    "chain_H2": Setting("chain_H2", "agent_chain", 2, 9_000),
+    "chain_H8": Setting("chain_H8", "agent_chain", 8, 12_000),
+    "frozenlake_4x4": Setting("frozenlake_4x4", "frozenlake", 8, FROZENLAKE_BUDGET),
+}
+#: The FrozenLake start (testbed.lm_frozenlake's warm-up).
+FROZENLAKE_WARMUP_DIR = WARMUP_DIR / "frozenlake"
+
+
+@dataclass(frozen=True)
+class EnvParts:
+    """What a run needs of its setting's environment: the ``environment_factory`` class, the training and held-out
+    rows, the episode's token budget, and how an episode's accepted tool calls are counted."""
+
+    factory: Any
+    train_rows: list[dict[str, Any]]
+    eval_rows: list[dict[str, Any]]
+    max_completion_length: int
+    calls: Callable[[Any], int] | None = None
+
+
+def environment_parts(setting: Setting, eval_episodes: int | None = None) -> EnvParts:
+    """The environment side of ``setting`` (``agent_chain``: the agent testbed's ``chain`` task; ``frozenlake``:
+    FrozenLake-v1 4x4 through ``mcadvantage.envs.gymnasium_environment``), with ``eval_episodes`` held-out rows
+    (default :data:`EVAL_EPISODES`)."""
+    eval_episodes = EVAL_EPISODES if eval_episodes is None else eval_episodes
+    if setting.env == "agent_chain":
+        from testbed.agent_env import AgentEnv
+        from testbed.lm_agent import TRAIN_ROW_SEED, eval_rows, max_completion_length_for, task_rows
+
+        return EnvParts(
+            AgentEnv,
+            task_rows(setting.horizon, 512, TRAIN_ROW_SEED),
+            eval_rows(setting.horizon, eval_episodes),
+            max_completion_length_for(setting.horizon),
+        )
+    if setting.env == "frozenlake":
+        import testbed.lm_frozenlake as fl
+
+        return EnvParts(
+            fl.frozenlake_environment(),
+            fl.frozenlake_rows(512, fl.TRAIN_ROW_SEED),
+            fl.frozenlake_rows(eval_episodes, fl.EVAL_ROW_SEED),
+            fl.max_completion_length(),
+            fl._moves,
+        )
+    raise ValueError(f"setting {setting.name}: unknown env {setting.env!r} (agent_chain or frozenlake).")
+
+
+def load_start(setting: Setting, warmup_dir: Path | None = None) -> tuple[Any, Any]:
+    """The setting's start (tokenizer, model): the chain warm-up, or the FrozenLake one."""
+    if setting.env == "frozenlake":
+        from testbed.lm_frozenlake import load_frozenlake_warmup
+
+        tokenizer, model, _ = load_frozenlake_warmup(warmup_dir or FROZENLAKE_WARMUP_DIR)
+    else:
+        from testbed.lm_agent import load_warmup
+
+        tokenizer, model, _ = load_warmup(warmup_dir or WARMUP_DIR)
+    return tokenizer, model
+
+
+@dataclass(frozen=True)
+class Arm:
+    """An arm: its ``VinePPOConfig`` settings, whether its Monte Carlo continuations are charged, and whether it is
+    tuned on the grid (the oracle is not: it runs at tuned GRPO's full-budget choice, a reference)."""
+
+    name: str
+    config: dict[str, Any]
+    charge_mc: bool = True
+    tuned: bool = True
+    settings: tuple[str, ...] | None = None  # None: every setting; else only these (the oracle: H = 2 only)
+    available: Callable[[], str | None] = field(default=lambda: None)  # None, or why the arm cannot run yet
+
+
+def _anchor_available() -> str | None:
+    from mcadvantage.estimators import available_advantage_estimators
+
+    if "anchor" in available_advantage_estimators():
+        return None
+    return "the 'anchor' estimator is not registered yet (issue 49); merge main once its USABLE commit lands"
+
+
+ARMS: dict[str, Arm] = {
+    "grpo": Arm("grpo", {"advantage_estimator": "grpo"}),
+    "vineppo_k1": Arm("vineppo_k1", {"advantage_estimator": "vineppo", "num_mc_rollouts": 1}),
+    "gae_warm": Arm(
+        "gae_warm",
+        {
+            "advantage_estimator": "gae",
+            "critic_warmup_steps": CRITIC_WARMUP_STEPS,
+            "critic_learning_rate": CRITIC_LR,
+            "gae_gamma": 1.0,
+            "gae_lambda": 1.0,
+        },
+    ),
+    "oracle_k16": Arm(
+        "oracle_k16",
+        {"advantage_estimator": "vineppo", "num_mc_rollouts": 16},
+        charge_mc=False,
+        tuned=False,
+        settings=("chain_H2",),
+    ),
+    "anchor": Arm("anchor", {"advantage_estimator": "anchor"}, available=_anchor_available),
+    "anchor_pooled": Arm(
+        "anchor_pooled",
+        {"advantage_estimator": "anchor", "anchor_credit": "pooled"},
+        available=_anchor_available,
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Run identity and records
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: a setting, an arm, a grid point and a seed, in the tuning or the evaluation phase."""
+
+    setting: str
+    arm: str
+    lr: float
+    prompts: int
+    seed: int
+    phase: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}_lr{self.lr:g}_p{self.prompts}_s{self.seed}"
+
+    def path(self, root: Path = RUNS) -> Path:
+        return root / self.setting / self.phase / f"{self.name}.json"
+
+
+def tuning_specs(setting: str, arms: Sequence[str]) -> list[RunSpec]:
+    """Every tuning run of ``setting``: each arm x grid point x tuning seed."""
+    return [
+        RunSpec(setting, arm, lr, prompts, seed, "tune")
+        for arm in arms
+        if ARMS[arm].tuned
+        for lr, prompts in GRID
+        for seed in TUNING_SEEDS
+    ]
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A finished run's record, or None when the run has not finished (no file, or a file cut short)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Write atomically (a temporary file renamed), so a killed run leaves no half record that reads as done."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def choose(records: Sequence[dict[str, Any]], fraction: float) -> tuple[float, int]:
+    """The grid point with the highest mean success at ``fraction`` over the tuning seeds; ties go to the smaller
+    learning rate, then the fewer prompts. Every grid point must have all its tuning seeds.
+
+    Raises:
+        ValueError: when a grid point lacks a tuning seed (tune first).
+    """
+    by_point: dict[tuple[float, int], list[float]] = {}
+    for rec in records:
+        by_point.setdefault((rec["lr"], rec["prompts"]), []).append(checkpoint(rec, fraction)["success"])
+    missing = [p for p in GRID if len(by_point.get(p, [])) < len(TUNING_SEEDS)]
+    if missing:
+        raise ValueError(
+            f"tuning is incomplete: grid points {missing} lack some of the {len(TUNING_SEEDS)} tuning seeds; run "
+            "--phase tune first."
+        )
+    return max(GRID, key=lambda p: (statistics.fmean(by_point[p]), -p[0], -p[1]))
+
+
+def checkpoint(record: dict[str, Any], fraction: float) -> dict[str, Any]:
+    """A run record's evaluation at budget ``fraction``."""
+    for point in record["checkpoints"]:
+        if math.isclose(point["fraction"], fraction):
+            return point
+    raise ValueError(f"the record {record.get('run')} has no checkpoint at fraction {fraction}.")
+
+
+def eval_specs(setting: str, arms: Sequence[str], root: Path = RUNS) -> list[RunSpec]:
+    """Every evaluation run of ``setting``: for each arm, the grid points chosen at some fraction, x the evaluation
+    seeds (one run serves every fraction that chose its point). Needs the arm's tuning records."""
+    specs = []
+    for arm in sorted(arms, key=lambda a: not ARMS[a].tuned):  # the untuned oracle last: the slowest runs
+        if not runs_in(arm, setting):
+            continue
+        points = chosen_points(setting, arm, root)
+        specs += [
+            RunSpec(setting, arm, lr, p, seed, "eval")
+            for lr, p in dict.fromkeys(points.values())
+            for seed in EVAL_SEEDS
+        ]
+    return specs
+
+
+def runs_in(arm: str, setting: str) -> bool:
+    """Whether the protocol runs ``arm`` in ``setting`` (the oracle only at H = 2: its steps at H = 8 cost minutes)."""
+    allowed = ARMS[arm].settings
+    return allowed is None or setting in allowed
+
+
+def chosen_points(setting: str, arm: str, root: Path = RUNS) -> dict[float, tuple[float, int]]:
+    """The (learning rate, prompts per step) every fraction of ``arm`` is evaluated at: the arm's own choice at the
+    full budget (so 12 evaluation runs per arm serve both fractions), or, for an untuned arm (the oracle), tuned
+    GRPO's.
+
+    Raises:
+        ValueError: when the tuning runs it needs are not all there.
+    """
+    source = arm if ARMS[arm].tuned else "grpo"
+    records = [read_record(spec.path(root)) for spec in tuning_specs(setting, [source])]
+    if any(r is None for r in records):
+        raise ValueError(f"{setting}/{source}: tuning is incomplete; run --phase tune first.")
+    point = choose(records, FRACTIONS[-1])
+    return {f: point for f in FRACTIONS}
+
+
+def collapsed(start: float, final: float, n: int = EVAL_EPISODES) -> bool:
+    """Whether ``final`` lies more than :data:`COLLAPSE_SES` SEs of a difference below ``start`` (binomial SE of the
+    start's rate, on ``n`` episodes each)."""
+    se = math.sqrt(2 * max(start * (1 - start), 1.0 / n) / n)
+    return final < start - COLLAPSE_SES * se
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------------------------
+def run_config(setting: Setting, arm: Arm, spec: RunSpec, output_dir: str) -> Any:
+    """The run's ``VinePPOConfig``: one generation batch per optimizer step, a constant learning rate (so the model
+    at half the budget is the model a half-budget run ends with), temperature 1."""
+    from mcadvantage import VinePPOConfig
+
+    return VinePPOConfig(
+        output_dir=output_dir,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        per_device_train_batch_size=spec.prompts * GENERATIONS,
+        num_generations=GENERATIONS,
+        gradient_accumulation_steps=1,
+        learning_rate=spec.lr,
+        lr_scheduler_type="constant",
+        max_steps=100_000,  # the budget stops the run
+        temperature=1.0,
+        max_completion_length=environment_parts(setting, 1).max_completion_length,
+        max_tool_calling_iterations=setting.horizon + 1,
+        seed=spec.seed,
+        **arm.config,
+    )
+
+
+def run_one(
+    spec: RunSpec, *, warmup_dir: Path | None = None, start_success: float | None = None
+) -> dict[str, Any]:
+    """Train one run to its budget, evaluating at every fraction; returns its record (not written)."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from mcadvantage import VinePPOTrainer
+
+    setting, arm = SETTINGS[spec.setting], ARMS[spec.arm]
+    why = arm.available()
+    if why is not None:
+        raise RuntimeError(f"arm {spec.arm} cannot run: {why}")
+    torch.manual_seed(spec.seed)
+    tokenizer, model = load_start(setting, warmup_dir)
+    parts = environment_parts(setting)
+    rows = parts.eval_rows
+    ledger = Ledger(setting.budget_tokens, charge_mc=arm.charge_mc)
+
+    class Trainer(VinePPOTrainer):
+        def compute_advantages(self, batch: Any) -> torch.Tensor:
+            advantages = super().compute_advantages(batch)
+            if batch.mode == "train":
+                own = int((batch.completion_mask * batch.tool_mask).sum().item())
+                mc = float((self.last_advantage_result.metrics or {}).get("generated_tokens", 0.0))
+                ledger.add_batch(own, int(mc))
+            return advantages
+
+    class Checkpoints(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            for fraction in ledger.due(state.global_step):
+                success = _success(trainer, rows, parts)
+                ledger.record(fraction, state.global_step, success)
+            if ledger.finished:
+                control.should_training_stop = True
+            return control
+
+    with tempfile.TemporaryDirectory(prefix="lm_agent_map_") as tmp:
+        trainer = Trainer(
+            model=model,
+            reward_funcs=None,
+            args=run_config(setting, arm, spec, tmp),
+            train_dataset=Dataset.from_list(parts.train_rows),
+            processing_class=tokenizer,
+            environment_factory=parts.factory,
+            callbacks=[Checkpoints()],
+        )
+        start = start_success if start_success is not None else _success(trainer, rows, parts)
+        ledger.start_success = start
+        started = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - started
+    return ledger.as_record(spec, setting, seconds)
+
+
+def _success(trainer: Any, rows: Sequence[dict[str, Any]], parts: EnvParts) -> float:
+    from testbed.lm_agent import play_episodes
+
+    played = play_episodes(trainer, rows, seed=EVAL_SEED, environment=parts.factory, calls=parts.calls)
+    return sum(p.reward for p in played) / len(played)
+
+
+class Ledger:
+    """A run's sampled model tokens and its checkpoints at the budget fractions.
+
+    After step ``n`` with ``spent`` tokens so far, fraction ``f`` is due when the next step, predicted to cost the
+    mean step so far, would pass ``f x budget``; the model after step ``n`` is then evaluated for ``f``. When the
+    first step alone passes ``f x budget``, the run could not afford a step within ``f``: that fraction's checkpoint
+    is the start (``steps`` 0, marked ``affordable`` False), never a loss of the arm.
+    """
+
+    def __init__(self, budget: int, *, charge_mc: bool) -> None:
+        self.budget = budget
+        self.charge_mc = charge_mc
+        self.own: list[int] = []
+        self.mc: list[int] = []
+        self.points: list[dict[str, Any]] = []
+        self.start_success: float | None = None
+
+    def add_batch(self, own: int, mc: int) -> None:
+        self.own.append(own)
+        self.mc.append(mc)
+
+    @property
+    def spent(self) -> int:
+        return sum(self.own) + (sum(self.mc) if self.charge_mc else 0)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.points) == len(FRACTIONS)
+
+    def due(self, step: int) -> list[float]:
+        """The fractions whose checkpoint is the model after ``step`` (see the class docstring); the unaffordable
+        ones are recorded here as the start."""
+        if step == 0 or not self.own:
+            return []
+        done = {p["fraction"] for p in self.points}
+        steps = len(self.own)
+        cost = self.spent / steps
+        due = []
+        for fraction in FRACTIONS:
+            if fraction in done:
+                continue
+            limit = fraction * self.budget
+            if steps == 1 and self.spent > limit:
+                self.points.append(
+                    {
+                        "fraction": fraction,
+                        "steps": 0,
+                        "tokens": 0,
+                        "success": self.start_success,
+                        "affordable": False,
+                    }
+                )
+            elif self.spent + cost > limit:
+                due.append(fraction)
+        return due
+
+    def record(self, fraction: float, step: int, success: float) -> None:
+        self.points.append(
+            {
+                "fraction": fraction,
+                "steps": step,
+                "tokens": self.spent,
+                "success": success,
+                "affordable": True,
+            }
+        )
+
+    def as_record(self, spec: RunSpec, setting: Setting, seconds: float) -> dict[str, Any]:
+        points = sorted(self.points, key=lambda p: p["fraction"])
+        return {
+            "run": spec.name,
+            "setting": spec.setting,
+            "phase": spec.phase,
+            "arm": spec.arm,
+            "lr": spec.lr,
+            "prompts": spec.prompts,
+            "episodes_per_step": spec.prompts * GENERATIONS,
+            "seed": spec.seed,
+            "env": setting.env,
+            "horizon": setting.horizon,
+            "budget_tokens": setting.budget_tokens,
+            "start_success": self.start_success,
+            "checkpoints": points,
+            "steps": len(self.own),
+            "own_tokens": sum(self.own),
+            "mc_tokens": sum(self.mc),
+            "mc_charged": self.charge_mc,
+            "sampled_tokens": self.spent,
+            "collapsed": collapsed(self.start_success, points[-1]["success"]) if points else None,
+            "train_seconds": seconds,
+        }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Provenance, the driver, the summary
+# --------------------------------------------------------------------------------------------------------------
+def provenance() -> dict[str, Any]:
+    """Commit (and whether the tree had changes), library versions, CPU and threads."""
+    import trl
+
+    from benchmarks._machine import machine_info
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return machine_info(
+        commit=git("rev-parse", "HEAD"),
+        dirty=bool(git("status", "--porcelain", "--untracked-files=no")),
+        trl=trl.__version__,
+        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+    )
+
+
+def start_success(setting: Setting, warmup_dir: Path | None = None) -> float:
+    """The start's success on the held-out set (the same for every run of the setting), cached in the runs' folder."""
+    path = RUNS / setting.name / "start.json"
+    cached = read_record(path)
+    if cached is not None:
+        return cached["success"]
+    from testbed.lm_agent import make_tool_trainer
+
+    tokenizer, model = load_start(setting, warmup_dir)
+    parts = environment_parts(setting)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = make_tool_trainer(
+            model,
+            tokenizer,
+            setting.horizon,
+            tmp,
+            environment=parts.factory,
+            rows=parts.train_rows[:2],
+            max_completion_length=parts.max_completion_length,
+        )
+        success = _success(trainer, parts.eval_rows, parts)
+    write_record(
+        path, {"setting": setting.name, "success": success, "episodes": EVAL_EPISODES, "seed": EVAL_SEED}
+    )
+    return success
+
+
+def run_all(
+    specs: Sequence[RunSpec], *, root: Path = RUNS, runner: Callable[..., dict[str, Any]] = run_one
+) -> int:
+    """Run every spec whose record is missing (in order), writing each record as it finishes; returns how many ran."""
+    from tqdm.auto import tqdm
+
+    todo = [s for s in specs if read_record(s.path(root)) is None]
+    print(f"{len(specs) - len(todo)} of {len(specs)} runs already done; {len(todo)} to run", flush=True)
+    meta = provenance() if todo else {}
+    with tqdm(todo, desc="lm agent map", unit="run", mininterval=5) as bar:
+        for spec in bar:
+            bar.set_postfix_str(f"{spec.setting}/{spec.phase}/{spec.name}")
+            started = time.perf_counter()
+            record = runner(spec, start_success=start_success(SETTINGS[spec.setting]))
+            record["wall_seconds"] = time.perf_counter() - started
+            record["machine"] = meta
+            write_record(spec.path(root), record)
+    return len(todo)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--phase", choices=("tune", "eval", "all"), default="all")
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=sorted(SETTINGS))
+    parser.add_argument("--arms", nargs="+", default=None, help="default: every arm available now")
+    parser.add_argument(
+        "--report", action="store_true", help="write the summary from the records; run nothing"
+    )
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    arms = args.arms or [name for name, arm in ARMS.items() if arm.available() is None]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {list(ARMS)}")
+    if not args.report:
+        if args.phase in ("tune", "all"):
+            run_all([s for setting in args.settings for s in tuning_specs(setting, arms)])
+        if args.phase in ("eval", "all"):
+            run_all([s for setting in args.settings for s in eval_specs(setting, arms)])
+    summary = summarize(args.settings, list(ARMS))
+    write_record(SUMMARY, summary)
+    print(f"wrote {SUMMARY} ({len(summary['records'])} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+def summarize(settings: Sequence[str], arms: Sequence[str], root: Path = RUNS) -> dict[str, Any]:
+    """The summary: one record per (setting, budget fraction, arm) whose evaluation runs are all there, with the
+    paired difference to tuned GRPO (same evaluation seeds) and Holm's adjustment over each setting's comparisons
+    (every arm but GRPO at every fraction, the protocol's family)."""
+    from mcadvantage.evaluation.stats import holm_adjust, paired_t_test
+
+    out: list[dict[str, Any]] = []
+    for name in settings:
+        setting = SETTINGS[name]
+        rows = []
+        for arm in arms:
+            if not runs_in(arm, name):
+                continue
+            try:
+                chosen = chosen_points(name, arm, root)
+            except ValueError:  # not tuned yet
+                continue
+            for fraction in FRACTIONS:
+                lr, prompts = chosen[fraction]
+                runs = [
+                    read_record(RunSpec(name, arm, lr, prompts, seed, "eval").path(root))
+                    for seed in EVAL_SEEDS
+                ]
+                if any(r is None for r in runs):
+                    continue
+                points = [checkpoint(r, fraction) for r in runs]
+                success = [p["success"] for p in points]
+                rows.append(
+                    {
+                        "setting": name,
+                        "env": setting.env,
+                        "horizon": setting.horizon,
+                        "arm": arm,
+                        "budget_fraction": fraction,
+                        "budget_tokens": fraction * setting.budget_tokens,
+                        "chosen": {"lr": lr, "prompts": prompts, "episodes_per_step": prompts * GENERATIONS},
+                        "tuning_seeds": list(TUNING_SEEDS),
+                        "tuned_on": arm if ARMS[arm].tuned else "grpo",
+                        "seeds": list(EVAL_SEEDS),
+                        "success": success,
+                        "mean_success": statistics.fmean(success),
+                        "start_success": runs[0]["start_success"],
+                        "sampled_tokens": [p["tokens"] for p in points],
+                        "steps": [p["steps"] for p in points],
+                        "affordable": all(p["affordable"] for p in points),
+                        "collapsed": [
+                            collapsed(r["start_success"], p["success"])
+                            for r, p in zip(runs, points, strict=True)
+                        ],
+                        "collapse_rate": statistics.fmean(
+                            collapsed(r["start_success"], p["success"])
+                            for r, p in zip(runs, points, strict=True)
+                        ),
+                        "mc_charged": ARMS[arm].charge_mc,
+                    }
+                )
+        _compare_with_grpo(rows, paired_t_test, holm_adjust)
+        out += rows
+    return {
+        "protocol": "docs/lm-agent-map-protocol.md",
+        "command": "python benchmarks/lm_agent_map.py --phase all",
+        "settings": {n: vars(SETTINGS[n]) for n in settings},
+        "grid": [{"lr": lr, "prompts": p} for lr, p in GRID],
+        "eval_episodes": EVAL_EPISODES,
+        "records": out,
+    }
+
+
+def _compare_with_grpo(rows: list[dict[str, Any]], paired_t_test: Any, holm_adjust: Any) -> None:
+    """Add ``vs_grpo`` (paired difference to tuned GRPO at the same fraction: mean, 95% interval, p, Holm p) to every
+    non-GRPO row of one setting that has a GRPO row at its fraction."""
+    grpo = {r["budget_fraction"]: r for r in rows if r["arm"] == "grpo"}
+    compared = [r for r in rows if r["arm"] != "grpo" and r["budget_fraction"] in grpo]
+    for row in compared:
+        base = grpo[row["budget_fraction"]]["success"]
+        test = paired_t_test([a - b for a, b in zip(row["success"], base, strict=True)])
+        row["vs_grpo"] = {"mean": test["mean"], "ci95": test["ci95"], "p": test["p"], "n": test["n"]}
+    adjusted = holm_adjust([r["vs_grpo"]["p"] for r in compared])
+    for row, p in zip(compared, adjusted, strict=True):
+        row["vs_grpo"]["p_holm"] = p

@@ -301,8 +301,7 @@ def play_episodes(
     ``AgentEnv``) and ``calls(env)`` counts an episode's accepted tool calls (default ``env.turn``)."""
     import torch
 
-    from mcadvantage.mc.episodes import ToolLoop, continue_episodes
-    from mcadvantage.mc.turn_credit import sampler_generate
+    from mcadvantage.samplers.episodes import ToolLoop, continue_episodes, sampler_generate
     from mcadvantage.samplers.hf import TransformersSampler
 
     model = trainer.model

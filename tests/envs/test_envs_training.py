@@ -18,6 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 gym = pytest.importorskip("gymnasium")
 
+from _helpers import TINY_CPU_SETTINGS  # noqa: E402
+
 from mcadvantage.envs import environment_dataset, gymnasium_environment  # noqa: E402
 from mcadvantage.samplers.base import Continuation  # noqa: E402
 from mcadvantage.testing import IM_END, build_tiny_llama, build_tool_calling_tokenizer  # noqa: E402
@@ -26,20 +28,13 @@ MOVES = ("left", "down", "right", "up")
 FrozenLake = gymnasium_environment("FrozenLake-v1", env_kwargs={"is_slippery": True})
 PROMPT = "Reach G. Board:\n"  # short: the character tokenizer spends a token per character
 
-SETTINGS = dict(
-    report_to="none",
-    use_cpu=True,
-    bf16=False,
-    gradient_checkpointing=False,
-    per_device_train_batch_size=4,
+SETTINGS = TINY_CPU_SETTINGS | dict(
     num_generations=2,
     max_completion_length=160,
     max_tool_calling_iterations=4,
     max_steps=2,
     learning_rate=0.05,
     logging_steps=1,
-    save_strategy="no",
-    seed=0,
     disable_tqdm=True,
 )
 

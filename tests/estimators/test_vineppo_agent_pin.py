@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import TINY_CPU_SETTINGS  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -68,19 +69,12 @@ def run_pinned(output_dir: str) -> dict[str, Any]:
     policy = KeyPolicy(0.5)
     episodes = ScriptedAgentSampler(policy, tok, seed=2)
     args = VinePPOConfig(
+        **TINY_CPU_SETTINGS,
         output_dir=output_dir,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=4,
-        num_generations=4,
         max_completion_length=128,
         max_steps=2,
         learning_rate=0.05,
         logging_steps=1,
-        save_strategy="no",
-        seed=0,
         disable_tqdm=True,
         advantage_estimator="vineppo",
         num_mc_rollouts=4,

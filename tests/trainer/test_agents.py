@@ -21,6 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _helpers import TINY_CPU_SETTINGS  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 from mcadvantage.testing import IM_END, build_tiny_llama, build_tool_calling_tokenizer  # noqa: E402
@@ -29,19 +30,12 @@ IM_END_ID = build_tool_calling_tokenizer().convert_tokens_to_ids(IM_END)
 
 #: Settings shared by both trainers: everything a tiny CPU run needs, nothing that differs between GRPOConfig and
 #: VinePPOConfig defaults.
-SETTINGS = dict(
-    report_to="none",
-    use_cpu=True,
-    bf16=False,
-    gradient_checkpointing=False,
-    per_device_train_batch_size=4,
+SETTINGS = TINY_CPU_SETTINGS | dict(
     num_generations=2,
     max_completion_length=160,
     max_steps=2,
     learning_rate=0.05,
     logging_steps=1,
-    save_strategy="no",
-    seed=0,
     disable_tqdm=True,
     # The model's own samples stay short (a random model rarely ends a turn): EOS is favoured by a fixed logit
     # bias, the same sampling for both trainers. The token id is the tool tokenizer's <|im_end|>.

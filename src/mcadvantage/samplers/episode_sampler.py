@@ -80,7 +80,7 @@ class EpisodeSampler:
     def __init__(self, engine: Sampler, agent: AgentEpisodes) -> None:
         self.engine = engine
         self.agent = agent
-        self._generate = sampler_generate(engine)
+        self._engine_generate = sampler_generate(engine)
         self._row = {id(episode): i for i, episode in enumerate(agent.episodes)}
         # Continuations of one state often write the same turn in the same context and get the same tool results;
         # parsing a turn and rendering the results cost far more than the rest of a continuation, and both are pure:
@@ -126,7 +126,7 @@ class EpisodeSampler:
         """Rebuild each job's environment at its state and run the tool loop for all of them."""
         agent = self.agent
         loop = ToolLoop(
-            generate=self._generate,
+            generate=self._engine_generate,
             parse=self._parser(name),
             tool_suffix_ids=self._suffix,
             max_completion_length=0,  # every continuation has its own limit

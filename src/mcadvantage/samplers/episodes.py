@@ -256,7 +256,7 @@ def _start(prompt_ids, prefixes, prefix_tool_masks, environments, limits, loop) 
     return states
 
 
-def _step(state: _Resuming, tokens: Sequence[int], budget: int, loop: ToolLoop) -> bool:
+def _advance_turn(state: _Resuming, tokens: Sequence[int], budget: int, loop: ToolLoop) -> bool:
     """Append one turn's tokens, parse it and run its tool calls; whether the continuation goes on."""
     out = state.out
     tokens = list(tokens)[: max(budget, 0)]
@@ -326,7 +326,7 @@ def continue_episodes(
         active = [
             i
             for i, tokens, budget in zip(active, new_tokens, budgets, strict=True)
-            if _step(states[i], tokens, budget, loop)
+            if _advance_turn(states[i], tokens, budget, loop)
         ]
     return [state.out for state in states]
 

@@ -230,7 +230,8 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(dists, tmp_path):
             "--disable-pip-version-check",
             "-q",
             str(dists["wheel"]),
-        ]
+        ],
+        env=_user_environment(venv),  # a PYTHONPATH at src/ would make pip think it is installed already
     )
     out = _run(
         [

@@ -460,36 +460,19 @@ class GRPOTrainerHooks(GRPOTrainer):
         - ``rollout_func=``: its extra field ``turn_keys`` (one list per completion; a missing field raises).
         - ``tools=`` alone (no environment object): the tool results before each turn (the observation).
         """
-        from mcadvantage.estimators.anchor import (
-            ROLLOUT_KEYS_FIELD,
-            observation_keys,
-            recorded_turn_keys,
-            turn_spans,
-        )
+        from mcadvantage.trainer.state_keys import batch_turn_keys
 
         if not self.records_state_keys() or batch.tool_mask is None:
             return None
-        masks = batch.tool_mask.cpu().tolist()
         if self.rollout_func is not None:
-            missing = [i for i, row in enumerate(batch.rows) if ROLLOUT_KEYS_FIELD not in row]
-            if missing:
-                raise ValueError(
-                    f"advantage_estimator='anchor' with anchor_state='state_key': rollout_func returned no "
-                    f"{ROLLOUT_KEYS_FIELD!r} field (local rows {missing[:5]}). Return, beside prompt_ids / "
-                    f"completion_ids / logprobs, {ROLLOUT_KEYS_FIELD!r}: one list per completion holding the "
-                    "environment's state key (any hashable) before each model turn (each run of env_mask 1); or set "
-                    "anchor_state='observation' to key turns by the environment's tokens before them."
-                )
-            return [list(row[ROLLOUT_KEYS_FIELD]) for row in batch.rows]
-        if (
+            source = "rollout_func"
+        elif (
             self.environment_factories is None
         ):  # tools= alone: no environment object, the key is the observation
-            return [
-                observation_keys(batch.prompt_ids[r], ids, masks[r])
-                for r, ids in enumerate(batch.completion_ids)
-            ]
-        counts = [len(turn_spans(masks[r], len(ids))) for r, ids in enumerate(batch.completion_ids)]
-        return recorded_turn_keys(self._mcadvantage_state_log or [], counts)
+            source = "observation"
+        else:
+            source = "recorded"
+        return batch_turn_keys(batch, source, self._mcadvantage_state_log)
 
     # -- agents: what Monte Carlo turn credit needs from GRPO's tool loop (mcadvantage.mc.episodes) ------------
 

@@ -30,7 +30,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,27 +205,36 @@ def save_warmup(model: Any, output_dir: str | Path, meta: dict[str, Any]) -> Non
     (out / "warmup.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
-def load_warmup(output_dir: str | Path) -> tuple[Any, Any, dict[str, Any]]:
-    """The saved warm-up: the tokenizer, the model (rebuilt with the recorded sizes, weights loaded) and its
-    ``warmup.json``.
+def load_saved_policy(
+    output_dir: str | Path, build: Callable[[dict[str, Any]], tuple[Any, Any]], command: str
+) -> tuple[Any, Any, dict[str, Any]]:
+    """A saved warm-up: the tokenizer and model ``build(recorded config)`` makes, with the weights of ``model.pt``
+    loaded (eval mode), and its ``warmup.json``.
 
     Raises:
-        FileNotFoundError: when ``output_dir`` holds no warm-up, naming the command that trains one.
+        FileNotFoundError: when ``output_dir`` holds no warm-up, naming ``command``, which trains one.
     """
     import torch
 
     out = Path(output_dir)
     if not (out / "model.pt").exists() or not (out / "warmup.json").exists():
         raise FileNotFoundError(
-            f"{out} holds no warm-up (model.pt and warmup.json); train it with "
-            f"python -m testbed.lm_agent --output_dir {out}"
+            f"{out} holds no warm-up (model.pt and warmup.json); train it with {command} --output_dir {out}"
         )
     meta = json.loads((out / "warmup.json").read_text(encoding="utf-8"))
-    recipe = {**meta["config"], "horizons": tuple(meta["config"]["horizons"])}
-    tokenizer, model = build_policy(WarmupConfig(**recipe))
+    tokenizer, model = build(meta["config"])
     model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
     model.eval()
     return tokenizer, model, meta
+
+
+def load_warmup(output_dir: str | Path) -> tuple[Any, Any, dict[str, Any]]:
+    """The saved chain warm-up (:func:`load_saved_policy`, rebuilt with the recorded sizes)."""
+    return load_saved_policy(
+        output_dir,
+        lambda config: build_policy(WarmupConfig(**{**config, "horizons": tuple(config["horizons"])})),
+        "python -m testbed.lm_agent",
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import json
 import math
 import random
 import re
@@ -296,24 +295,12 @@ def train_frozenlake_warmup(
 
 
 def load_frozenlake_warmup(output_dir: str | Path) -> tuple[Any, Any, dict[str, Any]]:
-    """The saved FrozenLake warm-up: tokenizer, model (weights loaded, eval mode) and ``warmup.json``.
+    """The saved FrozenLake warm-up (:func:`testbed.lm_agent.load_saved_policy`)."""
+    from testbed.lm_agent import load_saved_policy
 
-    Raises:
-        FileNotFoundError: when ``output_dir`` holds no warm-up, naming the command that trains one.
-    """
-    import torch
-
-    out = Path(output_dir)
-    if not (out / "model.pt").exists() or not (out / "warmup.json").exists():
-        raise FileNotFoundError(
-            f"{out} holds no FrozenLake warm-up (model.pt and warmup.json); train it with "
-            f"python -m testbed.lm_frozenlake --output_dir {out}"
-        )
-    meta = json.loads((out / "warmup.json").read_text(encoding="utf-8"))
-    tokenizer, model = build_model(FrozenLakeWarmup(**meta["config"]))
-    model.load_state_dict(torch.load(out / "model.pt", weights_only=True))
-    model.eval()
-    return tokenizer, model, meta
+    return load_saved_policy(
+        output_dir, lambda config: build_model(FrozenLakeWarmup(**config)), "python -m testbed.lm_frozenlake"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -496,13 +496,7 @@ def test_example_trains_one_step_and_evaluates(tmp_path, tiny_model_dir, name, l
     ]  # fmt: skip
     if name == "math":
         command += ["--pass_at_1_before_training", "true"]
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-    )
+    env = dict(os.environ, **OFFLINE_ONE_THREAD)
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, f"{name} example failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
@@ -753,6 +747,12 @@ def test_agent_example_refuses_an_estimator_that_does_not_take_agent_episodes(
     assert not (tmp_path / "out" / "trainer_state.json").exists()
 
 
+#: What an example's subprocess run in these tests sets: one thread, no tokenizer workers, nothing downloaded.
+OFFLINE_ONE_THREAD = dict(
+    OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"
+)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_agent_example_quick_run_trains_the_environment(tmp_path):
@@ -760,13 +760,7 @@ def test_agent_example_quick_run_trains_the_environment(tmp_path):
     TRL's tool loop runs the environment's ``act`` during the RL steps, the environment's reward is logged, and the
     trained model is saved with finite weights."""
     out = tmp_path / "out"
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-    )
+    env = dict(os.environ, **OFFLINE_ONE_THREAD)
     command = [sys.executable, str(EXAMPLES / "agent.py"), "--quick", "--output_dir", str(out)]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, f"agent example failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -818,13 +812,7 @@ def test_agent_example_quick_run_trains_with_anchor_credit(tmp_path):
     """``python examples/agent.py --estimator anchor --quick``: the anchor credit reads ``AgentEnv.state_key`` during
     TRL's tool loop and trains; its ``anchor/*`` metrics are logged at every step."""
     out = tmp_path / "out"
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-    )
+    env = dict(os.environ, **OFFLINE_ONE_THREAD)
     command = [
         sys.executable,
         str(EXAMPLES / "agent.py"),

@@ -231,6 +231,8 @@ def _value_errors(
                 values = estimate.values[j]
                 assert len(values) == len(boundaries) and values[-1] == reward
                 for k, value in enumerate(values[:-1]):
+                    if math.isnan(value):  # a state before the first one the budget bought: not estimated
+                        continue
                     true = task.oracle.value(batch.prompt_ids[row] + ids[: boundaries[k]])
                     error += value - true
                     covariance += (value - true) * (reward - true)
@@ -261,3 +263,20 @@ def test_monte_carlo_values_are_unbiased_and_blind_to_the_own_outcome_on_the_exa
     pooled.monte_carlo.settings = pooled.settings.replace(reuse_samples=True)
     pooled_errors, pooled_covariances = _value_errors(task, pooled, 150)
     assert _z(pooled_errors) < -5 and _z(pooled_covariances) > 5, (_z(pooled_errors), _z(pooled_covariances))
+
+
+def test_the_budget_buys_the_latest_states_a_response_can_afford():
+    """Per state, not per response (issue 52 item 3): states at 0, 4 and 8 of a 10-token response cost
+    K x (10 + 6 + 2) = 36 whole at K = 2; 16 buys the last two states (K x (6 + 2)), 4 the last, 3 nothing."""
+    from mcadvantage.estimators.hybrid import affordable_first_state, predicted_rollout_tokens
+
+    bounds = [0, 4, 8, 10]
+    assert predicted_rollout_tokens(bounds, 2) == 36 and predicted_rollout_tokens(bounds, 2, 1) == 16
+    assert [affordable_first_state(bounds, 2, left) for left in (36, 35, 16, 15, 4, 3)] == [
+        0,
+        1,
+        1,
+        2,
+        2,
+        None,
+    ]

@@ -7,6 +7,7 @@ degenerate groups it chooses)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 
 import pytest
@@ -317,10 +318,11 @@ def test_hybrid_gives_the_chosen_episodes_of_degenerate_groups_vineppos_turn_cre
     assert result.metrics["responses_estimated"] == 2 and result.metrics["generated_tokens"] > 0
 
 
-def test_hybrid_predicts_an_episodes_cost_from_its_turn_states():
+def test_hybrid_predicts_an_episodes_cost_from_its_turn_states_and_buys_what_it_can():
     """An episode of one tool round (7 tokens, the model's second turn starting at 5) has two states: K x (7 + 2)
     predicted tokens, not the K x 7 of one state a single-turn reading would give. A budget of 30 tokens (K = 2)
-    takes one of the two episodes (18 + 18 > 30), where a single-turn prediction would take both (14 + 14)."""
+    takes the first episode offered whole (18), and of the second only its last state (K x 2 = 4: 18 + 18 > 30);
+    the steps before that state get no credit and its first state is not estimated (NaN)."""
     episodes = [recorded(1), recorded(1), recorded(2), recorded(1)]
     batch, context = _batch_and_context(episodes, group_size=2)
     tokens = sum(len(e.completion_ids) for e in episodes)
@@ -328,22 +330,29 @@ def test_hybrid_predicts_an_episodes_cost_from_its_turn_states():
         budget=30 / tokens, scale_rewards="none", num_rollouts=2, step_segmenter=_one_step
     )
     result = hybrid.estimate(batch, context)
-    assert len(hybrid.last_rows) == 1 and result.metrics["predicted_tokens"] == 2 * (7 + 2)
-    credit = hybrid.monte_carlo.last_turn_credit[0]
-    assert credit.boundaries == [0, 5, 7] and credit.rollouts == 2 * 2
+    assert len(hybrid.last_rows) == 2
+    assert result.metrics["predicted_tokens"] == 2 * (7 + 2) + 2 * 2 and result.metrics["states_skipped"] == 1
+    credits = hybrid.monte_carlo.last_turn_credit
+    assert all(c.boundaries == [0, 5, 7] for c in credits)
+    whole, end = sorted(credits, key=lambda c: math.isnan(c.values[0]))
+    assert whole.rollouts == 2 * 2 and not math.isnan(whole.values[0])
+    assert end.rollouts == 2 and math.isnan(end.values[0]) and end.advantages[:5] == [0.0] * 5
+    assert any(end.advantages[5:])  # its last turn is credited: R - V(S_1)
 
 
 def test_hybrid_needs_the_episodes_and_refuses_what_turn_credit_does_not_support():
     batch, context = _batch_and_context([recorded(1), recorded(1)], episodes=None)
     with pytest.raises(
-        ValueError, match=r"HybridEstimator: the batch has a tool_mask .* context.episodes is None"
+        ValueError,
+        match=r"VinePPOEstimator: the batch has a tool_mask .* context.episodes is None, and the sampler",
     ):
         HybridEstimator(budget=10.0, step_segmenter=_one_step).estimate(batch, context)
     check_agent_kwargs(
         {"tools": [print], "environment_factory": Counter}, HybridEstimator(), 64
     )  # defaults pass
     with pytest.raises(
-        NotImplementedError, match=r"advantage_estimator='hybrid' does not support rollout_func="
+        NotImplementedError,
+        match=r"advantage_estimator='hybrid' needs continuation_func= next to rollout_func=",
     ):
         check_agent_kwargs({"rollout_func": print}, HybridEstimator(), 64)
     check_agent_kwargs({"environment_factory": Counter}, HybridEstimator(max_estimated_steps=2), 64)

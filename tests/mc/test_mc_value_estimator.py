@@ -234,6 +234,28 @@ def test_values_and_advantages_exact_with_deterministic_policy(tok):
     assert math.fsum(out.step_advantages[0]) == out.values[0][-1] - out.values[0][0]
 
 
+def test_first_state_estimates_only_the_later_states_and_zeroes_the_steps_before(tok):
+    """``Trajectory.first_state`` (what the hybrid's budget buys): no continuation from the states before it, their
+    values NaN, their steps' tokens 0; the later states exactly as without it."""
+    import dataclasses
+
+    def p(prefix):
+        return 1.0 if tok.decode(prefix).endswith(("+", ":")) else 0.0
+
+    t = traj(tok, "Q:", ["a+", "b-", "Y"], 1.0)
+    sampler = make_sampler(tok, success_prob=p)
+    est = MCValueEstimator(sampler, OutcomeReward("Y"), tok, num_rollouts=4, max_completion_length=10)
+    out = est.estimate([dataclasses.replace(t, first_state=2)])
+    assert [r.prefix_ids for r in sampler.calls[0]] == [tuple(ids(tok, "Q:a+b-"))]
+    assert math.isnan(out.values[0][0]) and math.isnan(out.values[0][1]) and out.values[0][2:] == [0.0, 1.0]
+    assert out.step_advantages == [[0.0, 0.0, 1.0]]
+    assert out.token_advantages[0].tolist() == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    with pytest.raises(
+        ValueError, match=r"trajectories\[0\].first_state=3 is not a state of the response: it has 3"
+    ):
+        est.estimate([dataclasses.replace(t, first_state=3)])
+
+
 def test_max_estimated_steps_merges_the_tail_into_one_step(tok):
     sampler = make_sampler(tok)
     t = traj(tok, "Q2:", ["4\n", "6\n", "8\n", "Y"], 1.0)  # 4 steps, boundaries [0,2,4,6,8]

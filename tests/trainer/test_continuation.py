@@ -66,9 +66,10 @@ def _value(prefix_len: int) -> float:
     return prefix_len % 3 + 0.5
 
 
-def _trainer(tmp_path, estimator="vineppo", **kwargs):
+def _trainer(tmp_path, estimator="vineppo", config=None, **kwargs):
     from mcadvantage import VinePPOTrainer
 
+    monte_carlo = estimator in ("vineppo", "hybrid")
     args = tiny_config(
         tmp_path,
         advantage_estimator=estimator,
@@ -78,7 +79,8 @@ def _trainer(tmp_path, estimator="vineppo", **kwargs):
         max_steps=2,
         logging_steps=1,
         disable_tqdm=True,
-        **({"num_mc_rollouts": K, "step_segmenter": "newline"} if estimator == "vineppo" else {}),
+        **({"num_mc_rollouts": K, "step_segmenter": "newline"} if monte_carlo else {}),
+        **(config or {}),
     )
     data = Dataset.from_dict({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]})
     return VinePPOTrainer(
@@ -126,6 +128,46 @@ def test_vineppo_trains_rollout_func_episodes_through_the_continuation_func(tmp_
     batch, advantages = seen[0]
     assert not advantages[(batch.completion_mask.bool() & ~batch.tool_mask.bool())].any()
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+@pytest.mark.parametrize(
+    "budget,first_state",
+    [
+        (4.8, 0),
+        (0.6, 2),
+    ],  # the whole episode of both rows (2 x 48 predicted tokens of 20), or the last 2 states
+)
+def test_hybrid_credits_rollout_func_episodes_state_by_state_within_its_budget(tmp_path, budget, first_state):
+    """Issue 52 item 3: ``"hybrid"`` takes ``rollout_func=`` + ``continuation_func=``, and its budget buys states,
+    not whole responses. Every group is degenerate (the same episode, reward 0), so every row is offered the budget.
+    One row costs ``K x (10 + 8 + 4 + 2) = 48`` predicted tokens; the batch samples 20. At budget 0.6 (12 tokens)
+    a row's last two states fit (``K x (4 + 2)``): only its tokens from position 6 on get credit, the others 0."""
+    continuation = ScriptedContinuation()
+    trainer = _trainer(
+        tmp_path,
+        "hybrid",
+        config={"hybrid_budget": budget},
+        rollout_func=scripted_rollout,
+        continuation_func=continuation,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    bounds = [0, 2, 6, 8]
+    full = [_value(2) - _value(0)] * 2 + [_value(6) - _value(2)] + [0.0] * 3 + [_value(8) - _value(6)] * 2
+    full += [0.0 - _value(8)] * 2
+    start = bounds[first_state]
+    want = [0.0] * start + full[start:]
+    hybrid = trainer.advantage_estimator
+    advantages = trainer.last_advantage_result.advantages[:, : len(COMPLETION)].tolist()
+    estimated = 2 if first_state == 0 else 1  # at 0.6 the second row finds nothing left
+    assert len(hybrid.last_rows) == estimated
+    for r in range(2):
+        assert advantages[r] == (want if r in hybrid.last_rows else [0.0] * len(COMPLETION))
+    prefixes = {len(req.completion_ids) for req in continuation.calls[-1]}
+    assert prefixes == set(bounds[first_state:])  # no continuation from a state it did not buy
+    metrics = trainer.last_advantage_result.metrics
+    assert metrics["states_skipped"] == first_state * estimated
+    assert metrics["predicted_tokens"] == estimated * K * sum(10 - b for b in bounds[first_state:])
 
 
 def _batch():
@@ -246,13 +288,14 @@ def test_continuations_are_truncated_without_eos_and_carry_their_fields():
     "estimator,kwargs,error,message",
     [
         ("vineppo", {"rollout_func": scripted_rollout}, NotImplementedError, r"'vineppo' needs continuation_func="),
-        ("hybrid", {"rollout_func": scripted_rollout}, NotImplementedError, r"'vineppo' with continuation_func="),
+        ("hybrid", {"rollout_func": scripted_rollout}, NotImplementedError, r"'hybrid' needs continuation_func="),
         ("vineppo", {"continuation_func": ScriptedContinuation()}, ValueError, r"continuation_func= is given without "
          r"rollout_func=.*Drop continuation_func"),
         ("grpo", {"rollout_func": scripted_rollout, "continuation_func": ScriptedContinuation()}, ValueError,
          r"advantage_estimator='grpo', which samples no continuations.*drop continuation_func"),
-        ("hybrid", {"rollout_func": scripted_rollout, "continuation_func": ScriptedContinuation()}, ValueError,
-         r"advantage_estimator='hybrid', which does not take a rollout_func.*'vineppo'"),
+        ("tree", {"rollout_func": scripted_rollout, "continuation_func": ScriptedContinuation(),
+                  "config": {"tree_branching": [2]}}, ValueError,
+         r"advantage_estimator='tree', which samples no continuations.*'vineppo' or 'hybrid'"),
         ("vineppo", {"rollout_func": scripted_rollout, "continuation_func": ScriptedContinuation(), "tools": [len]},
          ValueError, r"continuation_func= is given with tools=.*Drop continuation_func"),
         ("vineppo", {"rollout_func": scripted_rollout, "continuation_func": "g"}, TypeError,

@@ -6,13 +6,19 @@ group-relative advantage is zero and those responses train nothing, although the
 estimator gives every response GRPO's advantage, exactly as :class:`~mcadvantage.estimators.GRPOEstimator`
 computes it, and spends a per-batch budget of extra sampled tokens on Monte Carlo step credit (VinePPO's
 ``V(S_i) - V(S_{i-1})``, :class:`~mcadvantage.estimators.VinePPOEstimator`) for responses of degenerate groups,
-one response at a time in a seeded random order, as long as the predicted rollout tokens fit the budget.
+one response at a time in a seeded random order, buying each response's states from its end while the predicted
+rollout tokens fit the budget.
 
 - **Budget**: ``budget`` is a fraction of the batch's sampled response tokens (``hybrid_budget``: 0.1 = at most
   about 10% more sampled tokens than GRPO), masked responses included: they were sampled too. The prediction is
   ``K x (response length - state position)`` summed over the states the credit estimates (after the step budget:
   ``mc_min_step_tokens``, ``mc_max_estimated_steps``); the measured rollout tokens are
   logged (``hybrid/generated_tokens``). At budget 0 nothing is sampled and the advantages are GRPO's, exactly.
+- **Per state**: a response the budget cannot afford whole gets its latest states that fit (the cheapest: their
+  continuations are the shortest; :func:`affordable_first_state`), so on long episodes the budget is spent instead
+  of skipping every response. Its steps before the first bought state keep GRPO's advantage (0 in a degenerate
+  group) and those states are not estimated (``hybrid/states_skipped`` counts them); the bought states' credit is
+  ``"vineppo"``'s. Which states are bought depends on lengths and the order only, never on outcomes.
 - **Masked responses** (a zero ``completion_mask`` row, e.g. TRL's ``mask_truncated_completions``): the seeded
   order and the budget are decided as if nothing were masked, and a masked response that is chosen keeps its share
   of the budget but is not estimated (it trains nothing). So masking responses, often chosen by their outcome,
@@ -37,9 +43,9 @@ one response at a time in a seeded random order, as long as the predicted rollou
   turn boundaries and at the segmenter's steps inside the model's turns, continuations that resume the episode
   through its tool calls on replayed environments). The prediction counts ``K x (episode length - state position)``
   over those states, tool-result tokens included (as ``generated_tokens`` counts them), and so does the budget's
-  base. Tool-result tokens get advantage 0 and no whitening weight. The Monte Carlo settings turn credit does not
-  honour, and ``rollout_func=`` (whose episodes cannot be resumed from a prefix), are refused when the trainer is
-  built (:meth:`HybridEstimator.check_agent_support`).
+  base. Tool-result tokens get advantage 0 and no whitening weight. ``rollout_func=`` takes a
+  ``continuation_func=`` beside it, as under ``"vineppo"`` (its ``env_mask`` places the states; your function
+  continues them); without one it is refused when the trainer is built (:meth:`HybridEstimator.check_agent_support`).
 - **Processes**: each process selects among the degenerate groups of its own rows, with its own budget. With a vLLM
   server (only the main process samples) a process that chose nothing still takes part in the main process'
   collective sampling call, with no rows.
@@ -69,14 +75,13 @@ from mcadvantage.estimators.vineppo import (
     VinePPOEstimator,
     check_turn_credit_support,
 )
-from mcadvantage.mc.episodes import episode_step_boundaries
 from mcadvantage.mc.planning import estimated_boundaries
-from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
+from mcadvantage.tasks.segmentation import get_segmenter
 
 # random.Random's state format (CPython's Mersenne Twister: 624 words and a position)
 _RNG_STATE_VERSION = 3
 
-__all__ = ["HybridEstimator", "degenerate_groups", "predicted_rollout_tokens"]
+__all__ = ["HybridEstimator", "affordable_first_state", "degenerate_groups", "predicted_rollout_tokens"]
 
 
 def degenerate_groups(rewards: torch.Tensor, group_size: int) -> list[int]:
@@ -102,11 +107,21 @@ def _pooling(settings: dict[str, Any]) -> list[str]:
 _DEFAULT_SETTINGS = MCSettings(num_rollouts=4)
 
 
-def predicted_rollout_tokens(boundaries: list[int], num_rollouts: int) -> int:
+def predicted_rollout_tokens(boundaries: list[int], num_rollouts: int, first_state: int = 0) -> int:
     """Rollout tokens Monte Carlo credit is expected to cost for one response cut at ``boundaries``: ``K`` rollouts
-    from every state, each as long as what is left of the response."""
+    from every state from ``first_state`` on, each as long as what is left of the response."""
     length = boundaries[-1]
-    return num_rollouts * sum(length - b for b in boundaries[:-1])
+    return num_rollouts * sum(length - b for b in boundaries[first_state:-1])
+
+
+def affordable_first_state(boundaries: list[int], num_rollouts: int, tokens_left: float) -> int | None:
+    """The earliest state from which a response's states (to its end) fit ``tokens_left`` predicted rollout tokens
+    (:func:`predicted_rollout_tokens`), or None when not even its last state fits. The latest states are the
+    cheapest (their continuations are the shortest), so a budget too small for the whole response buys its end."""
+    for first in range(len(boundaries) - 1):
+        if predicted_rollout_tokens(boundaries, num_rollouts, first) <= tokens_left:
+            return first
+    return None
 
 
 @register_advantage_estimator("hybrid")
@@ -231,9 +246,9 @@ class HybridEstimator(AdvantageEstimator):
         VinePPOEstimator.validate_config(config)
 
     def check_agent_support(self, given: Sequence[str]) -> None:
-        """Tool and environment episodes get Monte Carlo credit per turn, as under ``"vineppo"``; refuse
-        ``rollout_func=`` (its episodes cannot be resumed from a prefix) and the Monte Carlo settings turn credit
-        does not honour, with ``"vineppo"``'s messages (:func:`~mcadvantage.estimators.vineppo.check_turn_credit_support`)."""
+        """Tool and environment episodes get Monte Carlo credit per turn, as under ``"vineppo"``; a ``rollout_func=``
+        needs a ``continuation_func=`` beside it (the trainer then leaves it out of ``given``), with ``"vineppo"``'s
+        messages (:func:`~mcadvantage.estimators.vineppo.check_turn_credit_support`)."""
         check_turn_credit_support(self.settings, given, self.name or type(self).__name__)
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
@@ -249,8 +264,8 @@ class HybridEstimator(AdvantageEstimator):
         degenerate = degenerate_groups(all_rewards, batch.group_size)
         metrics["degenerate_groups"] = float(len(degenerate))
         rows = self._candidate_rows(batch, degenerate) if allowed > 0 else []
-        chosen_rows, spent = self._choose(batch, context, rows, allowed) if rows else ([], 0)
-        if not chosen_rows:  # no Monte Carlo credit this batch: nothing of an earlier batch's stays readable
+        chosen, spent = self._choose(batch, context, rows, allowed) if rows else ({}, 0)
+        if not chosen:  # no Monte Carlo credit this batch: nothing of an earlier batch's stays readable
             mc = self.monte_carlo
             mc.last_estimate, mc.last_rows, mc.last_turn_credit = None, [], []
             self._take_part_in_server_sampling(batch, context)
@@ -260,9 +275,11 @@ class HybridEstimator(AdvantageEstimator):
                 metrics=metrics,
                 metric_reductions=reductions,
             )
-        self.last_rows = sorted(chosen_rows)
+        self.last_rows = sorted(chosen)
         mc = self.monte_carlo.estimate(
-            _sub_batch(batch, self.last_rows), _sub_context(context, self.last_rows)
+            _sub_batch(batch, self.last_rows),
+            _sub_context(context, self.last_rows),
+            first_states=[chosen[r] for r in self.last_rows],
         )
         scale = 1.0
         if self.grpo.scale_rewards != "none":
@@ -277,11 +294,12 @@ class HybridEstimator(AdvantageEstimator):
         start = batch.local_slice.indices(all_rewards.shape[0])[0]
         metrics.update(
             generated_tokens=float(mc.metrics.get("generated_tokens", 0.0)),
-            groups_estimated=float(len({(start + r) // batch.group_size for r in chosen_rows})),
-            responses_estimated=float(len(chosen_rows)),
+            groups_estimated=float(len({(start + r) // batch.group_size for r in chosen})),
+            responses_estimated=float(len(chosen)),
+            states_skipped=float(sum(chosen.values())),
             predicted_tokens=float(spent),
         )
-        reductions.update(predicted_tokens="sum", responses_estimated="sum")
+        reductions.update(predicted_tokens="sum", responses_estimated="sum", states_skipped="sum")
         return AdvantageResult(
             advantages=advantages,
             token_mask=result.token_mask,
@@ -305,22 +323,27 @@ class HybridEstimator(AdvantageEstimator):
 
     def _choose(
         self, batch: AdvantageBatch, context: EstimatorContext, rows: list[int], allowed: float
-    ) -> tuple[list[int], int]:
-        """Each row taken while its predicted cost fits the budget: ``(chosen rows, their predicted tokens)``. The
-        order and the budget ignore the mask; a chosen masked response keeps its share but is not estimated, so
-        which responses are masked changes no other response's credit."""
-        segmenter = self.monte_carlo.segmenter or get_segmenter(context.segmenter)
-        state_boundaries = self._state_boundaries(batch, context, segmenter)
-        chosen_rows: list[int] = []
+    ) -> tuple[dict[int, int], int]:
+        """The budget offered state by state: each row in turn gets the longest run of its last states whose
+        predicted cost fits what is left (:func:`affordable_first_state`; all of them when the whole response
+        fits). Returns ``({row: its first estimated state}, their predicted tokens)``. The order and the budget
+        ignore the mask; a chosen masked response keeps its share but is not estimated, so which responses are
+        masked changes no other response's credit."""
+        state_boundaries = self._state_boundaries(batch, context)
+        k = self.settings.num_rollouts
+        chosen: dict[int, int] = {}
         reserved = spent = 0
         for r in rows:
-            cost = predicted_rollout_tokens(state_boundaries(r), self.settings.num_rollouts)
-            if reserved + cost <= allowed:
-                reserved += cost
-                if int(batch.completion_mask[r].sum()) > 0:
-                    chosen_rows.append(r)
-                    spent += cost
-        return chosen_rows, spent
+            bounds = state_boundaries(r)
+            first = affordable_first_state(bounds, k, allowed - reserved)
+            if first is None:
+                continue
+            cost = predicted_rollout_tokens(bounds, k, first)
+            reserved += cost
+            if int(batch.completion_mask[r].sum()) > 0:
+                chosen[r] = first
+                spent += cost
+        return chosen, spent
 
     def _take_part_in_server_sampling(self, batch: AdvantageBatch, context: EstimatorContext) -> None:
         """With a vLLM server and several processes only the main process samples, in one collective call per batch
@@ -330,45 +353,20 @@ class HybridEstimator(AdvantageEstimator):
             self.monte_carlo.estimate(_sub_batch(batch, []), _sub_context(context, []))
 
     def _state_boundaries(
-        self, batch: AdvantageBatch, context: EstimatorContext, segmenter: Any
+        self, batch: AdvantageBatch, context: EstimatorContext
     ) -> Callable[[int], list[int]]:
-        """``row -> boundaries`` of the states the credit of local row ``row`` will estimate (what its predicted
-        cost counts): for a single-turn response, the segmenter's steps after the step budget; for an agent
-        episode (``batch.tool_mask`` set), every state turn credit estimates (turn boundaries and the segmenter's
-        steps inside the model's turns, :func:`~mcadvantage.mc.episodes.episode_step_boundaries`)."""
-        if batch.tool_mask is None:
+        """``row -> boundaries`` of the states the credit of local row ``row`` estimates (what its predicted cost
+        counts), cut exactly as :class:`~mcadvantage.estimators.VinePPOEstimator` cuts it: the segmenter's steps
+        (after the step budget) of a single-turn response; for an episode with a ``tool_mask`` (``tools=``,
+        ``environment_factory=``, or a ``rollout_func``'s ``env_mask``), turn boundaries and the segmenter's steps
+        inside the model's turns."""
+        segmenter = self.monte_carlo.segmenter or get_segmenter(context.segmenter)
 
-            def single_turn(r: int) -> list[int]:
-                boundaries = segment_completion(segmenter, context.tokenizer, list(batch.completion_ids[r]))
-                return estimated_boundaries(boundaries, self.settings)
+        def boundaries(r: int) -> list[int]:
+            traj = VinePPOEstimator.response_trajectory(batch, r, segmenter, context, 0.0)
+            return estimated_boundaries(traj.step_boundaries, self.settings)
 
-            return single_turn
-        agent = context.episodes
-        if agent is None:
-            raise ValueError(
-                "HybridEstimator: the batch has a tool_mask (multi-turn episodes) but context.episodes is None, so "
-                "its episodes cannot be continued through their tool calls. VinePPOTrainer builds it for tools= and "
-                "environment_factory= (not for rollout_func=); elsewhere pass EstimatorContext(episodes="
-                "mcadvantage.samplers.episodes.AgentEpisodes(...)), or use advantage_estimator='grpo'."
-            )
-        if len(agent.episodes) != len(batch.completion_ids):
-            raise ValueError(
-                f"HybridEstimator: context.episodes holds {len(agent.episodes)} episodes for a batch of "
-                f"{len(batch.completion_ids)} responses; build one episode per local batch row, in batch order."
-            )
-
-        def episode_states(r: int) -> list[int]:
-            ids = agent.episodes[r].completion_ids
-
-            def inside(start: int, end: int) -> list[int]:
-                turn = segment_completion(segmenter, context.tokenizer, ids[start:end])
-                return [start + b for b in turn[1:-1]]
-
-            return estimated_boundaries(
-                episode_step_boundaries(agent.episodes[r].tool_mask, inside), self.settings
-            )
-
-        return episode_states
+        return boundaries
 
 
 def _sub_context(context: EstimatorContext, rows: list[int]) -> EstimatorContext:

@@ -78,19 +78,13 @@ def check_turn_credit_support(settings: MCSettings, given: Sequence[str], estima
     a prefix only by a ``continuation_func``, which the trainer then drops from ``given``). Every Monte Carlo
     setting works on agent episodes. ``estimator`` is the name the messages give (``advantage_estimator=...``)."""
     if "rollout_func" in given:
-        how = (
-            "needs continuation_func= next to rollout_func=: a Monte Carlo continuation resumes your rollout from a "
-            "prefix of its completion, which only your code can do. Pass VinePPOTrainer(..., rollout_func=f, "
-            "continuation_func=g), g(requests, trainer) returning the tokens after each request's prefix "
-            "(mcadvantage.trainer.continuation; docs/howto/turn-credit-for-agents.md)"
-            if estimator == "vineppo"
-            else "does not support rollout_func=: its Monte Carlo credit would have to resume your rollout from a "
-            "prefix, which only your code can do. Use advantage_estimator='vineppo' with continuation_func= "
-            "(docs/howto/turn-credit-for-agents.md)"
-        )
         raise NotImplementedError(
-            f"advantage_estimator={estimator!r} {how}, or use advantage_estimator='grpo', 'rloo' or 'gae' (they "
-            "train rollout_func episodes exactly as trl.GRPOTrainer does)."
+            f"advantage_estimator={estimator!r} needs continuation_func= next to rollout_func=: a Monte Carlo "
+            "continuation resumes your rollout from a prefix of its completion, which only your code can do. Pass "
+            "VinePPOTrainer(..., rollout_func=f, continuation_func=g), g(requests, trainer) returning the tokens "
+            "after each request's prefix (mcadvantage.trainer.continuation; docs/howto/turn-credit-for-agents.md), "
+            "or use advantage_estimator='grpo', 'rloo' or 'gae' (they train rollout_func episodes exactly as "
+            "trl.GRPOTrainer does)."
         )
 
 
@@ -183,8 +177,17 @@ class VinePPOEstimator(AdvantageEstimator):
 
     # -- the seam ---------------------------------------------------------------------------------------------
 
-    def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
-        """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""
+    def estimate(
+        self,
+        batch: AdvantageBatch,
+        context: EstimatorContext,
+        first_states: Sequence[int] | None = None,
+    ) -> AdvantageResult:
+        """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`).
+
+        ``first_states`` (per local row, optional): estimate each response's states from this one on
+        (:attr:`~mcadvantage.mc.estimator.Trajectory.first_state`: the earlier steps get advantage 0); a caller with a
+        token budget (``"hybrid"``) passes it. None: every state."""
         agent = self._agent_episodes(batch, context)
         # A tool mask: multi-turn episodes, continued by an EpisodeSampler (agent) or by the user's continuation_func
         # (the sampler must say it continues episodes, checked in _run). States sit only at the model's tokens, and
@@ -197,6 +200,9 @@ class VinePPOEstimator(AdvantageEstimator):
                 "sampler) cannot do that. Pass the continuation_func's sampler on every process."
             )
         trajectories, extras, rows = self._trajectories(batch, context, agent)
+        if first_states is not None:
+            for traj, i in zip(trajectories, rows, strict=True):
+                traj.first_state = int(first_states[i])
         estimate = self._run(
             trajectories, extras, context, agent=agent, continues_episodes=env_mask is not None
         )
@@ -267,7 +273,7 @@ class VinePPOEstimator(AdvantageEstimator):
                 # pools the responses too, so it needs them as well.
                 if ids and self.settings.pools_free_samples:
                     kept = reward if math.isfinite(reward) else 0.0
-                    extras.append(self._trajectory(batch, i, None, context, kept, episode))
+                    extras.append(self.response_trajectory(batch, i, None, context, kept, episode))
                 continue
             # Iterable datasets are not checked before training. An agent episode is not: its continuations never
             # pass its budget, which the engine already took for the episode itself.
@@ -279,7 +285,7 @@ class VinePPOEstimator(AdvantageEstimator):
                     where=f"local batch row {i}",
                     room_name=room_name,
                 )
-            trajectories.append(self._trajectory(batch, i, segmenter, context, reward, episode))
+            trajectories.append(self.response_trajectory(batch, i, segmenter, context, reward, episode))
             rows.append(i)
         return trajectories, extras, rows
 
@@ -305,7 +311,7 @@ class VinePPOEstimator(AdvantageEstimator):
         ]
 
     @staticmethod
-    def _trajectory(
+    def response_trajectory(
         batch: AdvantageBatch,
         i: int,
         segmenter: Any,
@@ -426,7 +432,7 @@ class VinePPOEstimator(AdvantageEstimator):
     def _summarize(
         estimate: MCEstimate, advantages: torch.Tensor, token_mask: torch.Tensor
     ) -> dict[str, float]:
-        state_values = [v for values in estimate.values for v in values[:-1]]
+        state_values = [v for values in estimate.values for v in values[:-1] if not math.isnan(v)]
         steps = sum(len(values) - 1 for values in estimate.values)
         tokens = float(token_mask.sum())
         metrics = {

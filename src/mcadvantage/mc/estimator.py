@@ -153,10 +153,11 @@ def credit(
 ) -> tuple[list[list[float]], list[list[float]], list[torch.Tensor]]:
     """The algorithm, once the states have values: per trajectory ``[V(S_0), ..., V(S_{n-1}), R]``, the step
     advantages ``A_i = V(S_i) - V(S_{i-1})`` (with ``zero_after_cap``, the merged tail of a capped response gets
-    0, as in the official code) and every token of step ``i`` carrying ``A_i``.
+    0, as in the official code; the steps before a trajectory's ``first_state`` get 0 and those states' values are
+    NaN) and every token of step ``i`` carrying ``A_i``.
 
     Args:
-        state_values: per trajectory, the values of its estimated states ``S_0..S_{m-1}``.
+        state_values: per trajectory, the values of its estimated states ``S_first..S_{m-1}``.
     Returns:
         ``(values, step advantages, token advantages)`` per trajectory.
     """
@@ -164,8 +165,10 @@ def credit(
     step_advs: list[list[float]] = []
     token_advs: list[torch.Tensor] = []
     for t, traj in enumerate(trajectories):
-        v = list(state_values[t]) + [float(traj.reward)]
+        first = plan.first_state[t] if plan.first_state else 0
+        v = [math.nan] * first + list(state_values[t]) + [float(traj.reward)]  # unestimated states: NaN
         a = step_advantages(v)
+        a[:first] = [0.0] * first  # the steps before the first estimated state get no credit
         if plan.capped[t] and zero_after_cap:
             a[-1] = 0.0  # the merged tail (steps m..n) gets no credit, as in the official code
         values.append(v)

@@ -81,6 +81,8 @@ class StatePlan:
             boundaries used for the advantages.
         capped: per trajectory, whether ``max_estimated_steps`` cut its steps (what ``steps_after_cap="zero"``
             zeroes).
+        first_state: per trajectory, its first estimated state (:attr:`Trajectory.first_state`; ``state_index``
+            lists the states from it on).
         parent: per unique state, the unique state before it in the trajectory of its first occurrence (None
             for a prompt state).
     """
@@ -90,6 +92,7 @@ class StatePlan:
     boundaries: list[list[int]]
     capped: list[bool] = field(default_factory=list)
     parent: list[int | None] = field(default_factory=list)
+    first_state: list[int] = field(default_factory=list)
 
     @property
     def num_states(self) -> int:
@@ -121,6 +124,7 @@ def plan_states(
     state_index: list[list[int]] = []
     all_boundaries: list[list[int]] = []
     capped: list[bool] = []
+    firsts: list[int] = []
     for t, traj in enumerate(trajectories):
         merged = merge_short_steps(traj.step_boundaries, settings.min_step_tokens)
         b = _apply_cap(merged, settings)
@@ -129,7 +133,8 @@ def plan_states(
         prompt_key = tuple(traj.prompt_ids)
         gkey = grading_key(traj)
         idx: list[int] = []
-        for prefix_len in b[:-1]:  # S_0 .. S_{n-1}: the terminal state is never sampled
+        first = _first_state(traj, len(b) - 1, t)
+        for prefix_len in b[first:-1]:  # S_first .. S_{n-1}: the terminal state is never sampled
             key = (prompt_key, tuple(traj.completion_ids[:prefix_len]), gkey)
             if key not in key_to_index:
                 key_to_index[key] = len(unique)
@@ -137,6 +142,23 @@ def plan_states(
                 parent.append(idx[-1] if idx else None)
             idx.append(key_to_index[key])
         state_index.append(idx)
+        firsts.append(first)
     return StatePlan(
-        unique=unique, state_index=state_index, boundaries=all_boundaries, capped=capped, parent=parent
+        unique=unique,
+        state_index=state_index,
+        boundaries=all_boundaries,
+        capped=capped,
+        parent=parent,
+        first_state=firsts,
     )
+
+
+def _first_state(traj: Trajectory, num_states: int, t: int) -> int:
+    """``traj.first_state``, checked against its ``num_states`` states after the step budget."""
+    first = traj.first_state
+    if not (isinstance(first, int) and (first == 0 or 0 < first < num_states)):
+        raise ValueError(
+            f"trajectories[{t}].first_state={first!r} is not a state of the response: it has {num_states} states "
+            f"after the step budget, so first_state is an int in [0, {num_states - 1}] (0: estimate every state)."
+        )
+    return first

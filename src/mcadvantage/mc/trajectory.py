@@ -35,6 +35,10 @@ class Trajectory:
         episode: the rollout layer's record of the episode this response is (an agent episode of GRPO's tool loop,
             :class:`~mcadvantage.samplers.episodes.Episode`), for a sampler that continues it; None elsewhere. The
             estimator does not read it.
+        first_state: the first of its states (an index into the boundaries after the step budget) whose value is
+            estimated; the steps before it get advantage 0 and their states' values are NaN (not estimated). 0 (the
+            default): every state. A caller with a token budget (``"hybrid"``) sets it to estimate the states at
+            the end of a response it cannot afford whole: the latest states are the cheapest to continue.
     """
 
     prompt_ids: list[int]
@@ -45,3 +49,4 @@ class Trajectory:
     fields: dict[str, Any] = field(default_factory=dict)
     tool_mask: list[int] | None = None
     episode: Any = field(default=None, repr=False, compare=False)
+    first_state: int = 0

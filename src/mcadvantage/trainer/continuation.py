@@ -101,12 +101,12 @@ def check_continuation_func(
     continuation_func: Any, kwargs: Mapping[str, Any], estimator: AdvantageEstimator
 ) -> None:
     """Refuse a ``continuation_func`` that would be silently ignored: without ``rollout_func=``, under an estimator
-    other than ``"vineppo"`` (``"grpo"`` / ``"rloo"`` / ``"gae"`` sample nothing; ``"hybrid"`` / ``"tree"`` do
-    not take a ``rollout_func``), next to ``tools=`` / ``environment_factory=`` (those episodes are continued through
+    that does not continue episodes (``"grpo"`` / ``"rloo"`` / ``"gae"`` sample nothing; ``"tree"`` does not take a
+    ``rollout_func``; ``"vineppo"`` and ``"hybrid"`` continue them), next to ``tools=`` / ``environment_factory=`` (those episodes are continued through
     TRL's tool loop), or not callable."""
     if continuation_func is None:
         return
-    from mcadvantage.estimators.vineppo import VinePPOEstimator
+    from mcadvantage.estimators.base import ContinuesEpisodes
 
     if not callable(continuation_func):
         raise TypeError(
@@ -127,7 +127,7 @@ def check_continuation_func(
             f"{' / '.join(agents)} and let your rollout_func run its tools."
         )
     name = estimator.name or type(estimator).__name__
-    if not isinstance(estimator, VinePPOEstimator):
+    if not isinstance(estimator, ContinuesEpisodes):
         why = (
             "samples no continuations, so it would never be called"
             if not estimator.uses_rollouts
@@ -135,7 +135,8 @@ def check_continuation_func(
         )
         raise ValueError(
             f"continuation_func= is given with advantage_estimator={name!r}, which {why}. Use "
-            "advantage_estimator='vineppo' for Monte Carlo credit on rollout_func episodes, or drop continuation_func "
+            "advantage_estimator='vineppo' or 'hybrid' for Monte Carlo credit on rollout_func episodes, or drop "
+            "continuation_func "
             "(advantage_estimator='grpo', 'rloo' and 'gae' train rollout_func episodes as trl.GRPOTrainer does)."
         )
 

@@ -83,12 +83,12 @@ class VinePPOTrainer(GRPOTrainerHooks):
         peft_config: as for ``trl.GRPOTrainer``.
         mc_sampler: optional :class:`~mcadvantage.samplers.Sampler` for the Monte Carlo rollouts instead of the
             engine chosen above (advanced: custom engines, tests). It must sample from the current policy.
-        continuation_func: continues ``rollout_func`` episodes for ``"vineppo"`` (:mod:`~mcadvantage.trainer.continuation`).
+        continuation_func: continues ``rollout_func`` episodes (:mod:`~mcadvantage.trainer.continuation`).
         advantage_estimator: optional estimator instance (anything with ``estimate(batch, context)``) used instead
             of the one ``args.advantage_estimator`` names.
         **kwargs: other ``GRPOTrainer`` arguments; ``tools``, ``environment_factory``, ``rollout_func``: as in GRPO
-            under ``"grpo"``/``"rloo"``/``"gae"``; Monte Carlo credit per turn under ``"vineppo"`` (``rollout_func``
-            with a ``continuation_func``) and ``"hybrid"``; ``"tree"`` branches in the first turn (docs: agents).
+            under ``"grpo"``/``"rloo"``/``"gae"``; Monte Carlo credit per turn under ``"vineppo"`` and ``"hybrid"``
+            (``rollout_func`` with a ``continuation_func``); ``"tree"`` branches in the first turn (docs: agents).
 
     Attributes:
         advantage_estimator: the estimator in use (e.g. a :class:`~mcadvantage.estimators.VinePPOEstimator`).

@@ -17,8 +17,9 @@ so the groups differ and the weights move.
 The second half injects faults inside the Monte Carlo continuations of ``"vineppo"`` (and ``"hybrid"``), which
 resume every state of an episode through the tool loop on an environment rebuilt by ``reset`` and replay: a tool
 that raises only in a continuation gets TRL's error result and the continuation is graded; a ``reset`` that raises
-on replay, or a replay that diverges (outside state, an unseeded random), stops training with an
-``EnvironmentReplayError`` naming the class, the episode and the fix before any update; a continuation meets
+on replay, or a replay that diverges (outside state, an unseeded random, a random observation, a ``state_key`` that
+differs after ``reset`` or only after a middle round), stops training with an ``EnvironmentReplayError`` naming the
+class, the episode and the fix before any update; a continuation meets
 ``max_tool_calling_iterations`` (the prefix's rounds count) and a cut tool call as TRL's loop meets them in the
 episode.
 """
@@ -26,6 +27,7 @@ episode.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import random
 import re
@@ -678,16 +680,17 @@ class HiddenLuck(AgentEnv):
 
 @pytest.mark.parametrize(
     ("environment", "said"),
-    [(DrawnTarget, "reset(**row) returned"), (HiddenLuck, "state_key after replaying tool round")],
+    [(DrawnTarget, "reset(**row) returned"), (HiddenLuck, "state_key after reset(**row) is (0, ")],
     ids=["random-observation", "hidden-state-key"],
 )
 def test_a_rebuild_whose_observation_or_state_key_differs_is_refused_before_any_update(
     key_turns, tmp_path, environment, said
 ):
     """Rebuilds are checked beyond the tool results: ``reset``'s observation against the episode's prompt, and an
-    environment's ``state_key`` against the key its episode ended with (recorded by the trainer from GRPO's pooled
-    instance). Either mismatch stops training with an ``EnvironmentReplayError`` (importable from ``mcadvantage``)
-    naming the class, the episode and both values, before any update: never trained on silently."""
+    environment's ``state_key`` against the keys its episode went through (recorded by the trainer at every model
+    turn of GRPO's tool loop: hidden luck drawn at ``reset`` shows in the key after ``reset``). Either mismatch stops
+    training with an ``EnvironmentReplayError`` (importable from ``mcadvantage``) naming the class, the episode and
+    both values, before any update: never trained on silently."""
     from mcadvantage import EnvironmentReplayError
 
     trainer, _, _ = _vine(tmp_path, environment)
@@ -701,6 +704,134 @@ def test_a_rebuild_whose_observation_or_state_key_differs_is_refused_before_any_
     )
     assert said in message and "but the episode" in message
     _refused_before_any_update(trainer, initial)
+
+
+#: Never reset: every second round of an episode, played or replayed, takes the next tick.
+TICKS = itertools.count(1)
+
+
+class StampedMidway(AgentEnv):
+    """Hidden state that only its ``state_key`` shows, and only in the middle of an episode: its second tool round
+    stamps the instance with the next tick of a global counter (never reset, so a replay gets another tick), its
+    third clears the stamp. The observation, every tool result and the key the episode ends with replay exactly;
+    only the key after round 1 differs."""
+
+    def reset(self, **row):
+        self._stamp = 0
+        return super().reset(**row)
+
+    def act(self, choice: int) -> str:
+        """Play this turn's choice.
+
+        Args:
+            choice: the option to pick this turn, from 0 to choices - 1.
+        """
+        result = super().act(choice)
+        self._stamp = next(TICKS) if self.turn == 2 else 0
+        return result
+
+    @property
+    def state_key(self):
+        return (self.turn, self.state, self._stamp)
+
+
+def test_a_state_key_that_differs_only_after_a_middle_round_is_refused_naming_that_round(key_turns, tmp_path):
+    """The trainer records an environment's ``state_key`` at every model turn of GRPO's tool loop, and a rebuild
+    checks it after every replayed round: an environment whose hidden state differs on replay only after its
+    second round (the episode's final key replays exactly, so a check of the final key alone trains on it
+    silently) stops training with an ``EnvironmentReplayError`` naming the episode, round 1 and both keys, before
+    any update."""
+    from mcadvantage import EnvironmentReplayError
+
+    trainer, _, _ = _vine(tmp_path, StampedMidway)
+    initial = _weights(trainer)
+    with pytest.raises(EnvironmentReplayError) as err:
+        trainer.train()
+    assert (err.value.environment, err.value.round) == ("StampedMidway", 1)
+    assert re.fullmatch(r"batch row \d", err.value.where)
+    message = str(err.value)
+    assert message.startswith(f"environment StampedMidway ({err.value.where}, dataset row {{'structure'")
+    keys = re.search(
+        r"state_key after replaying tool round 1 is \(2, (\d), (\d+)\), but the episode's was \(2, \1, (\d+)\)",
+        message,
+    )
+    assert keys is not None, message
+    assert keys.group(2) != keys.group(3)  # the replay's tick and the episode's
+    _refused_before_any_update(trainer, initial)
+
+
+def test_a_deterministic_environment_with_a_state_key_has_every_round_checked_and_trains(key_turns, tmp_path):
+    """The testbed's deterministic ``AgentEnv`` (``state_key`` = (turns played, state)): every episode handed to
+    the continuations carries its key after ``reset`` and after each of its tool rounds, equal to a fresh rebuild's
+    key there, and training runs through the checks."""
+    from mcadvantage.samplers.rebuild import recorded_tool_turns, replay_environment
+
+    trainer, _, _ = _vine(tmp_path, AgentEnv)
+    assert trainer.records_episode_keys()
+    seen, context = [], trainer.agent_context
+
+    def recorded(batch):
+        seen.append(context(batch))
+        return seen[-1]
+
+    trainer.agent_context = recorded
+    initial = _weights(trainer)
+    trainer.train()
+    _check_trained(trainer, initial)
+    episodes = [e for out in seen for e in out.episodes]
+    assert len(episodes) == SETTINGS["max_steps"] * SETTINGS["per_device_train_batch_size"]
+    for episode in episodes:
+        turns = recorded_tool_turns(episode.messages)
+        assert len(turns) == DATA["horizon"]  # the key every time: every turn played
+        assert sorted(episode.state_keys) == list(range(len(turns) + 1))
+        for r, key in episode.state_keys.items():
+            assert key[0] == r
+            assert replay_environment(AgentEnv, episode.row, turns[:r]).state_key == key
+
+
+class Keyless:
+    """The testbed's game without a ``state_key`` (it wraps :class:`AgentEnv`, so the property is not inherited)."""
+
+    def __init__(self) -> None:
+        self._game = AgentEnv()
+
+    def reset(self, **row):
+        return self._game.reset(**row)
+
+    def act(self, choice: int) -> str:
+        """Play this turn's choice.
+
+        Args:
+            choice: the option to pick this turn, from 0 to choices - 1.
+        """
+        return self._game.act(choice)
+
+    def get_reward(self) -> float:
+        return self._game.get_reward()
+
+    @property
+    def turn(self) -> int:
+        return self._game.turn
+
+
+def test_an_environment_without_a_state_key_trains_with_no_keys_recorded(key_turns, tmp_path):
+    """No ``state_key``: nothing is recorded or read (no AttributeError), the episodes carry no keys, and the
+    rebuilds are checked by observation and tool results alone, as before."""
+    trainer, _, _ = _vine(tmp_path, Keyless)
+    assert not trainer.records_episode_keys()
+    seen, context = [], trainer.agent_context
+
+    def recorded(batch):
+        seen.append(context(batch))
+        return seen[-1]
+
+    trainer.agent_context = recorded
+    initial = _weights(trainer)
+    trainer.train()
+    _check_trained(trainer, initial)
+    episodes = [e for out in seen for e in out.episodes]
+    assert len(episodes) == SETTINGS["max_steps"] * SETTINGS["per_device_train_batch_size"]
+    assert all(episode.state_keys == {} for episode in episodes)
 
 
 def test_a_continuation_stops_at_max_tool_calling_iterations_counting_the_prefixs_rounds(

@@ -95,8 +95,10 @@ class Episode:
             rebuilds the environment (without the ``environment`` column when it routes a dict of factories), and
             its columns other than ``prompt`` go to reward functions, as in TRL.
         environment: the name of its environment in a dict ``environment_factory``; None for one factory.
-        state_keys: the environment's ``state_key`` after ``r`` tool rounds, by ``r``, where the trainer recorded it
-            (an environment with a ``state_key`` property); every rebuild is checked against them.
+        state_keys: the environment's ``state_key`` after ``r`` tool rounds, by ``r`` (0: right after ``reset``),
+            for an environment with a ``state_key`` property: the trainer reads it during GRPO's tool loop, after
+            ``reset`` and after every tool round of the episode; every rebuild is checked against them after each
+            replayed round.
     """
 
     prompt_ids: list[int]

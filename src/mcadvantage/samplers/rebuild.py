@@ -212,7 +212,7 @@ class EpisodeRecord:
             dataset's prompt before it: the rebuilt ``reset`` must give the same prompt (:func:`with_observation`).
         row_prompt: the dataset row's prompt (GRPO's default ``[{"role": "user", "content": ""}]`` when absent).
         state_keys: the environment's ``state_key`` after ``r`` tool rounds, by ``r`` (0: right after ``reset``),
-            for the rounds the trainer recorded.
+            for the rounds recorded (the trainer records every round of an episode that GRPO's tool loop played).
     """
 
     prompt: Any = NOT_RECORDED

@@ -1,7 +1,9 @@
-"""The state keys of a batch's agent episodes, before each model turn (``AdvantageBatch.turn_keys``), from what the
-rollout layer has: keys recorded during GRPO's tool loop, a ``rollout_func``'s ``turn_keys`` field, or the
-observation (the tool results before the turn) when there is no environment object. No TRL internals here: the
-trainer's compatibility module records the keys and says which source a batch has."""
+"""The state keys of a batch's agent episodes, from what the rollout layer has: before each model turn
+(``AdvantageBatch.turn_keys``, for credit by state) from keys recorded during GRPO's tool loop, a ``rollout_func``'s
+``turn_keys`` field, or the observation (the tool results before the turn) when there is no environment object; and
+after each tool round (``Episode.state_keys``, what every rebuild of an episode's environment is checked against)
+from the same recorded keys. No TRL internals here: the trainer's compatibility module records the keys and says
+which source a batch has."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from typing import Any, Literal
 
 from mcadvantage.estimators.anchor import ROLLOUT_KEYS_FIELD, observation_keys, recorded_turn_keys, turn_spans
 from mcadvantage.estimators.batch import AdvantageBatch
+from mcadvantage.samplers.rebuild import NOT_RECORDED
 
-__all__ = ["KeySource", "batch_turn_keys"]
+__all__ = ["KeySource", "batch_turn_keys", "episode_round_keys"]
 
 #: Where a batch's keys come from: ``"recorded"`` (``environment_factory=``: read during GRPO's tool loop),
 #: ``"rollout_func"`` (its ``turn_keys`` field), ``"observation"`` (``tools=`` alone: no environment object).
@@ -50,3 +53,33 @@ def batch_turn_keys(
         ]
     counts = [len(turn_spans(masks[r], len(ids))) for r, ids in enumerate(batch.completion_ids)]
     return recorded_turn_keys(state_log or [], counts)
+
+
+def episode_round_keys(
+    snapshots: Sequence[Sequence[Any]], episode: int, rounds: int, final: Any = NOT_RECORDED
+) -> dict[int, Any]:
+    """``{r: key}``: local episode ``episode``'s environment ``state_key`` after ``r`` of its ``rounds`` recorded
+    tool rounds (0: right after ``reset``), for ``Episode.state_keys``, so a rebuild to any of its states is checked
+    after every replayed round.
+
+    ``snapshots[t][episode]`` is its key at GRPO's ``t``-th generation call of the batch (call 0: the first turn,
+    after ``reset``; call ``t``: after the tool loop's ``t``-th round of results). An episode takes part in calls
+    ``0 .. rounds``: its turn after its last recorded round was generated at call ``rounds``, before GRPO ran any
+    later round it then dropped for the token budget (those calls ran, but no replay runs them). So snapshot ``r``
+    holds its key after ``r`` rounds for every ``r <= rounds``; later snapshots (a dropped round, or an episode that
+    left the loop) are not its rounds and are never used.
+
+    Args:
+        snapshots: the keys recorded per generation call (empty when none were: GRPO's generation replaced from
+            outside); an environment without ``state_key`` reads ``NOT_RECORDED`` and its keys are left out.
+        episode: the episode's index in the local batch.
+        rounds: its recorded tool rounds (``len(recorded_tool_turns(messages))``).
+        final: the key its environment ended with, ``NOT_RECORDED`` when unknown or when its last round was dropped
+            for the budget: the key after ``rounds`` rounds when no snapshot holds it.
+    """
+    keys = {} if final is NOT_RECORDED else {rounds: final}
+    for r in range(min(rounds + 1, len(snapshots))):
+        key = snapshots[r][episode]
+        if key is not NOT_RECORDED:
+            keys[r] = key
+    return keys

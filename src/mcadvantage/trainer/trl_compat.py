@@ -32,10 +32,11 @@ What is used, and why:
   first model turn is drawn as trees instead of GRPO's independent samples; the tool loop is wrapped only to mark
   its own calls (every later turn, ``num_generations=1``), which generate as GRPO does.
 - ``environments`` (read in :meth:`GRPOTrainerHooks._generate_single_turn`) and ``_environment_pool``: with
-  ``advantage_estimator="anchor"``, each environment's ``state_key`` is read at every generation call of a batch
-  (the first turn, then each round of the tool loop), so each turn's state is recorded as the model saw it
-  (:meth:`GRPOTrainerHooks.batch_turn_keys`); the pool's first instance of each environment gives its class, checked
-  for the property before training.
+  ``advantage_estimator="anchor"``, or an estimator that continues episodes and environments with a ``state_key``,
+  each environment's ``state_key`` is read at every generation call of a batch (the first turn, then each round of
+  the tool loop), so each turn's state is recorded as the model saw it (:meth:`GRPOTrainerHooks.batch_turn_keys`,
+  and every rebuild of an episode is checked after each replayed round: :meth:`GRPOTrainerHooks.agent_episodes`);
+  the pool's first instance of each environment gives its class, checked for the property before training.
 - ``_tag_names`` / ``_name``: the model-card tags and trainer name.
 - ``Trainer._save_checkpoint`` / ``_get_output_dir`` and ``Trainer._load_optimizer_and_scheduler``: extended to
   save the advantage estimator's own state (the ``"gae"`` critic) in every checkpoint and restore it on resume.
@@ -67,7 +68,7 @@ from trl import GRPOTrainer
 
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.versions import check_version_range
-from mcadvantage.estimators.base import ReadsStateKeys
+from mcadvantage.estimators.base import ContinuesEpisodes, ReadsStateKeys
 from mcadvantage.estimators.batch import AdvantageBatch
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
 from mcadvantage.rewards.truncation import score_truncated_responses, truncated_responses
@@ -296,7 +297,9 @@ class GRPOTrainerHooks(GRPOTrainer):
         )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        self._mcadvantage_state_log = [] if self.records_state_keys() else None
+        recording = self.records_state_keys() or self.records_episode_keys()
+        self._mcadvantage_state_log = [] if recording else None
+        self._mcadvantage_batch_state_log = None
         self._mcadvantage_captured = None
         self._mcadvantage_tree_paths = None
         self._mcadvantage_completions = None
@@ -329,7 +332,8 @@ class GRPOTrainerHooks(GRPOTrainer):
             tool_mask=output.get("tool_mask"),
         )
         batch.turn_keys = self.batch_turn_keys(batch)
-        self._mcadvantage_state_log = None
+        # Recording stops with the batch's generation; the episodes' keys are kept for their rebuilds' checks.
+        self._mcadvantage_batch_state_log, self._mcadvantage_state_log = self._mcadvantage_state_log, None
         self._mcadvantage_completions = captured["completions"]
         advantages = self.compute_advantages(batch)
         output["advantages"] = advantages
@@ -408,12 +412,23 @@ class GRPOTrainerHooks(GRPOTrainer):
     #: While a batch is generated with state keys recorded: per generation call of GRPO (its first turn, then each
     #: call of its tool loop), every local episode's ``environment.state_key`` at that moment. None: not recording.
     _mcadvantage_state_log: list[list[Any]] | None = None
+    #: The latest batch's recorded keys once its generation ended (for :meth:`agent_episodes`). None: not recorded.
+    _mcadvantage_batch_state_log: list[list[Any]] | None = None
 
     def records_state_keys(self) -> bool:
-        """Whether batches record their episodes' state keys: for an estimator that reads them from the environment
-        (:class:`~mcadvantage.estimators.base.ReadsStateKeys` with ``state_source="state_key"``)."""
+        """Whether batches record their episodes' state keys for credit: for an estimator that reads them from the
+        environment (:class:`~mcadvantage.estimators.base.ReadsStateKeys` with ``state_source="state_key"``)."""
         est = getattr(self, "advantage_estimator", None)
         return isinstance(est, ReadsStateKeys) and est.state_source == "state_key"
+
+    def records_episode_keys(self) -> bool:
+        """Whether batches record their episodes' state keys to check rebuilds: for an estimator that continues
+        episodes (:class:`~mcadvantage.estimators.base.ContinuesEpisodes`) with an environment class that has a
+        ``state_key``. Reading a property has no side effects, so the episodes are the same either way."""
+        est = getattr(self, "advantage_estimator", None)
+        return isinstance(est, ContinuesEpisodes) and any(
+            hasattr(cls, "state_key") for cls in self.environment_classes.values()
+        )
 
     def check_state_keys_available(self) -> None:
         """Refuse, before training (and before any batch is generated), environments without the ``state_key`` property the estimator reads
@@ -427,9 +442,13 @@ class GRPOTrainerHooks(GRPOTrainer):
     def _record_state_keys(self) -> None:
         # GRPO calls _generate_single_turn once for every episode's first turn (after reset) and once per round of
         # its tool loop (after the round's tool results); an episode that leaves the loop never comes back, so
-        # episode i's turn t was generated at call t. The environments are read as the model's turn starts.
+        # episode i's turn t was generated at call t. The environments are read as the model's turn starts. Credit
+        # by state needs every key (a missing one is an error); the rebuild checks use the keys there are.
         log = self._mcadvantage_state_log
         if log is None or not self.environments:
+            return
+        if not self.records_state_keys():
+            log.append([getattr(environment, "state_key", NOT_RECORDED) for environment in self.environments])
             return
         snapshot = []
         for i, environment in enumerate(self.environments):
@@ -519,8 +538,13 @@ class GRPOTrainerHooks(GRPOTrainer):
 
     def agent_episodes(self, batch: AdvantageBatch) -> list[Episode]:
         """The local batch's episodes as :class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler` continues them: token
-        ids, tool mask, GRPO's parsed conversation (``completions``), the combined reward, and the row (as GRPO reset
-        the environment with it). Only for a batch of GRPO's tool loop (``batch.tool_mask`` set)."""
+        ids, tool mask, GRPO's parsed conversation (``completions``), the combined reward, the row (as GRPO reset
+        the environment with it), and its environment's ``state_key`` after every tool round where it has one
+        (:func:`~mcadvantage.trainer.state_keys.episode_round_keys`: recorded during GRPO's tool loop, so a rebuild
+        to any state is checked after every replayed round). Only for a batch of GRPO's tool loop (``batch.tool_mask``
+        set)."""
+        from mcadvantage.trainer.state_keys import episode_round_keys
+
         if batch.tool_mask is None:
             raise ValueError(
                 "agent_episodes: the batch has no tool_mask (no tools= / environment_factory= episode)."
@@ -539,20 +563,24 @@ class GRPOTrainerHooks(GRPOTrainer):
                 prompt=batch.prompts[i],
                 row=dict(batch.rows[i]),
                 environment=batch.rows[i].get(route) if route else None,
-                state_keys=self._final_state_key(i, messages[i]),
+                state_keys=episode_round_keys(
+                    self._mcadvantage_batch_state_log or [],
+                    i,
+                    len(recorded_tool_turns(messages[i])),
+                    final=self._final_state_key(i, messages[i]),
+                ),
             )
             for i, ids in enumerate(batch.completion_ids)
         ]
 
-    def _final_state_key(self, row: int, messages: list[dict[str, Any]]) -> dict[int, Any]:
-        """``{rounds: key}``: the ``state_key`` of row ``row``'s pooled environment after its episode (GRPO's
-        instance holds the final state), by the episode's tool rounds; empty without a ``state_key``, or when the
-        episode's last round was dropped for the budget (its calls ran but no replay runs them)."""
+    def _final_state_key(self, row: int, messages: list[dict[str, Any]]) -> Any:
+        """The ``state_key`` of row ``row``'s pooled environment after its episode (GRPO's instance holds the final
+        state); ``NOT_RECORDED`` without a ``state_key``, or when the episode's last round was dropped for the
+        budget (its calls ran but no replay runs them)."""
         environments = getattr(self, "environments", None) or []
         if row >= len(environments) or dropped_tool_calls(messages):
-            return {}
-        key = getattr(environments[row], "state_key", NOT_RECORDED)
-        return {} if key is NOT_RECORDED else {len(recorded_tool_turns(messages)): key}
+            return NOT_RECORDED
+        return getattr(environments[row], "state_key", NOT_RECORDED)
 
     def agent_context(self, batch: AdvantageBatch) -> AgentEpisodes | None:
         """What continuing the local batch's episodes through GRPO's tool loop needs (``EstimatorContext.episodes``):

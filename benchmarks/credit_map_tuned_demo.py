@@ -15,7 +15,8 @@ its tuned learning rate and batch, with the study's evaluation seeds:
   credit keyed by the observation history (both variants), the history-feature critic, and the practical arm with
   the largest tuned gain there.
 
-It prints each arm's exact success at the budget, its paired difference from the best tuned GRPO with a 95% interval,
+Then it prints the language-model study's answer from its committed summary (``benchmarks/lm_agent_map.py``; not
+retrained: one of its runs takes minutes). It prints each arm's exact success at the budget, its paired difference from the best tuned GRPO with a 95% interval,
 its collapses, and how many runs agree with the committed records within :data:`TOLERANCE` (exact success, absolute).
 Nothing is written to the study's records; the demo's own results go to ``--output``.
 """
@@ -120,6 +121,20 @@ def report_lines(family: dict[str, Any], results: dict[str, list[dict[str, Any]]
     return lines
 
 
+def lm_lines(path: Path | None = None) -> list[str]:
+    """The language-model study's answer (``benchmarks/lm_agent_map.py``), read from its committed summary, not
+    retrained (one of its runs takes minutes): the page's "does the toy's answer carry over?" bullets."""
+    import lm_agent_map as lm  # noqa: PLC0415  (beside this file)
+
+    path = path or lm.SUMMARY
+    if not path.exists():
+        return []
+    return [
+        f"On a language model through VinePPOTrainer (from the committed records {path.name}, not retrained):",
+        *lm.carry_lines(json.loads(path.read_text())),
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -142,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tqdm(total=len(arms) * len(seeds), desc="training", unit="run") as bar:
         results = {r["arm"]: retrain(family["setting"], family["fraction"], r, seeds, bar) for r in arms}
     lines = report_lines(family, results, {r["arm"]: r["chosen"] for r in arms})
-    print("\n".join(lines))
+    print("\n".join(lines + ["", *lm_lines()]))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     out = {"setting": family["setting"]["name"], "budget_fraction": family["fraction"], "seeds": seeds,
            "tested": family["tested"], "results": results}  # fmt: skip

@@ -81,7 +81,7 @@ def committed() -> dict:
 def test_committed_summary_page_and_readme_regenerate_from_the_committed_records(committed):
     assert json.loads(json.dumps(cmt.summarize(cmt.RUNS))) == committed
     page = cmt.PAGE.read_text()
-    assert page.split(cmt.MARKER)[0] == cmt.render_lead(committed) + "\n"
+    assert page.split(cmt.MARKER)[0] == cmt.render_lead(committed, cmt.lm_block()) + "\n"
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert " ".join(cmt.readme_bullet(committed).split()) in readme
     for r in committed["records"]:

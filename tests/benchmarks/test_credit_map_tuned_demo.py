@@ -50,3 +50,11 @@ def test_the_demo_refuses_fewer_than_two_seeds(capsys):
     with pytest.raises(SystemExit):
         demo.main(["--seeds", "1"])
     assert "a paired interval needs 2" in capsys.readouterr().err
+
+
+def test_the_demo_prints_the_language_model_answer_from_its_committed_summary():
+    import lm_agent_map as lm
+
+    lines = demo.lm_lines()
+    assert lines[1:] == lm.carry_lines(json.loads(lm.SUMMARY.read_text()))
+    assert any(line.startswith("- **Does the toy's answer carry over?**") for line in lines)

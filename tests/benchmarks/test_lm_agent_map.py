@@ -212,3 +212,44 @@ def test_a_frozenlake_run_spends_within_its_budget_and_evaluates_both_fractions(
     assert [p["fraction"] for p in record["checkpoints"]] == list(lm.FRACTIONS)
     assert 0 < record["sampled_tokens"] <= 400 and record["own_tokens"] == record["sampled_tokens"]
     assert all(0.0 <= p["success"] <= 1.0 for p in record["checkpoints"])
+
+
+def _committed() -> dict:
+    return json.loads(lm.SUMMARY.read_text())
+
+
+def test_the_page_block_and_the_readme_bullet_are_the_committed_summary():
+    """docs/where-credit-pays.md's language-model block and the README's bullet are regenerated from
+    benchmarks/results/lm_agent_map.json exactly (``--report`` writes them; nothing is edited by hand)."""
+    from benchmarks.credit_map_tuned import LM_BEGIN, LM_END, PAGE
+
+    summary = _committed()
+    page = PAGE.read_text()
+    assert LM_BEGIN + page.split(LM_BEGIN, 1)[1].split(LM_END, 1)[0] + LM_END == lm.render_block(summary)
+    readme = lm.README.read_text()
+    block = readme.split(lm.README_BEGIN, 1)[1].split(lm.README_END, 1)[0]
+    assert " ".join(block.split()) == " ".join(lm.readme_bullet(summary).split())
+
+
+def test_the_committed_summary_is_the_records_summary():
+    """benchmarks/results/lm_agent_map.json recomputes from the committed run records (counts exact; success,
+    tokens and the tests' statistics within relative 1e-9)."""
+    summary = _committed()
+    again = lm.summarize(list(summary["settings"]), list(lm.ARMS))
+    assert len(again["records"]) == len(summary["records"])
+    for old, new in zip(summary["records"], again["records"], strict=True):
+        assert (old["setting"], old["arm"], old["budget_fraction"], old["chosen"]) == (
+            new["setting"], new["arm"], new["budget_fraction"], new["chosen"]
+        )  # fmt: skip
+        assert old["steps"] == new["steps"] and old["collapsed"] == new["collapsed"]
+        assert new["success"] == pytest.approx(old["success"], rel=1e-9)
+        if "vs_grpo" in old:
+            assert new["vs_grpo"]["p_holm"] == pytest.approx(old["vs_grpo"]["p_holm"], rel=1e-9)
+
+
+def test_verdicts_need_holm_and_an_interval_on_one_side():
+    row = {"vs_grpo": {"p_holm": 0.01, "ci95": [0.1, 0.3]}}
+    assert lm.verdict(row) == "pays"
+    assert lm.verdict({"vs_grpo": {"p_holm": 0.01, "ci95": [-0.3, -0.1]}}) == "loses"
+    assert lm.verdict({"vs_grpo": {"p_holm": 0.2, "ci95": [0.1, 0.3]}}) == "level"
+    assert lm.verdict({}) == "-"

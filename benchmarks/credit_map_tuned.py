@@ -576,7 +576,7 @@ def _bought_nothing(run: dict[str, Any], horizon: int) -> bool:
 
 
 def hybrid_budget_digest(root: Path, cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The ``hybrid`` arm before and after the per-state budget (protocol amendment of 2026-11-29 07:00 UTC): per
+    """The ``hybrid`` arm before and after the per-state budget (protocol amendment of 2026-11-29 06:52 UTC): per
     version, its runs and how many bought no state (spent exactly GRPO's tokens). The per-response runs are kept in
     ``<cell>/hybrid_per_response.jsonl``, outside every family."""
     out = {}
@@ -778,7 +778,7 @@ def hybrid_lines(digest: dict[str, Any] | None) -> list[str]:
     old, new = digest["per_response"], digest["per_state"]
     return [
         f"- `hybrid` is the library's per-state budget (issue 52; re-run whole by the protocol's amendment of "
-        f"2026-11-29 07:00 UTC): {new['runs'] - new['bought_nothing']} of its {new['runs']} runs bought Monte "
+        f"2026-11-29 06:52 UTC): {new['runs'] - new['bought_nothing']} of its {new['runs']} runs bought Monte "
         f"Carlo states. Its earlier per-response runs, outside every family (`<cell>/hybrid_per_response.jsonl`), "
         f"bought none in {old['bought_nothing']} of {old['runs']} (those runs were GRPO)."
     ]

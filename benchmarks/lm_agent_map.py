@@ -166,7 +166,7 @@ def _anchor_available() -> str | None:
 ARMS: dict[str, Arm] = {
     "grpo": Arm("grpo", {"advantage_estimator": "grpo"}),
     "vineppo_k1": Arm("vineppo_k1", {"advantage_estimator": "vineppo", "num_mc_rollouts": 1}),
-    # Joined by the amendment of 2026-11-29 06:40 UTC, once the one Monte Carlo engine (issue 52) took free samples
+    # Joined by the amendment of 2026-11-29 06:28 UTC, once the one Monte Carlo engine (issue 52) took free samples
     # for agents: K = 1 fresh continuation where a state has no free sample from the group's own episodes.
     "vineppo_k1_reuse": Arm(
         "vineppo_k1_reuse",

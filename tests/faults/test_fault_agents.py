@@ -760,14 +760,8 @@ def test_a_state_key_that_differs_only_after_a_middle_round_is_refused_naming_th
     _refused_before_any_update(trainer, initial)
 
 
-def test_a_deterministic_environment_with_a_state_key_has_every_round_checked_and_trains(key_turns, tmp_path):
-    """The testbed's deterministic ``AgentEnv`` (``state_key`` = (turns played, state)): every episode handed to
-    the continuations carries its key after ``reset`` and after each of its tool rounds, equal to a fresh rebuild's
-    key there, and training runs through the checks."""
-    from mcadvantage.samplers.rebuild import recorded_tool_turns, replay_environment
-
-    trainer, _, _ = _vine(tmp_path, AgentEnv)
-    assert trainer.records_episode_keys()
+def _train_recording_episodes(trainer) -> list:
+    """Train ``trainer`` (checking it trained) and return every episode its continuations were handed."""
     seen, context = [], trainer.agent_context
 
     def recorded(batch):
@@ -780,6 +774,18 @@ def test_a_deterministic_environment_with_a_state_key_has_every_round_checked_an
     _check_trained(trainer, initial)
     episodes = [e for out in seen for e in out.episodes]
     assert len(episodes) == SETTINGS["max_steps"] * SETTINGS["per_device_train_batch_size"]
+    return episodes
+
+
+def test_a_deterministic_environment_with_a_state_key_has_every_round_checked_and_trains(key_turns, tmp_path):
+    """The testbed's deterministic ``AgentEnv`` (``state_key`` = (turns played, state)): every episode handed to
+    the continuations carries its key after ``reset`` and after each of its tool rounds, equal to a fresh rebuild's
+    key there, and training runs through the checks."""
+    from mcadvantage.samplers.rebuild import recorded_tool_turns, replay_environment
+
+    trainer, _, _ = _vine(tmp_path, AgentEnv)
+    assert trainer.records_episode_keys()
+    episodes = _train_recording_episodes(trainer)
     for episode in episodes:
         turns = recorded_tool_turns(episode.messages)
         assert len(turns) == DATA["horizon"]  # the key every time: every turn played
@@ -819,18 +825,7 @@ def test_an_environment_without_a_state_key_trains_with_no_keys_recorded(key_tur
     rebuilds are checked by observation and tool results alone, as before."""
     trainer, _, _ = _vine(tmp_path, Keyless)
     assert not trainer.records_episode_keys()
-    seen, context = [], trainer.agent_context
-
-    def recorded(batch):
-        seen.append(context(batch))
-        return seen[-1]
-
-    trainer.agent_context = recorded
-    initial = _weights(trainer)
-    trainer.train()
-    _check_trained(trainer, initial)
-    episodes = [e for out in seen for e in out.episodes]
-    assert len(episodes) == SETTINGS["max_steps"] * SETTINGS["per_device_train_batch_size"]
+    episodes = _train_recording_episodes(trainer)
     assert all(episode.state_keys == {} for episode in episodes)
 
 

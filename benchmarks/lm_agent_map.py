@@ -775,6 +775,7 @@ def carry_lines(summary: dict[str, Any]) -> list[str]:
             f"- **Partial**: {', '.join(unfinished)} had not finished when this was generated; their verdicts are "
             "provisional (Holm's family grows with the missing arms, which can only raise adjusted p-values)."
         )
+    lines.append(power_line(rows))
     lines.append(f"- Practical arms that beat tuned GRPO (Holm): {_where(pays) if pays else 'none'}.")
     lines.append(f"- Arms behind tuned GRPO (Holm): {_where(loses) if loses else 'none'}.")
     counts = {}
@@ -797,6 +798,26 @@ def carry_lines(summary: dict[str, Any]) -> list[str]:
         f"{len(winner)}; {len(pays)} practical (setting, budget) results beat tuned GRPO in all."
     )
     return lines
+
+
+#: t quantiles for 11 degrees of freedom (12 paired seeds): two-sided 0.05, and 80% power.
+T_975_11, T_80_11 = 2.201, 0.876
+
+
+def power_line(rows: Sequence[dict[str, Any]]) -> str:
+    """The smallest difference 12 paired seeds detect with 80% power (two-sided 0.05, before Holm), from the
+    comparisons' own standard errors (95% half-width / t): the median and the range over the comparisons."""
+    ses = sorted(
+        (r["vs_grpo"]["ci95"][1] - r["vs_grpo"]["ci95"][0]) / 2 / T_975_11 for r in rows if r.get("vs_grpo")
+    )
+    if not ses:
+        return "- Power: no comparison yet."
+    mde = [(T_975_11 + T_80_11) * se for se in ses]
+    return (
+        f"- Power: with {len(EVAL_SEEDS)} paired seeds a comparison detects, with 80% power at two-sided 0.05 (before "
+        f"Holm), a difference of {statistics.median(mde):.2f} (median over the {len(mde)} comparisons; "
+        f"{mde[0]:.2f}-{mde[-1]:.2f}): the runs differ that much from seed to seed. Smaller effects are not ruled out."
+    )
 
 
 def setting_table(summary: dict[str, Any], setting: str) -> list[str]:

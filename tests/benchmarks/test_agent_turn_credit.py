@@ -102,3 +102,39 @@ def test_t_interval_by_hand(bench):
     assert out["mean"] == pytest.approx(1.1)
     assert out["low"] == pytest.approx(1.1 - 0.248414, abs=1e-5)
     assert out["high"] == pytest.approx(1.1 + 0.248414, abs=1e-5)
+
+
+def _settings_section() -> str:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    start = page.index("### What each Monte Carlo setting saves on agents")
+    return page[start : page.index("\n### ", start + 1)]
+
+
+def test_the_settings_tables_on_the_page_are_the_records():
+    # docs/benchmarks.md's per-setting cost tables, row by row, rendered here from the committed record as the page
+    # prints them (no model runs).
+    root = Path(__file__).resolve().parents[2]
+    record = json.loads((root / "benchmarks" / "results" / "agent_turn_credit_settings.json").read_text())
+    section = _settings_section()
+    assert record["command"] in " ".join(section.split())
+    arms = set(record["settings"]["setting_arms"])
+    for rec in record["horizons"]:
+        assert f"H = {rec['horizon']}, K = {rec['k']}, {rec['episodes']} episodes:" in section
+        assert set(rec["arms"]) == arms  # every arm reported at every horizon, losses like wins
+        for name, arm in rec["arms"].items():
+            wall = arm["wall_vs_default"]
+            assert arm["same_work_every_repeat"] and wall["n"] == record["settings"]["repeats"]
+            ratio = f"{wall['ratio']:.2f} [{wall['low']:.2f}, {wall['high']:.2f}]"
+            walls = sorted(arm["wall_per_episode_s"])
+            median = (
+                walls[len(walls) // 2]
+                if len(walls) % 2
+                else (walls[len(walls) // 2 - 1] + walls[len(walls) // 2]) / 2
+            )
+            row = (
+                f"| {name} | {arm['states_per_episode']:.1f} | {arm['rollouts_per_episode']:.1f} "
+                f"| {arm['rollouts_vs_default']:.2f} | {arm['sampled_tokens_per_episode']:.0f} "
+                f"| {arm['sampled_tokens_vs_default']:.2f} | {arm['tool_result_tokens_per_episode']:.0f} "
+                f"| {arm['tool_result_tokens_vs_default']:.2f} | {median:.3f} | {ratio} |"
+            )
+            assert row in section, row

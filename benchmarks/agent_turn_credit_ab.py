@@ -108,7 +108,8 @@ def run_once(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cells(record: dict[str, Any]) -> dict[str, Any]:
-    """Per horizon: GRPO's and each K's per-repeat overheads, walls and engine times, rollouts and values digest."""
+    """Per horizon: GRPO's and each K's per-repeat overheads, the milliseconds per episode they stand for
+    (``extra_ms``: wall less tools less engine), walls and engine times, rollouts and values digest."""
 
     def timing(cell: dict[str, Any]) -> dict[str, Any]:
         walls, engines, tools = (
@@ -118,6 +119,7 @@ def _cells(record: dict[str, Any]) -> dict[str, Any]:
         )
         return {
             "overhead": [(w - t) / e for w, e, t in zip(walls, engines, tools, strict=True)],
+            "extra_ms": [1000 * (w - t - e) for w, e, t in zip(walls, engines, tools, strict=True)],
             "wall_per_episode_s": walls,
             "engine_per_episode_s": engines,
         }
@@ -144,28 +146,42 @@ def compare(before: Sequence[float], after: Sequence[float]) -> dict[str, Any]:
         "after_runs": list(after),
         "before": t_interval(before),
         "after": t_interval(after),
-        "after_over_before": ratio_interval([a / b for a, b in zip(after, before, strict=True)]),
+        "after_over_before": (
+            ratio_interval([a / b for a, b in zip(after, before, strict=True)])
+            if min(*before, *after) > 0
+            else None  # a ratio of times needs both positive
+        ),
     }
 
 
-def run_overheads(pairs: Sequence[dict[str, Any]], side: str, h: str, k: str | None = None) -> list[float]:
-    """One side's overhead per pair at horizon ``h``: each run's mean over its repeats, for K = ``k`` (None: GRPO's
+def run_means(
+    pairs: Sequence[dict[str, Any]], side: str, h: str, k: str | None = None, key: str = "overhead"
+) -> list[float]:
+    """One side's ``key`` per pair at horizon ``h``: each run's mean over its repeats, for K = ``k`` (None: GRPO's
     own tool loop)."""
     cells = (p[side]["horizons"][h] for p in pairs)
-    return [statistics.fmean((c["grpo"] if k is None else c["vineppo"][k])["overhead"]) for c in cells]
+    return [statistics.fmean((c["grpo"] if k is None else c["vineppo"][k])[key]) for c in cells]
+
+
+def _compare_cell(pairs: Sequence[dict[str, Any]], h: str, k: str | None = None) -> dict[str, Any]:
+    """:func:`compare` of the overheads, with that of the milliseconds per episode beside them (``extra_ms``)."""
+    return {
+        **compare(run_means(pairs, "before", h, k), run_means(pairs, "after", h, k)),
+        "extra_ms": compare(
+            run_means(pairs, "before", h, k, "extra_ms"), run_means(pairs, "after", h, k, "extra_ms")
+        ),
+    }
 
 
 def summarise(pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per horizon, GRPO's and each K's :func:`compare` over the finished pairs, and each side's rollouts."""
+    """Per horizon, GRPO's and each K's overheads compared over the finished pairs (:func:`compare`, for the ratio
+    and for the milliseconds per episode), and each side's rollouts."""
     out: dict[str, Any] = {}
     for h, cell in pairs[0]["after"]["horizons"].items():
-        out[h] = {
-            "grpo": compare(run_overheads(pairs, "before", h), run_overheads(pairs, "after", h)),
-            "vineppo": {},
-        }
+        out[h] = {"grpo": _compare_cell(pairs, h), "vineppo": {}}
         for k in cell["vineppo"]:
             out[h]["vineppo"][k] = {
-                **compare(run_overheads(pairs, "before", h, k), run_overheads(pairs, "after", h, k)),
+                **_compare_cell(pairs, h, k),
                 "rollouts_per_episode": {
                     side: pairs[0][side]["horizons"][h]["vineppo"][k]["rollouts_per_episode"]
                     for side in SIDES
@@ -184,8 +200,8 @@ def table(summary: dict[str, Any]) -> str:
     """The markdown table: one row per horizon and K (GRPO's own tool loop as K = GRPO)."""
     lines = [
         "| H | K | rollouts / ep before | after | (wall - tools) / engine before, 95% CI | after, 95% CI "
-        "| after / before, 95% CI |",
-        "|---:|---:|---:|---:|---|---|---|",
+        "| after / before, 95% CI | ms / ep outside the engine before | after |",
+        "|---:|---:|---:|---:|---|---|---|---:|---:|",
     ]
     for h, cell in summary.items():
         rows = [("GRPO", cell["grpo"], None)] + [
@@ -195,7 +211,8 @@ def table(summary: dict[str, Any]) -> str:
             r = ("-", "-") if rollouts is None else (f"{rollouts['before']:.1f}", f"{rollouts['after']:.1f}")
             lines.append(
                 f"| {h} | {k} | {r[0]} | {r[1]} | {_iv(c['before'])} | {_iv(c['after'])} "
-                f"| {_iv(c['after_over_before'], 'ratio')} |"
+                f"| {_iv(c['after_over_before'], 'ratio')} | {c['extra_ms']['before']['mean']:.1f} "
+                f"| {c['extra_ms']['after']['mean']:.1f} |"
             )
     return "\n".join(lines)
 

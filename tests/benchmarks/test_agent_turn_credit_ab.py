@@ -82,6 +82,9 @@ def test_the_summary_by_hand(ab):
         rel=1e-6,
     )
     assert out["rollouts_per_episode"] == {"before": 4.0, "after": 2.0}
+    # The milliseconds per episode outside the engine (wall - tools - engine, engine 1 s): 100 and 300 before.
+    assert out["extra_ms"]["before_runs"] == pytest.approx([100.0, 300.0])
+    assert out["extra_ms"]["after_runs"] == pytest.approx([210.0, 170.0])
     grpo = ab.summarise(pairs)["2"]["grpo"]
     assert grpo["after_over_before"]["ratio"] == pytest.approx(1.0)
     assert len(ab.table(ab.summarise(pairs)).splitlines()) == 2 + 2  # header, rule; GRPO and K = 1
@@ -150,7 +153,8 @@ def test_the_page_gives_the_records_numbers():
         for k, c, rollouts in rows:
             row = (
                 f"| {h} | {k} | {rollouts} | {_iv(c['before'])} | {_iv(c['after'])} "
-                f"| {_iv(c['after_over_before'], 'ratio')} |"
+                f"| {_iv(c['after_over_before'], 'ratio')} | {c['extra_ms']['before']['mean']:.1f} "
+                f"| {c['extra_ms']['after']['mean']:.1f} |"
             )
             assert row in section, row
             assert c["after"]["n"] == pairs

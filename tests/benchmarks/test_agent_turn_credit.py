@@ -138,3 +138,47 @@ def test_the_settings_tables_on_the_page_are_the_records():
                 f"| {arm['tool_result_tokens_vs_default']:.2f} | {median:.3f} | {ratio} |"
             )
             assert row in section, row
+
+
+def test_every_setting_against_the_default_interleaved(bench, harness, monkeypatch):
+    calls = []
+    estimate = bench.estimate
+
+    def logged(harness, episodes, horizon, k, seed, settings=None):
+        calls.append(next(n for n, s in bench.SETTING_ARMS.items() if s == (settings or {})))
+        return estimate(harness, episodes, horizon, k, seed, settings)
+
+    monkeypatch.setattr(bench, "estimate", logged)
+    record = bench.measure_settings(harness, 2, k=2, n_episodes=2, repeats=2, seed=0)
+    json.dumps(record)  # what the script writes
+    names = list(bench.SETTING_ARMS)
+    assert calls == names + names[1:] + names[:1]  # each repeat runs every arm, the order rotated by one
+    arms = record["arms"]
+    assert list(arms) == names and record["episodes"] == 2
+    for arm in arms.values():
+        assert arm["same_work_every_repeat"] and len(arm["wall_per_episode_s"]) == 2
+        assert (
+            arm["wall_vs_default"]["n"] == 2
+            and arm["wall_vs_default"]["low"] <= arm["wall_vs_default"]["high"]
+        )
+    assert arms["default"]["wall_vs_default"]["ratio"] == pytest.approx(1.0)
+    assert arms["default"]["sampled_tokens_vs_default"] == 1.0
+    # The truncated-reward rule changes values, never what is sampled.
+    fixed, truncated = arms["fixed_budget_32"], arms["fixed_budget_32_truncated_0"]
+    assert fixed["sampled_tokens_per_episode"] == truncated["sampled_tokens_per_episode"]
+    assert fixed["rollouts_per_episode"] == truncated["rollouts_per_episode"]
+    assert arms["max_estimated_steps_2"]["states_per_episode"] <= 2
+    assert arms["min_step_tokens_64"]["states_per_episode"] <= arms["default"]["states_per_episode"]
+    assert len(bench.settings_table([record]).splitlines()) == 4 + len(names)  # heading, blank, header, rule
+
+
+def test_ratio_interval_by_hand(bench):
+    # log ratios ln(1.1), ln(0.9): mean -0.005025, sd 0.141897, t(0.975, 1) = 12.706205.
+    out = bench.ratio_interval([1.1, 0.9])
+    logs = [math.log(1.1), math.log(0.9)]
+    centre, half = sum(logs) / 2, 12.706205 * abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)
+    assert out["ratio"] == pytest.approx(math.sqrt(0.99))
+    assert (out["low"], out["high"]) == pytest.approx(
+        (math.exp(centre - half), math.exp(centre + half)), rel=1e-5
+    )
+    assert bench.ratio_interval([1.25])["low"] is None

@@ -22,6 +22,12 @@ does) and, for comparison, forking one with ``copy.deepcopy``.
 
     python benchmarks/agent_turn_credit.py            # writes benchmarks/results/agent_turn_credit.json
 
+With ``--settings K`` it measures instead every Monte Carlo setting of :data:`SETTING_ARMS` at K against the default
+on the same episodes (arms interleaved, wall ratios paired by repeat):
+
+    python benchmarks/agent_turn_credit.py --settings 4 --horizons 2 8 16 --episodes 4 --repeats 2 \\
+        --out benchmarks/results/agent_turn_credit_settings.json
+
 Runs offline (the tokenizer and the model are built here): about 3.5 minutes on a shared 2-core CPU (one torch
 thread), longer under load.
 """
@@ -579,51 +585,102 @@ SETTING_ARMS: dict[str, dict[str, Any]] = {
 }
 
 
+def ratio_interval(ratios: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """Geometric mean of paired ratios with a Student-t interval on their logs (:func:`t_interval`; None bounds for
+    one ratio)."""
+    iv = t_interval([math.log(r) for r in ratios], level)
+    return {
+        "ratio": math.exp(iv["mean"]),
+        "low": None if iv["low"] is None else math.exp(iv["low"]),
+        "high": None if iv["high"] is None else math.exp(iv["high"]),
+        "level": level,
+        "n": iv["n"],
+    }
+
+
+def _settings_arm(stats: Any, n: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """One arm's per-episode work from its estimate's :class:`~mcadvantage.mc.stats.MCStats`."""
+    return {
+        "settings": settings,
+        "states_per_episode": stats.states / n,
+        "unique_states": stats.unique_states,
+        "rollouts_per_episode": stats.rollouts / n,
+        "sampled_tokens_per_episode": stats.generated_tokens / n,
+        "tool_result_tokens_per_episode": (stats.tool_result_tokens or 0) / n,
+        "free_samples": stats.free_samples,
+        "truncated_rollouts": stats.truncated_rollouts,
+        "wall_per_episode_s": [],
+        "engine_per_episode_s": [],
+        "values_sha256": [],
+    }
+
+
 def measure_settings(
     harness: Harness, horizon: int, k: int, n_episodes: int, repeats: int, seed: int
 ) -> dict[str, Any]:
     """Every arm of :data:`SETTING_ARMS` on one horizon's episodes: sampled model tokens, tool-result tokens,
-    rollouts and wall per episode, and their ratios to the default's (the same episodes, the same seed)."""
+    rollouts and wall per episode, and their ratios to the default's (the same episodes, the same seed).
+
+    The arms are interleaved: each repeat runs every arm once, in an order rotated by one arm per repeat, and an arm's
+    wall ratio is the geometric mean of its per-repeat ratios to the default of the same repeat, with a 95%
+    Student-t interval on their logs (:func:`ratio_interval`). The seed is reset before every estimate, so every
+    repeat of an arm samples the same tokens (``same_work_every_repeat`` checks it)."""
     rows = agent_rows("delayed", horizon, n_episodes, seed + horizon)
     episodes, _ = generate_episodes(harness, rows, horizon, seed)
-    n, out = len(episodes), {}
-    for name, settings in SETTING_ARMS.items():
-        walls, stats = [], None
-        for _ in range(repeats):
-            _, stats, timing = estimate(harness, episodes, horizon, k, seed + 1, settings)
-            walls.append(timing.wall / n)
-        out[name] = {
-            "settings": settings,
-            "rollouts_per_episode": stats.rollouts / n,
-            "sampled_tokens_per_episode": stats.generated_tokens / n,
-            "tool_result_tokens_per_episode": (stats.tool_result_tokens or 0) / n,
-            "wall_per_episode_s": walls,
-        }
+    n, names, out = len(episodes), list(SETTING_ARMS), {}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            credits, stats, timing = estimate(harness, episodes, horizon, k, seed + 1, SETTING_ARMS[name])
+            arm = out.setdefault(name, _settings_arm(stats, n, SETTING_ARMS[name]))
+            arm["same_work_every_repeat"] = arm.get("same_work_every_repeat", True) and (
+                stats.generated_tokens / n == arm["sampled_tokens_per_episode"]
+                and stats.rollouts / n == arm["rollouts_per_episode"]
+            )
+            arm["wall_per_episode_s"].append(timing.wall / n)
+            arm["engine_per_episode_s"].append(timing.engine / n)
+            values = [list(c.values) for c in credits]
+            arm["values_sha256"].append(hashlib.sha256(repr(values).encode()).hexdigest())
+    out = {name: out[name] for name in names}  # SETTING_ARMS order, whatever order ran first
     base = out["default"]
     for arm in out.values():
-        arm["sampled_tokens_vs_default"] = (
-            arm["sampled_tokens_per_episode"] / base["sampled_tokens_per_episode"]
-        )
-        arm["wall_vs_default"] = statistics.median(arm["wall_per_episode_s"]) / statistics.median(
-            base["wall_per_episode_s"]
+        arm["same_work_every_repeat"] &= len(set(arm["values_sha256"])) == 1
+        arm["values_sha256"] = arm["values_sha256"][0]
+        for key in ("rollouts", "sampled_tokens", "tool_result_tokens"):
+            mine, theirs = arm[f"{key}_per_episode"], base[f"{key}_per_episode"]
+            arm[f"{key}_vs_default"] = mine / theirs if theirs else math.nan
+        arm["wall_vs_default"] = ratio_interval(
+            [w / d for w, d in zip(arm["wall_per_episode_s"], base["wall_per_episode_s"], strict=True)]
         )
     return {"horizon": horizon, "k": k, "episodes": n, "arms": out}
 
 
+def _ratio(iv: dict[str, Any]) -> str:
+    if iv["low"] is None:
+        return f"{iv['ratio']:.2f}"
+    return f"{iv['ratio']:.2f} [{iv['low']:.2f}, {iv['high']:.2f}]"
+
+
 def settings_table(records: Sequence[dict[str, Any]]) -> str:
-    """The markdown table of :func:`measure_settings`: one row per horizon and arm."""
-    lines = [
-        "| H | setting | rollouts / ep | sampled tokens / ep | x default tokens | wall / ep s (median) | x default wall |",
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]
+    """The markdown tables of :func:`measure_settings`: one per horizon (its heading line first), one row per arm."""
+    blocks = []
     for rec in records:
+        lines = [
+            f"H = {rec['horizon']}, K = {rec['k']}, {rec['episodes']} episodes:",
+            "",
+            "| setting | states / ep | rollouts / ep | x default | sampled model tokens / ep | x default "
+            "| tool-result tokens / ep | x default | wall / ep s (median) | x default wall, 95% CI |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
         for name, arm in rec["arms"].items():
             lines.append(
-                f"| {rec['horizon']} | {name} | {arm['rollouts_per_episode']:.1f} "
-                f"| {arm['sampled_tokens_per_episode']:.0f} | {arm['sampled_tokens_vs_default']:.2f} "
-                f"| {statistics.median(arm['wall_per_episode_s']):.3f} | {arm['wall_vs_default']:.2f} |"
+                f"| {name} | {arm['states_per_episode']:.1f} | {arm['rollouts_per_episode']:.1f} "
+                f"| {arm['rollouts_vs_default']:.2f} | {arm['sampled_tokens_per_episode']:.0f} "
+                f"| {arm['sampled_tokens_vs_default']:.2f} | {arm['tool_result_tokens_per_episode']:.0f} "
+                f"| {arm['tool_result_tokens_vs_default']:.2f} | {statistics.median(arm['wall_per_episode_s']):.3f} "
+                f"| {_ratio(arm['wall_vs_default'])} |"
             )
-    return "\n".join(lines)
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def run(
@@ -655,7 +712,8 @@ def run(
     return {
         "settings": {
             "horizons": list(horizons),
-            "k": list(ks),
+            "k": list(ks) if settings_k is None else [settings_k],
+            "setting_arms": None if settings_k is None else SETTING_ARMS,
             "episodes_per_horizon": n_episodes,
             "repeats": repeats,
             "teach_steps": teach_steps,

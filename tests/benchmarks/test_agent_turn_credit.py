@@ -102,3 +102,83 @@ def test_t_interval_by_hand(bench):
     assert out["mean"] == pytest.approx(1.1)
     assert out["low"] == pytest.approx(1.1 - 0.248414, abs=1e-5)
     assert out["high"] == pytest.approx(1.1 + 0.248414, abs=1e-5)
+
+
+def _settings_section() -> str:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    start = page.index("### What each Monte Carlo setting saves on agents")
+    return page[start : page.index("\n### ", start + 1)]
+
+
+def test_the_settings_tables_on_the_page_are_the_records():
+    # docs/benchmarks.md's per-setting cost tables, row by row, rendered here from the committed record as the page
+    # prints them (no model runs).
+    root = Path(__file__).resolve().parents[2]
+    record = json.loads((root / "benchmarks" / "results" / "agent_turn_credit_settings.json").read_text())
+    section = _settings_section()
+    assert record["command"] in " ".join(section.split())
+    arms = set(record["settings"]["setting_arms"])
+    for rec in record["horizons"]:
+        assert f"H = {rec['horizon']}, K = {rec['k']}, {rec['episodes']} episodes:" in section
+        assert set(rec["arms"]) == arms  # every arm reported at every horizon, losses like wins
+        for name, arm in rec["arms"].items():
+            wall = arm["wall_vs_default"]
+            assert arm["same_work_every_repeat"] and wall["n"] == record["settings"]["repeats"]
+            ratio = f"{wall['ratio']:.2f} [{wall['low']:.2f}, {wall['high']:.2f}]"
+            walls = sorted(arm["wall_per_episode_s"])
+            median = (
+                walls[len(walls) // 2]
+                if len(walls) % 2
+                else (walls[len(walls) // 2 - 1] + walls[len(walls) // 2]) / 2
+            )
+            row = (
+                f"| {name} | {arm['states_per_episode']:.1f} | {arm['rollouts_per_episode']:.1f} "
+                f"| {arm['rollouts_vs_default']:.2f} | {arm['sampled_tokens_per_episode']:.0f} "
+                f"| {arm['sampled_tokens_vs_default']:.2f} | {arm['tool_result_tokens_per_episode']:.0f} "
+                f"| {arm['tool_result_tokens_vs_default']:.2f} | {median:.3f} | {ratio} |"
+            )
+            assert row in section, row
+
+
+def test_every_setting_against_the_default_interleaved(bench, harness, monkeypatch):
+    calls = []
+    estimate = bench.estimate
+
+    def logged(harness, episodes, horizon, k, seed, settings=None):
+        calls.append(next(n for n, s in bench.SETTING_ARMS.items() if s == (settings or {})))
+        return estimate(harness, episodes, horizon, k, seed, settings)
+
+    monkeypatch.setattr(bench, "estimate", logged)
+    record = bench.measure_settings(harness, 2, k=2, n_episodes=2, repeats=2, seed=0)
+    json.dumps(record)  # what the script writes
+    names = list(bench.SETTING_ARMS)
+    assert calls == names + names[1:] + names[:1]  # each repeat runs every arm, the order rotated by one
+    arms = record["arms"]
+    assert list(arms) == names and record["episodes"] == 2
+    for arm in arms.values():
+        assert arm["same_work_every_repeat"] and len(arm["wall_per_episode_s"]) == 2
+        assert (
+            arm["wall_vs_default"]["n"] == 2
+            and arm["wall_vs_default"]["low"] <= arm["wall_vs_default"]["high"]
+        )
+    assert arms["default"]["wall_vs_default"]["ratio"] == pytest.approx(1.0)
+    assert arms["default"]["sampled_tokens_vs_default"] == 1.0
+    # The truncated-reward rule changes values, never what is sampled.
+    fixed, truncated = arms["fixed_budget_32"], arms["fixed_budget_32_truncated_0"]
+    assert fixed["sampled_tokens_per_episode"] == truncated["sampled_tokens_per_episode"]
+    assert fixed["rollouts_per_episode"] == truncated["rollouts_per_episode"]
+    assert arms["max_estimated_steps_2"]["states_per_episode"] <= 2
+    assert arms["min_step_tokens_64"]["states_per_episode"] <= arms["default"]["states_per_episode"]
+    assert len(bench.settings_table([record]).splitlines()) == 4 + len(names)  # heading, blank, header, rule
+
+
+def test_ratio_interval_by_hand(bench):
+    # log ratios ln(1.1), ln(0.9): mean -0.005025, sd 0.141897, t(0.975, 1) = 12.706205.
+    out = bench.ratio_interval([1.1, 0.9])
+    logs = [math.log(1.1), math.log(0.9)]
+    centre, half = sum(logs) / 2, 12.706205 * abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)
+    assert out["ratio"] == pytest.approx(math.sqrt(0.99))
+    assert (out["low"], out["high"]) == pytest.approx(
+        (math.exp(centre - half), math.exp(centre + half)), rel=1e-5
+    )
+    assert bench.ratio_interval([1.25])["low"] is None

@@ -167,7 +167,7 @@ def teach_policy(horizons: Sequence[int], steps: int, seed: int) -> tuple[Any, A
     Returns the tokenizer, the model and the first and last loss."""
     import torch
 
-    from testbed.agent_policy import build_agent_model, build_agent_tokenizer
+    from testbed.agent_policy import build_agent_model, build_agent_tokenizer, fit_model_turns
 
     example = _agent_example()
     torch.manual_seed(seed)
@@ -186,26 +186,9 @@ def teach_policy(horizons: Sequence[int], steps: int, seed: int) -> tuple[Any, A
         for row in agent_rows("delayed", horizon, 16, seed + 1):
             choices = simulate_episode(AgentTask.from_row(row), KeyPolicy(0.25), rng).choices
             episodes.append(example.scripted_episode_ids(tokenizer, row, choices, {}))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    losses = []
-    for _ in range(steps):
-        batch = [episodes[rng.randrange(len(episodes))] for _ in range(8)]
-        width = max(len(ids) for ids, _ in batch)
-        pad = tokenizer.pad_token_id
-        ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in batch])
-        labels = torch.tensor(
-            [
-                [t if m else -100 for t, m in zip(i, k, strict=True)] + [-100] * (width - len(i))
-                for i, k in batch
-            ]
-        )
-        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
+    losses = fit_model_turns(
+        model, episodes, tokenizer.pad_token_id, steps=steps, batch_size=8, learning_rate=3e-3, rng=rng
+    )
     model.eval()
     return tokenizer, model, [losses[0], losses[-1]] if losses else []
 

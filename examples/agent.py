@@ -279,6 +279,7 @@ def teach_format(
     import torch
 
     from testbed.agent_env import AgentTask, simulate_episode
+    from testbed.agent_policy import fit_model_turns
 
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -295,22 +296,15 @@ def teach_format(
     for row in rows:
         choices = simulate_episode(AgentTask.from_row(row), policy, rng).choices
         episodes.append(scripted_episode_ids(tokenizer, row, choices, chat_template_kwargs))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
-    model.train()
-    losses = []
-    for _ in range(steps):
-        batch = [episodes[rng.randrange(len(episodes))] for _ in range(batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.tensor([i + [tokenizer.pad_token_id] * (width - len(i)) for i, _ in batch])
-        labels = torch.tensor([[t if m else -100 for t, m in zip(i, k, strict=True)] + [-100] * (width - len(i))
-                               for i, k in batch])  # fmt: skip
-        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach().item())
-    return losses
+    return fit_model_turns(
+        model,
+        episodes,
+        tokenizer.pad_token_id,
+        steps=steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        rng=rng,
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -280,6 +280,42 @@ class ScriptedAgentSampler:
         return [list(conts[0].token_ids) for conts in self.sample(requests)]
 
 
+def fit_model_turns(
+    model: Any,
+    episodes: Sequence[tuple[list[int], list[int]]],
+    pad_token_id: int,
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    rng: random.Random,
+    progress: bool = False,
+) -> list[float]:
+    """``steps`` supervised steps (AdamW, constant rate) on ``(token ids, model mask)`` episodes drawn with
+    replacement by ``rng``, the loss on the masked (model's own) tokens only. Leaves the model in train mode and
+    returns every step's loss. The one warm-up loop of the agent example, the LM map's warm-up and the turn-credit
+    benchmark."""
+    import torch
+    from tqdm.auto import tqdm
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    model.train()
+    losses = []
+    for _ in tqdm(range(steps), desc="lm warm-up (SFT)", unit="step", disable=not progress):
+        batch = [episodes[rng.randrange(len(episodes))] for _ in range(batch_size)]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([i + [pad_token_id] * (width - len(i)) for i, _ in batch])
+        labels = torch.tensor([[t if m else -100 for t, m in zip(i, k, strict=True)] + [-100] * (width - len(i))
+                               for i, k in batch])  # fmt: skip
+        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+
+
 def scripted_episode_ids(
     tokenizer: Any, row: dict[str, Any], choices: Sequence[int], chat_template_kwargs: dict[str, Any]
 ) -> tuple[list[int], list[int]]:

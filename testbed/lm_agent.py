@@ -171,26 +171,18 @@ def supervised_fit(
 ) -> list[float]:
     """``steps`` supervised steps (AdamW, constant rate) on episodes drawn with replacement (``Random(seed + 1)``),
     the loss on the masked (model's own) tokens only; leaves the model in eval mode and returns every step's loss."""
-    import torch
-    from tqdm.auto import tqdm
+    from testbed.agent_policy import fit_model_turns
 
-    rng = random.Random(seed + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
-    pad = tokenizer.pad_token_id
-    model.train()
-    losses = []
-    for _ in tqdm(range(steps), desc="lm warm-up (SFT)", unit="step", disable=not progress):
-        batch = [episodes[rng.randrange(len(episodes))] for _ in range(batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in batch])
-        labels = torch.tensor([[t if m else -100 for t, m in zip(i, k, strict=True)] + [-100] * (width - len(i))
-                               for i, k in batch])  # fmt: skip
-        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
+    losses = fit_model_turns(
+        model,
+        episodes,
+        tokenizer.pad_token_id,
+        steps=steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        rng=random.Random(seed + 1),
+        progress=progress,
+    )
     model.eval()
     return losses
 

@@ -57,11 +57,9 @@ _STAT_NAMES = (
 
 #: The fields logged as training metrics under their own names (:meth:`MCStats.metrics`); each reduces over
 #: processes by its field's ``reduce``. The ratios :meth:`MCStats.metrics` adds are averaged (the trainer's default).
-_METRIC_FIELDS = (
-    "rollouts",
-    "generated_tokens",
-    "states",
-    "seconds",
+#: Logged always, then only where the option that sets them is on (None otherwise).
+_ALWAYS_LOGGED = ("rollouts", "generated_tokens", "states", "seconds")
+_LOGGED_WHEN_SET = (
     "free_samples",
     "rollouts_saved",
     "budget_tokens",
@@ -69,6 +67,7 @@ _METRIC_FIELDS = (
     "tool_calls",
     "dropped_tool_results",
 )
+_METRIC_FIELDS = _ALWAYS_LOGGED + _LOGGED_WHEN_SET
 
 
 @dataclass
@@ -206,22 +205,10 @@ class MCStats(Mapping[str, float]):
         """The training metrics of this record (logged as ``mc/<name>``): ``rollouts``, ``generated_tokens``,
         ``states``, ``seconds``, ``dedup_ratio``, ``truncated_rollout_ratio`` (truncated / sampled rollouts, 0
         without rollouts) and the options' ``free_samples``, ``rollouts_saved``, ``budget_tokens`` where set."""
-        out = {
-            "rollouts": float(self.rollouts),
-            "generated_tokens": float(self.generated_tokens),
-            "states": float(self.states),
-            "seconds": float(self.seconds),
-            "dedup_ratio": self.dedup_ratio,
-            "truncated_rollout_ratio": self.truncated_rollouts / self.rollouts if self.rollouts else 0.0,
-        }
-        for name in (
-            "free_samples",
-            "rollouts_saved",
-            "budget_tokens",
-            "tool_result_tokens",
-            "tool_calls",
-            "dropped_tool_results",
-        ):
+        out = {name: float(getattr(self, name)) for name in _ALWAYS_LOGGED}
+        out["dedup_ratio"] = self.dedup_ratio
+        out["truncated_rollout_ratio"] = self.truncated_rollouts / self.rollouts if self.rollouts else 0.0
+        for name in _LOGGED_WHEN_SET:
             value = getattr(self, name)
             if value is not None:
                 out[name] = float(value)

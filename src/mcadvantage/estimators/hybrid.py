@@ -249,7 +249,7 @@ class HybridEstimator(AdvantageEstimator):
         """Tool and environment episodes get Monte Carlo credit per turn, as under ``"vineppo"``; a ``rollout_func=``
         needs a ``continuation_func=`` beside it (the trainer then leaves it out of ``given``), with ``"vineppo"``'s
         messages (:func:`~mcadvantage.estimators.vineppo.check_turn_credit_support`)."""
-        check_turn_credit_support(self.settings, given, self.name or type(self).__name__)
+        check_turn_credit_support(given, self.name or type(self).__name__)
 
     def estimate(self, batch: AdvantageBatch, context: EstimatorContext) -> AdvantageResult:
         """Per-token advantages of the local responses (see :class:`~mcadvantage.estimators.base.AdvantageEstimator`)."""

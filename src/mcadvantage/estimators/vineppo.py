@@ -72,7 +72,7 @@ class EpisodeCredit:
     rollouts: int = 0
 
 
-def check_turn_credit_support(settings: MCSettings, given: Sequence[str], estimator: str) -> None:
+def check_turn_credit_support(given: Sequence[str], estimator: str) -> None:
     """Refuse what Monte Carlo turn credit cannot do, for an estimator that gives it (``"vineppo"``, ``"hybrid"``):
     ``rollout_func=`` among the trainer arguments ``given`` (``NotImplementedError``: its episodes can be resumed from
     a prefix only by a ``continuation_func``, which the trainer then drops from ``given``). Every Monte Carlo
@@ -173,7 +173,7 @@ class VinePPOEstimator(AdvantageEstimator):
         """Turn credit continues episodes of ``tools=`` and ``environment_factory=``; refuse ``rollout_func=`` alone
         (its episodes can be resumed from a prefix only by the user's ``continuation_func``: the trainer drops
         ``rollout_func`` from ``given`` when one is passed; :func:`check_turn_credit_support`)."""
-        check_turn_credit_support(self.settings, given, self.name or type(self).__name__)
+        check_turn_credit_support(given, self.name or type(self).__name__)
 
     # -- the seam ---------------------------------------------------------------------------------------------
 

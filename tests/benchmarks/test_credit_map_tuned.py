@@ -78,6 +78,7 @@ def committed() -> dict:
     return json.loads(cmt.SUMMARY.read_text())
 
 
+@pytest.mark.record
 def test_committed_summary_page_and_readme_regenerate_from_the_committed_records(committed):
     assert json.loads(json.dumps(cmt.summarize(cmt.RUNS))) == committed
     page = cmt.PAGE.read_text()
@@ -97,17 +98,20 @@ def test_the_hard_cell_is_the_scouts_choice_by_the_rule(committed):
     assert [c["cell"] for c in scout["candidates"]] == list(cmt.HARD_CANDIDATES)
 
 
+@pytest.mark.record
 def test_committed_anchor_runs_reproduce_through_the_librarys_estimator():
     """The tuned map's anchor arms now go through AnchorEstimator; re-running committed runs of the cheapest cell
-    (H = 2) reproduces their records within benchmarks/_records.py's toy rule, the pooled arm to the bit."""
+    (H = 2) reproduces their records within benchmarks/_records.py's toy rule. How many re-runs match to the bit is
+    reported, not asserted: on another CPU the last bits differ (issue 57: 1.1e-16 on an AVX-512 Xeon)."""
     cell = next(c for c in cmt.MAP_CELLS if c["name"] == "shared_delayed_H2_r0.15")
     result = cmt.rerun(cmt.RUNS, [cell], ["anchor_pool_state", "anchor_norm_state"], per_cell=1, seed=3)
     assert result["comparison"]["found"] >= 4 and not result["comparison"]["outside"], result["comparison"]
-    assert (
-        result["per_arm"]["anchor_pool_state"]["identical"] == result["per_arm"]["anchor_pool_state"]["runs"]
-    )
+    for arm in ("anchor_pool_state", "anchor_norm_state"):
+        tally = result["per_arm"][arm]
+        assert tally["runs"] >= 2 and tally["within"] == tally["runs"], (arm, tally)
 
 
+@pytest.mark.record
 def test_compare_runs_and_summaries_see_a_changed_run(tmp_path):
     import shutil
 
@@ -124,3 +128,24 @@ def test_compare_runs_and_summaries_see_a_changed_run(tmp_path):
     moved = cmt.compare_runs(tmp_path, cmt.RUNS, ["anchor_pool_state"])
     assert moved["within"] == moved["runs"] - 1 and not moved["counts_equal"]
     assert moved["largest"] == pytest.approx(1.0)  # the step count's difference is the largest
+
+
+@pytest.mark.record
+def test_a_last_bit_difference_is_within_the_rule_though_not_identical(tmp_path):
+    """What issue 57's Xeon saw (a re-run 1.1e-16 from its record, which switching kernels does not reproduce on
+    our CPU): one run's success moved by one unit in the last place is within the toy rule, and only the count of
+    identical runs, which is reported and never asserted across machines, sees it."""
+    import math
+    import shutil
+
+    cell = "shared_delayed_H2_r0.15"
+    shutil.copytree(cmt.RUNS / cell, tmp_path / cell)
+    path = cmt.arm_file(tmp_path, cell, "anchor_pool_state")
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    success = first["budgets"]["1"]["success"]
+    first["budgets"]["1"]["success"] = math.nextafter(success, -math.inf if success > 0 else math.inf)
+    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    nudged = cmt.compare_runs(tmp_path, cmt.RUNS, ["anchor_pool_state"])
+    assert nudged["within"] == nudged["runs"] > 0 and nudged["counts_equal"]
+    assert nudged["identical"] == nudged["runs"] - 1

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -19,6 +21,7 @@ class _Bar:
         pass
 
 
+@pytest.mark.record
 def test_the_demo_picks_the_oracles_largest_tuned_gain_and_reruns_agree_with_the_records():
     summary = json.loads(cmt.SUMMARY.read_text())
     family = demo.pick_family(summary)

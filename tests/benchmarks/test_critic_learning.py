@@ -7,6 +7,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -14,6 +16,7 @@ import critic_learning as cl  # noqa: E402
 from _records import compare_tree  # noqa: E402
 
 
+@pytest.mark.record
 def test_report_regenerates_the_committed_json_from_the_records(tmp_path, monkeypatch, capsys):
     committed = json.loads((ROOT / "benchmarks" / "results" / "critic_learning.json").read_text())
     monkeypatch.setattr(cl, "RESULTS", tmp_path)

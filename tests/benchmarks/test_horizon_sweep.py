@@ -68,6 +68,7 @@ def test_confirm_rule_takes_both_ends_and_interior_sign_changes():
     assert [c for c in chosen if c[1] == "recovery"] == [("turn", "recovery", h, 0.15) for h in (2, 16)]
 
 
+@pytest.mark.record
 def test_committed_summary_and_page_regenerate_from_the_committed_records():
     committed = json.loads(hs.SUMMARY.read_text())
     regenerated = json.loads(

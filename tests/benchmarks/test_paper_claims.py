@@ -193,6 +193,7 @@ def statistics_mean(xs):
     return sum(xs) / len(xs)
 
 
+@pytest.mark.record
 def test_the_results_file_regenerates_from_the_committed_records():
     bench = _bench()
     compare_tree = load_benchmark("_records").compare_tree

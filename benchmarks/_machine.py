@@ -81,8 +81,11 @@ def numpy_cpu_features() -> list[str] | None:
             from numpy.core import _multiarray_umath as umath  # numpy 1.x
         except ImportError:
             return None
-    table = umath.__cpu_features__
-    built = list(umath.__cpu_baseline__) + list(umath.__cpu_dispatch__)
+    try:  # private tables: a numpy that drops them gives None, not an error in every record writer
+        table = umath.__cpu_features__
+        built = list(umath.__cpu_baseline__) + list(umath.__cpu_dispatch__)
+    except AttributeError:
+        return None
     return [f for f in built if table.get(f)]
 
 
@@ -131,3 +134,12 @@ def environments_text(recorded: Mapping[str, Any] | None, here: Mapping[str, Any
         mark = "  " if old == new else "* "
         lines.append(f"{mark}{key:<20} {str(old):<40} {new}")
     return "\n".join(lines)
+
+
+def uptime() -> str:
+    """``uptime``'s line (the load of the shared machine), or the load averages where the command is absent (a slim
+    container without procps)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _machine import machine_info  # noqa: E402
+from _machine import machine_info, uptime  # noqa: E402
 from agent_turn_credit import ratio_interval, t_interval  # noqa: E402
 
 SIDES = ("before", "after")
@@ -267,9 +267,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         old = json.loads(args.out.read_text())
         if old.get("config") == config:  # the same settings and commits: go on after the last finished run
             result = old
-    result.setdefault(
-        "uptime_before", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    )
+    result.setdefault("uptime_before", uptime())
     result["command"] = "python benchmarks/agent_turn_credit_ab.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
@@ -284,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             )
         result["pairs"].append({"order": list(order(pair)), **runs})
         result["summary"] = summarise(result["pairs"])
-        result["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        result["uptime_after"] = uptime()
         result["machine"] = machine_info()
         result["table"] = table(result["summary"])
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,6 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from _machine import machine_info  # noqa: E402
+from _machine import machine_info, uptime  # noqa: E402
 
 from mcadvantage.estimators import AdvantageBatch, EstimatorContext, GRPOEstimator  # noqa: E402
 from mcadvantage.estimators.anchor import AnchorEstimator  # noqa: E402
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     work = arms(batch, key_reads(tasks, args.group, choices), model)
     names = list(work)
     times: dict[str, list[float]] = {n: [] for n in names}
-    uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    uptime_before = uptime()
     for fn in work.values():  # one untimed call each: one-off costs
         fn()
     for r in range(args.rounds):
@@ -160,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             work[name]()
             times[name].append(time.perf_counter() - start)
-    uptime_after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    uptime_after = uptime()
     step = statistics.median(times["step"])
     overheads = {}
     for name in ("anchor", "anchor_pooled", "anchor_observation"):

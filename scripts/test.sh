@@ -21,4 +21,8 @@ fi
 # Two workers, one torch thread each (the suite's tiny models gain nothing from a second thread); each test file runs
 # on one worker (--dist loadfile), so a module-scoped vLLM engine or server starts once, not once per worker.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Caches (datasets' Arrow files, vLLM's, accelerate's default config) inside the venv, not the user's home: a
+# developer's ~/.cache/huggingface/accelerate/default_config.yaml or a read-only home must not change the run.
+TEST_CACHE="$(cd "$VENV" && pwd)/.test-cache"
+export XDG_CACHE_HOME="$TEST_CACHE" HF_HOME="$TEST_CACHE/huggingface"
 "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile -m "slow or not slow" "$@"

@@ -30,8 +30,7 @@ switched_pass "$VENV" "$@"
 if [ "${SKIP_NEWEST:-0}" != "1" ]; then
   python3 -m venv --clear "$NEWEST_VENV"
   "$NEWEST_VENV/bin/python" -m pip install -q --upgrade pip
-  "$NEWEST_VENV/bin/python" -m pip install -q "torch==${TORCH_VERSION}" \
-    || "$NEWEST_VENV/bin/python" -m pip install -q "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
+  install_cpu_torch "$NEWEST_VENV"
   "$NEWEST_VENV/bin/python" -m pip install -q --upgrade -e ".[test]" "torch==${TORCH_VERSION}"
   "$NEWEST_VENV/bin/python" -c "import numpy, transformers, trl; print('newest venv: numpy', numpy.__version__, \
 'transformers', transformers.__version__, 'trl', trl.__version__)"

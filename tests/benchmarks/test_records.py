@@ -95,7 +95,9 @@ def test_a_record_names_where_it_was_made():
                 "numpy_cpu_features", "torch_cpu_capability", "cpu_count", "cpus_usable", "torch_threads",
                 "thread_variables"):  # fmt: skip
         assert key in info, key
-    assert info["benchmark_field"] == 1 and len(info["commit"]) == 40
+    assert info["benchmark_field"] == 1
+    if info["commit"] is not None:  # None only where git cannot read the checkout (no git, or not a clone)
+        assert len(info["commit"]) in (40, 64)  # SHA-1 or SHA-256
     # Where it was made: present and non-empty. Which feature names numpy or torch report is theirs to choose (numpy
     # 2.4 renamed them: X86_V2, X86_V4, AVX512_ICL, ...), so the names themselves are not checked.
     for key in ("cpu", "numpy_cpu_features", "torch_cpu_capability", "python", "numpy", "torch"):
@@ -135,7 +137,10 @@ def test_another_cpus_arithmetic_moves_the_exact_toy_in_its_last_bits_within_tol
         difference(m["success_at_budget"], r["success_at_budget"])
         for m, r in zip(moved, records, strict=True)
     ]
-    assert max(diffs) > 0.0  # needed: the results are not bit-equal to the records
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":  # the kernels the records were made with
+        assert max(diffs) > 0.0  # needed: the results are not bit-equal to the records
     assert max(diffs) < 1e-12  # ... and move only in the last bits
     c = Comparison()
     for (arm, seed), m, r in zip(runs, moved, records, strict=True):

@@ -5,7 +5,9 @@ Used by tests/integrations/test_integration_verl.py and docs/howto/verl.md; impo
 
 from __future__ import annotations
 
+import importlib
 import random
+import types
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -164,3 +166,19 @@ def verl_training_batch(
     )
     out.meta_info = {}
     return out
+
+
+def hydra_standin() -> types.ModuleType:
+    """The one hydra function verl's agent-loop module calls: ``hydra.utils.instantiate`` of an agent loop's
+    ``_target_`` (the other keys and the call's keyword arguments go to the class). Our CI venv cannot import
+    hydra: hydra-core needs the ANTLR 4.9 runtime and math-verify's LaTeX parser 4.13 (docs/howto/verl.md)."""
+
+    def instantiate(config, **kwargs):
+        spec = dict(config)
+        module, _, name = str(spec.pop("_target_")).rpartition(".")
+        return getattr(importlib.import_module(module), name)(**spec, **kwargs)
+
+    hydra = types.ModuleType("hydra")
+    hydra.utils = types.ModuleType("hydra.utils")
+    hydra.utils.instantiate = instantiate
+    return hydra

@@ -121,11 +121,14 @@ def _rows(values: Any) -> list[Any]:
     return list(values.tolist() if hasattr(values, "tolist") else values)
 
 
-def read_sessions(keys: Sequence[str], data: TensorDict, columns: Sequence[str] = ()) -> list[Session]:
+def read_sessions(
+    keys: Sequence[str], data: TensorDict, columns: Sequence[str] = (), skip: Sequence[bool] | None = None
+) -> list[Session]:
     """Group the rows of a V1 batch (``data``: what ``tq.kv_batch_get`` returns for ``keys``) into sessions.
 
     Sessions come in the order their uid first appears, a uid's sessions by session id. ``columns`` (non-tensor
-    dataset columns present in ``data``) go to :attr:`Session.columns`.
+    dataset columns present in ``data``) go to :attr:`Session.columns`. Rows with ``skip`` True (verl's synthetic
+    padding rows, tagged ``is_padding``) belong to no session.
 
     Raises:
         ValueError: a key not in V1's layout, or state keys for some rows and not others.
@@ -133,9 +136,10 @@ def read_sessions(keys: Sequence[str], data: TensorDict, columns: Sequence[str] 
     fields = {name: _rows(data[name]) for name in _ROW_FIELDS if name in data.keys()}
     extras = fields.get("extra_fields", [{}] * len(keys))
     cols = {name: _rows(data[name]) for name in columns if name in data.keys()}
-    parsed = [_split_key(k) for k in keys]
-    uids = list(dict.fromkeys(p[0] for p in parsed))
-    order = sorted(range(len(keys)), key=lambda r: (uids.index(parsed[r][0]), parsed[r][1], parsed[r][2]))
+    kept = [r for r in range(len(keys)) if not (skip is not None and skip[r])]
+    parsed = {r: _split_key(keys[r]) for r in kept}
+    uids = list(dict.fromkeys(parsed[r][0] for r in kept))
+    order = sorted(kept, key=lambda r: (uids.index(parsed[r][0]), parsed[r][1], parsed[r][2]))
     sessions: dict[tuple[str, int], Session] = {}
     for r in order:
         uid, number, _ = parsed[r]
@@ -226,6 +230,7 @@ def compute_v1_advantages(
     estimator: AdvantageEstimator,
     context: EstimatorContext,
     whiten: bool | None = None,
+    skip: Sequence[bool] | None = None,
 ) -> tuple[list[torch.Tensor], dict[str, float]]:
     """Per row of a V1 batch, the estimator's per-token advantages (one 1-D tensor per row, the length of its
     response, 0 on tool tokens), and the estimator's metrics.
@@ -238,8 +243,9 @@ def compute_v1_advantages(
         context: what the estimator may sample through (:meth:`EstimatorContext.single_process`).
         whiten: token-weighted whitening over the batch (None: the estimator's ``whiten_by_default``), through
             :func:`~mcadvantage.estimators.batch.finalize_advantages`, the step ``VinePPOTrainer`` takes.
+        skip: per row, True for rows to leave out (verl's padding rows): they get advantage 0.
     """
-    sessions = read_sessions(keys, data, REWARD_COLUMNS)
+    sessions = read_sessions(keys, data, REWARD_COLUMNS, skip)
     if estimator.uses_rollouts and any(len(s.rows) > 1 or any(0 in m for m in s.response_mask) for s in sessions):
         raise NotImplementedError(
             f"{type(estimator).__name__} continues responses from their steps, which on verl needs single-turn "
@@ -254,7 +260,7 @@ def compute_v1_advantages(
         whiten=estimator.whiten_by_default if whiten is None else whiten,
         estimator=type(estimator).__name__,
     )
-    per_row = [torch.zeros(0)] * len(keys)
+    per_row = [torch.zeros(len(ids)) for ids in _rows(data["responses"])]
     for row, (i, offset, length) in layout.spans.items():
         per_row[row] = advantages[i, offset : offset + length].to(torch.float32).clone()
     metrics = {k: float(v) for k, v in result.metrics.items() if not math.isnan(v)}
@@ -386,7 +392,12 @@ class MCAdvantageV1Mixin:
             self.checkpoint_manager.update_weights(self.global_steps)  # the weights that generated the batch
         try:
             per_row, mc_metrics = compute_v1_advantages(
-                batch.keys, data, estimator=estimator, context=context, whiten=whiten
+                batch.keys,
+                data,
+                estimator=estimator,
+                context=context,
+                whiten=whiten,
+                skip=[bool(tag.get("is_padding", False)) for tag in batch.tags],
             )
         finally:
             if estimator.uses_rollouts:

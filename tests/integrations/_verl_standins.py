@@ -169,8 +169,9 @@ def verl_training_batch(
 
 
 def hydra_standin() -> types.ModuleType:
-    """The one hydra function verl's agent-loop module calls: ``hydra.utils.instantiate`` of an agent loop's
-    ``_target_`` (the other keys and the call's keyword arguments go to the class). Our CI venv cannot import
+    """The hydra functions verl's modules call on import and in its agent loop: ``hydra.utils.instantiate`` of an
+    agent loop's ``_target_`` (the other keys and the call's keyword arguments go to the class), and ``hydra.main``
+    as a decorator (``verl.trainer.main_ppo`` applies it at import; never called here). Our CI venv cannot import
     hydra: hydra-core needs the ANTLR 4.9 runtime and math-verify's LaTeX parser 4.13 (docs/howto/verl.md)."""
 
     def instantiate(config, **kwargs):
@@ -181,4 +182,5 @@ def hydra_standin() -> types.ModuleType:
     hydra = types.ModuleType("hydra")
     hydra.utils = types.ModuleType("hydra.utils")
     hydra.utils.instantiate = instantiate
+    hydra.main = lambda **_: lambda entry: entry  # verl.trainer.main_ppo decorates its main() at import
     return hydra

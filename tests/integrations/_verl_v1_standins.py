@@ -90,8 +90,14 @@ class InProcessTransferQueue:
         names = [select_fields] if isinstance(select_fields, str) else select_fields
         names = list(rows[0]) if names is None else [n for n in names if all(n in r for r in rows)]
         data = list_of_dict_to_tensordict([{n: r[n] for n in names} for r in rows])
-        for name in names:  # TransferQueue keeps every sample's tensor and returns a per-sample (jagged) field
-            if isinstance(rows[0][name], torch.Tensor) and rows[0][name].dim() == 1 and not data[name].is_nested:
+        for (
+            name
+        ) in names:  # TransferQueue keeps every sample's tensor and returns a per-sample (jagged) field
+            if (
+                isinstance(rows[0][name], torch.Tensor)
+                and rows[0][name].dim() == 1
+                and not data[name].is_nested
+            ):
                 data[name] = torch.nested.as_nested_tensor([r[name] for r in rows], layout=torch.jagged)
         return data
 
@@ -102,7 +108,9 @@ class InProcessTransferQueue:
     def batch(self, partition_id: str = "train") -> KVBatchMeta:
         """Every row of a partition, in the order they were put."""
         keys = [k for p, k in self.order if p == partition_id and (p, k) in self.rows]
-        return KVBatchMeta(keys=keys, tags=[self.tags.get((partition_id, k), {}) for k in keys], partition_id=partition_id)
+        return KVBatchMeta(
+            keys=keys, tags=[self.tags.get((partition_id, k), {}) for k in keys], partition_id=partition_id
+        )
 
 
 class ReplayBufferStandIn:
@@ -179,12 +187,15 @@ def agent_loop_worker(worker_cls: type, config: Any, tokenizer: Any) -> Any:
     return worker
 
 
-def v1_trainer(trainer_cls: type, config: Any, tokenizer: Any, store: InProcessTransferQueue, client: Any) -> Any:
+def v1_trainer(
+    trainer_cls: type, config: Any, tokenizer: Any, store: InProcessTransferQueue, client: Any
+) -> Any:
     """A V1 trainer (``trainer_cls``) with its GPU and Ray parts stood in: what ``PPOTrainer._setup`` would build
     from Ray worker groups and rollout replicas."""
     trainer = object.__new__(trainer_cls)
     trainer.config, trainer.tokenizer = config, tokenizer
     trainer.global_steps, trainer.local_trigger_step, trainer.curr_step_profile = 1, 0, False
+    trainer.trainer_mode = config.trainer.v1.trainer_mode
     trainer.use_critic = trainer.use_reference_policy = trainer.ref_in_actor = False
     trainer.distillation_config = None
     trainer.replay_buffer = ReplayBufferStandIn(store)

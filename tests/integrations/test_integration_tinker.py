@@ -9,7 +9,9 @@ import random
 import pytest
 import torch
 
-tinker = pytest.importorskip("tinker", reason="tinker is installed by scripts/_setup_venv.sh (install_tinker)")
+tinker = pytest.importorskip(
+    "tinker", reason="tinker is installed by scripts/_setup_venv.sh (install_tinker)"
+)
 
 from mcadvantage.core.advantages import loss_token_mask  # noqa: E402
 from mcadvantage.estimators.anchor import AnchorEstimator  # noqa: E402
@@ -63,7 +65,9 @@ def test_datums_from_result_field_by_field(whiten):
     result = AnchorEstimator().estimate(batch, EstimatorContext.single_process(None, [], None))
     logprobs = [[-0.1 * (j + 1) for j in range(len(c))] for c in batch.completion_ids]
     data = mctinker.datums_from_result(batch, result, logprobs, whiten=whiten)
-    expected = finalize_advantages(result, loss_token_mask(batch.completion_mask, batch.tool_mask), whiten=whiten)
+    expected = finalize_advantages(
+        result, loss_token_mask(batch.completion_mask, batch.tool_mask), whiten=whiten
+    )
     assert expected.abs().sum() > 0
     for i, d in enumerate(data):
         prompt, completion = batch.prompt_ids[i], batch.completion_ids[i]
@@ -100,7 +104,10 @@ def test_datums_from_mc_estimate(char_tokenizer):
         return [float(c.strip().endswith("#### 5")) for c in completions]
 
     trajectories = []
-    for prompt, response in [("Start at 2. Add 3.\n", "2+3=5\n#### 5"), ("Start at 2. Add 3.\n", "2+3=6\n#### 7")]:
+    for prompt, response in [
+        ("Start at 2. Add 3.\n", "2+3=5\n#### 5"),
+        ("Start at 2. Add 3.\n", "2+3=6\n#### 7"),
+    ]:
         ids = tok.encode(response) + [tok.eos_token_id]
         trajectories.append(
             Trajectory(
@@ -111,7 +118,9 @@ def test_datums_from_mc_estimate(char_tokenizer):
                 prompt=prompt,
             )
         )
-    estimate = MCValueEstimator(ScriptedEngine(answer), reward, tok, num_rollouts=4, max_completion_length=24).estimate(trajectories)
+    estimate = MCValueEstimator(
+        ScriptedEngine(answer), reward, tok, num_rollouts=4, max_completion_length=24
+    ).estimate(trajectories)
     logprobs = [[-1.0] * len(t.completion_ids) for t in trajectories]
     data = mctinker.datums_from_estimate(trajectories, estimate, logprobs)
     for traj, advs, d in zip(trajectories, estimate.token_advantages, data, strict=True):
@@ -142,7 +151,12 @@ def _groups(cookbook):
     """Two groups of two trajectories: multi-turn, each observation extending the sequence so far except one (a
     context reset), one parse-error turn the cookbook masks, states in ``logs["state"]``."""
     from tinker_cookbook.completers import TokensWithLogprobs
-    from tinker_cookbook.rl.types import PARSE_ERROR_MASKED_METRIC_KEY, Trajectory, TrajectoryGroup, Transition
+    from tinker_cookbook.rl.types import (
+        PARSE_ERROR_MASKED_METRIC_KEY,
+        Trajectory,
+        TrajectoryGroup,
+        Transition,
+    )
 
     gen = random.Random(1)
     groups = []
@@ -158,7 +172,9 @@ def _groups(cookbook):
                 transitions.append(
                     Transition(
                         ob=tinker.ModelInput.from_ints(ob),
-                        ac=TokensWithLogprobs(tokens=action, maybe_logprobs=[-0.25 * (k + 1) for k in range(len(action))]),
+                        ac=TokensWithLogprobs(
+                            tokens=action, maybe_logprobs=[-0.25 * (k + 1) for k in range(len(action))]
+                        ),
                         reward=0.0,
                         episode_done=t == 2,
                         metrics={PARSE_ERROR_MASKED_METRIC_KEY: 1.0} if masked else {},
@@ -166,7 +182,9 @@ def _groups(cookbook):
                     )
                 )
                 sequence = ob + action
-            trajectories.append(Trajectory(transitions=transitions, final_ob=tinker.ModelInput.from_ints(sequence)))
+            trajectories.append(
+                Trajectory(transitions=transitions, final_ob=tinker.ModelInput.from_ints(sequence))
+            )
         groups.append(TrajectoryGroup(trajectories, final_rewards_G=[float(i == g), 0.5], metrics_G=[{}, {}]))
     return groups
 
@@ -186,7 +204,10 @@ def _anchor_per_turn(groups) -> list[list[float]]:
             masks.append(mask)
             keys.append([tr.logs["state"] for tr in traj.transitions])
     width = max(map(len, completions))
-    cm, tm = torch.zeros((len(completions), width), dtype=torch.long), torch.zeros((len(completions), width), dtype=torch.long)
+    cm, tm = (
+        torch.zeros((len(completions), width), dtype=torch.long),
+        torch.zeros((len(completions), width), dtype=torch.long),
+    )
     for i, (ids, mask) in enumerate(zip(completions, masks, strict=True)):
         cm[i, : len(ids)], tm[i, : len(ids)] = 1, torch.tensor(mask)
     batch = AdvantageBatch(
@@ -216,7 +237,9 @@ def test_cookbook_training_data_per_token(cookbook):
     )
     # The cookbook's own layout, with its one advantage per trajectory (1.0 marks its action tokens).
     reference, reference_meta = cookbook.assemble_training_data(groups, [torch.ones(2), torch.ones(2)])
-    assert metadata == reference_meta and len(data) == len(reference) == 5  # the context reset splits one trajectory
+    assert (
+        metadata == reference_meta and len(data) == len(reference) == 5
+    )  # the context reset splits one trajectory
     per_turn = iter(_anchor_per_turn(groups))
     values = {(m["group_idx"], m["traj_idx"]): None for m in metadata}
     for key in values:
@@ -226,7 +249,9 @@ def test_cookbook_training_data_per_token(cookbook):
         model_input, inputs = _fields(d)
         _, ref_inputs = _fields(ref)
         assert model_input == ref.model_input.to_ints()
-        assert d.model_input_spans == ref.model_input_spans and d.loss_fn_input_spans == ref.loss_fn_input_spans
+        assert (
+            d.model_input_spans == ref.model_input_spans and d.loss_fn_input_spans == ref.loss_fn_input_spans
+        )
         for name in ("target_tokens", "mask", "logprobs"):
             assert torch.equal(inputs[name], ref_inputs[name]), name
         traj = groups[meta["group_idx"]].trajectories_G[meta["traj_idx"]]

@@ -18,10 +18,14 @@ import torch
 from packaging.version import Version
 
 pytest.importorskip("verl", reason="verl is installed by scripts/_setup_venv.sh (install_verl_cpu)")
-pytest.importorskip("transfer_queue", reason="verl's V1 trainer needs TransferQueue (install_verl_cpu installs it)")
+pytest.importorskip(
+    "transfer_queue", reason="verl's V1 trainer needs TransferQueue (install_verl_cpu installs it)"
+)
 tensordict = pytest.importorskip("tensordict")
 if Version(tensordict.__version__) < Version("0.10"):
-    pytest.skip("verl's V1 trainer stores non-tensor fields, which needs tensordict>=0.10", allow_module_level=True)
+    pytest.skip(
+        "verl's V1 trainer stores non-tensor fields, which needs tensordict>=0.10", allow_module_level=True
+    )
 
 from _verl_standins import ScriptedEngine, hydra_standin  # noqa: E402
 from _verl_v1_standins import (  # noqa: E402
@@ -33,10 +37,10 @@ from _verl_v1_standins import (  # noqa: E402
 )
 from omegaconf import OmegaConf  # noqa: E402
 
-from mcadvantage.estimators.anchor import AnchorEstimator  # noqa: E402
-from mcadvantage.estimators.vineppo import VinePPOEstimator  # noqa: E402
 from mcadvantage.core.advantages import loss_token_mask  # noqa: E402
+from mcadvantage.estimators.anchor import AnchorEstimator  # noqa: E402
 from mcadvantage.estimators.batch import AdvantageBatch, EstimatorContext, finalize_advantages  # noqa: E402
+from mcadvantage.estimators.vineppo import VinePPOEstimator  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,7 +63,14 @@ def v1():
         yield type("V1", (), {"tq": agent_loop_tq, "base": trainer_base, "mc": verl_v1})
     finally:
         for name in set(sys.modules) - before:
-            if name.startswith(("verl.experimental", "verl.trainer.ppo.v1", "mcadvantage.integrations.verl_v1")):
+            if name.startswith(
+                (
+                    "verl.experimental",
+                    "verl.trainer.ppo.v1",
+                    "verl.trainer.main_ppo",
+                    "mcadvantage.integrations.verl_v1",
+                )
+            ):
                 del sys.modules[name]
         for name, module in saved.items():
             if module is None:
@@ -72,7 +83,9 @@ def _config(estimator: str, kwargs: dict, *, n: int, mini_batch: int = 1) -> Ome
     """verl's own generated PPO config with the recipe's mcadvantage section (examples/verl/config/...)."""
     import verl
 
-    cfg = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), "trainer/config/_generated_ppo_trainer.yaml"))
+    cfg = OmegaConf.load(
+        os.path.join(os.path.dirname(verl.__file__), "trainer/config/_generated_ppo_trainer.yaml")
+    )
     overrides = OmegaConf.create(
         {
             "algorithm": {"adv_estimator": "grpo", "rollout_correction": {"bypass_mode": True}},
@@ -147,7 +160,9 @@ def _put_anchor_batch(v1, worker, tok) -> dict[str, list[tuple[list[str], list[i
                     mask += [1] * len(model) + [0] * len(tool)
                 last = index == len(rows) - 1
                 outputs.append(
-                    _output(v1, list(history), response, mask, session[2] if last else None, [t[0] for t in turns])
+                    _output(
+                        v1, list(history), response, mask, session[2] if last else None, [t[0] for t in turns]
+                    )
                 )
                 layout[f"{p}_{number}_{index}"] = ([t[0] for t in turns], mask)
                 history += response + tok.encode("\n")
@@ -209,7 +224,9 @@ def test_v1_training_step_with_anchor_turn_credit(v1, char_tokenizer, monkeypatc
     padding = [k for k, tag in zip(update["keys"], update["tags"], strict=True) if tag.get("is_padding")]
     assert len(padding) == 2
     reference = iter(_anchor_reference(tok))
-    expected_by_session = {f"{p}_{n}": next(reference) for p, sessions in EPISODES.items() for n in range(len(sessions))}
+    expected_by_session = {
+        f"{p}_{n}": next(reference) for p, sessions in EPISODES.items() for n in range(len(sessions))
+    }
     for key, advantages, returns in zip(update["keys"], update["advantages"], update["returns"], strict=True):
         assert torch.equal(advantages, returns)
         if key in padding:
@@ -217,7 +234,9 @@ def test_v1_training_step_with_anchor_turn_credit(v1, char_tokenizer, monkeypatc
             continue
         session, index = key.rsplit("_", 1)
         turn_keys, mask = layout[key]
-        values = iter(expected_by_session[session][sum(len(layout[f"{session}_{j}"][0]) for j in range(int(index))) :])
+        values = iter(
+            expected_by_session[session][sum(len(layout[f"{session}_{j}"][0]) for j in range(int(index))) :]
+        )
         expected, previous = [], 0
         for m in mask:  # each model turn's tokens carry its turn's value, tool tokens 0
             value = next(values) if m and not previous else (expected[-1] if m else 0.0)
@@ -227,7 +246,9 @@ def test_v1_training_step_with_anchor_turn_credit(v1, char_tokenizer, monkeypatc
     assert metrics["anchor/singleton_turn_share"] < 1.0
     # the episode credit under the turn credit: the rewarded session's first turn beats its group-mate's
     assert expected_by_session["p0_0"][0] > expected_by_session["p0_1"][0]
-    assert trainer.checkpoint_manager.calls == [("sleep_replicas", None)]  # on_sample_end only: nothing sampled
+    assert trainer.checkpoint_manager.calls == [
+        ("sleep_replicas", None)
+    ]  # on_sample_end only: nothing sampled
 
 
 # -- vineppo: Monte Carlo continuations through the rollout servers ----------------------------------------------------
@@ -260,7 +281,11 @@ def test_v1_training_step_with_vineppo(v1, char_tokenizer, monkeypatch):
             ids = tok.encode(response) + [tok.eos_token_id]
             score = float(response.endswith(GOLD))
             put_session(
-                worker, [_output(v1, tok.encode(prompt), ids, [1] * len(ids), score)], uid=f"u{p}", session_id=number, columns=columns
+                worker,
+                [_output(v1, tok.encode(prompt), ids, [1] * len(ids), score)],
+                uid=f"u{p}",
+                session_id=number,
+                columns=columns,
             )
             rows.append((tok.encode(prompt), ids, score))
     client = ScriptedLLMClient(_engine(tok))
@@ -284,7 +309,9 @@ def test_v1_training_step_with_vineppo(v1, char_tokenizer, monkeypatch):
         group_size=2,
         rows=[dict(columns) for _ in rows],
     )
-    context = EstimatorContext.single_process(_engine(tok), [verl_reward_function()], tok, max_completion_length=24)
+    context = EstimatorContext.single_process(
+        _engine(tok), [verl_reward_function()], tok, max_completion_length=24
+    )
     estimator = VinePPOEstimator(num_rollouts=4, step_segmenter="gsm8k")
     expected = finalize_advantages(estimator.estimate(batch, context), mask, whiten=True)
 
@@ -296,7 +323,11 @@ def test_v1_training_step_with_vineppo(v1, char_tokenizer, monkeypatch):
     assert len(client.sampling_params) == metrics["mc/rollouts"]
     assert {(p["temperature"], p["top_p"], p["top_k"]) for p in client.sampling_params} == {(0.6, 1.0, -1)}
     # on_sample_end slept the replicas; the Monte Carlo step woke them with the step's weights and slept them again
-    assert trainer.checkpoint_manager.calls == [("sleep_replicas", None), ("update_weights", 1), ("sleep_replicas", None)]
+    assert trainer.checkpoint_manager.calls == [
+        ("sleep_replicas", None),
+        ("update_weights", 1),
+        ("sleep_replicas", None),
+    ]
 
 
 def test_vineppo_refuses_multi_turn_sessions(v1, char_tokenizer, monkeypatch):
@@ -319,20 +350,134 @@ def test_v1_interfaces_we_rely_on(v1):
     step = inspect.getsource(base._step_once)
     assert step.index("self._compute_advantage(") < step.index("self._update_actor(")
     assert "self.llm_server_manager.get_client()" in inspect.getsource(base.get_llm_client)
-    assert '_{session_id}_{i}"' in inspect.getsource(v1.tq.AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess)
+    assert '_{session_id}_{i}"' in inspect.getsource(
+        v1.tq.AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess
+    )
     cls = v1.mc.register_mc_trainer()
-    assert v1.base.get_trainer_cls("mcadvantage_sync") is cls and v1.mc.register_mc_trainer() is cls
+    assert v1.base.get_trainer_cls("sync") is cls and v1.mc.register_mc_trainer() is cls
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     assert issubclass(cls, PPOTrainerSync) and "_compute_advantage" in vars(v1.mc.MCAdvantageV1Mixin)
+    # verl reads the mode name beyond the registry: "sync" picks the synchronous replay buffer.
+    assert 'self.trainer_mode == "sync"' in inspect.getsource(base._build_replay_buffer)
+    assert "get_trainer_cls(config.trainer.v1.trainer_mode)" in _source("verl.trainer.main_ppo")
+
+
+def _source(module: str) -> str:
+    """An installed module's source, read without importing it (verl.trainer.main_ppo imports hydra)."""
+    from pathlib import Path
+
+    return Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8")
+
+
+def test_async_modes_refuse_sampling_estimators(v1, char_tokenizer, monkeypatch):
+    tok = char_tokenizer
+    store = InProcessTransferQueue().install(monkeypatch)
+    config = _config("vineppo", {"num_rollouts": 2}, n=2)
+    config.trainer.v1.trainer_mode = "colocate_async"
+    cls = v1.mc.register_mc_trainer("colocate_async")
+    trainer = v1_trainer(cls, config, tok, store, ScriptedLLMClient(_engine(tok)))
+    put_session(
+        agent_loop_worker(v1.tq.AgentLoopWorkerTQ, config, tok),
+        [_output(v1, [1, 5], [6, 2], [1, 1], 1.0)],
+        uid="u",
+        session_id=0,
+        columns={},
+    )
+    with pytest.raises(ValueError, match="trainer_mode=sync"):
+        trainer._compute_advantage(store.batch(), {})
 
 
 def test_estimator_from_config_errors(v1):
     with pytest.raises(ValueError, match="advantage_estimator"):
         v1.mc.estimator_from_config(None)
-    est, whiten = v1.mc.estimator_from_config(OmegaConf.create({"advantage_estimator": "anchor", "whiten": True}))
+    est, whiten = v1.mc.estimator_from_config(
+        OmegaConf.create({"advantage_estimator": "anchor", "whiten": True})
+    )
     assert isinstance(est, AnchorEstimator) and whiten is True
     est, whiten = v1.mc.estimator_from_config(
         OmegaConf.create({"advantage_estimator": "vineppo", "estimator_kwargs": {"num_rollouts": 3}})
     )
     assert est.num_rollouts == 3 and whiten is None
+
+
+# -- the recipe ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recipe(v1):
+    """examples/verl/mc_trainer_v1.py as a module (a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location(
+        "mc_trainer_v1", os.path.join(ROOT, "examples/verl/mc_trainer_v1.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recipe_task_runner_registers_the_trainer_in_the_actor(v1, recipe):
+    """``mc_task_runner()`` is a Ray actor class derived from verl's ``TaskRunnerV1``; its ``run`` (what the actor
+    executes) puts the mixin on the configured mode's trainer before verl's ``run`` looks it up. No Ray cluster is
+    started: the second half runs the class behind the actor on a stand-in of verl's runner."""
+    import ray
+    from ray.actor import ActorClass
+
+    installed = recipe.mc_task_runner()
+    assert isinstance(installed, ActorClass)
+    main_ppo = importlib.import_module("verl.trainer.main_ppo")
+    assert issubclass(installed.__ray_actor_class__, main_ppo.TaskRunnerV1.__ray_actor_class__)
+    ray.cloudpickle.dumps(installed.__ray_actor_class__)  # Ray ships the class by value
+
+    class TaskRunnerV1:  # verl's run() looks the trainer up by mode, then builds and fits it
+        def run(self, config):
+            return v1.base.get_trainer_cls(config.trainer.v1.trainer_mode)
+
+    fake = type("main_ppo", (), {"TaskRunnerV1": ray.remote(TaskRunnerV1)})
+    built = (
+        recipe.mc_task_runner(fake)
+        .__ray_actor_class__()
+        .run(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "sync"}}}))
+    )
+    assert issubclass(built, v1.mc.MCAdvantageV1Mixin) and built is v1.base.get_trainer_cls("sync")
+
+
+def test_recipe_config_keys_are_verls():
+    """Every key the recipe's config and run script set exists in the installed verl's PPO config (the
+    ``mcadvantage`` section is the recipe's own), and the section builds the estimator."""
+    import re
+
+    import verl
+
+    ppo = OmegaConf.load(
+        os.path.join(os.path.dirname(verl.__file__), "trainer/config/_generated_ppo_trainer.yaml")
+    )
+    recipe_cfg = OmegaConf.load(os.path.join(ROOT, "examples/verl/config/mc_trainer_v1.yaml"))
+
+    def leaves(node, prefix=""):
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            yield from leaves(value, name + ".") if isinstance(value, dict) else [name]
+
+    keys = [
+        k
+        for k in leaves(OmegaConf.to_container(recipe_cfg))
+        if not k.startswith(("hydra.", "defaults", "mcadvantage."))
+    ]
+    script = open(os.path.join(ROOT, "examples/verl/run_mc_v1_gsm8k.sh"), encoding="utf-8").read()
+    keys += re.findall(r"\s([a-z_]+(?:\.[a-z_0-9]+)+)=", script)
+    assert len(set(keys)) > 15
+
+    def has(dotted: str) -> bool:
+        node = ppo
+        for part in dotted.split("."):
+            if not OmegaConf.is_dict(node) or part not in node.keys():  # keys() also lists "???" values
+                return False
+            node = node._get_node(part)
+        return True
+
+    missing = sorted(k for k in set(keys) if not k.startswith("mcadvantage.") and not has(k))
+    assert missing == [], missing
+    from mcadvantage.integrations.verl_v1 import estimator_from_config
+
+    estimator, whiten = estimator_from_config(recipe_cfg.mcadvantage)
+    assert isinstance(estimator, VinePPOEstimator) and whiten is None

@@ -64,7 +64,9 @@ def test_grpo_scaled_equals_verl_up_to_the_epsilon(seed, groups, group_size):
     ours = grpo_advantages(rewards.unsqueeze(1), torch.ones(1), group_size, scale_rewards="group")
     std = nanstd(rewards.view(-1, group_size), dim=1).repeat_interleave(group_size)
     # The epsilon undone on both sides: the same centred reward.
-    torch.testing.assert_close(ours * (std + _STD_EPS), verl_adv[:, 0] * (std + VERL_EPS), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        ours * (std + _STD_EPS), verl_adv[:, 0] * (std + VERL_EPS), rtol=1e-6, atol=1e-6
+    )
     # Directly: within the epsilons' relative difference, (1e-4 - 1e-6) / (std + 1e-6).
     bound = (_STD_EPS - VERL_EPS) / (std + VERL_EPS) * verl_adv[:, 0].abs() + 1e-6
     assert bool(((ours - verl_adv[:, 0]).abs() <= bound).all())

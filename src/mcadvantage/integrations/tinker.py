@@ -41,7 +41,12 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.estimators.base import AdvantageEstimator
-from mcadvantage.estimators.batch import AdvantageBatch, AdvantageResult, EstimatorContext, finalize_advantages
+from mcadvantage.estimators.batch import (
+    AdvantageBatch,
+    AdvantageResult,
+    EstimatorContext,
+    finalize_advantages,
+)
 
 __all__ = [
     "LOSS_FN_INPUTS",
@@ -93,7 +98,9 @@ def datum(
         model_input=ModelInput.from_ints(sequence[:-1]),
         loss_fn_inputs={
             "target_tokens": TensorData.from_torch(torch.tensor(sequence[1:], dtype=torch.int64)),
-            "logprobs": TensorData.from_torch(torch.tensor(pad + [float(x) for x in logprobs], dtype=torch.float32)),
+            "logprobs": TensorData.from_torch(
+                torch.tensor(pad + [float(x) for x in logprobs], dtype=torch.float32)
+            ),
             "advantages": TensorData.from_torch(
                 torch.tensor(pad + [float(a) for a in advantages], dtype=torch.float32)
             ),
@@ -112,7 +119,9 @@ def datums_from_advantages(
         logprobs: per response, the sampler's log-probability of each completion token.
     """
     if len(logprobs) != len(batch.completion_ids):
-        raise ValueError(f"logprobs holds {len(logprobs)} responses for a batch of {len(batch.completion_ids)}.")
+        raise ValueError(
+            f"logprobs holds {len(logprobs)} responses for a batch of {len(batch.completion_ids)}."
+        )
     out = []
     for i, (prompt, completion) in enumerate(zip(batch.prompt_ids, batch.completion_ids, strict=True)):
         out.append(datum(prompt, completion, advantages[i, : len(completion)].tolist(), logprobs[i]))
@@ -280,7 +289,10 @@ def _credited(datum_: Datum, advantages: Sequence[float], real: Sequence[float])
 
 
 def cookbook_datums(
-    trajectory_groups: Sequence[Any], advantages: Sequence[Sequence[float]], *, include_provenance: bool = True
+    trajectory_groups: Sequence[Any],
+    advantages: Sequence[Sequence[float]],
+    *,
+    include_provenance: bool = True,
 ) -> tuple[list[Datum], list[dict[str, int]]]:
     """The cookbook's ``assemble_training_data`` with per-token advantages: ``(datums, metadata)`` as it returns
     them (``metadata``: each datum's ``group_idx`` and ``traj_idx``).

@@ -8,8 +8,8 @@ row) fields. This module replaces that last value with an mcadvantage estimator'
 
 - :class:`MCAdvantageV1Mixin`: a trainer mixin whose ``_compute_advantage`` runs verl's own (which also writes the
   KL-penalised ``token_level_rewards`` and the rollout-correction weights where configured) and then overwrites
-  ``advantages`` and ``returns`` with the estimator's; :func:`register_mc_trainer` registers it with verl's
-  ``register_trainer`` on top of a V1 trainer mode (``trainer.v1.trainer_mode=mcadvantage_sync``).
+  ``advantages`` and ``returns`` with the estimator's; :func:`register_mc_trainer` puts it on the trainer verl's
+  registry holds for a mode (``trainer.v1.trainer_mode=sync``, verl's default).
 - :func:`read_sessions`: the rows of a batch grouped into sessions (an episode of a multi-turn agent loop may be
   several rows, one per output), each session's reward the final row's score as verl's GRPO takes it, and the
   state keys an agent loop gives in ``extra_fields["turn_keys"]`` (one per model turn of the row).
@@ -40,7 +40,6 @@ import torch
 try:
     import transfer_queue as tq
     from tensordict import TensorDict
-    from verl.workers.utils.padding import response_to_nested
 except ImportError as err:  # pragma: no cover - exercised only without verl's V1 requirements
     raise ImportError(
         "mcadvantage.integrations.verl_v1 needs verl's V1 trainer requirements: TransferQueue and tensordict>=0.10 "
@@ -246,7 +245,9 @@ def compute_v1_advantages(
         skip: per row, True for rows to leave out (verl's padding rows): they get advantage 0.
     """
     sessions = read_sessions(keys, data, REWARD_COLUMNS, skip)
-    if estimator.uses_rollouts and any(len(s.rows) > 1 or any(0 in m for m in s.response_mask) for s in sessions):
+    if estimator.uses_rollouts and any(
+        len(s.rows) > 1 or any(0 in m for m in s.response_mask) for s in sessions
+    ):
         raise NotImplementedError(
             f"{type(estimator).__name__} continues responses from their steps, which on verl needs single-turn "
             "sessions (one row, no tool tokens): a tool call inside a session cannot be replayed from verl's rows. "
@@ -327,9 +328,13 @@ class VerlServerSampler:
         self, client: Any, *, eos_token_id: int | Sequence[int], sampling_params: dict[str, Any]
     ) -> None:
         if not callable(getattr(client, "generate", None)):
-            raise TypeError(f"{type(client).__name__} has no async generate(request_id, prompt_ids=, sampling_params=).")
+            raise TypeError(
+                f"{type(client).__name__} has no async generate(request_id, prompt_ids=, sampling_params=)."
+            )
         if "max_tokens" in sampling_params:
-            raise ValueError("sampling_params['max_tokens'] is set per request from its budget; leave it out.")
+            raise ValueError(
+                "sampling_params['max_tokens'] is set per request from its budget; leave it out."
+            )
         self.client = client
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self.eos_token_ids = frozenset(int(e) for e in eos)
@@ -359,7 +364,7 @@ class MCAdvantageV1Mixin:
     """A V1 trainer mixin: verl's ``_compute_advantage``, then mcadvantage's advantages in its place.
 
     Put it before a V1 trainer class (``class T(MCAdvantageV1Mixin, PPOTrainerSync)``, which
-    :func:`register_mc_trainer` does). It reads the config's ``mcadvantage`` section (:func:`estimator_from_config`)
+    :func:`register_mc_trainer` does for a mode). It reads the config's ``mcadvantage`` section (:func:`estimator_from_config`)
     and, for a sampling estimator, wakes the rollout replicas with the current weights
     (``checkpoint_manager.update_weights``), samples through :class:`VerlServerSampler` on ``get_llm_client()``,
     and puts them back to sleep. Metrics go to ``metrics`` under the estimator's prefix (``mc/``, ``anchor/``).
@@ -383,8 +388,14 @@ class MCAdvantageV1Mixin:
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         """verl's advantages first (KL penalty, rollout correction), then the estimator's over them."""
-        batch = super()._compute_advantage(batch, metrics)
         estimator, whiten = estimator_from_config(self.config.get(CONFIG_SECTION, None))
+        if estimator.uses_rollouts and self.trainer_mode != "sync":
+            raise ValueError(
+                f"{type(estimator).__name__} samples continuations on the rollout replicas, which "
+                f"trainer.v1.trainer_mode={self.trainer_mode!r} keeps generating the next batch: use "
+                "trainer.v1.trainer_mode=sync, or an estimator that samples nothing (advantage_estimator=anchor)."
+            )
+        batch = super()._compute_advantage(batch, metrics)
         fields = [*_ROW_FIELDS, *REWARD_COLUMNS] if estimator.uses_rollouts else list(_ROW_FIELDS)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         context = self._mc_context(estimator)
@@ -407,20 +418,23 @@ class MCAdvantageV1Mixin:
         return write_v1_advantages(batch.keys, batch.partition_id, per_row)
 
 
-def register_mc_trainer(name: str = "mcadvantage_sync", base: type | None = None) -> type:
-    """Register ``MCAdvantageV1Mixin`` on a V1 trainer class with verl's ``register_trainer`` (idempotent);
-    select it with ``trainer.v1.trainer_mode=<name>``.
+def register_mc_trainer(mode: str = "sync") -> type:
+    """Put :class:`MCAdvantageV1Mixin` on the V1 trainer registered for ``trainer.v1.trainer_mode=<mode>``
+    (idempotent) and return the new class.
+
+    The mode keeps verl's name because verl reads it beyond the registry (``"sync"`` picks the synchronous replay
+    buffer), so the class registered for it is replaced in verl's ``TRAINER_REGISTRY`` (``register_trainer`` refuses
+    a second class for a name). Call it in the process that builds the trainer: the recipe's task runner does.
 
     Args:
-        name: the trainer mode name.
-        base: the V1 trainer to extend (default: ``PPOTrainerSync``, the ``sync`` mode).
+        mode: ``"sync"`` (``PPOTrainerSync``, every estimator), ``"colocate_async"`` or ``"separate_async"``
+            (estimators that sample nothing, e.g. ``"anchor"``).
     """
     from verl.trainer.ppo.v1 import trainer_base
-    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    base = base if base is not None else PPOTrainerSync
-    existing = trainer_base.TRAINER_REGISTRY.get(name)
-    if existing is not None and issubclass(existing, MCAdvantageV1Mixin) and issubclass(existing, base):
-        return existing
+    base = trainer_base.get_trainer_cls(mode)
+    if issubclass(base, MCAdvantageV1Mixin):
+        return base
     cls = type(f"MCAdvantage{base.__name__}", (MCAdvantageV1Mixin, base), {"__module__": __name__})
-    return trainer_base.register_trainer(name)(cls)
+    trainer_base.TRAINER_REGISTRY[mode] = cls
+    return cls

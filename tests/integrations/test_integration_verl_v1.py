@@ -481,3 +481,51 @@ def test_recipe_config_keys_are_verls():
 
     estimator, whiten = estimator_from_config(recipe_cfg.mcadvantage)
     assert isinstance(estimator, VinePPOEstimator) and whiten is None
+
+
+def _rows_data(rows):
+    """A V1 batch's fields as ``tq.kv_batch_get`` returns them, built with verl's own helper."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    return list_of_dict_to_tensordict(
+        [
+            {
+                "prompts": torch.tensor(p),
+                "responses": torch.tensor(r),
+                "response_mask": torch.tensor(m),
+                "rm_scores": torch.tensor([0.0] * (len(r) - 1) + [s]),
+                "extra_fields": extra,
+            }
+            for p, r, m, s, extra in rows
+        ]
+    )
+
+
+def test_sessions_refuse_partial_keys_and_uneven_groups(v1):
+    keyed, bare = {"turn_keys": ["a"]}, {}
+    data = _rows_data([([1], [5, 2], [1, 1], 1.0, keyed), ([1], [6, 2], [1, 1], 0.0, bare)])
+    with pytest.raises(ValueError, match="some do not"):
+        v1.mc.read_sessions(["u_0_0", "u_1_0"], data)
+    sessions = v1.mc.read_sessions(["u_0_0", "u_1_0", "w_0_0"], _rows_data([([1], [5], [1], 1.0, bare)] * 3))
+    with pytest.raises(ValueError, match="different numbers of sessions"):
+        v1.mc.advantage_batch_from_sessions(sessions)
+    with pytest.raises(ValueError, match="uid"):
+        v1.mc.read_sessions(["no-session-index"], _rows_data([([1], [5], [1], 1.0, bare)]))
+
+
+def test_sessions_read_rows_in_order(v1):
+    """Rows of one session come back by index whatever their batch order; the last row's score is the reward."""
+    data = _rows_data(
+        [
+            ([1, 5, 6], [7, 8], [1, 1], 1.0, {}),  # u_0_1: the second output
+            ([1], [5, 6], [1, 0], 0.0, {}),  # u_0_0: the first
+        ]
+    )
+    (session,) = v1.mc.read_sessions(["u_0_1", "u_0_0"], data)
+    assert session.rows == [1, 0] and session.reward == 1.0
+    batch, layout = v1.mc.advantage_batch_from_sessions([session])
+    assert batch.completion_ids == [
+        [5, 6, 1, 5, 6, 7, 8]
+    ]  # first response, then the next row's prompt and response
+    assert batch.tool_mask.tolist() == [[1, 0, 0, 0, 0, 1, 1]]
+    assert layout.spans == {1: (0, 0, 2), 0: (0, 5, 2)}

@@ -58,6 +58,7 @@ __all__ = [
     "CONFIG_SECTION",
     "REWARD_COLUMNS",
     "MCAdvantageV1Mixin",
+    "RowLayout",
     "Session",
     "VerlServerSampler",
     "advantage_batch_from_sessions",
@@ -140,6 +141,12 @@ def read_sessions(
     uids = list(dict.fromkeys(parsed[r][0] for r in kept))
     order = sorted(kept, key=lambda r: (uids.index(parsed[r][0]), parsed[r][1], parsed[r][2]))
     sessions: dict[tuple[str, int], Session] = {}
+    keyed = [(extras[r] or {}).get(ROLLOUT_KEYS_FIELD) is not None for r in kept]
+    if any(keyed) and not all(keyed):
+        raise ValueError(
+            f"Some rows of the verl batch carry extra_fields[{ROLLOUT_KEYS_FIELD!r}] (state keys) and some do not: "
+            "an agent loop that keys its turns must key every output (one key per model turn of the row)."
+        )
     for r in order:
         uid, number, _ = parsed[r]
         s = sessions.setdefault((uid, number), Session(uid, columns={n: v[r] for n, v in cols.items()}))
@@ -150,25 +157,21 @@ def read_sessions(
         s.reward = float(sum(fields["rm_scores"][r]))  # the last row (highest index) wins
         row_keys = (extras[r] or {}).get(ROLLOUT_KEYS_FIELD)
         s.turn_keys = None if row_keys is None else (s.turn_keys or []) + list(row_keys)
-    given = {len(s.rows) for s in sessions.values() if s.turn_keys is not None}
-    if given and any(s.turn_keys is None for s in sessions.values()):
-        raise ValueError(
-            f"Some rows of the verl batch carry extra_fields[{ROLLOUT_KEYS_FIELD!r}] (state keys) and some do not: "
-            "an agent loop that keys its turns must key every output (one key per model turn of the row)."
-        )
     return list(sessions.values())
 
 
 @dataclass
-class _Layout:
-    """Where each row's response sits in its session's completion: ``(session, offset, length)`` per batch row."""
+class RowLayout:
+    """Where each batch row's response sits in the :class:`AdvantageBatch` of
+    :func:`advantage_batch_from_sessions`: ``spans[row] = (session, offset, length)``, the row's response being
+    ``completion_ids[session][offset : offset + length]``."""
 
     spans: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
 
 def advantage_batch_from_sessions(
     sessions: Sequence[Session], *, prompts: Sequence[Any] | None = None
-) -> tuple[AdvantageBatch, _Layout]:
+) -> tuple[AdvantageBatch, RowLayout]:
     """The sessions as one :class:`AdvantageBatch` (one episode per session) and where each row landed.
 
     A session's completion is its first row's response, then for each later row its prompt (the conversation the
@@ -187,7 +190,7 @@ def advantage_batch_from_sessions(
             "credit needs every uid's rollout.n sessions. Keep failed groups out of the batch (verl's replay buffer "
             "drops them) or train with rollout.n sessions per prompt."
         )
-    layout, completions, masks = _Layout(), [], []
+    layout, completions, masks = RowLayout(), [], []
     for i, s in enumerate(sessions):
         ids, mask = [], []
         for j, row in enumerate(s.rows):

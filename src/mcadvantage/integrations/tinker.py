@@ -148,7 +148,7 @@ def datums_from_result(
 def datums_from_estimate(
     trajectories: Sequence[Any], estimate: Any, logprobs: Sequence[Sequence[float]]
 ) -> list[Datum]:
-    """Datums from :meth:`MCValueEstimator.estimate <mcadvantage.mc.estimator.MCValueEstimator.estimate>`: each
+    """Datums from :meth:`~mcadvantage.mc.estimator.MCValueEstimator.estimate`: each
     trajectory's ``estimate.token_advantages`` (not whitened), tool tokens (``trajectory.tool_mask`` 0) set to 0."""
     out = []
     for traj, advs, lp in zip(trajectories, estimate.token_advantages, logprobs, strict=True):

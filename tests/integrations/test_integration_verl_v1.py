@@ -517,12 +517,13 @@ def test_sessions_read_rows_in_order(v1):
     """Rows of one session come back by index whatever their batch order; the last row's score is the reward."""
     data = _rows_data(
         [
-            ([1, 5, 6], [7, 8], [1, 1], 1.0, {}),  # u_0_1: the second output
-            ([1], [5, 6], [1, 0], 0.0, {}),  # u_0_0: the first
+            ([1, 5, 6], [7, 8], [1, 1], 1.0, {"turn_keys": [[1, "b"]]}),  # u_0_1: the second output
+            ([1], [5, 6], [1, 0], 0.0, {"turn_keys": [[0, "a"]]}),  # u_0_0: the first
         ]
     )
     (session,) = v1.mc.read_sessions(["u_0_1", "u_0_0"], data)
     assert session.rows == [1, 0] and session.reward == 1.0
+    assert session.turn_keys == [(0, "a"), (1, "b")]  # in turn order, lists back to (hashable) tuples
     batch, layout = v1.mc.advantage_batch_from_sessions([session])
     assert batch.completion_ids == [
         [5, 6, 1, 5, 6, 7, 8]

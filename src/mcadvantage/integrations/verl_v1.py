@@ -113,6 +113,11 @@ def _split_key(key: str) -> tuple[str, int, int]:
     return parts[0], int(parts[1]), int(parts[2])
 
 
+def _hashable(key: Any) -> Any:
+    """A state key as stored: lists (what a tuple becomes on its way through TransferQueue) back to tuples."""
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
 def _rows(values: Any) -> list[Any]:
     """A TransferQueue field as one value per row: a nested (jagged) or dense tensor's rows as lists, a non-tensor
     column's items."""
@@ -138,8 +143,8 @@ def read_sessions(
     cols = {name: _rows(data[name]) for name in columns if name in data.keys()}
     kept = [r for r in range(len(keys)) if not (skip is not None and skip[r])]
     parsed = {r: _split_key(keys[r]) for r in kept}
-    uids = list(dict.fromkeys(parsed[r][0] for r in kept))
-    order = sorted(kept, key=lambda r: (uids.index(parsed[r][0]), parsed[r][1], parsed[r][2]))
+    rank = {uid: i for i, uid in enumerate(dict.fromkeys(parsed[r][0] for r in kept))}
+    order = sorted(kept, key=lambda r: (rank[parsed[r][0]], parsed[r][1], parsed[r][2]))
     sessions: dict[tuple[str, int], Session] = {}
     keyed = [(extras[r] or {}).get(ROLLOUT_KEYS_FIELD) is not None for r in kept]
     if any(keyed) and not all(keyed):
@@ -156,7 +161,7 @@ def read_sessions(
         s.response_mask.append([int(m) for m in fields["response_mask"][r]])
         s.reward = float(sum(fields["rm_scores"][r]))  # the last row (highest index) wins
         row_keys = (extras[r] or {}).get(ROLLOUT_KEYS_FIELD)
-        s.turn_keys = None if row_keys is None else (s.turn_keys or []) + list(row_keys)
+        s.turn_keys = None if row_keys is None else (s.turn_keys or []) + [_hashable(k) for k in row_keys]
     return list(sessions.values())
 
 

@@ -388,6 +388,13 @@ def test_async_modes_refuse_sampling_estimators(v1, char_tokenizer, monkeypatch)
         trainer._compute_advantage(store.batch(), {})
 
 
+def test_supported_v1_range(v1):
+    v1.mc.check_verl_v1_version()  # the installed one
+    for bad in ("0.8.2", "0.10.0"):
+        with pytest.raises(ImportError, match="supports verl"):
+            v1.mc.check_verl_v1_version(bad)
+
+
 def test_estimator_from_config_errors(v1):
     with pytest.raises(ValueError, match="advantage_estimator"):
         v1.mc.estimator_from_config(None)

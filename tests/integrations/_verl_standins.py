@@ -5,7 +5,9 @@ Used by tests/integrations/test_integration_verl.py and docs/howto/verl.md; impo
 
 from __future__ import annotations
 
+import importlib
 import random
+import types
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -164,3 +166,21 @@ def verl_training_batch(
     )
     out.meta_info = {}
     return out
+
+
+def hydra_standin() -> types.ModuleType:
+    """The hydra functions verl's modules call on import and in its agent loop: ``hydra.utils.instantiate`` of an
+    agent loop's ``_target_`` (the other keys and the call's keyword arguments go to the class), and ``hydra.main``
+    as a decorator (``verl.trainer.main_ppo`` applies it at import; never called here). Our CI venv cannot import
+    hydra: hydra-core needs the ANTLR 4.9 runtime and math-verify's LaTeX parser 4.13 (docs/howto/verl.md)."""
+
+    def instantiate(config, **kwargs):
+        spec = dict(config)
+        module, _, name = str(spec.pop("_target_")).rpartition(".")
+        return getattr(importlib.import_module(module), name)(**spec, **kwargs)
+
+    hydra = types.ModuleType("hydra")
+    hydra.utils = types.ModuleType("hydra.utils")
+    hydra.utils.instantiate = instantiate
+    hydra.main = lambda **_: lambda entry: entry  # verl.trainer.main_ppo decorates its main() at import
+    return hydra

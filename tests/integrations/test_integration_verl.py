@@ -21,7 +21,7 @@ import torch
 
 pytest.importorskip("verl", reason="verl is installed by scripts/_setup_venv.sh (install_verl_cpu)")
 
-from _verl_standins import HFRolloutWorkerGroup, ScriptedEngine, verl_training_batch  # noqa: E402
+from _verl_standins import HFRolloutWorkerGroup, ScriptedEngine, hydra_standin, verl_training_batch  # noqa: E402
 from verl import DataProto  # noqa: E402
 
 from mcadvantage import MCValueEstimator, Trajectory, VinePPOEstimator, masked_whiten, segment_completion  # noqa: E402
@@ -93,7 +93,7 @@ def test_verl_interfaces_we_rely_on():
 
 def _function(module: str, name: str) -> ast.FunctionDef:
     """A function of an installed verl module, read from its source (``verl.trainer.main_ppo`` imports hydra at
-    module level, which our CI venv cannot import: see ``_hydra_standin``)."""
+    module level, which our CI venv cannot import: see ``_verl_standins.hydra_standin``)."""
     origin = importlib.util.find_spec(module).origin
     tree = ast.parse(Path(origin).read_text(encoding="utf-8"))
     return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
@@ -248,31 +248,15 @@ def test_sampler_with_transformers_worker_group(tiny_model_dir):
 # -- the sampler inside verl's agent loop ---------------------------------------------------------------------------
 
 
-def _hydra_standin() -> types.ModuleType:
-    """The one hydra function verl's agent-loop module calls: ``hydra.utils.instantiate`` of an agent loop's
-    ``_target_`` (the other keys and the call's keyword arguments go to the class). Our CI venv cannot import
-    hydra: hydra-core needs the ANTLR 4.9 runtime and math-verify's LaTeX parser 4.13 (docs/howto/verl.md)."""
-
-    def instantiate(config, **kwargs):
-        spec = dict(config)
-        module, _, name = str(spec.pop("_target_")).rpartition(".")
-        return getattr(importlib.import_module(module), name)(**spec, **kwargs)
-
-    hydra = types.ModuleType("hydra")
-    hydra.utils = types.ModuleType("hydra.utils")
-    hydra.utils.instantiate = instantiate
-    return hydra
-
-
 @pytest.fixture(scope="module")
 def agent_loop():
     """verl's real ``verl.experimental.agent_loop.agent_loop`` module, with the recipe's prefix loop registered.
-    Where hydra cannot be imported, it is imported with :func:`_hydra_standin` as ``hydra``; the module is dropped
+    Where hydra cannot be imported, it is imported with :func:`_verl_standins.hydra_standin` as ``hydra``; the module is dropped
     from ``sys.modules`` afterwards, so nothing else sees it bound to the stand-in."""
     names = ("hydra", "hydra.utils")
     saved = {name: sys.modules.get(name) for name in names}
     if importlib.util.find_spec("hydra") is None:
-        standin = _hydra_standin()
+        standin = hydra_standin()
         sys.modules.update({"hydra": standin, "hydra.utils": standin.utils})
     sys.path.insert(0, str(ROOT / "examples/verl"))
     before = set(sys.modules)

@@ -50,6 +50,7 @@ __all__ = [
     "advantage_batch_from_verl",
     "check_verl_version",
     "compute_vineppo_advantage",
+    "continuation_from_ids",
     "response_scores",
     "verl_reward_function",
 ]
@@ -105,6 +106,19 @@ def _object_array(items: Sequence[Any]) -> np.ndarray:
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """verl's convention (``verl.utils.model.compute_position_id_with_mask``): 0 on left padding, then 0, 1, ..."""
     return torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
+
+
+def continuation_from_ids(
+    ids: Sequence[int], budget: int, eos_token_ids: frozenset[int], *, width: int | None = None
+) -> Continuation:
+    """A generated row as a :class:`Continuation`: cut after the first EOS (kept) and at ``budget`` tokens;
+    truncated when it has no EOS and used its whole budget (or the engine's ``width``, when smaller)."""
+    ids = list(ids)
+    end = next((j + 1 for j, t in enumerate(ids) if t in eos_token_ids), None)
+    ids = ids[: min(end if end is not None else len(ids), budget)]
+    finished = bool(ids) and ids[-1] in eos_token_ids
+    limit = budget if width is None else min(budget, width)
+    return Continuation(tuple(ids), truncated=not finished and len(ids) >= limit)
 
 
 class VerlRolloutSampler:
@@ -215,16 +229,10 @@ class VerlRolloutSampler:
         mask = output.batch["attention_mask"][:, -width:].bool()
         if len(output) != len(budgets):
             raise RuntimeError(f"generate_sequences returned {len(output)} rows for {len(budgets)} requests.")
-        out = []
-        for i, budget in enumerate(budgets):
-            ids = responses[i][mask[i]].tolist()
-            end = next((j + 1 for j, t in enumerate(ids) if t in self.eos_token_ids), None)
-            if end is not None:
-                ids = ids[:end]
-            ids = ids[:budget]
-            finished = bool(ids) and ids[-1] in self.eos_token_ids
-            out.append(Continuation(tuple(ids), truncated=not finished and len(ids) >= min(budget, width)))
-        return out
+        return [
+            continuation_from_ids(responses[i][mask[i]].tolist(), budget, self.eos_token_ids, width=width)
+            for i, budget in enumerate(budgets)
+        ]
 
     def sample(self, requests: Sequence[RolloutRequest]) -> list[list[Continuation]]:
         """Per request, ``request.n`` continuations: one ``generate_sequences`` call per ``max_batch_size``

@@ -155,3 +155,18 @@ def test_one_generation_is_refused_in_vineppos_words_with_trls_after(estimator):
             output_dir="unused", num_generations=1, per_device_train_batch_size=8, advantage_estimator="grpo"
         )
     assert str(grpo_estimator.value) == str(trl_error.value)
+
+
+@pytest.mark.parametrize("estimator", ["anchor", "tree", "rloo", "vineppo", "hybrid"])
+def test_the_one_generation_refusal_names_only_settings_the_estimator_reads(estimator):
+    """Issue 59: the fix for ``num_generations=1`` suggests fewer ``num_mc_rollouts`` only under an estimator that
+    reads it; ``"anchor"`` (which refuses that field) was told to lower it."""
+    from mcadvantage.estimators import get_advantage_estimator
+
+    with pytest.raises(ValueError) as ours:
+        VinePPOConfig(
+            output_dir="unused", num_generations=1, per_device_train_batch_size=8, advantage_estimator=estimator
+        )
+    reads = "num_mc_rollouts" in get_advantage_estimator(estimator).config_fields
+    assert ("num_mc_rollouts" in str(ours.value)) is reads
+    assert reads is (estimator in ("vineppo", "hybrid"))

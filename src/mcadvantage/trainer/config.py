@@ -312,9 +312,7 @@ class VinePPOConfig(GRPOConfig):
         except ValueError as err:
             one_generation = self.num_generations is not None and self.num_generations < 2
             if one_generation and estimator_cls.name != "grpo" and "generations" in str(err):
-                raise ValueError(
-                    _one_generation_message(self.num_generations, estimator_cls.name, err)
-                ) from err
+                raise ValueError(_one_generation_message(self.num_generations, estimator_cls, err)) from err
             raise
         self._validate_settings(estimator_cls)
 
@@ -497,16 +495,22 @@ def _differs_from_default(config: Any, name: str) -> bool:
     return value != default
 
 
-def _one_generation_message(num_generations: int, estimator: str, trl_error: Exception) -> str:
+def _one_generation_message(num_generations: int, estimator_cls: type, trl_error: Exception) -> str:
     """Why ``num_generations < 2`` is refused under an estimator other than GRPO's, with the fix; TRL's own words
-    follow (its check is what refuses it)."""
+    follow (its check is what refuses it). The fix names only settings the estimator reads: fewer
+    ``num_mc_rollouts`` only where it samples continuations (``"anchor"``, for one, refuses that field)."""
+    estimator = estimator_cls.name
+    fewer = (
+        "; to sample less per prompt, use num_generations=2 and fewer num_mc_rollouts"
+        if "num_mc_rollouts" in estimator_cls.config_fields
+        else ""
+    )
     return (
         f"num_generations={num_generations} is refused under advantage_estimator={estimator!r}: VinePPOTrainer is "
         "TRL's GRPOTrainer underneath, which samples every prompt as a group of num_generations responses and "
         "refuses groups of fewer than 2 whatever the estimator, even one whose values need no group (a Monte Carlo "
-        "value averages its own continuations). Set num_generations=2 or more (GRPOConfig's default is 8); to "
-        "sample less per prompt, use num_generations=2 and fewer num_mc_rollouts. TRL's GRPOConfig says: "
-        f"{trl_error}"
+        f"value averages its own continuations). Set num_generations=2 or more (GRPOConfig's default is 8){fewer}. "
+        f"TRL's GRPOConfig says: {trl_error}"
     )
 
 

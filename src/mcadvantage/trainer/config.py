@@ -53,7 +53,7 @@ GRPO_DEFAULT_DIFFERENCES: dict[str, str] = {
         'machine without a bf16-capable GPU unless `use_cpu=True` ("Your setup doesn\'t support bf16/gpu"). There, '
         "and only there, `VinePPOConfig` turns bf16 off instead, so a CPU-only machine trains in float32 without "
         "flags. Wherever `GRPOConfig` builds (a bf16 GPU, or `use_cpu=True`, where both give `bf16=True`), the value "
-        "is `GRPOConfig`'s."
+        "is `GRPOConfig`'s, also when `use_cpu=True` is set after the config was built."
     ),
     "scale_rewards": (
         'Unset, the estimator\'s `default_scale_rewards`: `"group"` (`GRPOConfig`\'s) under `"grpo"`, '
@@ -300,7 +300,10 @@ class VinePPOConfig(GRPOConfig):
         # Unset bf16 is GRPOConfig's (on unless fp16), except where TrainingArguments would refuse that
         # (GRPO_DEFAULT_DIFFERENCES): there it is off.
         if self.bf16 is None:
-            self.bf16 = (not self.fp16) and not _bf16_refused_here(self.use_cpu)
+            refused = _bf16_refused_here(self.use_cpu)
+            self.bf16 = (not self.fp16) and not refused
+            # Turned off only because use_cpu is unset: GRPOConfig's value returns when use_cpu is set later.
+            self._bf16_off_without_cpu = refused and not self.fp16
         estimator_cls = get_advantage_estimator(self.advantage_estimator)
         self.advantage_estimator = estimator_cls.name
         if self.scale_rewards is None:
@@ -315,6 +318,17 @@ class VinePPOConfig(GRPOConfig):
                 raise ValueError(_one_generation_message(self.num_generations, estimator_cls, err)) from err
             raise
         self._validate_settings(estimator_cls)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Fields are set as usual; setting ``use_cpu=True`` after construction (as TRL's test fixture does) gives an
+        unset ``bf16`` the value ``GRPOConfig`` gives it with ``use_cpu`` (on, with its mixed precision), where it had
+        been turned off only because ``use_cpu`` was unset (:data:`GRPO_DEFAULT_DIFFERENCES`)."""
+        super().__setattr__(name, value)
+        if name == "use_cpu" and value and self.__dict__.get("_bf16_off_without_cpu"):
+            super().__setattr__("_bf16_off_without_cpu", False)
+            super().__setattr__("bf16", True)
+            if getattr(self, "mixed_precision", "no") == "no":  # TrainingArguments derives it from bf16
+                super().__setattr__("mixed_precision", "bf16")
 
     def _validate_settings(self, estimator_cls: type) -> None:
         """Reject Monte Carlo settings that are invalid or contradict each other, naming the field and fix."""

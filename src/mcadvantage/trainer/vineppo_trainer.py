@@ -185,6 +185,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
             room_name=room_name,
             dataset_name="train_dataset",
             route_column=self.environment_route_column,
+            routes=list(self.environment_classes),  # a row naming another is GRPO's to refuse, at train()
         )
 
     @property

@@ -21,7 +21,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from mcadvantage.core.settings import MCSettings
+from mcadvantage.core.settings import MCSettings, environment_setting_field, validate_environment_settings
 from mcadvantage.estimators.base import AdvantageEstimator
 from mcadvantage.estimators.registry import (
     available_advantage_estimators,
@@ -85,6 +85,9 @@ class VinePPOConfig(GRPOConfig):
         advantage_estimator (str): How advantages are computed: a built-in name, or any name registered with
             :func:`~mcadvantage.register_advantage_estimator` or an installed package's entry points. Defaults to
             `"vineppo"`.
+        env_max_sessions (int): The most server sessions an OpenEnv environment class holds open at once, for the
+            batch's episodes and every Monte Carlo continuation together (a continuation whose session went to
+            another is rebuilt by replay on a free one). Defaults to `16` (OpenEnv servers commonly allow 64).
         whiten_advantages (bool | None): Whiten the per-token advantages (zero mean, unit variance over the valid
             tokens of the generation batch, all-reduced across ranks). `None` resolves to the estimator's default
             (on for `"vineppo"`, `"gae"` and `"tree"`; off for `"grpo"`, `"rloo"` and `"hybrid"`, so they equal
@@ -288,6 +291,7 @@ class VinePPOConfig(GRPOConfig):
             "estimator's default (on for 'vineppo', as the paper; off for 'grpo'/'rloo', which normalise their own)."
         },
     )
+    env_max_sessions: int = environment_setting_field("env_max_sessions")
     mc_estimate_on_eval: bool = field(
         default=False,
         metadata={
@@ -332,6 +336,7 @@ class VinePPOConfig(GRPOConfig):
 
     def _validate_settings(self, estimator_cls: type) -> None:
         """Reject Monte Carlo settings that are invalid or contradict each other, naming the field and fix."""
+        validate_environment_settings(env_max_sessions=self.env_max_sessions)
         if self.truncated_completion_reward is not None and not math.isfinite(
             self.truncated_completion_reward
         ):

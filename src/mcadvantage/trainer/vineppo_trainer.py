@@ -177,7 +177,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
             # TRL's colocated weight sync fails on vLLM's CPU backend; this swaps in a layerwise reload there and is
             # a no-op on GPU platforms.
             install_layerwise_weight_sync(self)
-        check_environment_classes(self.environment_classes, args.env_max_sessions)  # state_key method: refused
+        check_environment_classes(self.environment_classes, args.env_max_sessions)
         room, room_name = self.completion_room
         check_prompt_lengths(  # a row naming an unknown environment is GRPO's to refuse, at train()
             self.train_dataset, self.tokenize_prompt_ids, context=self.context_length, room=room,

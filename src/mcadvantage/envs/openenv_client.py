@@ -164,6 +164,7 @@ class OpenEnvEnvironment:
             )
 
     def _capacity_message(self, err: Exception, opened: int, limit: int) -> str:
+        """A full server's error: what the pool needs (``limit`` sessions) and the two ways to set it."""
         return (
             f"the OpenEnv server at {self._url} has no free session ({err}): it refused session {opened} of the "
             f"{limit} that {type(self).__name__} may hold open (env_max_sessions={limit}; the batch's episodes and "

@@ -72,6 +72,7 @@ class _SessionPool:
         self.free: list[_Session] = []
 
     def open_sessions(self) -> int:
+        """Sessions open now: the holders' and the free ones."""
         return len(self.holders) + len(self.free)
 
     def lease(self, owner: Any, opener: Callable[[], _Session]) -> tuple[_Session, bool]:
@@ -119,6 +120,7 @@ class _SessionPool:
 
 
 def _close_quietly(session: _Session | None) -> None:
+    """Close a session, ignoring a session already gone."""
     if session is not None:
         try:
             session.close()

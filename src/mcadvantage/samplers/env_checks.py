@@ -151,12 +151,14 @@ def _children(obj: Any) -> Iterator[tuple[str, Any]]:
     elif not isinstance(obj, (random.Random, bytearray)) and hasattr(obj, "__dict__"):
         for key, value in list(vars(obj).items()):
             yield f".{key}", value
-    for name in getattr(type(obj), "__slots__", ()) if not isinstance(obj, (tuple, list, dict)) else ():
+    slots = () if isinstance(obj, (tuple, list, dict)) else getattr(type(obj), "__slots__", ())
+    for name in (slots,) if isinstance(slots, str) else slots:
         if isinstance(name, str) and hasattr(obj, name):
             yield f".{name}", getattr(obj, name)
 
 
 def _is_mutable(obj: Any) -> bool:
+    """Whether sharing ``obj`` between a fork and its source lets one move the other's state."""
     kind = type(obj)
     if isinstance(obj, _CONTAINERS) or isinstance(obj, random.Random):
         return True
@@ -330,4 +332,5 @@ def check_reseeded(
 
 
 def _has_reseed(environment: Any) -> bool:
+    """Whether the environment's class defines the ``_reseed`` hook."""
     return callable(getattr(type(environment), "_reseed", None))

@@ -165,7 +165,10 @@ def test_the_one_generation_refusal_names_only_settings_the_estimator_reads(esti
 
     with pytest.raises(ValueError) as ours:
         VinePPOConfig(
-            output_dir="unused", num_generations=1, per_device_train_batch_size=8, advantage_estimator=estimator
+            output_dir="unused",
+            num_generations=1,
+            per_device_train_batch_size=8,
+            advantage_estimator=estimator,
         )
     reads = "num_mc_rollouts" in get_advantage_estimator(estimator).config_fields
     assert ("num_mc_rollouts" in str(ours.value)) is reads
@@ -191,7 +194,9 @@ def test_use_cpu_set_after_construction_trains_as_grpoconfig_does(tmp_path, monk
     assert vine_args.mixed_precision == grpo_args.mixed_precision == "bf16"
     grpo = _train(GRPOTrainer, grpo_args)
     vine = _train(VinePPOTrainer, vine_args)
-    assert all(torch.equal(grpo[n], vine[n]) for n in grpo), [n for n in grpo if not torch.equal(grpo[n], vine[n])]
+    assert all(torch.equal(grpo[n], vine[n]) for n in grpo), [
+        n for n in grpo if not torch.equal(grpo[n], vine[n])
+    ]
 
 
 def test_use_cpu_set_after_construction_keeps_an_explicit_bf16():

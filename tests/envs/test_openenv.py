@@ -180,3 +180,23 @@ def test_a_pool_larger_than_the_server_allows_says_what_it_needs_and_how_to_set_
     assert Remote._pool.open_sessions() == 0
     with pytest.raises(ValueError, match=r"env_max_sessions=0 is invalid"):
         Remote._limit_sessions(0)
+
+
+def test_a_server_without_replay_rebuilds_pooled_sessions_by_stepping():
+    """``reseed=False`` (a server whose transitions are deterministic, without ``replay=``): an instance whose
+    session went to another is rebuilt by a reset and its calls one by one, with the same results."""
+    Deterministic = gymnasium_environment("FrozenLake-v1", env_kwargs={"is_slippery": False})
+    with LocalOpenEnvServer(
+        "FrozenLake-v1", env_kwargs={"is_slippery": False}, max_concurrent_envs=1
+    ) as server:
+        Remote = openenv_environment(server.url, state_key_field="key", reseed=False, message_timeout_s=10)
+        Remote._limit_sessions(1)
+        pairs = [(Remote(), Deterministic()) for _ in range(3)]
+        for i, (remote, local) in enumerate(pairs):
+            assert remote.reset(seed=i) == local.reset(seed=i)
+        for move in ["right", "down", "down", "right"]:
+            for remote, local in pairs:
+                if not local.done:
+                    assert remote.act(move).startswith(local.act(move).split("\nThe episode is over")[0])
+                    assert remote.state_key == local.state_key
+        Remote._close_sessions()

@@ -66,3 +66,24 @@ def frozen_lake_server():
 
     with LocalOpenEnvServer("FrozenLake-v1", env_kwargs={"is_slippery": True}, start_timeout_s=120) as server:
         yield server
+
+
+#: The session limit of :func:`small_frozen_lake_server`: below a training batch x K.
+SMALL_SERVER_SESSIONS = 3
+
+
+@pytest.fixture(scope="session")
+def small_frozen_lake_server():
+    """The same game on a server that allows only :data:`SMALL_SERVER_SESSIONS` sessions at once (issue 59: a run
+    must train against a server with fewer sessions than batch x K)."""
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("openenv.core")
+    from mcadvantage.envs import LocalOpenEnvServer
+
+    with LocalOpenEnvServer(
+        "FrozenLake-v1",
+        env_kwargs={"is_slippery": True},
+        max_concurrent_envs=SMALL_SERVER_SESSIONS,
+        start_timeout_s=120,
+    ) as server:
+        yield server

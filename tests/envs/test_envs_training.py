@@ -208,6 +208,68 @@ def test_vineppo_continuations_start_from_exactly_their_prefix_state(
     assert len({fresh for *_, fresh in rebuilds}) == len(rebuilds)  # every continuation its own randomness
 
 
+def _check_rebuilds_exact(rebuilds) -> None:
+    """Every rebuild reached its episode's own path (gymnasium replayed without the adapter), each reseeded anew."""
+    assert rebuilds and any(moves for _, moves, *_ in rebuilds)  # some states lie after moves
+    for seed, moves, key, stream, _ in rebuilds:
+        env = gym.make("FrozenLake-v1", is_slippery=True)
+        env.reset(seed=seed)
+        for move in moves:
+            env.step(move)
+        assert int(env.unwrapped.s) == key
+        if stream is not None:  # in process the random stream is visible too: the replay reproduced it
+            assert env.unwrapped.np_random.bit_generator.state == stream
+    assert len({fresh for *_, fresh in rebuilds}) == len(rebuilds)  # every continuation its own randomness
+
+
+@pytest.mark.slow
+def test_vineppo_trains_against_a_server_with_fewer_sessions_than_batch_times_k(
+    scripted_moves, tmp_path, monkeypatch, small_frozen_lake_server
+):
+    """Issue 59: a server that allows 3 sessions, a batch of 4 episodes and K = 2 (8 continuations per state, 4
+    batch rows): the episodes and the continuations share ``env_max_sessions=3`` sessions, each continuation
+    rebuilt by replay on a session as one frees, so training runs (it failed with the server's capacity error),
+    every continuation starts from exactly its prefix's state with its own fresh randomness, and no more than 3
+    sessions are ever open."""
+    from conftest import SMALL_SERVER_SESSIONS
+
+    from mcadvantage import VinePPOConfig, VinePPOTrainer
+    from mcadvantage.envs import openenv_environment
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    Remote = openenv_environment(
+        small_frozen_lake_server.url, state_key_field="key", name="FrozenLakeV1", message_timeout_s=20
+    )
+    Recorded = recorded(Remote)
+    most = []
+    lease = Remote._pool.lease
+
+    def counted(owner, opener):
+        out = lease(owner, opener)
+        most.append(Remote._pool.open_sessions())
+        return out
+
+    monkeypatch.setattr(Remote._pool, "lease", counted)
+    extra = {
+        "advantage_estimator": "vineppo",
+        "num_mc_rollouts": 2,
+        "env_max_sessions": SMALL_SERVER_SESSIONS,
+    }
+    tok = build_tool_calling_tokenizer()
+    trainer = _trainer(
+        VinePPOTrainer, VinePPOConfig, tmp_path, Recorded, extra, mc_sampler=MovesOrAnswers(tok)
+    )
+    assert SETTINGS["per_device_train_batch_size"] * extra["num_mc_rollouts"] > SMALL_SERVER_SESSIONS
+    try:
+        trainer.train()
+    finally:
+        Remote._close_sessions()
+    assert trainer.state.global_step == 2 and _logged(trainer, "mc/rollouts")
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    _check_rebuilds_exact(Recorded.rebuilds)
+    assert max(most) == SMALL_SERVER_SESSIONS  # the pool was used to its bound, never past it
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_anchor_groups_turns_by_the_adapters_state_key(scripted_moves, tmp_path, monkeypatch, request, kind):
     """``advantage_estimator="anchor"`` trains two steps on FrozenLake, keying each turn by the adapter's

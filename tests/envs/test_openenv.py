@@ -99,7 +99,9 @@ def test_absent_full_and_dead_servers_get_clear_errors():
         Remote = openenv_environment(server.url, message_timeout_s=5)
         first, second = Remote(), Remote()
         first.reset(seed=0)
-        with pytest.raises(OpenEnvError, match=r"has no free session .*--max-concurrent-envs N"):
+        with pytest.raises(
+            OpenEnvError, match=r"has no free session .*env_max_sessions=16.*--max-concurrent-envs 16"
+        ):
             second.reset(seed=0)
         first.act("down")
         server.stop()  # the server dies mid-episode
@@ -126,3 +128,75 @@ def test_the_testbed_agent_env_serves_too():
         assert ws.receive_json()["data"]["observation"]["text"] == local.reset(**row)
         ws.send_json({"type": "step", "data": {"choice": 1}})
         assert ws.receive_json()["data"]["observation"]["text"] == local.act(1)
+
+
+def _moves(rng: random.Random, n: int) -> list[str]:
+    return [rng.choice(["left", "down", "right", "up"]) for _ in range(n)]
+
+
+def test_instances_share_a_bounded_pool_of_sessions_and_rebuild_by_replay(small_frozen_lake_server):
+    """Issue 59: more instances than the server allows sessions, played in turn (as continuations are, one engine
+    call per turn): each acts on a session from the class's pool, rebuilt by replay when another held it last, and
+    every result equals the in-process game's; reseeded instances keep their own fresh randomness across the
+    rebuilds. The pool never asks the server for more than ``env_max_sessions`` sessions."""
+    Remote = openenv_environment(small_frozen_lake_server.url, state_key_field="key", message_timeout_s=10)
+    Remote._limit_sessions(2)  # below the server's 3 and below the 5 instances
+    rng = random.Random(0)
+    pairs = [(Remote(), SLIPPERY()) for _ in range(5)]
+    for i, (remote, local) in enumerate(pairs):
+        assert remote.reset(seed=i) == local.reset(seed=i)
+        if i % 2:  # a continuation: the episode's first move, then fresh randomness
+            remote.act("right"), local.act("right")
+            remote._reseed(100 + i), local._reseed(100 + i)
+    for move in _moves(rng, 6):
+        for remote, local in pairs:
+            if local.done:
+                continue
+            assert remote.act(move).startswith(local.act(move).split("\nThe episode is over")[0])
+            assert (remote.state_key, remote.get_reward()) == (local.state_key, local.get_reward())
+    assert Remote._pool.open_sessions() <= 2
+    for remote, _ in pairs:
+        remote._close()  # back to the pool, kept open for the next instance
+    assert Remote._pool.open_sessions() == 2
+    Remote._close_sessions()
+    assert Remote._pool.open_sessions() == 0
+
+
+def test_a_pool_larger_than_the_server_allows_says_what_it_needs_and_how_to_set_it(small_frozen_lake_server):
+    from conftest import SMALL_SERVER_SESSIONS
+
+    Remote = openenv_environment(small_frozen_lake_server.url, message_timeout_s=10)
+    limit = SMALL_SERVER_SESSIONS + 1
+    Remote._limit_sessions(limit)
+    held = [Remote() for _ in range(limit)]
+    with pytest.raises(OpenEnvError) as err:
+        for env in held:
+            env.reset(seed=0)
+    message = str(err.value)
+    assert f"refused session {limit} of the {limit}" in message
+    assert f"env_max_sessions={limit}" in message and f"--max-concurrent-envs {limit}" in message
+    assert "VinePPOConfig(env_max_sessions=N)" in message
+    Remote._close_sessions()
+    assert Remote._pool.open_sessions() == 0
+    with pytest.raises(ValueError, match=r"env_max_sessions=0 is invalid"):
+        Remote._limit_sessions(0)
+
+
+def test_a_server_without_replay_rebuilds_pooled_sessions_by_stepping():
+    """``reseed=False`` (a server whose transitions are deterministic, without ``replay=``): an instance whose
+    session went to another is rebuilt by a reset and its calls one by one, with the same results."""
+    Deterministic = gymnasium_environment("FrozenLake-v1", env_kwargs={"is_slippery": False})
+    with LocalOpenEnvServer(
+        "FrozenLake-v1", env_kwargs={"is_slippery": False}, max_concurrent_envs=1
+    ) as server:
+        Remote = openenv_environment(server.url, state_key_field="key", reseed=False, message_timeout_s=10)
+        Remote._limit_sessions(1)
+        pairs = [(Remote(), Deterministic()) for _ in range(3)]
+        for i, (remote, local) in enumerate(pairs):
+            assert remote.reset(seed=i) == local.reset(seed=i)
+        for move in ["right", "down", "down", "right"]:
+            for remote, local in pairs:
+                if not local.done:
+                    assert remote.act(move).startswith(local.act(move).split("\nThe episode is over")[0])
+                    assert remote.state_key == local.state_key
+        Remote._close_sessions()

@@ -886,3 +886,193 @@ def test_a_continuation_cut_inside_a_tool_call_is_truncated_as_trl_truncates_the
         assert {tuple(_shape(c)) for c in continuations["completions"]} == shapes
         assert set(continuations["lengths"]) == {length}
         assert set(continuations["turns"]) == {turns}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 59: the environment contract fails loudly, never silently: forks checked, unreseeded randomness caught, a
+# broken state_key reported under every estimator, dropped tool results counted under every estimator.
+# ---------------------------------------------------------------------------------------------------------------
+
+ESTIMATOR_CONFIG = {
+    "grpo": {},
+    "rloo": {},
+    "anchor": {},
+    "vineppo": MC,
+    "hybrid": {**MC, "hybrid_budget": 50.0},
+}
+
+
+def _any_estimator(tmp_path, environment, estimator, **config):
+    """A trainer of ``estimator`` on the scripted episodes (Monte Carlo continuations scripted too)."""
+    if estimator in ("vineppo", "hybrid"):
+        return _vine(tmp_path, environment, estimator, **{**ESTIMATOR_CONFIG[estimator], **config})[0]
+    return _trainer("ours", tmp_path, environment, estimator, **config)
+
+
+class ShallowFork(AgentEnv):
+    """Keeps its moves in a list and forks with ``copy.copy(self)``: every fork shares the list with the
+    environment it was forked from (the issue's example: a start state's value came out 1.0 instead of 0.5)."""
+
+    def reset(self, **row):
+        self.moves = []
+        return super().reset(**row)
+
+    def act(self, choice: int) -> str:
+        """Play this turn's choice.
+
+        Args:
+            choice: the option to pick this turn, from 0 to choices - 1.
+        """
+        self.moves.append(choice)
+        return super().act(choice)
+
+    def _fork(self):
+        return copy.copy(self)
+
+
+class DeepFork(ShallowFork):
+    def _fork(self):
+        return copy.deepcopy(self)
+
+
+def test_a_fork_that_shares_state_with_its_source_is_refused_naming_fork_and_deepcopy(key_turns, tmp_path):
+    """A fork is checked as a replay is: ``copy.copy(self)`` shares the ``moves`` list with the environment it was
+    forked from, so training stops before any update with an ``EnvironmentContractError`` naming the class,
+    ``_fork``, the shared attribute and the fix (``copy.deepcopy``); nothing is trained on silently."""
+    trainer, _, _ = _vine(tmp_path, ShallowFork)
+    initial = _weights(trainer)
+    with pytest.raises(RuntimeError) as err:  # silently trained on before issue 59
+        trainer.train()
+    assert type(err.value).__name__ == "EnvironmentContractError", err.value
+    message = str(err.value)
+    assert err.value.environment == "ShallowFork" and err.value.where.startswith("batch row ")
+    assert "_fork() returned a copy that shares mutable state" in message and "(.moves)" in message
+    assert "copy.deepcopy(self)" in message
+    _refused_before_any_update(trainer, initial)
+
+
+def test_a_deep_copy_fork_trains(key_turns, tmp_path):
+    """The same environment forking with ``copy.deepcopy(self)`` passes every check and trains."""
+    trainer, _, _ = _vine(tmp_path, DeepFork)
+    initial = _weights(trainer)
+    trainer.train()
+    _check_trained(trainer, initial)
+
+
+class Windy(AgentEnv):
+    """Seeds a random generator from the row at ``reset`` (as the contract asks) and draws from it in every tool
+    call, but has no ``_reseed``: a rebuild replays the episode's stream exactly, so every continuation would meet
+    the episode's own wind."""
+
+    def reset(self, **row):
+        self._rng = random.Random(f"{row['structure']}-{row['key']}")
+        return super().reset(**row)
+
+    def act(self, choice: int) -> str:
+        """Play this turn's choice.
+
+        Args:
+            choice: the option to pick this turn, from 0 to choices - 1.
+        """
+        return f"{super().act(choice)} wind={self._rng.random():.6f}"
+
+
+class ReseededWindy(Windy):
+    def _reseed(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+
+def test_randomness_drawn_after_a_rebuild_without_reseed_is_refused_naming_reseed(key_turns, tmp_path):
+    """Issue 59: every replay of a row-seeded random environment is exact, so nothing else catches it; its
+    continuations draw from the replayed stream, which is refused before any update, naming the generator,
+    ``_reseed`` and an example."""
+    trainer, _, _ = _vine(tmp_path, Windy)
+    initial = _weights(trainer)
+    with pytest.raises(RuntimeError) as err:  # silently trained on before issue 59
+        trainer.train()
+    assert type(err.value).__name__ == "EnvironmentContractError", err.value
+    message = str(err.value)
+    assert err.value.environment == "Windy"
+    assert "drew from the random generator ._rng after its environment was rebuilt" in message
+    assert (
+        "has no _reseed(seed)" in message
+        and "def _reseed(self, seed: int): self._rng = random.Random(seed)" in message
+    )
+    _refused_before_any_update(trainer, initial)
+
+
+def test_a_reseeded_random_environment_trains_with_fresh_luck_per_continuation(key_turns, tmp_path):
+    """With ``_reseed`` the same environment trains; its continuations drew other winds than their episodes."""
+    trainer, graded, _ = _vine(tmp_path, ReseededWindy)
+    initial = _weights(trainer)
+    trainer.train()
+    _check_trained(trainer, initial)
+    winds = {
+        m["content"].split("wind=")[1]
+        for call in graded.continuations
+        for messages in call["completions"]
+        for m in messages
+        if m["role"] == "tool" and "wind=" in m["content"]
+    }
+    episode_winds = {
+        m["content"].split("wind=")[1]
+        for call in graded.episodes
+        for messages in call["completions"]
+        for m in messages
+        if m["role"] == "tool" and "wind=" in m["content"]
+    }
+    assert winds - episode_winds, "every continuation met the episodes' own wind"
+
+
+class TypoKey(AgentEnv):
+    """A ``state_key`` with a typo: reading it raises ``AttributeError`` (it used to switch the check off)."""
+
+    @property
+    def state_key(self):
+        return (self._turnn, self.state)
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATOR_CONFIG))
+def test_a_state_key_that_raises_is_an_error_under_every_estimator(scripted_turns, tmp_path, estimator):
+    trainer = _any_estimator(tmp_path, TypoKey, estimator)
+    initial = _weights(trainer)
+    with pytest.raises(RuntimeError) as err:  # silently trained on before issue 59
+        trainer.train()
+    assert type(err.value).__name__ == "EnvironmentContractError", err.value
+    message = str(err.value)
+    assert message.startswith(
+        "environment TypoKey (local episode 0): reading its state_key raised AttributeError"
+    )
+    assert "_turnn" in message and isinstance(err.value.__cause__, AttributeError)
+    _refused_before_any_update(trainer, initial)
+
+
+class MethodKey(AgentEnv):
+    def state_key(self):  # a method: TRL would offer it to the model as a tool
+        return (self.turn, self.state)
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATOR_CONFIG))
+def test_a_state_key_method_is_refused_under_every_estimator(scripted_turns, tmp_path, estimator):
+    with pytest.raises(
+        TypeError, match=r"MethodKey.state_key is a function, not a property.*Declare it with @property"
+    ):
+        _any_estimator(tmp_path, MethodKey, estimator)
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATOR_CONFIG))
+def test_dropped_tool_results_are_counted_and_warned_under_every_estimator(
+    scripted_turns, tmp_path, monkeypatch, estimator
+):
+    """An episode whose second call ran but whose result did not fit (``max_completion_length`` cuts it): the
+    metric ``tools/dropped_results`` counts the batch's episodes so ended and the warning names the cause, under
+    every estimator (it is a property of the episodes, not of Monte Carlo)."""
+    from mcadvantage.samplers import rebuild
+
+    monkeypatch.setattr(rebuild, "_DROPPED_WARNED", [False])  # warned once per process: not yet
+    trainer = _any_estimator(tmp_path, AgentEnv, estimator, max_completion_length=_first_call_length() + 5)
+    with pytest.warns(
+        RuntimeWarning, match=r"had their results dropped because they would pass max_completion_length"
+    ):
+        trainer.train()
+    assert _logged(trainer, "tools/dropped_results") == [float(SETTINGS["per_device_train_batch_size"])] * 2

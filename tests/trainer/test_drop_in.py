@@ -155,3 +155,52 @@ def test_one_generation_is_refused_in_vineppos_words_with_trls_after(estimator):
             output_dir="unused", num_generations=1, per_device_train_batch_size=8, advantage_estimator="grpo"
         )
     assert str(grpo_estimator.value) == str(trl_error.value)
+
+
+@pytest.mark.parametrize("estimator", ["anchor", "tree", "rloo", "vineppo", "hybrid"])
+def test_the_one_generation_refusal_names_only_settings_the_estimator_reads(estimator):
+    """Issue 59: the fix for ``num_generations=1`` suggests fewer ``num_mc_rollouts`` only under an estimator that
+    reads it; ``"anchor"`` (which refuses that field) was told to lower it."""
+    from mcadvantage.estimators import get_advantage_estimator
+
+    with pytest.raises(ValueError) as ours:
+        VinePPOConfig(
+            output_dir="unused",
+            num_generations=1,
+            per_device_train_batch_size=8,
+            advantage_estimator=estimator,
+        )
+    reads = "num_mc_rollouts" in get_advantage_estimator(estimator).config_fields
+    assert ("num_mc_rollouts" in str(ours.value)) is reads
+    assert reads is (estimator in ("vineppo", "hybrid"))
+
+
+def test_use_cpu_set_after_construction_trains_as_grpoconfig_does(tmp_path, monkeypatch):
+    """Issue 59: TRL's test fixture builds the config, then sets ``use_cpu=True``. ``GRPOConfig`` had turned bf16 on
+    and trains in bf16; ``VinePPOConfig`` had turned it off (no bf16 GPU, no ``use_cpu`` yet) and trained in float32,
+    so two steps ended with other weights. Setting ``use_cpu`` now resolves bf16 as ``GRPOConfig`` does: the same
+    bf16, the same mixed precision, the same weights bit for bit."""
+    import transformers.training_args as training_args
+
+    settings = {k: v for k, v in CPU_RUN.items() if k != "use_cpu"}
+    # Build both configs as on a bf16 GPU (TrainingArguments' own check passes), then move them to the CPU.
+    with monkeypatch.context() as patched:
+        patched.setattr(training_args, "is_torch_bf16_gpu_available", lambda *a, **k: True)
+        grpo_args = GRPOConfig(output_dir=str(tmp_path / "grpo"), **settings)
+        vine_args = VinePPOConfig(output_dir=str(tmp_path / "vine"), advantage_estimator="grpo", **settings)
+    for args in (grpo_args, vine_args):
+        args.use_cpu = True
+    assert grpo_args.bf16 is vine_args.bf16 is True
+    assert vine_args.mixed_precision == grpo_args.mixed_precision == "bf16"
+    grpo = _train(GRPOTrainer, grpo_args)
+    vine = _train(VinePPOTrainer, vine_args)
+    assert all(torch.equal(grpo[n], vine[n]) for n in grpo), [
+        n for n in grpo if not torch.equal(grpo[n], vine[n])
+    ]
+
+
+def test_use_cpu_set_after_construction_keeps_an_explicit_bf16():
+    """Only an unset bf16 follows ``use_cpu``: an explicit ``bf16=False`` stays off."""
+    args = VinePPOConfig(output_dir="unused", bf16=False)
+    args.use_cpu = True
+    assert args.bf16 is False and args.mixed_precision == "no"

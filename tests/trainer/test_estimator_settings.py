@@ -32,6 +32,7 @@ TRAINER_FIELDS = {
     "truncated_completion_reward": "the trainer grades every training response",
     "mc_max_batch_sequences": "the transformers sampler's batch size, for rollouts, trees and evaluation",
     "mc_estimate_on_eval": "refused for estimators that sample nothing (uses_rollouts=False)",
+    "env_max_sessions": "every estimator's episodes share an OpenEnv environment's sessions",
 }
 
 #: A non-default value for every owned field, with what it needs beside it to be valid.

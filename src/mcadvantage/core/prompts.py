@@ -61,6 +61,7 @@ def check_prompt_lengths(
     room_name: str = "",
     chunk: int = 256,
     route_column: str | None = None,
+    routes: Sequence[Any] | None = None,
 ) -> None:
     """Check every prompt of a sized dataset (iterable datasets are checked batch by batch during training).
 
@@ -70,6 +71,9 @@ def check_prompt_lengths(
         route_column: a column whose value per row ``tokenize`` also needs (e.g. ``"environment"``: each row's
             prompt is rendered with its own environment's tools). A dataset without a ``prompt`` column (an
             environment supplies the prompt at ``reset``, so its length is known only then) is not checked.
+        routes: with ``route_column``, the values ``tokenize`` knows (the environments' names); a row naming
+            another is left unchecked here: ``GRPOTrainer`` refuses it at ``train()``, in its own words, and so
+            does ``VinePPOTrainer`` (it fails where the same script fails with ``GRPOTrainer``).
     """
     if dataset is None or context is None or not hasattr(dataset, "__len__"):
         return
@@ -78,8 +82,15 @@ def check_prompt_lengths(
     for start in range(0, len(dataset), chunk):
         rows = dataset[start : start + chunk]
         prompts = list(rows["prompt"])
-        ids_list = tokenize(prompts) if route_column is None else tokenize(prompts, list(rows[route_column]))
-        for offset, ids in enumerate(ids_list):
+        offsets = list(range(len(prompts)))
+        if route_column is None:
+            ids_list = tokenize(prompts)
+        else:
+            names = list(rows[route_column])
+            if routes is not None:
+                offsets = [i for i in offsets if names[i] in routes]
+            ids_list = tokenize([prompts[i] for i in offsets], [names[i] for i in offsets]) if offsets else []
+        for offset, ids in zip(offsets, ids_list, strict=True):
             check_prompt_fits(
                 len(ids), context, room, where=f"{dataset_name} row {start + offset}", room_name=room_name
             )

@@ -1,4 +1,5 @@
-"""One definition of every setting's validity: the Monte Carlo settings and the sampling settings.
+"""One definition of every setting's validity: the Monte Carlo settings, the agent environments' settings and the
+sampling settings.
 
 :class:`MCSettings` is the one definition of the Monte Carlo settings: each field carries its default, its
 ``VinePPOConfig`` field name and its help, and :func:`validate_mc_settings` is their one validator. The config's
@@ -21,13 +22,16 @@ from mcadvantage._moved import warn_old_spelling
 
 __all__ = [
     "ALLOCATIONS",
+    "ENVIRONMENT_SETTINGS",
     "ROLLOUT_BUDGETS",
     "STEPS_AFTER_CAP",
     "MCSettings",
+    "environment_setting_field",
     "mc_config_names",
     "needed_completion_room",
     "refuse_setting_assignment",
     "setting_attribute",
+    "validate_environment_settings",
     "validate_mc_settings",
     "validate_sampling_settings",
 ]
@@ -378,6 +382,37 @@ def validate_mc_settings(
         raise ValueError(
             f"{n('truncated_reward')}={truncated_reward} is invalid: it must be a finite reward (e.g. 0.0, the "
             "official code's) or None to grade truncated continuations normally."
+        )
+
+
+#: The agent environments' settings, defined once like the Monte Carlo settings above: each is a ``VinePPOConfig``
+#: field of every estimator (default, help) and is validated by :func:`validate_environment_settings`.
+ENVIRONMENT_SETTINGS: dict[str, tuple[Any, str]] = {
+    "env_max_sessions": (
+        16,
+        "The most server sessions an OpenEnv environment class (mcadvantage.envs.openenv_environment) holds open at "
+        "once, for the batch's episodes and every Monte Carlo continuation together: a continuation whose session "
+        "was handed to another is rebuilt by replay on a free one, so the open sessions never grow with batch x "
+        "num_mc_rollouts. Below the server's max_concurrent_envs (openenv-core's default is 1; "
+        "python -m mcadvantage.envs.openenv_server serves 256).",
+    ),
+}
+
+
+def environment_setting_field(name: str) -> Any:
+    """The ``VinePPOConfig`` dataclass field of environment setting ``name``: its default and help from
+    :data:`ENVIRONMENT_SETTINGS`."""
+    default, help_text = ENVIRONMENT_SETTINGS[name]
+    return field(default=default, metadata={"help": help_text})
+
+
+def validate_environment_settings(*, env_max_sessions: int) -> None:
+    """Refuse an invalid environment setting, naming it, its value and the fix."""
+    if isinstance(env_max_sessions, bool) or not isinstance(env_max_sessions, int) or env_max_sessions < 1:
+        raise ValueError(
+            f"env_max_sessions={env_max_sessions!r} is invalid: an OpenEnv environment needs at least one server "
+            f"session. Set it to an int >= 1 (default {ENVIRONMENT_SETTINGS['env_max_sessions'][0]}), at most the "
+            "server's max_concurrent_envs."
         )
 
 

@@ -14,6 +14,12 @@ each hold one WebSocket session (openenv-core's ``GenericEnvClient``) per episod
   replay), then ``_reseed(seed)``: one reset that replays the calls server-side and reseeds, for servers that echo
   ``reseeded`` (those :func:`~mcadvantage.envs.openenv_app` serves); others are refused unless ``reseed=False``.
 
+Sessions are pooled per class (:class:`_SessionPool`): the episodes and every Monte Carlo continuation share at most
+``env_max_sessions`` open sessions (``VinePPOConfig``; the trainer sets it on the class, default in
+:data:`~mcadvantage.core.settings.ENVIRONMENT_SETTINGS`). An instance that needs a session when all are taken takes
+the least recently used one from another instance, which is rebuilt by replay (reset with its seed, its calls, its
+reseed) on a session when it acts again, so the open sessions never grow with batch x K.
+
 Every network wait has a timeout (connect, each message, ``/schema``).
 """
 
@@ -24,56 +30,15 @@ import sys
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
+from mcadvantage.core.settings import ENVIRONMENT_SETTINGS
 from mcadvantage.envs._common import check_tool_name, class_name, hashable, make_tool, require, seed_from_row
+from mcadvantage.envs.openenv_sessions import _Refused, _Session, _SessionPool
 
 __all__ = ["OpenEnvEnvironment", "OpenEnvError", "openenv_environment"]
 
 _TYPES = {"string": str, "integer": int, "number": float, "boolean": bool}
 #: Server error codes that mean the action was refused (the model's mistake), not that the session broke.
 _REFUSED = ("VALIDATION_ERROR", "EXECUTION_ERROR")
-
-
-class _Refused(RuntimeError):
-    """An error message from the server (``{"type": "error", "data": {"message", "code"}}``)."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(f"{message} (code: {code})")
-        self.code = code
-
-
-class _Session:
-    """One OpenEnv WebSocket session (``/ws``), synchronous, with a timeout on the handshake and on every reply.
-
-    openenv-core's ``GenericEnvClient.sync()`` speaks the same protocol, but importing ``openenv.core`` costs
-    seconds (it loads gradio) and each sync client runs its own event-loop thread; an episode needs neither, so the
-    four messages (reset, step, state, close) go through ``websockets``' synchronous client directly.
-    """
-
-    def __init__(self, url: str, connect_timeout_s: float, message_timeout_s: float) -> None:
-        from websockets.sync.client import connect
-
-        ws_url = "ws" + url[len("http") :] if url.startswith("http") else url
-        self._ws = connect(f"{ws_url}/ws", open_timeout=connect_timeout_s, close_timeout=1.0, max_size=2**27)
-        self._timeout = message_timeout_s
-
-    def request(self, kind: str, data: dict[str, Any]) -> dict[str, Any]:
-        from websockets.exceptions import ConnectionClosed
-
-        try:
-            self._ws.send(json.dumps({"type": kind, "data": data} if kind != "state" else {"type": kind}))
-        except ConnectionClosed:
-            pass  # a server that refused the session sent why before closing: read it below
-        reply = json.loads(self._ws.recv(timeout=self._timeout))
-        if reply.get("type") == "error":
-            error = reply.get("data", {})
-            raise _Refused(str(error.get("message", "unknown error")), str(error.get("code", "UNKNOWN")))
-        return reply.get("data", {})
-
-    def close(self) -> None:
-        try:
-            self._ws.send(json.dumps({"type": "close"}))
-        finally:
-            self._ws.close()
 
 
 class OpenEnvError(RuntimeError):
@@ -100,6 +65,7 @@ class OpenEnvEnvironment:
     _can_reseed: ClassVar[bool]
     _tool_name: ClassVar[str]
     _instructions: ClassVar[str]
+    _pool: ClassVar[_SessionPool]
 
     def __init__(self) -> None:
         self._client: Any = None  # opened by reset: TRL builds a probe instance it never resets
@@ -110,6 +76,19 @@ class OpenEnvEnvironment:
         self._invalid, self._text, self._key = 0, "", None
         self._actions: list[dict[str, Any]] = []
         self._state_keys: list[Hashable] = []
+        # The continuation's reseed and the calls before it: what a rebuild on another session replays.
+        self._reseeded: int | None = None
+        self._reseed_at = 0
+
+    @classmethod
+    def _limit_sessions(cls, limit: int) -> None:
+        """Hold at most ``limit`` sessions open for this class's instances (``VinePPOConfig.env_max_sessions``,
+        which the trainer sets here; default :data:`~mcadvantage.core.settings.ENVIRONMENT_SETTINGS`'s)."""
+        from mcadvantage.core.settings import validate_environment_settings
+
+        validate_environment_settings(env_max_sessions=limit)
+        with cls._pool.lock:
+            cls._pool.limit = int(limit)
 
     def __del__(self) -> None:
         if (
@@ -117,38 +96,86 @@ class OpenEnvEnvironment:
         ):  # at interpreter exit the socket closes with the process (websockets is gone)
             self._close()
 
-    def _close(self) -> None:
-        client, self._client = getattr(self, "_client", None), None
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # the session is gone either way
-                pass
+    @classmethod
+    def _close_sessions(cls) -> None:
+        """Close every session the class's pool holds open (e.g. when a run ends; an instance that acts again is
+        rebuilt by replay on a new one)."""
+        with cls._pool.lock:
+            cls._pool.close_all()
 
-    def _call(self, what: str, **data: Any) -> dict[str, Any]:
-        """One request on the session (opened on first use); connection loss, timeouts and a full server become
-        :class:`OpenEnvError`; a refused action stays :class:`_Refused`."""
-        try:
-            if self._client is None:
-                self._client = _Session(self._url, *self._timeouts)
-            return self._client.request(what, data)
-        except _Refused as err:
-            if err.code in _REFUSED:
+    def _close(self, keep: bool = True) -> None:
+        """Give the instance's session back to the class's pool: kept open for the next instance (``keep``), or
+        closed (a broken session)."""
+        pool = getattr(type(self), "_pool", None)
+        if pool is not None and getattr(self, "_client", None) is not None:
+            with pool.lock:
+                pool.release(self, keep=keep)
+
+    def _call(self, what: str, *, rebuild: bool = True, **data: Any) -> dict[str, Any]:
+        """One request on a session leased from the class's pool; a session that was another instance's is first
+        brought to this instance's state (``rebuild``: :meth:`_rebuild_on`). Connection loss, timeouts and a full
+        server become :class:`OpenEnvError`; a refused action stays :class:`_Refused`."""
+        pool = type(self)._pool
+        with pool.lock:
+            try:
+                session, fresh = pool.lease(self, lambda: _Session(self._url, *self._timeouts))
+                if fresh and rebuild:
+                    self._rebuild_on(session)
+                return session.request(what, data)
+            except _Refused as err:
+                if err.code in _REFUSED:
+                    raise
+                if err.code == "CAPACITY_REACHED":
+                    opened = pool.open_sessions()
+                    self._close(keep=False)
+                    raise OpenEnvError(self._capacity_message(err, opened, pool.limit)) from None
+                raise self._lost(what, err) from None
+            except OpenEnvError:
                 raise
-            self._close()
-            if err.code == "CAPACITY_REACHED":
-                raise OpenEnvError(
-                    f"the OpenEnv server at {self._url} has no free session ({err}). A run holds one session per "
-                    "episode of the batch, plus one per Monte Carlo continuation being rebuilt under 'vineppo': start "
-                    "the server with a larger max_concurrent_envs (python -m mcadvantage.envs.openenv_server ... "
-                    "--max-concurrent-envs N), or lower per_device_train_batch_size / num_mc_rollouts."
-                ) from None
-            raise self._lost(what, err) from None
-        except Exception as err:  # refused connections, timeouts, a closed socket (websockets' errors)
-            raise self._lost(what, err) from None
+            except Exception as err:  # refused connections, timeouts, a closed socket (websockets' errors)
+                raise self._lost(what, err) from None
+
+    def _rebuild_on(self, session: _Session) -> None:
+        """Bring a leased session to this instance's state: reset with its seed and replay its calls (server-side
+        where the server takes ``replay=``), its reseed and the calls after it; the observation must come back."""
+        if self._seed is None:
+            return
+        cut = self._reseed_at if self._reseeded is not None else len(self._actions)
+        data: dict[str, Any] = {"seed": self._seed}
+        if self._can_reseed:  # a server that replays (openenv_app's): one message
+            data["replay"] = self._actions[:cut]
+            if self._reseeded is not None:
+                data["reseed"] = self._reseeded
+        tail = self._actions[cut:] if self._can_reseed else self._actions
+        try:
+            result = session.request("reset", data)
+            for arguments in tail:
+                result = session.request("step", dict(arguments))
+        except _Refused as err:
+            raise OpenEnvError(
+                f"the OpenEnv server at {self._url} refused replaying an episode's calls on a pooled session ({err}):"
+                " its environment must replay deterministically from the seed (and the reseed)."
+            ) from None
+        if self._render(result.get("observation", {})) != self._text:
+            raise OpenEnvError(
+                f"the OpenEnv server at {self._url} did not rebuild an episode's state on a pooled session (reset "
+                f"with seed {self._seed} and {len(self._actions)} calls replayed): its environment must be "
+                "deterministic given the seed, the calls and the reseed."
+            )
+
+    def _capacity_message(self, err: Exception, opened: int, limit: int) -> str:
+        """A full server's error: what the pool needs (``limit`` sessions) and the two ways to set it."""
+        return (
+            f"the OpenEnv server at {self._url} has no free session ({err}): it refused session {opened} of the "
+            f"{limit} that {type(self).__name__} may hold open (env_max_sessions={limit}; the batch's episodes and "
+            "every Monte Carlo continuation share them, a continuation is rebuilt by replay when a session frees). "
+            f"The pool needs the server to allow {limit} sessions: start it with max_concurrent_envs >= {limit} "
+            f"(python -m mcadvantage.envs.openenv_server ... --max-concurrent-envs {limit}), or set "
+            f"VinePPOConfig(env_max_sessions=N) to what the server allows (N >= 1; fewer sessions, more replays)."
+        )
 
     def _lost(self, what: str, err: Exception) -> OpenEnvError:
-        self._close()
+        self._close(keep=False)
         self._broken = f"{what} failed: {type(err).__name__}: {err}"
         return OpenEnvError(
             f"the OpenEnv server at {self._url} did not answer {what}() ({type(err).__name__}: {err}); the episode's "
@@ -159,9 +186,9 @@ class OpenEnvEnvironment:
     def reset(self, **row: Any) -> str:
         """Open a session for the episode and reset the server's environment with the row's seed."""
         seed = seed_from_row(row, self._seed_column, type(self).__name__)
-        self._close()  # one session per episode
+        self._close()  # one session per episode (the pool keeps it open for the next)
         self._begin(seed)
-        self._observe(self._call("reset", seed=seed))
+        self._observe(self._call("reset", rebuild=False, seed=seed))
         return self._text
 
     def _observe(self, result: dict[str, Any]) -> None:
@@ -231,7 +258,8 @@ class OpenEnvEnvironment:
         if not self._can_reseed:
             return
         before = self._text
-        result = self._call("reset", seed=self._seed, replay=self._actions, reseed=int(seed))
+        result = self._call("reset", rebuild=False, seed=self._seed, replay=self._actions, reseed=int(seed))
+        self._reseeded, self._reseed_at = int(seed), len(self._actions)
         if result.get("observation", {}).get("reseeded") != int(seed):
             raise OpenEnvError(
                 f"the OpenEnv server at {self._url} ignored the reseed of a Monte Carlo continuation (its reset does "
@@ -360,6 +388,7 @@ def openenv_environment(
             "_key_field": state_key_field,
             "_seed_column": seed_column,
             "_can_reseed": bool(reseed),
+            "_pool": _SessionPool(ENVIRONMENT_SETTINGS["env_max_sessions"][0]),
             "_tool_name": tool_name,
             "_instructions": readme
             or f"{description}\nCall the tool {tool_name}({argument}), one call per turn. When the "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcadvantage.samplers.base import Continuation, RolloutRequest, Sampler
+from mcadvantage.samplers.env_checks import check_reseeded, random_streams
 from mcadvantage.samplers.episodes import (
     AgentEpisodes,
     Episode,
@@ -134,6 +135,12 @@ class EpisodeSampler:
             standalone_tools=agent.standalone_tools,
         )
         starts = [self._rebuild(job) for job in jobs]
+        # The seeded random generators each rebuilt environment holds: drawn from during the continuation without
+        # _reseed, they replay the episode's luck (refused after the tool loop, naming _reseed).
+        streams = [
+            {} if callable(getattr(type(environment), "_reseed", None)) else random_streams(environment)
+            for environment, _, _ in starts
+        ]
         outs = continue_episodes(
             [job.episode.prompt_ids for job in jobs],
             [job.episode.completion_ids[: job.prefix_len] for job in jobs],
@@ -142,6 +149,8 @@ class EpisodeSampler:
             loop=loop,
             limits=[job.prefix_len + job.max_tokens for job in jobs],
         )
+        for out, job, before in zip(outs, jobs, streams, strict=True):
+            check_reseeded(out.environment, before, where=f"batch row {self._row.get(id(job.episode), '?')}")
         return [
             _as_continuation(out, job, inherited, calls)
             for out, job, (_, inherited, calls) in zip(outs, jobs, starts, strict=True)

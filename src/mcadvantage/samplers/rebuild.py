@@ -24,8 +24,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcadvantage.samplers.env_checks import (
+    NOT_RECORDED,
+    EnvironmentContractError,
+    check_fork,
+    read_state_key,
+)
+
 __all__ = [
     "NOT_RECORDED",
+    "EnvironmentContractError",
     "EnvironmentReplayError",
     "EpisodeRecord",
     "ToolTurn",
@@ -139,7 +147,7 @@ def execute_tool_calls(
     return [(name, result if isinstance(result, list) else str(result)) for name, result in out]
 
 
-class EnvironmentReplayError(RuntimeError):
+class EnvironmentReplayError(EnvironmentContractError):
     """An environment could not be brought back to an episode's state: its reset raised or returned another
     observation than the episode's, replaying the episode's tool calls gave other results than the episode recorded,
     or its ``state_key`` after a replayed round differed from the episode's.
@@ -154,14 +162,9 @@ class EnvironmentReplayError(RuntimeError):
     def __init__(
         self, message: str, *, environment: str | None = None, round: int | None = None, where: str = ""
     ) -> None:
-        super().__init__(message)
-        self.environment = environment
+        super().__init__(message, environment=environment, where=where)
         self.round = round
-        self.where = where
 
-
-#: Not recorded: the check is skipped (an episode without a prompt to compare, or without a recorded key).
-NOT_RECORDED: Any = type("NotRecorded", (), {"__repr__": lambda self: "NOT_RECORDED"})()
 
 # The default repr of an object names its memory address, which differs in every process and run.
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -196,11 +199,6 @@ def with_observation(prompt: Any, observation: Any) -> Any:
     if isinstance(observation, str) and isinstance(content, list):
         observation = [{"type": "text", "text": observation}]
     return prompt[:-1] + [{**prompt[-1], "content": content + observation}]
-
-
-def _state_key(environment: Any) -> Any:
-    """The environment's ``state_key`` property (part of the environment contract), or NOT_RECORDED."""
-    return getattr(environment, "state_key", NOT_RECORDED) if environment is not None else NOT_RECORDED
 
 
 @dataclass(frozen=True)
@@ -242,7 +240,7 @@ def _check_state_key(environment: Any, rounds: int, record: EpisodeRecord, label
     want = record.state_keys.get(rounds, NOT_RECORDED)
     if want is NOT_RECORDED:
         return
-    got = _state_key(environment)
+    got = read_state_key(environment, where)
     if got == want:
         return
     after = "reset(**row)" if rounds == 0 else f"replaying tool round {rounds - 1}"
@@ -361,12 +359,17 @@ def rebuild_environment(
     environment whose class defines ``_fork()`` (an underscore method, so TRL does not make it a tool) returning an
     independent copy in the same state (``copy.deepcopy(self)`` for plain attributes) is rebuilt by replay once per
     state, kept in ``templates`` under ``key`` (the caller's name for the state, e.g. its episode and rounds), and
-    every continuation gets ``template._fork()``: one replay per state instead of one per continuation. Without
-    ``templates`` every call replays. Either way the continuation's environment is then reseeded
+    every continuation gets ``template._fork()``: one replay per state instead of one per continuation. A fork is
+    checked as a replay is (:func:`~mcadvantage.samplers.env_checks.check_fork`): it shares no mutable state with
+    the template, it is in the template's state (``state_key``, ``get_reward()``), and the template is still in the
+    episode's state (``record``'s key), else :class:`EnvironmentContractError` names ``_fork`` and the fix
+    (``copy.deepcopy``). Without ``templates`` every call replays. Either way the continuation's environment is then reseeded
     (:func:`reseed_environment`) when ``reseed`` is given and it defines ``_reseed``.
     """
+    expected = (record.state_keys if record is not None else {}).get(len(turns), NOT_RECORDED)
     if templates is not None and key in templates:
         forked = templates[key]._fork()
+        check_fork(forked, templates[key], expected_key=expected, where=where)
         reseed_environment(forked, reseed)
         return forked, 0
     environment = replay_environment(
@@ -376,6 +379,7 @@ def rebuild_environment(
     if templates is not None and callable(getattr(type(environment), "_fork", None)):
         templates[key] = environment  # kept at the state, never reseeded: each fork is
         environment = environment._fork()
+        check_fork(environment, templates[key], expected_key=expected, where=where)
     reseed_environment(environment, reseed)
     return environment, calls
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from mcadvantage.core.settings import MCSettings
+from mcadvantage.core.settings import MCSettings, environment_setting_field, validate_environment_settings
 from mcadvantage.estimators.base import AdvantageEstimator
 from mcadvantage.estimators.registry import (
     available_advantage_estimators,
@@ -53,7 +53,7 @@ GRPO_DEFAULT_DIFFERENCES: dict[str, str] = {
         'machine without a bf16-capable GPU unless `use_cpu=True` ("Your setup doesn\'t support bf16/gpu"). There, '
         "and only there, `VinePPOConfig` turns bf16 off instead, so a CPU-only machine trains in float32 without "
         "flags. Wherever `GRPOConfig` builds (a bf16 GPU, or `use_cpu=True`, where both give `bf16=True`), the value "
-        "is `GRPOConfig`'s."
+        "is `GRPOConfig`'s, also when `use_cpu=True` is set after the config was built."
     ),
     "scale_rewards": (
         'Unset, the estimator\'s `default_scale_rewards`: `"group"` (`GRPOConfig`\'s) under `"grpo"`, '
@@ -85,6 +85,9 @@ class VinePPOConfig(GRPOConfig):
         advantage_estimator (str): How advantages are computed: a built-in name, or any name registered with
             :func:`~mcadvantage.register_advantage_estimator` or an installed package's entry points. Defaults to
             `"vineppo"`.
+        env_max_sessions (int): The most server sessions an OpenEnv environment class holds open at once, for the
+            batch's episodes and every Monte Carlo continuation together (a continuation whose session went to
+            another is rebuilt by replay on a free one). Defaults to `16` (OpenEnv servers commonly allow 64).
         whiten_advantages (bool | None): Whiten the per-token advantages (zero mean, unit variance over the valid
             tokens of the generation batch, all-reduced across ranks). `None` resolves to the estimator's default
             (on for `"vineppo"`, `"gae"` and `"tree"`; off for `"grpo"`, `"rloo"` and `"hybrid"`, so they equal
@@ -288,6 +291,7 @@ class VinePPOConfig(GRPOConfig):
             "estimator's default (on for 'vineppo', as the paper; off for 'grpo'/'rloo', which normalise their own)."
         },
     )
+    env_max_sessions: int = environment_setting_field("env_max_sessions")
     mc_estimate_on_eval: bool = field(
         default=False,
         metadata={
@@ -300,7 +304,10 @@ class VinePPOConfig(GRPOConfig):
         # Unset bf16 is GRPOConfig's (on unless fp16), except where TrainingArguments would refuse that
         # (GRPO_DEFAULT_DIFFERENCES): there it is off.
         if self.bf16 is None:
-            self.bf16 = (not self.fp16) and not _bf16_refused_here(self.use_cpu)
+            refused = _bf16_refused_here(self.use_cpu)
+            self.bf16 = (not self.fp16) and not refused
+            # Turned off only because use_cpu is unset: GRPOConfig's value returns when use_cpu is set later.
+            self._bf16_off_without_cpu = refused and not self.fp16
         estimator_cls = get_advantage_estimator(self.advantage_estimator)
         self.advantage_estimator = estimator_cls.name
         if self.scale_rewards is None:
@@ -312,14 +319,24 @@ class VinePPOConfig(GRPOConfig):
         except ValueError as err:
             one_generation = self.num_generations is not None and self.num_generations < 2
             if one_generation and estimator_cls.name != "grpo" and "generations" in str(err):
-                raise ValueError(
-                    _one_generation_message(self.num_generations, estimator_cls.name, err)
-                ) from err
+                raise ValueError(_one_generation_message(self.num_generations, estimator_cls, err)) from err
             raise
         self._validate_settings(estimator_cls)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Fields are set as usual; setting ``use_cpu=True`` after construction (as TRL's test fixture does) gives an
+        unset ``bf16`` the value ``GRPOConfig`` gives it with ``use_cpu`` (on, with its mixed precision), where it had
+        been turned off only because ``use_cpu`` was unset (:data:`GRPO_DEFAULT_DIFFERENCES`)."""
+        super().__setattr__(name, value)
+        if name == "use_cpu" and value and self.__dict__.get("_bf16_off_without_cpu"):
+            super().__setattr__("_bf16_off_without_cpu", False)
+            super().__setattr__("bf16", True)
+            if getattr(self, "mixed_precision", "no") == "no":  # TrainingArguments derives it from bf16
+                super().__setattr__("mixed_precision", "bf16")
+
     def _validate_settings(self, estimator_cls: type) -> None:
         """Reject Monte Carlo settings that are invalid or contradict each other, naming the field and fix."""
+        validate_environment_settings(env_max_sessions=self.env_max_sessions)
         if self.truncated_completion_reward is not None and not math.isfinite(
             self.truncated_completion_reward
         ):
@@ -497,16 +514,22 @@ def _differs_from_default(config: Any, name: str) -> bool:
     return value != default
 
 
-def _one_generation_message(num_generations: int, estimator: str, trl_error: Exception) -> str:
+def _one_generation_message(num_generations: int, estimator_cls: type, trl_error: Exception) -> str:
     """Why ``num_generations < 2`` is refused under an estimator other than GRPO's, with the fix; TRL's own words
-    follow (its check is what refuses it)."""
+    follow (its check is what refuses it). The fix names only settings the estimator reads: fewer
+    ``num_mc_rollouts`` only where it samples continuations (``"anchor"``, for one, refuses that field)."""
+    estimator = estimator_cls.name
+    fewer = (
+        "; to sample less per prompt, use num_generations=2 and fewer num_mc_rollouts"
+        if "num_mc_rollouts" in estimator_cls.config_fields
+        else ""
+    )
     return (
         f"num_generations={num_generations} is refused under advantage_estimator={estimator!r}: VinePPOTrainer is "
         "TRL's GRPOTrainer underneath, which samples every prompt as a group of num_generations responses and "
         "refuses groups of fewer than 2 whatever the estimator, even one whose values need no group (a Monte Carlo "
-        "value averages its own continuations). Set num_generations=2 or more (GRPOConfig's default is 8); to "
-        "sample less per prompt, use num_generations=2 and fewer num_mc_rollouts. TRL's GRPOConfig says: "
-        f"{trl_error}"
+        f"value averages its own continuations). Set num_generations=2 or more (GRPOConfig's default is 8){fewer}. "
+        f"TRL's GRPOConfig says: {trl_error}"
     )
 
 

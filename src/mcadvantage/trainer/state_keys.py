@@ -12,9 +12,10 @@ from typing import Any, Literal
 
 from mcadvantage.estimators.anchor import ROLLOUT_KEYS_FIELD, observation_keys, recorded_turn_keys, turn_spans
 from mcadvantage.estimators.batch import AdvantageBatch
+from mcadvantage.samplers.env_checks import read_state_key
 from mcadvantage.samplers.rebuild import NOT_RECORDED
 
-__all__ = ["KeySource", "batch_turn_keys", "episode_round_keys"]
+__all__ = ["KeySource", "batch_turn_keys", "episode_round_keys", "state_key_snapshot"]
 
 #: Where a batch's keys come from: ``"recorded"`` (``environment_factory=``: read during GRPO's tool loop),
 #: ``"rollout_func"`` (its ``turn_keys`` field), ``"observation"`` (``tools=`` alone: no environment object).
@@ -82,4 +83,27 @@ def episode_round_keys(
         key = snapshots[r][episode]
         if key is not NOT_RECORDED:
             keys[r] = key
+    return keys
+
+
+def state_key_snapshot(environments: Sequence[Any], *, for_credit: bool) -> list[Any]:
+    """Every local episode's environment ``state_key`` now (:func:`~mcadvantage.samplers.env_checks.read_state_key`:
+    ``NOT_RECORDED`` for a class without one; a key that raises is an error under every estimator, naming the
+    class and the exception).
+
+    Args:
+        for_credit: the keys are ``"anchor"``'s credit by state, which needs every one.
+
+    Raises:
+        AttributeError: ``for_credit`` and an environment without ``state_key``, naming the episode and the fix.
+    """
+    keys = [read_state_key(environment, f"local episode {i}") for i, environment in enumerate(environments)]
+    missing = [i for i, key in enumerate(keys) if key is NOT_RECORDED]
+    if for_credit and missing:
+        i = missing[0]
+        raise AttributeError(
+            f"reading state_key of the environment of local episode {i} ({type(environments[i]).__name__}) "
+            "failed: it has none. advantage_estimator='anchor' with anchor_state='state_key' reads a read-only "
+            "property state_key before each model turn; add it, or set anchor_state='observation'."
+        )
     return keys

@@ -32,8 +32,8 @@ What is used, and why:
   first model turn is drawn as trees instead of GRPO's independent samples; the tool loop is wrapped only to mark
   its own calls (every later turn, ``num_generations=1``), which generate as GRPO does.
 - ``environments`` (read in :meth:`GRPOTrainerHooks._generate_single_turn`) and ``_environment_pool``: with
-  ``advantage_estimator="anchor"``, or an estimator that continues episodes and environments with a ``state_key``,
-  each environment's ``state_key`` is read at every generation call of a batch (the first turn, then each round of
+  environments that have a ``state_key`` (under every estimator, so a key that raises is reported), each
+  environment's ``state_key`` is read at every generation call of a batch (the first turn, then each round of
   the tool loop), so each turn's state is recorded as the model saw it (:meth:`GRPOTrainerHooks.batch_turn_keys`,
   and every rebuild of an episode is checked after each replayed round: :meth:`GRPOTrainerHooks.agent_episodes`);
   the pool's first instance of each environment gives its class, checked for the property before training.
@@ -68,10 +68,11 @@ from trl import GRPOTrainer
 
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.versions import check_version_range
-from mcadvantage.estimators.base import ContinuesEpisodes, ReadsStateKeys
+from mcadvantage.estimators.base import ReadsStateKeys
 from mcadvantage.estimators.batch import AdvantageBatch
 from mcadvantage.rewards.errors import check_finite_reward_table, locate_reward_error
 from mcadvantage.rewards.truncation import score_truncated_responses, truncated_responses
+from mcadvantage.samplers.env_checks import read_state_key
 from mcadvantage.samplers.episodes import AgentEpisodes, Episode
 from mcadvantage.samplers.rebuild import NOT_RECORDED, dropped_tool_calls, recorded_tool_turns
 from mcadvantage.trainer.guards import checkpoint_to_resume, refuse_nonfinite_step
@@ -422,13 +423,11 @@ class GRPOTrainerHooks(GRPOTrainer):
         return isinstance(est, ReadsStateKeys) and est.state_source == "state_key"
 
     def records_episode_keys(self) -> bool:
-        """Whether batches record their episodes' state keys to check rebuilds: for an estimator that continues
-        episodes (:class:`~mcadvantage.estimators.base.ContinuesEpisodes`) with an environment class that has a
-        ``state_key``. Reading a property has no side effects, so the episodes are the same either way."""
-        est = getattr(self, "advantage_estimator", None)
-        return isinstance(est, ContinuesEpisodes) and any(
-            hasattr(cls, "state_key") for cls in self.environment_classes.values()
-        )
+        """Whether batches record their episodes' state keys: with an environment class that has a ``state_key``,
+        under every estimator (an estimator that continues episodes checks its rebuilds against them; every one
+        reads them, so a key that raises is reported, not switched off). Reading a property has no side effects, so
+        the episodes are the same either way."""
+        return any(hasattr(cls, "state_key") for cls in self.environment_classes.values())
 
     def check_state_keys_available(self) -> None:
         """Refuse, before training (and before any batch is generated), environments without the ``state_key`` property the estimator reads
@@ -440,6 +439,8 @@ class GRPOTrainerHooks(GRPOTrainer):
                 check_state_key_property(cls, name)
 
     def _record_state_keys(self) -> None:
+        from mcadvantage.trainer.state_keys import state_key_snapshot
+
         # GRPO calls _generate_single_turn once for every episode's first turn (after reset) and once per round of
         # its tool loop (after the round's tool results); an episode that leaves the loop never comes back, so
         # episode i's turn t was generated at call t. The environments are read as the model's turn starts. Credit
@@ -447,20 +448,7 @@ class GRPOTrainerHooks(GRPOTrainer):
         log = self._mcadvantage_state_log
         if log is None or not self.environments:
             return
-        if not self.records_state_keys():
-            log.append([getattr(environment, "state_key", NOT_RECORDED) for environment in self.environments])
-            return
-        snapshot = []
-        for i, environment in enumerate(self.environments):
-            try:
-                snapshot.append(environment.state_key)
-            except AttributeError as err:
-                raise AttributeError(
-                    f"reading state_key of the environment of local episode {i} ({type(environment).__name__}) "
-                    f"failed: {err}. advantage_estimator='anchor' with anchor_state='state_key' reads a read-only "
-                    "property state_key before each model turn; add it, or set anchor_state='observation'."
-                ) from err
-        log.append(snapshot)
+        log.append(state_key_snapshot(self.environments, for_credit=self.records_state_keys()))
 
     @property
     def environment_classes(self) -> dict[str | None, type]:
@@ -532,6 +520,11 @@ class GRPOTrainerHooks(GRPOTrainer):
         return parse_response(self._tokenizer, turn_ids, prefix=prefix, tools=schemas[key])
 
     @property
+    def batch_conversations(self) -> list[Any]:
+        """The latest batch's completions as GRPO parsed them (per local episode: its messages); empty before."""
+        return list(getattr(self, "_mcadvantage_completions", None) or [])
+
+    @property
     def standalone_tools(self) -> list[Any]:
         """The ``tools=`` the trainer was given (without the environments' methods)."""
         return list(self._standalone_tools)
@@ -580,7 +573,7 @@ class GRPOTrainerHooks(GRPOTrainer):
         environments = getattr(self, "environments", None) or []
         if row >= len(environments) or dropped_tool_calls(messages):
             return NOT_RECORDED
-        return getattr(environments[row], "state_key", NOT_RECORDED)
+        return read_state_key(environments[row], f"local episode {row}")
 
     def agent_context(self, batch: AdvantageBatch) -> AgentEpisodes | None:
         """What continuing the local batch's episodes through GRPO's tool loop needs (``EstimatorContext.episodes``):

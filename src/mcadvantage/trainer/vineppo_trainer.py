@@ -33,6 +33,7 @@ from mcadvantage.estimators.batch import finalize_advantages
 from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
 from mcadvantage.tasks.segmentation import get_segmenter
+from mcadvantage.trainer.agents import check_environment_classes, log_dropped_tool_results
 from mcadvantage.trainer.checkpoints import ESTIMATOR_STATE_FILE, load_estimator_state, save_estimator_state
 from mcadvantage.trainer.checks import check_engine_settings, check_rewards_and_datasets
 from mcadvantage.trainer.config import VinePPOConfig
@@ -176,16 +177,13 @@ class VinePPOTrainer(GRPOTrainerHooks):
             # TRL's colocated weight sync fails on vLLM's CPU backend; this swaps in a layerwise reload there and is
             # a no-op on GPU platforms.
             install_layerwise_weight_sync(self)
+        check_environment_classes(self.environment_classes, args.env_max_sessions)
         room, room_name = self.completion_room
-        check_prompt_lengths(
-            self.train_dataset,
-            self.tokenize_prompt_ids,
-            context=self.context_length,
-            room=room,
-            room_name=room_name,
-            dataset_name="train_dataset",
-            route_column=self.environment_route_column,
-        )
+        check_prompt_lengths(  # a row naming an unknown environment is GRPO's to refuse, at train()
+            self.train_dataset, self.tokenize_prompt_ids, context=self.context_length, room=room,
+            room_name=room_name, dataset_name="train_dataset", route_column=self.environment_route_column,
+            routes=list(self.environment_classes),
+        )  # fmt: skip
 
     @property
     def context_length(self) -> int | None:
@@ -273,6 +271,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         """Per-token advantages ``(B, T)`` of the local batch from the estimator, whitened across processes when
         ``whiten_advantages``; tool results (``tool_mask`` 0) get 0 and no weight. Collective: every process calls it."""
         mask = loss_token_mask(batch.completion_mask, batch.tool_mask)
+        log_dropped_tool_results(self, batch)  # every estimator's episodes: counted and warned
         samples = self.advantage_estimator.uses_rollouts
         if batch.mode == "eval" and samples and not self.args.mc_estimate_on_eval:
             # Rollouts on evaluation batches multiply the cost of evaluation: off unless asked for.

@@ -749,7 +749,13 @@ def test_documented_commands_name_modules_and_scripts_that_exist():
 
 
 # Test files that are about the repository rather than one package folder stay at tests/ itself.
-REPOSITORY_TESTS = {"test_docs.py", "test_examples.py", "test_layout.py", "test_record_marks.py", "test_release.py"}
+REPOSITORY_TESTS = {
+    "test_docs.py",
+    "test_examples.py",
+    "test_layout.py",
+    "test_record_marks.py",
+    "test_release.py",
+}
 # Test folders for what lives beside the package: the benchmarks, the research testbed (testbed/), and fault
 # injection across the trainer's stack.
 BESIDE_THE_PACKAGE = {"benchmarks", "faults", "testbed"}

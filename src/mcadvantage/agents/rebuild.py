@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcadvantage.samplers.env_checks import (
+from mcadvantage.agents.env_checks import (
     NOT_RECORDED,
     EnvironmentContractError,
     check_fork,
@@ -360,7 +360,7 @@ def rebuild_environment(
     independent copy in the same state (``copy.deepcopy(self)`` for plain attributes) is rebuilt by replay once per
     state, kept in ``templates`` under ``key`` (the caller's name for the state, e.g. its episode and rounds), and
     every continuation gets ``template._fork()``: one replay per state instead of one per continuation. A fork is
-    checked as a replay is (:func:`~mcadvantage.samplers.env_checks.check_fork`): it shares no mutable state with
+    checked as a replay is (:func:`~mcadvantage.agents.env_checks.check_fork`): it shares no mutable state with
     the template, it is in the template's state (``state_key``, ``get_reward()``), and the template is still in the
     episode's state (``record``'s key), else :class:`EnvironmentContractError` names ``_fork`` and the fix
     (``copy.deepcopy``). Without ``templates`` every call replays. Either way the continuation's environment is then reseeded

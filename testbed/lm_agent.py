@@ -18,7 +18,7 @@ whatever its choices). The recipe here:
     python -m testbed.lm_agent --output_dir benchmarks/results/lm_agent_map_warmup   # trains, checks, saves
 
 :func:`play_episodes` plays a model's episodes through the trainer's own tool loop (the library's
-:func:`~mcadvantage.agents.turns.continue_episodes` with ``VinePPOTrainer``'s parser and tool-result tokens, sampling
+:func:`~mcadvantage.agents.tool_loop.continue_episodes` with ``VinePPOTrainer``'s parser and tool-result tokens, sampling
 at temperature 1 from a private seed), and :func:`success_check` measures success and tool calls per episode on
 held-out rows.
 """

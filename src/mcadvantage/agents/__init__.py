@@ -16,33 +16,28 @@
   keys during generation, builds a batch's episodes and what continuing them needs, checks the environment classes
   and counts dropped tool results).
 
-The names below import lazily from here.
+The names below import from here too (nothing here is heavy: no TRL, no engine).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from mcadvantage.agents.env_checks import EnvironmentContractError
+from mcadvantage.agents.episode_sampler import EpisodeSampler
+from mcadvantage.agents.rebuild import EnvironmentReplayError, rebuild_environment, replay_environment
+from mcadvantage.agents.tool_loop import AgentEpisodes, Episode, ToolLoop, continue_episodes
+from mcadvantage.agents.trainer_episodes import TrainerEpisodes
+from mcadvantage.agents.turns import episode_step_boundaries
 
-_LAZY = {
-    "Episode": ".tool_loop",
-    "AgentEpisodes": ".tool_loop",
-    "ToolLoop": ".tool_loop",
-    "continue_episodes": ".tool_loop",
-    "EnvironmentReplayError": ".rebuild",
-    "replay_environment": ".rebuild",
-    "rebuild_environment": ".rebuild",
-    "EnvironmentContractError": ".env_checks",
-    "EpisodeSampler": ".episode_sampler",
-    "episode_step_boundaries": ".turns",
-    "TrainerEpisodes": ".trainer_episodes",
-}
-
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mcadvantage.agents' has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+__all__ = [
+    "AgentEpisodes",
+    "EnvironmentContractError",
+    "EnvironmentReplayError",
+    "Episode",
+    "EpisodeSampler",
+    "ToolLoop",
+    "TrainerEpisodes",
+    "continue_episodes",
+    "episode_step_boundaries",
+    "rebuild_environment",
+    "replay_environment",
+]

@@ -1,6 +1,5 @@
 """Rebuilding an agent episode's environment at a state: the one rule (:func:`rebuild_environment`), and what it
-checks (pure functions; nothing here imports TRL). The rollout layer owns environments, so this lives beside the
-engines, under :mod:`mcadvantage.samplers`.
+checks (pure functions; nothing here imports TRL), with the rest of the agent code in :mod:`mcadvantage.agents`.
 
 An episode of TRL's tool loop records its tool rounds in its messages (:func:`recorded_tool_turns`). A Monte Carlo
 continuation from a state must see its environment exactly as the episode left it there, and TRL's pooled instance

@@ -1,4 +1,4 @@
-"""Continuing agent episodes from a state: the rollout layer's half of Monte Carlo credit for TRL's tool loop
+"""Continuing agent episodes from a state: the sampling half of Monte Carlo credit for TRL's tool loop
 (``tools=`` / ``environment_factory=``): the episodes as the trainer hands them over, and GRPO's tool loop resumed
 from a prefix.
 

@@ -10,15 +10,16 @@ from torch import nn
 
 if TYPE_CHECKING:
     from mcadvantage.estimators.base import AdvantageEstimator
+    from mcadvantage.trainer.config import VinePPOConfig
 
 __all__ = [
     "AGENT_KWARGS",
-    "check_trainer_args",
     "check_agent_kwargs",
     "check_dataset_columns",
     "check_engine_settings",
     "check_reward_funcs",
     "check_rewards_and_datasets",
+    "check_trainer_args",
     "reward_func_name",
 ]
 
@@ -88,7 +89,7 @@ def check_agent_kwargs(
         )
 
 
-def check_trainer_args(args: Any, model: Any) -> Any:
+def check_trainer_args(args: Any, model: Any) -> VinePPOConfig:
     """``VinePPOTrainer``'s ``args``: a :class:`~mcadvantage.trainer.config.VinePPOConfig` as given, or the default
     ``VinePPOConfig("<model name>-VinePPO")`` for None.
 

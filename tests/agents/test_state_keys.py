@@ -6,13 +6,8 @@ environment has every round checked; an environment without a ``state_key`` reco
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import pytest
-
 from mcadvantage.agents.rebuild import NOT_RECORDED
 from mcadvantage.agents.state_keys import episode_round_keys
-from mcadvantage.agents.trainer_episodes import TrainerEpisodes
 
 #: Keys at four generation calls of a batch of three episodes (call t: after t tool rounds for those still in the
 #: loop). Episode 0 played 3 rounds; episode 1 left the loop after 1 round (its environment then stayed "b1"), and
@@ -52,36 +47,3 @@ def test_the_final_key_stands_in_only_where_no_snapshot_holds_the_last_round():
     }
     # Fewer snapshots than rounds: those there are, and the final key for the last round.
     assert episode_round_keys(SNAPSHOTS[:2], 0, 3, final="a3") == {0: "a0", 1: "a1", 3: "a3"}
-
-
-class _Keyed:
-    def __init__(self, key):
-        self._key = key
-
-    @property
-    def state_key(self):
-        return self._key
-
-
-def test_the_rebuild_check_reads_what_keys_there_are_and_credit_by_state_all_of_them():
-    """The trainer's recording (``TrainerEpisodes.record_turn_states``) on a dict of environments where one
-    class has no ``state_key``: for the rebuild checks its keys are NOT_RECORDED, no error; for ``"anchor"``
-    credit, which needs every key, the missing one is an AttributeError naming the episode and the fix."""
-
-    def recording(anchor: bool) -> TrainerEpisodes:
-        estimator = SimpleNamespace(state_source="state_key") if anchor else None
-        seam = SimpleNamespace(
-            advantage_estimator=estimator,
-            environment_classes={None: _Keyed},
-            episode_environments=[_Keyed((0, 1)), object()],
-        )
-        agents = TrainerEpisodes(seam)
-        agents.start_generation()
-        return agents
-
-    checks = recording(anchor=False)
-    checks.record_turn_states()
-    assert checks.end_generation(SimpleNamespace(tool_mask=None)) is None
-    assert checks._batch_state_log == [[(0, 1), NOT_RECORDED]]
-    with pytest.raises(AttributeError, match=r"local episode 1 \(object\).*anchor_state='observation'"):
-        recording(anchor=True).record_turn_states()

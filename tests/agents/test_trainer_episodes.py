@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mcadvantage.agents.rebuild import NOT_RECORDED
 from mcadvantage.agents.trainer_episodes import TrainerEpisodes
 
 MASK = torch.tensor([[1, 1, 0, 0, 1, 1]])
@@ -95,3 +96,24 @@ def test_episodes_carry_the_batch_and_the_final_key_and_the_context_only_for_the
         agents.episodes(batch(tool_mask=None))
     keyless = TrainerEpisodes(seam(episode_environments=[object()]))
     assert keyless.episodes(batch())[0].state_keys == {}
+
+
+def test_the_rebuild_check_reads_what_keys_there_are_and_credit_by_state_all_of_them():
+    """The trainer's recording (``TrainerEpisodes.record_turn_states``) on a dict of environments where one
+    class has no ``state_key``: for the rebuild checks its keys are NOT_RECORDED, no error; for ``"anchor"``
+    credit, which needs every key, the missing one is an AttributeError naming the episode and the fix."""
+
+    def recording(anchor: bool) -> TrainerEpisodes:
+        estimator = SimpleNamespace(state_source="state_key") if anchor else None
+        agents = TrainerEpisodes(
+            seam(advantage_estimator=estimator, episode_environments=[_Env((0, 1)), object()])
+        )
+        agents.start_generation()
+        return agents
+
+    checks = recording(anchor=False)
+    checks.record_turn_states()
+    assert checks.end_generation(SimpleNamespace(tool_mask=None)) is None
+    assert checks._batch_state_log == [[(0, 1), NOT_RECORDED]]
+    with pytest.raises(AttributeError, match=r"local episode 1 \(object\).*anchor_state='observation'"):
+        recording(anchor=True).record_turn_states()

@@ -6,9 +6,9 @@ the tiny tool-calling policy of ``examples/agent.py --quick`` (the testbed token
 
 1. a batch of episodes is generated as GRPO's tool loop generates them: every turn of the active episodes goes to the
    engine in one call, its tool calls run on the episode's environment, and the tool results' tokens are appended
-   (the library's :func:`~mcadvantage.samplers.episodes.continue_episodes` from the empty state, with the trainer's own
-   parser and tool-result tokens, ``VinePPOTrainer.parse_turn`` / ``tool_result_ids``);
-2. VinePPO's turn credit (:class:`~mcadvantage.samplers.episodes.EpisodeSampler` under the Monte Carlo estimator, what
+   (the library's :func:`~mcadvantage.agents.tool_loop.continue_episodes` from the empty state, with the trainer's own
+   parser and tool-result tokens, ``VinePPOTrainer.agents.parse_turn`` / ``tool_result_ids``);
+2. VinePPO's turn credit (:class:`~mcadvantage.agents.episode_sampler.EpisodeSampler` under the Monte Carlo estimator, what
    ``advantage_estimator="vineppo"`` runs) estimates every turn boundary's value with K continuations.
 
 The engine is transformers ``generate`` on the CPU (:class:`~mcadvantage.samplers.hf.TransformersSampler`, one
@@ -122,9 +122,9 @@ def timed_generate(
 
 @contextlib.contextmanager
 def timed_replay() -> Iterator[None]:
-    """Time every :func:`~mcadvantage.samplers.rebuild.replay_environment` the estimator makes (``reset`` and the
+    """Time every :func:`~mcadvantage.agents.rebuild.replay_environment` the estimator makes (``reset`` and the
     prefix's tool calls; the tool calls' own time is also in ``CLOCK.tools``)."""
-    import mcadvantage.samplers.rebuild as rebuild
+    import mcadvantage.agents.rebuild as rebuild
 
     original = rebuild.replay_environment
 
@@ -297,12 +297,12 @@ def generate_episodes(
     """The rows' episodes as GRPO's tool loop plays them (see the module docstring), and the timing."""
     import torch
 
-    from mcadvantage.samplers.episodes import Episode, ToolLoop, continue_episodes, sampler_generate
+    from mcadvantage.agents.tool_loop import Episode, ToolLoop, continue_episodes, sampler_generate
 
     prompts, prompt_ids, envs = zip(*(harness.prompt(row) for row in rows), strict=True)
     loop = ToolLoop(
         generate=timed_generate(sampler_generate(harness.sampler)),
-        parse=harness.trainer.parse_turn,
+        parse=harness.trainer.agents.parse_turn,
         tool_suffix_ids=harness.trainer.tool_result_ids,
         max_completion_length=harness.max_completion_length,
         max_tool_calling_iterations=horizon + 1,  # examples/agent.py's default
@@ -347,21 +347,21 @@ def estimate(
 ) -> tuple[list[EpisodeEstimate], Any, Timing]:
     """VinePPO's turn credit of the episodes (every turn boundary a state, K continuations each, ``settings`` over
     the Monte Carlo defaults), timed: the library's :class:`~mcadvantage.mc.estimator.MCValueEstimator` around an
-    :class:`~mcadvantage.samplers.episodes.EpisodeSampler`, as ``advantage_estimator="vineppo"`` runs it. Returns the
+    :class:`~mcadvantage.agents.episode_sampler.EpisodeSampler`, as ``advantage_estimator="vineppo"`` runs it. Returns the
     per-episode estimates, the estimate's :class:`~mcadvantage.mc.stats.MCStats` and the timing."""
     import torch
 
+    from mcadvantage.agents.episode_sampler import EpisodeSampler
+    from mcadvantage.agents.tool_loop import AgentEpisodes
+    from mcadvantage.agents.turns import episode_step_boundaries
     from mcadvantage.core.settings import MCSettings
-    from mcadvantage.mc.episodes import episode_step_boundaries
     from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
     from mcadvantage.mc.planning import estimated_boundaries
-    from mcadvantage.samplers.episode_sampler import EpisodeSampler
-    from mcadvantage.samplers.episodes import AgentEpisodes
 
     agent = AgentEpisodes(
         episodes=list(episodes),
         factories={None: TimedAgentEnv},
-        parse=harness.trainer.parse_turn,
+        parse=harness.trainer.agents.parse_turn,
         tool_suffix_ids=harness.trainer.tool_result_ids,
         max_tool_calling_iterations=horizon + 1,
     )
@@ -418,8 +418,8 @@ class TimedEngine:
 def fork_seconds(episodes: Sequence[Any], credits: Sequence[Any], copies: int) -> tuple[float, int]:
     """Seconds and count of ``copy.deepcopy`` forks of an environment at every estimated state (``copies`` per
     state, as the estimator would fork one per continuation instead of replaying)."""
-    from mcadvantage.mc.episodes import tool_turns_before
-    from mcadvantage.samplers.rebuild import recorded_tool_turns, replay_environment
+    from mcadvantage.agents.rebuild import recorded_tool_turns, replay_environment
+    from mcadvantage.agents.turns import tool_turns_before
 
     total, forks = 0.0, 0
     for episode, credit in zip(episodes, credits, strict=True):

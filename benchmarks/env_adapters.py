@@ -73,7 +73,7 @@ def _time_calls(arm: str, envs: dict[str, Any], calls: int) -> float:
 
 
 def _turns(env_cls: Any, h: int) -> tuple[dict[str, Any], list[Any]]:
-    from mcadvantage.samplers.rebuild import ToolTurn, execute_tool_calls
+    from mcadvantage.agents.rebuild import ToolTurn, execute_tool_calls
 
     for seed in range(1000):  # the first seed whose h calls do not end the episode (a slip into the goal)
         env, row, turns = env_cls(), {"seed": seed}, []
@@ -95,7 +95,7 @@ def _turns(env_cls: Any, h: int) -> tuple[dict[str, Any], list[Any]]:
 def _time_rebuilds(arm: str, classes: dict[str, Any], episodes: dict, h: int, n: int) -> float:
     import gymnasium as gym
 
-    from mcadvantage.samplers.rebuild import replay_environment
+    from mcadvantage.agents.rebuild import replay_environment
 
     start = time.perf_counter()
     for k in range(n):

@@ -18,7 +18,7 @@ whatever its choices). The recipe here:
     python -m testbed.lm_agent --output_dir benchmarks/results/lm_agent_map_warmup   # trains, checks, saves
 
 :func:`play_episodes` plays a model's episodes through the trainer's own tool loop (the library's
-:func:`~mcadvantage.mc.episodes.continue_episodes` with ``VinePPOTrainer``'s parser and tool-result tokens, sampling
+:func:`~mcadvantage.agents.tool_loop.continue_episodes` with ``VinePPOTrainer``'s parser and tool-result tokens, sampling
 at temperature 1 from a private seed), and :func:`success_check` measures success and tool calls per episode on
 held-out rows.
 """
@@ -302,7 +302,7 @@ def play_episodes(
     ``AgentEnv``) and ``calls(env)`` counts an episode's accepted tool calls (default ``env.turn``)."""
     import torch
 
-    from mcadvantage.samplers.episodes import ToolLoop, continue_episodes, sampler_generate
+    from mcadvantage.agents.tool_loop import ToolLoop, continue_episodes, sampler_generate
     from mcadvantage.samplers.hf import TransformersSampler
 
     model = trainer.model
@@ -311,7 +311,7 @@ def play_episodes(
     sampler = TransformersSampler(model, trainer.processing_class, temperature=1.0, max_batch_sequences=batch)
     loop = ToolLoop(
         generate=sampler_generate(sampler),
-        parse=trainer.parse_turn,
+        parse=trainer.agents.parse_turn,
         tool_suffix_ids=trainer.tool_result_ids,
         max_completion_length=trainer.args.max_completion_length,
         max_tool_calling_iterations=trainer.args.max_tool_calling_iterations,

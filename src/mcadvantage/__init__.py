@@ -72,7 +72,7 @@ _LAZY: dict[str, str] = {
     "Trajectory": "mc.estimator",
     "MCEstimate": "mc.estimator",
     # agent episodes: an environment that cannot be rebuilt at an episode's state
-    "EnvironmentReplayError": "samplers.rebuild",
+    "EnvironmentReplayError": "agents.rebuild",
     # credit-assignment diagnostics (estimators against a large-K ground truth)
     "diagnose_credit": "evaluation.diagnostics",
     # TRL trainer (imports TRL)
@@ -97,6 +97,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see the real names
+    from mcadvantage.agents.rebuild import EnvironmentReplayError
     from mcadvantage.core.advantages import gae_advantages, masked_whiten, step_advantages, token_advantages
     from mcadvantage.estimators import (
         AdvantageBatch,
@@ -128,7 +129,6 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         VLLMSampler,
         VLLMServerSampler,
     )
-    from mcadvantage.samplers.rebuild import EnvironmentReplayError
     from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
     from mcadvantage.tasks.math import MathSegmenter, MathVerifier
     from mcadvantage.tasks.newline import NewlineSegmenter

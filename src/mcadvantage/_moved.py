@@ -64,6 +64,14 @@ MOVED: dict[str, str] = {
     "mcadvantage.diagnostics": "mcadvantage.evaluation.diagnostics",
     "mcadvantage.gradient_quality": "mcadvantage.evaluation.gradient_quality",
     "mcadvantage.report": "mcadvantage.evaluation.report",
+    # after 0.3.0: the agent code in one subpackage (docs/design.md, "Package map")
+    "mcadvantage.samplers.episodes": "mcadvantage.agents.tool_loop",
+    "mcadvantage.samplers.episode_sampler": "mcadvantage.agents.episode_sampler",
+    "mcadvantage.samplers.rebuild": "mcadvantage.agents.rebuild",
+    "mcadvantage.samplers.env_checks": "mcadvantage.agents.env_checks",
+    "mcadvantage.mc.episodes": "mcadvantage.agents.turns",
+    "mcadvantage.trainer.state_keys": "mcadvantage.agents.state_keys",
+    "mcadvantage.trainer.agents": "mcadvantage.agents.trainer_episodes",
 }
 
 

@@ -11,8 +11,8 @@ import pytest
 
 gym = pytest.importorskip("gymnasium")
 
+from mcadvantage.agents.rebuild import ToolTurn, execute_tool_calls, replay_environment  # noqa: E402
 from mcadvantage.envs import environment_dataset, gymnasium_environment  # noqa: E402
-from mcadvantage.samplers.rebuild import ToolTurn, execute_tool_calls, replay_environment  # noqa: E402
 
 SLIPPERY = gymnasium_environment("FrozenLake-v1", env_kwargs={"is_slippery": True})
 

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("gymnasium")
 pytest.importorskip("openenv.core")
 
+from mcadvantage.agents.rebuild import ToolTurn, execute_tool_calls, replay_environment  # noqa: E402
 from mcadvantage.envs import (  # noqa: E402
     LocalOpenEnvServer,
     OpenEnvError,
@@ -21,7 +22,6 @@ from mcadvantage.envs import (  # noqa: E402
     openenv_app,
     openenv_environment,
 )
-from mcadvantage.samplers.rebuild import ToolTurn, execute_tool_calls, replay_environment  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a server subprocess starts in ~15 s; the tests themselves take seconds
 

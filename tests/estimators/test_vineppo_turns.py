@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from mcadvantage.agents.tool_loop import AgentEpisodes, Episode  # noqa: E402
 from mcadvantage.estimators import (  # noqa: E402
     AdvantageBatch,
     EstimatorContext,
@@ -23,7 +24,6 @@ from mcadvantage.estimators import (  # noqa: E402
 )
 from mcadvantage.mc.estimator import MCEstimate  # noqa: E402
 from mcadvantage.samplers.base import Continuation  # noqa: E402
-from mcadvantage.samplers.episodes import AgentEpisodes, Episode  # noqa: E402
 from mcadvantage.testing import build_char_tokenizer  # noqa: E402
 from mcadvantage.trainer.checks import check_agent_kwargs  # noqa: E402
 

@@ -762,13 +762,13 @@ def test_a_state_key_that_differs_only_after_a_middle_round_is_refused_naming_th
 
 def _train_recording_episodes(trainer) -> list:
     """Train ``trainer`` (checking it trained) and return every episode its continuations were handed."""
-    seen, context = [], trainer.agent_context
+    seen, context = [], trainer.agents.context
 
     def recorded(batch):
         seen.append(context(batch))
         return seen[-1]
 
-    trainer.agent_context = recorded
+    trainer.agents.context = recorded
     initial = _weights(trainer)
     trainer.train()
     _check_trained(trainer, initial)
@@ -781,10 +781,10 @@ def test_a_deterministic_environment_with_a_state_key_has_every_round_checked_an
     """The testbed's deterministic ``AgentEnv`` (``state_key`` = (turns played, state)): every episode handed to
     the continuations carries its key after ``reset`` and after each of its tool rounds, equal to a fresh rebuild's
     key there, and training runs through the checks."""
-    from mcadvantage.samplers.rebuild import recorded_tool_turns, replay_environment
+    from mcadvantage.agents.rebuild import recorded_tool_turns, replay_environment
 
     trainer, _, _ = _vine(tmp_path, AgentEnv)
-    assert trainer.records_episode_keys()
+    assert trainer.agents.records_episode_keys()
     episodes = _train_recording_episodes(trainer)
     for episode in episodes:
         turns = recorded_tool_turns(episode.messages)
@@ -824,7 +824,7 @@ def test_an_environment_without_a_state_key_trains_with_no_keys_recorded(key_tur
     """No ``state_key``: nothing is recorded or read (no AttributeError), the episodes carry no keys, and the
     rebuilds are checked by observation and tool results alone, as before."""
     trainer, _, _ = _vine(tmp_path, Keyless)
-    assert not trainer.records_episode_keys()
+    assert not trainer.agents.records_episode_keys()
     episodes = _train_recording_episodes(trainer)
     assert all(episode.state_keys == {} for episode in episodes)
 
@@ -1067,7 +1067,7 @@ def test_dropped_tool_results_are_counted_and_warned_under_every_estimator(
     """An episode whose second call ran but whose result did not fit (``max_completion_length`` cuts it): the
     metric ``tools/dropped_results`` counts the batch's episodes so ended and the warning names the cause, under
     every estimator (it is a property of the episodes, not of Monte Carlo)."""
-    from mcadvantage.samplers import rebuild
+    from mcadvantage.agents import rebuild
 
     monkeypatch.setattr(rebuild, "_DROPPED_WARNED", [False])  # warned once per process: not yet
     trainer = _any_estimator(tmp_path, AgentEnv, estimator, max_completion_length=_first_call_length() + 5)

@@ -160,7 +160,7 @@ def test_a_wave_is_one_sampler_call_and_one_grading_call(tok):
     plan = plan_states(trajs, MCSettings())
     fake, outcome, progress = sampler(tok), OutcomeReward("Y"), Progress()
     io = io_for(tok, fake, outcome, reward_kwargs={"trainer_state": 1}, progress=progress)
-    wave = rollouts.sample_and_grade(trajs, plan, [2, 1, 3], [5, 5, 5], io, grade_unsampled=True)
+    wave = rollouts.run_wave(trajs, plan, [2, 1, 3], [5, 5, 5], io, grade_unsampled=True)
     assert len(fake.calls) == 1 and [r.n for r in fake.calls[0]] == [2, 1, 3]
     assert len(outcome.calls) == 1 and len(outcome.calls[0]["completions"]) == 6
     assert progress.n == 2  # the sampler call, then the one reward function
@@ -184,11 +184,11 @@ def test_truncated_continuations_get_the_truncated_reward_first_in_the_tally(tok
     plan = plan_states(trajs, MCSettings())
     y = ids(tok, "Y")[0]
     # u0's budget is 1 token: its continuations stop at "Y" before EOS, truncated.
-    graded = rollouts.sample_and_grade(
+    graded = rollouts.run_wave(
         trajs, plan, [2, 1, 1], [1, 5, 5], io_for(tok, sampler(tok)), grade_unsampled=True
     )
     assert graded.samples[0] == [([y], 1.0)] * 2  # graded like any other: "Y" ends with Y
-    fixed = rollouts.sample_and_grade(
+    fixed = rollouts.run_wave(
         trajs,
         plan,
         [2, 1, 1],
@@ -205,14 +205,14 @@ def test_a_state_without_budget_is_graded_as_its_prefix_only_when_asked(tok):
     trajs = batch(tok)
     plan = plan_states(trajs, MCSettings())
     outcome = OutcomeReward("Y")
-    wave = rollouts.sample_and_grade(
+    wave = rollouts.run_wave(
         trajs, plan, [1, 1, 1], [5, 0, 5], io_for(tok, sampler(tok), outcome), grade_unsampled=True
     )
     assert wave.samples[1] == [(ids(tok, "a"), 0.0)]  # "a" alone, graded: no "Y"
     assert outcome.calls[0]["completions"] == ["Y", "a", "N"]  # in state order
     assert (wave.counts.requests, wave.counts.unsampled_states, wave.counts.rollouts) == (2, 1, 2)
     assert wave.counts.rollout_rewards == [1.0, 0.0]  # the prefix's grade is no rollout's
-    fixed = rollouts.sample_and_grade(
+    fixed = rollouts.run_wave(
         trajs,
         plan,
         [1, 1, 1],
@@ -221,7 +221,7 @@ def test_a_state_without_budget_is_graded_as_its_prefix_only_when_asked(tok):
         grade_unsampled=True,
     )
     assert fixed.samples[1] == [(ids(tok, "a"), 0.5)]
-    second = rollouts.sample_and_grade(
+    second = rollouts.run_wave(
         trajs, plan, [1, 1, 0], [5, 0, 5], io_for(tok, sampler(tok)), grade_unsampled=False
     )
     assert second.samples[1] == [] and second.samples[2] == [] and second.counts.unsampled_states == 0
@@ -240,9 +240,7 @@ def test_same_seed_same_wave(tok):
             eos_token_id=tok.eos_token_id,
             seed=seed,
         )
-        return rollouts.sample_and_grade(
-            trajs, plan, [8, 8, 8], [5, 5, 5], io_for(tok, fake), grade_unsampled=True
-        )
+        return rollouts.run_wave(trajs, plan, [8, 8, 8], [5, 5, 5], io_for(tok, fake), grade_unsampled=True)
 
     assert wave(3).samples == wave(3).samples
     assert wave(3).samples != wave(4).samples

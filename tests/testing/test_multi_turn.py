@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from mcadvantage.agents.turns import model_spans  # noqa: E402
 from mcadvantage.core.advantages import loss_token_mask  # noqa: E402
 from mcadvantage.estimators import (  # noqa: E402
     AdvantageEstimator,
@@ -20,7 +21,6 @@ from mcadvantage.estimators import (  # noqa: E402
 from mcadvantage.estimators.anchor import AnchorEstimator  # noqa: E402
 from mcadvantage.estimators.baselines import GRPOEstimator, RLOOEstimator  # noqa: E402
 from mcadvantage.estimators.tree import TreeEstimator  # noqa: E402
-from mcadvantage.mc.episodes import model_spans  # noqa: E402
 from mcadvantage.testing import build_char_tokenizer  # noqa: E402
 from mcadvantage.testing.multi_turn import (  # noqa: E402
     MULTI_TURN_RULES,

@@ -398,16 +398,16 @@ def test_real_tool_loop_episodes_meet_the_turn_credit_contract(scripted_first_tu
     result, a recorded turn parses back to its calls, and the Monte Carlo estimator runs on the batch with the live policy
     (finite values, no credit on tool results)."""
     from mcadvantage import VinePPOConfig, VinePPOTrainer
-    from mcadvantage.mc.episodes import episode_step_boundaries
+    from mcadvantage.agents.episode_sampler import EpisodeSampler
+    from mcadvantage.agents.rebuild import recorded_tool_turns, replay_environment
+    from mcadvantage.agents.tool_loop import AgentEpisodes
+    from mcadvantage.agents.turns import episode_step_boundaries, model_spans, tool_spans
     from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
-    from mcadvantage.samplers.episode_sampler import EpisodeSampler
-    from mcadvantage.samplers.episodes import AgentEpisodes, model_spans, tool_spans
-    from mcadvantage.samplers.rebuild import recorded_tool_turns, replay_environment
 
     checked = {"rounds": 0, "credits": []}
 
     def check(trainer, batch):
-        episodes = trainer.agent_episodes(batch)
+        episodes = trainer.agents.episodes(batch)
         for ep in episodes:
             turns = recorded_tool_turns(ep.messages)
             spans = tool_spans(ep.tool_mask)
@@ -420,10 +420,10 @@ def test_real_tool_loop_episodes_meet_the_turn_credit_contract(scripted_first_tu
             assert len(env.calls) == len(turns)
             if turns:
                 start, end = model_spans(ep.tool_mask)[0]
-                parsed = trainer.parse_turn(ep.completion_ids[start:end], ep.prompt_ids)
+                parsed = trainer.agents.parse_turn(ep.completion_ids[start:end], ep.prompt_ids)
                 assert parsed["tool_calls"] == list(turns[0].calls)
             checked["rounds"] += len(turns)
-        agent = AgentEpisodes(episodes, {None: Adder}, trainer.parse_turn, trainer.tool_result_ids, 2)
+        agent = AgentEpisodes(episodes, {None: Adder}, trainer.agents.parse_turn, trainer.tool_result_ids, 2)
         trajectories = [
             Trajectory(
                 ep.prompt_ids,

@@ -121,5 +121,5 @@ def test_parse_turn_parses_as_trl_parse_response(tmp_path, monkeypatch):
     cases.append((cases[0][0], []))
     for ids, ctx in cases * 2:  # twice: the cached schemas give the same
         expected = parse_response(tok, ids, prefix=ctx, tools=trainer._env_tools[None])
-        assert trainer.parse_turn(ids, ctx) == expected
-    assert trainer.parse_turn(*cases[0])["tool_calls"][0]["function"]["arguments"] == {"choice": 2}
+        assert trainer.agents.parse_turn(ids, ctx) == expected
+    assert trainer.agents.parse_turn(*cases[0])["tool_calls"][0]["function"]["arguments"] == {"choice": 2}

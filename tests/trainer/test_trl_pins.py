@@ -621,7 +621,9 @@ def test_environment_attributes_mcadvantage_reads(grpo_with_environments):
         "read from _batch_environments)",
         follow,
     )
-    tools_follow = f"{COMPAT} GRPOTrainerHooks.parse_turn / standalone_tools / tool_result_ids"
+    tools_follow = (
+        f"{COMPAT} GRPOTrainerHooks.episode_tools / text_tokenizer / standalone_tools / tool_result_ids"
+    )
     assert [t.__name__ for t in trainer._env_tools["a"]] == ["add"] and trainer._standalone_tools == [], (
         trl_changed(
             "GRPOTrainer._env_tools / _standalone_tools (the tools per environment, the tools= given)",

@@ -15,7 +15,7 @@ bring-your-environment.md``):
 - ``state_key`` (a read-only property: TRL turns only methods into tools) is the discrete observation, or a hash of
   the unwrapped environment's state the user names;
 - ``_reseed(seed)``: after a rebuild, fresh environment randomness for one continuation
-  (:func:`mcadvantage.samplers.rebuild.reseed_environment` calls it after every rebuild).
+  (:func:`mcadvantage.agents.rebuild.reseed_environment` calls it after every rebuild).
 """
 
 from __future__ import annotations

@@ -45,6 +45,9 @@ from typing import Any
 
 import torch
 
+from mcadvantage.agents.env_checks import check_state_key_property
+from mcadvantage.agents.state_keys import ROLLOUT_KEYS_FIELD, observation_keys, recorded_turn_keys
+from mcadvantage.agents.turns import turn_spans
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.anchors import (
     anchor_stats,
@@ -57,7 +60,6 @@ from mcadvantage.estimators.baselines import _STD_EPS, _model_tokens, grpo_advan
 from mcadvantage.estimators.batch import AdvantageBatch, AdvantageResult, EstimatorContext
 from mcadvantage.estimators.registry import register_advantage_estimator
 from mcadvantage.estimators.rules import summed_rewards, token_level_loss
-from mcadvantage.mc.episodes import model_spans
 
 __all__ = [
     "ANCHOR_CREDITS",
@@ -76,77 +78,8 @@ logger = logging.getLogger(__name__)
 ANCHOR_STATES = ("state_key", "observation")
 ANCHOR_SCOPES = ("group", "batch")
 ANCHOR_CREDITS = ("normalized", "pooled")
-#: The extra field of a ``rollout_func``'s output holding each completion's per-turn state keys.
-ROLLOUT_KEYS_FIELD = "turn_keys"
 #: Above this share of singleton turns the pooled credit is mostly "all credit on the turn of divergence".
 SINGLETON_WARNING_SHARE = 0.5
-
-
-def turn_spans(tool_mask: Sequence[int] | None, length: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of each model turn of a completion of ``length`` tokens: the runs of ``tool_mask`` 1
-    (:func:`~mcadvantage.mc.episodes.model_spans`), or the whole completion for a single-turn response."""
-    if tool_mask is None:
-        return [(0, length)] if length else []
-    return model_spans(list(tool_mask)[:length])
-
-
-def observation_keys(
-    prompt_ids: Sequence[int], completion_ids: Sequence[int], tool_mask: Sequence[int] | None
-) -> list[Hashable]:
-    """One episode's keys under ``anchor_state="observation"``: the first turn's is the prompt (with any tokens
-    before the first model token), each later turn's the tokens between the previous model turn and it (the tool
-    results as GRPO appended them)."""
-    keys: list[Hashable] = []
-    end = 0
-    for t, (start, stop) in enumerate(turn_spans(tool_mask, len(completion_ids))):
-        seen = tuple(completion_ids[end:start])
-        keys.append(("prompt", tuple(prompt_ids), seen) if t == 0 else seen)
-        end = stop
-    return keys
-
-
-def recorded_turn_keys(
-    snapshots: Sequence[Sequence[Hashable]], turn_counts: Sequence[int], source: str = "state_key"
-) -> list[list[Hashable]]:
-    """Per episode, the keys of its turns from the keys recorded during the tool loop: ``snapshots[t][i]`` is
-    episode ``i``'s key at the loop's ``t``-th generation call (an episode takes part in calls ``0 .. n_i - 1``
-    and then leaves the loop for good), ``turn_counts[i]`` its number of model turns.
-
-    Raises:
-        ValueError: an episode with more turns than recorded calls (the recording missed a generation).
-    """
-    out = []
-    for i, n in enumerate(turn_counts):
-        if n > len(snapshots):
-            raise ValueError(
-                f"anchor credit: episode {i} has {n} model turns but {source} was recorded at {len(snapshots)} "
-                "generation calls of the tool loop; the recording missed a turn (was the batch generated outside "
-                "VinePPOTrainer's tool loop?). Set anchor_state='observation' to key turns by their tool results."
-            )
-        out.append([snapshots[t][i] for t in range(n)])
-    return out
-
-
-def check_state_key_property(environment_class: type, name: str | None = None) -> None:
-    """Refuse an environment class without a read-only ``state_key`` property under ``anchor_state="state_key"``.
-
-    Raises:
-        TypeError: naming the class and the fix (add the property, or key turns by observation).
-    """
-    label = environment_class.__name__ + (f" (environment {name!r})" if name is not None else "")
-    member = getattr(environment_class, "state_key", None)
-    if member is None:
-        raise TypeError(
-            f"advantage_estimator='anchor' with anchor_state='state_key' reads the environment's state before each "
-            f"turn from a read-only property state_key, which {label} does not have. Add one (a @property "
-            "returning any hashable that is equal exactly when two states are, e.g. tuple(self.board)), or set anchor_state='observation' to key turns by the text of the last tool results."
-        )
-    if not isinstance(member, property):
-        raise TypeError(
-            f"{label}.state_key is a {type(member).__name__}, not a property: TRL turns every public method of an "
-            "environment into a tool the model can call, and the anchor credit reads the key as an attribute. "
-            "Declare it with @property."
-        )
 
 
 def _scopes(size: int, group_size: int, scope: str) -> list[int]:

@@ -22,7 +22,7 @@ from mcadvantage.core.advantages import masked_whiten
 from mcadvantage.samplers.base import Sampler
 
 if TYPE_CHECKING:
-    from mcadvantage.samplers.episodes import AgentEpisodes
+    from mcadvantage.agents.tool_loop import AgentEpisodes
 
 __all__ = [
     "AdvantageBatch",
@@ -256,7 +256,7 @@ class EstimatorContext:
         policy_model: the (unwrapped) policy model, for estimators that need its weights (the ``"gae"`` critic is
             initialised from them); None when not available.
         episodes: for a batch of GRPO's tool loop (``tools=`` / ``environment_factory=``), what continuing its
-            episodes needs (:class:`~mcadvantage.samplers.episodes.AgentEpisodes`: each row's episode, the environment
+            episodes needs (:class:`~mcadvantage.agents.tool_loop.AgentEpisodes`: each row's episode, the environment
             factories, the parser, the tool results' tokens); None otherwise. ``"vineppo"`` reads it to give Monte
             Carlo credit per turn.
     """

@@ -11,7 +11,7 @@ Multi-turn episodes take the same pipeline. A batch with a ``tool_mask`` puts it
 model turn and at the segmenter's boundaries inside the turns (never in a tool result), and its tool-result tokens
 get advantage 0 and no whitening weight. Its continuations come from a sampler that continues episodes: for GRPO's
 tool loop (``tools=`` / ``environment_factory=``, ``context.episodes`` set) the policy's sampler wrapped in an
-:class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler` (each continuation on its own rebuilt environment, through
+:class:`~mcadvantage.agents.episode_sampler.EpisodeSampler` (each continuation on its own rebuilt environment, through
 the tool loop); for a ``rollout_func``, the user's ``continuation_func``. So every Monte Carlo setting, and the dedup
 of identical states, applies to agents as to single-turn responses.
 """
@@ -25,6 +25,10 @@ from typing import Any
 
 import torch
 
+from mcadvantage.agents.episode_sampler import EpisodeSampler, dropped_rounds
+from mcadvantage.agents.rebuild import warn_dropped_tool_results
+from mcadvantage.agents.tool_loop import AgentEpisodes
+from mcadvantage.agents.turns import episode_step_boundaries
 from mcadvantage.core.prompts import check_prompt_fits
 from mcadvantage.core.settings import (
     MCSettings,
@@ -42,13 +46,9 @@ from mcadvantage.estimators.rules import (
     summed_rewards,
     token_level_loss,
 )
-from mcadvantage.mc.episodes import episode_step_boundaries
 from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
 from mcadvantage.mc.planning import estimated_boundaries
 from mcadvantage.mc.stats import MCStats
-from mcadvantage.samplers.episode_sampler import EpisodeSampler, dropped_rounds
-from mcadvantage.samplers.episodes import AgentEpisodes
-from mcadvantage.samplers.rebuild import warn_dropped_tool_results
 from mcadvantage.tasks.segmentation import get_segmenter, segment_completion
 
 __all__ = ["EpisodeCredit", "VinePPOEstimator", "check_turn_credit_support"]
@@ -393,7 +393,7 @@ class VinePPOEstimator(AdvantageEstimator):
                         "None, and the sampler continues plain text, so a continuation would resume an episode without "
                         "its tool calls and environment steps. VinePPOTrainer builds the episodes for tools= and "
                         "environment_factory=, and continues rollout_func= episodes with your continuation_func=; "
-                        "elsewhere pass EstimatorContext(episodes=mcadvantage.samplers.episodes.AgentEpisodes(...)) or a "
+                        "elsewhere pass EstimatorContext(episodes=mcadvantage.agents.tool_loop.AgentEpisodes(...)) or a "
                         "sampler that continues episodes (mcadvantage.trainer.continuation.ContinuationSampler), or "
                         "use advantage_estimator='grpo'."
                     )

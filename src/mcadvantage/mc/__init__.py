@@ -7,7 +7,7 @@ functions), :mod:`~mcadvantage.mc.trajectory` (the input), :mod:`~mcadvantage.mc
 :mod:`~mcadvantage.mc.stats` (the typed record of what a wave and an estimate cost),
 :mod:`~mcadvantage.mc.rollouts` (requests, sampling, grading), :mod:`~mcadvantage.mc.pool` (free samples,
 leave-one-out) and :mod:`~mcadvantage.mc.estimator` (the orchestrator: it calls each stage in order, none calls back). The settings
-are one :class:`~mcadvantage.core.settings.MCSettings`. :mod:`~mcadvantage.mc.episodes` (standalone) holds what
-multi-turn episodes add on the credit side: their states, at turn boundaries and never in a tool result. Agent
-episodes take the same pipeline: their continuations come from a sampler
-(:class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler`, in the rollout layer, which owns the environments)."""
+are one :class:`~mcadvantage.core.settings.MCSettings`. Agent episodes take the same pipeline: their states (at turn
+boundaries, never in a tool result: :mod:`mcadvantage.agents.turns`) and their continuations (a sampler,
+:class:`~mcadvantage.agents.episode_sampler.EpisodeSampler`, which owns the environments) come from
+:mod:`mcadvantage.agents`."""

@@ -14,7 +14,7 @@ How a call to :meth:`MCValueEstimator.estimate` runs (each stage a small pure he
    :class:`~mcadvantage.samplers.RolloutRequest` of ``K`` samples; all go to the sampler in ONE
    ``sampler.sample(requests)`` call, so the engine can batch everything.
 3. All rollouts are graded by the reward functions in one call per function (TRL signature,
-   :func:`~mcadvantage.mc.rollouts.sample_and_grade`), on the full response text
+   :func:`~mcadvantage.mc.rollouts.run_wave`), on the full response text
    ``decode(prefix ids + continuation ids)``. One :class:`WaveRunner` runs every wave of a call: the uniform
    pass, or the two waves of ``allocation="variance"``.
 4. A value scheme gives each state its value: :func:`fresh_rollout_values` (the paper's mean of ``K`` fresh
@@ -63,7 +63,7 @@ from mcadvantage.mc.rollouts import (
     RewardFunc,
     RolloutIO,
     rollout_token_budget,
-    sample_and_grade,
+    run_wave,
 )
 from mcadvantage.mc.rollouts import (
     average_values as _average_values,
@@ -408,9 +408,9 @@ class WaveRunner:
         self, counts: Sequence[int], *, grade_unsampled: bool = True
     ) -> list[list[tuple[list[int], float]]]:
         """Sample and grade one wave of ``counts[u]`` rollouts per unique state
-        (:func:`~mcadvantage.mc.rollouts.sample_and_grade`), add its cost to :attr:`stats` and return its samples
+        (:func:`~mcadvantage.mc.rollouts.run_wave`), add its cost to :attr:`stats` and return its samples
         per state as ``(completion ids, reward)``."""
-        wave = sample_and_grade(
+        wave = run_wave(
             self.trajectories, self.plan, counts, self.budgets, self.io, grade_unsampled=grade_unsampled
         )
         self.stats.add(wave.counts)

@@ -3,7 +3,7 @@ rollout requests, one sampler call per wave, one call per reward function, and t
 
 :func:`rollout_token_budget` says how many tokens a continuation from a state may add; :func:`build_requests` turns
 every unique state with budget left into one :class:`~mcadvantage.samplers.RolloutRequest`;
-:func:`sample_and_grade` sends them all in ONE ``sampler.sample`` call (:func:`validate_samples` checks the answer)
+:func:`run_wave` sends them all in ONE ``sampler.sample`` call (:func:`validate_samples` checks the answer)
 and grades every rollout with :func:`grade_rollouts`, one call per reward function (TRL signature), on the full
 response text ``decode(prefix ids + continuation ids)``, and returns a :class:`Wave`: the samples and what they
 cost (an :class:`~mcadvantage.mc.stats.MCStats`); :func:`average_values` gives each state its value (the paper's
@@ -36,7 +36,7 @@ __all__ = [
     "build_requests",
     "grade_rollouts",
     "rollout_token_budget",
-    "sample_and_grade",
+    "run_wave",
     "validate_samples",
 ]
 
@@ -293,7 +293,7 @@ class _ToGrade:
         self.slots.append(u)
 
 
-def sample_and_grade(
+def run_wave(
     trajectories: Sequence[Trajectory],
     plan: StatePlan,
     counts: Sequence[int],

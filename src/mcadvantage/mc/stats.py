@@ -1,6 +1,6 @@
 """What one Monte Carlo estimate cost and saw: :class:`MCStats`, one typed record from a wave to the logged metrics.
 
-Every wave of rollouts (:func:`~mcadvantage.mc.rollouts.sample_and_grade`) returns an :class:`MCStats` of its own;
+Every wave of rollouts (:func:`~mcadvantage.mc.rollouts.run_wave`) returns an :class:`MCStats` of its own;
 the estimator adds them up (:meth:`MCStats.add`) and fills in what the plan and the free-sample pool report, and
 :attr:`~mcadvantage.mc.estimator.MCEstimate.stats` carries the record itself. Each field declares how the records of
 parts of one batch's work combine (its ``reduce`` metadata: ``"sum"``, ``"max"`` or ``"concat"``): the waves of one

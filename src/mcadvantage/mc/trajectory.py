@@ -33,7 +33,7 @@ class Trajectory:
             it (the caller places the step boundaries and zeroes those tokens' credit); a sampler that continues
             episodes receives it with the state (``RolloutRequest.origin``).
         episode: the rollout layer's record of the episode this response is (an agent episode of GRPO's tool loop,
-            :class:`~mcadvantage.samplers.episodes.Episode`), for a sampler that continues it; None elsewhere. The
+            :class:`~mcadvantage.agents.tool_loop.Episode`), for a sampler that continues it; None elsewhere. The
             estimator does not read it.
         first_state: the first of its states (an index into the boundaries after the step budget) whose value is
             estimated; the steps before it get advantage 0 and their states' values are NaN (not estimated). 0 (the

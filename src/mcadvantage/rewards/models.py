@@ -17,7 +17,7 @@ from typing import Any
 
 from mcadvantage.core.text import is_conversational
 
-__all__ = ["RewardModelScorer", "as_rollout_reward_func"]
+__all__ = ["RewardModelScorer", "as_rollout_reward_func", "synchronous_reward_funcs"]
 
 
 class RewardModelScorer:
@@ -133,3 +133,16 @@ def as_rollout_reward_func(
     if inspect.iscoroutinefunction(func) or (call is not None and inspect.iscoroutinefunction(call)):
         return _SyncRewardFunc(func)
     return func
+
+
+def synchronous_reward_funcs(funcs: Sequence[Any], names: Sequence[str]) -> list[tuple[Any, str]]:
+    """``(function, name)`` of the reward functions ``GRPOTrainer`` calls synchronously in this process (not reward
+    models, not async functions): those that can be called again to find which one fails on which row."""
+    from torch import nn
+    from trl.trainer.utils import is_async_callable
+
+    return [
+        (func, name)
+        for func, name in zip(funcs, names, strict=True)
+        if not isinstance(func, nn.Module) and not is_async_callable(func)
+    ]

@@ -52,7 +52,7 @@ class Continuation:
     fields reach them; an agent continuation's ``environments``), over the state's own row fields; engines leave it
     empty.
 
-    A sampler that continues agent episodes (:class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler`) also sets:
+    A sampler that continues agent episodes (:class:`~mcadvantage.agents.episode_sampler.EpisodeSampler`) also sets:
     ``completion``, the response from its start as reward functions take it (the conversation's messages; None:
     the estimator decodes the tokens); ``tool_mask``, 0 on the tokens the model did not sample (tool results),
     which count as ``tool_result_tokens`` rather than ``generated_tokens``; ``tool_calls``, the tool executions

@@ -10,6 +10,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from mcadvantage.estimators.base import AdvantageEstimator
+    from mcadvantage.trainer.config import VinePPOConfig
 
 __all__ = [
     "AGENT_KWARGS",
@@ -18,6 +19,7 @@ __all__ = [
     "check_engine_settings",
     "check_reward_funcs",
     "check_rewards_and_datasets",
+    "check_trainer_args",
     "reward_func_name",
 ]
 
@@ -85,6 +87,30 @@ def check_agent_kwargs(
                 "your estimator a check_agent_support method: mcadvantage.estimators.base.ContinuesEpisodes)."
             )
         )
+
+
+def check_trainer_args(args: Any, model: Any) -> VinePPOConfig:
+    """``VinePPOTrainer``'s ``args``: a :class:`~mcadvantage.trainer.config.VinePPOConfig` as given, or the default
+    ``VinePPOConfig("<model name>-VinePPO")`` for None.
+
+    Raises:
+        TypeError: anything else (a plain ``GRPOConfig`` among them), naming how to build a ``VinePPOConfig``.
+    """
+    from trl import GRPOConfig
+
+    from mcadvantage.trainer.config import VinePPOConfig
+
+    if args is None:
+        name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+        return VinePPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-VinePPO")
+    if not isinstance(args, VinePPOConfig):
+        kind = "a GRPOConfig" if isinstance(args, GRPOConfig) else type(args).__name__
+        raise TypeError(
+            f"args is {kind}, but VinePPOTrainer needs a mcadvantage.VinePPOConfig (it adds the Monte Carlo "
+            "settings; every GRPO field keeps GRPOConfig's default but those in GRPO_DEFAULT_DIFFERENCES). Build one with VinePPOConfig(**your_kwargs), or "
+            "VinePPOConfig.from_paper(task, **overrides) for the paper's settings."
+        )
+    return args
 
 
 def check_engine_settings(args: Any) -> None:

@@ -222,21 +222,13 @@ class ContinuationSampler:
         self, output: Any, asks: list[ContinuationRequest]
     ) -> tuple[list[list[int]], list[dict[str, Any]]]:
         """The token ids and the reward-function fields of each continuation, checked against the requests."""
-        size = len(asks)
-        if isinstance(output, Mapping):
-            if "completion_ids" not in output:
-                raise ValueError(
-                    f"continuation_func returned a dict without 'completion_ids' (keys: {sorted(output)}); return "
-                    "{'completion_ids': [token ids after each request's prefix], ...} as rollout_func does."
-                )
-            completion_ids, extra = output["completion_ids"], rollout_extra_fields(output)
-        elif _is_token_list(output):
-            completion_ids, extra = output, set()
-        else:
-            raise TypeError(
-                f"continuation_func returned {type(output).__name__}; return a dict {{'completion_ids': [...], "
-                "<rollout_func's extra fields>}} (or a list of token-id lists, one per request)."
-            )
+        completion_ids, extra = _split_output(output)
+        self._check_fields(extra)
+        tokens = _checked_tokens(completion_ids, asks)
+        return tokens, _fields_per_item(output, sorted(extra), len(asks))
+
+    def _check_fields(self, extra: set[str]) -> None:
+        """Refuse an output whose extra fields are not exactly those ``rollout_func`` returns."""
         required = self.required_fields
         if extra != required:
             missing, unknown = sorted(required - extra), sorted(extra - required)
@@ -248,43 +240,70 @@ class ContinuationSampler:
                 + (f"; not returned by rollout_func {unknown}" if unknown else "")
                 + ". Return the same keys, one value per request."
             )
-        if not _is_token_list(completion_ids) or len(completion_ids) != size:
-            got = len(completion_ids) if _is_token_list(completion_ids) else type(completion_ids).__name__
+
+
+def _split_output(output: Any) -> tuple[Any, set[str]]:
+    """``(completion_ids, extra field names)`` of a ``continuation_func``'s output (a dict as ``rollout_func``
+    returns, or a bare list of token-id lists)."""
+    if isinstance(output, Mapping):
+        if "completion_ids" not in output:
             raise ValueError(
-                f"continuation_func returned {got} completion_ids for {size} requests; return one list of token ids "
-                "per request, in order (a state asked num_mc_rollouts times appears that many times)."
+                f"continuation_func returned a dict without 'completion_ids' (keys: {sorted(output)}); return "
+                "{'completion_ids': [token ids after each request's prefix], ...} as rollout_func does."
             )
-        tokens: list[list[int]] = []
-        for j, (ids, ask) in enumerate(zip(completion_ids, asks, strict=True)):
-            if not _is_token_list(ids):
-                raise TypeError(
-                    f"continuation_func: completion_ids[{j}] is {type(ids).__name__}, not a list of token ids."
-                )
-            ids = [int(t) for t in ids]
-            if len(ids) > ask.max_tokens:
+        return output["completion_ids"], rollout_extra_fields(output)
+    if _is_token_list(output):
+        return output, set()
+    raise TypeError(
+        f"continuation_func returned {type(output).__name__}; return a dict {{'completion_ids': [...], "
+        "<rollout_func's extra fields>}} (or a list of token-id lists, one per request)."
+    )
+
+
+def _checked_tokens(completion_ids: Any, asks: list[ContinuationRequest]) -> list[list[int]]:
+    """One list of token ids per request, in order, each within its request's ``max_tokens``."""
+    size = len(asks)
+    if not _is_token_list(completion_ids) or len(completion_ids) != size:
+        got = len(completion_ids) if _is_token_list(completion_ids) else type(completion_ids).__name__
+        raise ValueError(
+            f"continuation_func returned {got} completion_ids for {size} requests; return one list of token ids "
+            "per request, in order (a state asked num_mc_rollouts times appears that many times)."
+        )
+    tokens: list[list[int]] = []
+    for j, (ids, ask) in enumerate(zip(completion_ids, asks, strict=True)):
+        if not _is_token_list(ids):
+            raise TypeError(
+                f"continuation_func: completion_ids[{j}] is {type(ids).__name__}, not a list of token ids."
+            )
+        ids = [int(t) for t in ids]
+        if len(ids) > ask.max_tokens:
+            raise ValueError(
+                f"continuation_func returned {len(ids)} tokens for request {j}, whose max_tokens is "
+                f"{ask.max_tokens}; a continuation must stay within the episode's remaining budget (stop, or cut "
+                "it, at request.max_tokens)."
+            )
+        tokens.append(ids)
+    return tokens
+
+
+def _fields_per_item(output: Any, keys: list[str], size: int) -> list[dict[str, Any]]:
+    """Each continuation's extra fields: TRL's rule for ``rollout_func``'s fields (a list holds one value per row,
+    any other value is every row's)."""
+    per_item: list[dict[str, Any]] = [{} for _ in range(size)]
+    for key in keys:
+        values = output[key]
+        if isinstance(values, list):
+            if len(values) != size:
                 raise ValueError(
-                    f"continuation_func returned {len(ids)} tokens for request {j}, whose max_tokens is "
-                    f"{ask.max_tokens}; a continuation must stay within the episode's remaining budget (stop, or cut "
-                    "it, at request.max_tokens)."
+                    f"continuation_func returned {len(values)} values of {key!r} for {size} requests; return "
+                    "one per request (or a single non-list value for all)."
                 )
-            tokens.append(ids)
-        per_item: list[dict[str, Any]] = [{} for _ in range(size)]
-        for key in sorted(extra):
-            values = output[key]
-            if isinstance(
-                values, list
-            ):  # TRL's rule for rollout_func's fields: a list holds one value per row
-                if len(values) != size:
-                    raise ValueError(
-                        f"continuation_func returned {len(values)} values of {key!r} for {size} requests; return "
-                        "one per request (or a single non-list value for all)."
-                    )
-                for j in range(size):
-                    per_item[j][key] = values[j]
-            else:
-                for j in range(size):
-                    per_item[j][key] = values
-        return tokens, per_item
+            for j in range(size):
+                per_item[j][key] = values[j]
+        else:
+            for j in range(size):
+                per_item[j][key] = values
+    return per_item
 
 
 class RolloutContinuation:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
-from trl import GRPOConfig
 
+from mcadvantage.agents.trainer_episodes import check_environment_classes, log_dropped_tool_results
 from mcadvantage.core.advantages import loss_token_mask
 from mcadvantage.core.prompts import check_prompt_lengths, context_length
 from mcadvantage.core.settings import needed_completion_room
@@ -33,9 +33,8 @@ from mcadvantage.estimators.batch import finalize_advantages
 from mcadvantage.rewards.models import as_rollout_reward_func
 from mcadvantage.samplers.base import Sampler
 from mcadvantage.tasks.segmentation import get_segmenter
-from mcadvantage.trainer.agents import check_environment_classes, log_dropped_tool_results
 from mcadvantage.trainer.checkpoints import ESTIMATOR_STATE_FILE, load_estimator_state, save_estimator_state
-from mcadvantage.trainer.checks import check_engine_settings, check_rewards_and_datasets
+from mcadvantage.trainer.checks import check_engine_settings, check_rewards_and_datasets, check_trainer_args
 from mcadvantage.trainer.config import VinePPOConfig
 from mcadvantage.trainer.continuation import ContinuationFunc, attach_continuation
 from mcadvantage.trainer.policy import draw_group_trees, policy_sampler
@@ -127,16 +126,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
         **kwargs: Any,
     ) -> None:
         check_trl_version()
-        if args is None:
-            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
-            args = VinePPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-VinePPO")
-        elif not isinstance(args, VinePPOConfig):
-            kind = "a GRPOConfig" if isinstance(args, GRPOConfig) else type(args).__name__
-            raise TypeError(
-                f"args is {kind}, but VinePPOTrainer needs a mcadvantage.VinePPOConfig (it adds the Monte Carlo "
-                "settings; every GRPO field keeps GRPOConfig's default but those in GRPO_DEFAULT_DIFFERENCES). Build one with VinePPOConfig(**your_kwargs), or "
-                "VinePPOConfig.from_paper(task, **overrides) for the paper's settings."
-            )
+        args = check_trainer_args(args, model)
         # Missing reward sources and columns fail here, before the model (and a vLLM engine) is loaded.
         funcs = check_rewards_and_datasets(
             reward_funcs, train_dataset, eval_dataset, kwargs.get("environment_factory")
@@ -178,6 +168,10 @@ class VinePPOTrainer(GRPOTrainerHooks):
             # a no-op on GPU platforms.
             install_layerwise_weight_sync(self)
         check_environment_classes(self.environment_classes, args.env_max_sessions)
+        self._check_prompt_lengths()
+
+    def _check_prompt_lengths(self) -> None:
+        """Every training prompt, rendered with its environment's tools, leaves room for a full completion."""
         room, room_name = self.completion_room
         check_prompt_lengths(  # a row naming an unknown environment is GRPO's to refuse, at train()
             self.train_dataset, self.tokenize_prompt_ids, context=self.context_length, room=room,
@@ -231,7 +225,7 @@ class VinePPOTrainer(GRPOTrainerHooks):
             gather_object=gather_object,
             broadcast_object=_broadcast_from_main,
             policy_model=self.accelerator.unwrap_model(self.model),
-            episodes=self.agent_context(batch) if continues else None,
+            episodes=self.agents.context(batch) if continues else None,
         )
 
     @contextlib.contextmanager

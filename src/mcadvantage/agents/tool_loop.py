@@ -1,11 +1,11 @@
-"""Continuing agent episodes from a state: the rollout layer's half of Monte Carlo credit for TRL's tool loop
+"""Continuing agent episodes from a state: the sampling half of Monte Carlo credit for TRL's tool loop
 (``tools=`` / ``environment_factory=``): the episodes as the trainer hands them over, and GRPO's tool loop resumed
 from a prefix.
 
 The Monte Carlo estimator asks every sampler the same thing: ``n`` continuations of a state (a
 :class:`~mcadvantage.samplers.base.RolloutRequest` whose ``origin`` names the trajectory and its prefix length). For
-an agent episode, :class:`~mcadvantage.samplers.episode_sampler.EpisodeSampler` answers it as GRPO's tool loop would have gone on from there: each
-continuation gets its own environment, rebuilt at the state by the one rule of :mod:`mcadvantage.samplers.rebuild`
+an agent episode, :class:`~mcadvantage.agents.episode_sampler.EpisodeSampler` answers it as GRPO's tool loop would have gone on from there: each
+continuation gets its own environment, rebuilt at the state by the one rule of :mod:`mcadvantage.agents.rebuild`
 (a fork the environment offers, else reset and replay, checked), then :func:`continue_episodes` runs the engine and
 the tools turn by turn until the episode ends or its budget runs out. The continuation carries what grading needs:
 its tokens with a tool mask (0 on tool results, which the engine did not sample), the conversation from the
@@ -28,11 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcadvantage.agents.rebuild import environment_tools, execute_tool_calls
+from mcadvantage.agents.turns import model_spans, tool_spans
 from mcadvantage.samplers.base import RolloutRequest, Sampler
-from mcadvantage.samplers.rebuild import (
-    environment_tools,
-    execute_tool_calls,
-)
 
 __all__ = [
     "AgentEpisodes",
@@ -41,38 +39,8 @@ __all__ = [
     "ToolLoop",
     "continue_episodes",
     "messages_before_round",
-    "model_spans",
     "sampler_generate",
-    "tool_spans",
 ]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# An episode's spans
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _runs(tool_mask: Sequence[int], value: int) -> list[tuple[int, int]]:
-    spans, start = [], None
-    for i, m in enumerate(tool_mask):
-        if int(m) == value and start is None:
-            start = i
-        elif int(m) != value and start is not None:
-            spans.append((start, i))
-            start = None
-    if start is not None:
-        spans.append((start, len(tool_mask)))
-    return spans
-
-
-def model_spans(tool_mask: Sequence[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` of the model's own turns: the maximal runs of ``tool_mask`` 1."""
-    return _runs(tool_mask, 1)
-
-
-def tool_spans(tool_mask: Sequence[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` of the tool results: the maximal runs of ``tool_mask`` 0 (one per tool-calling round)."""
-    return _runs(tool_mask, 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""mc/episodes.py: states and credit of multi-turn episodes, environment replay, and continuations that resume an
+"""agents/turns.py and agents/tool_loop.py: states and credit of multi-turn episodes, environment replay, and continuations that resume an
 episode (with a scripted engine, parser and chat template: tokens stand for whole words here)."""
 
 from __future__ import annotations
@@ -7,9 +7,7 @@ import random
 
 import pytest
 
-from mcadvantage.mc.episodes import episode_step_boundaries, tool_turns_before
-from mcadvantage.samplers.episodes import ToolLoop, continue_episodes, model_spans, tool_spans
-from mcadvantage.samplers.rebuild import (
+from mcadvantage.agents.rebuild import (
     EnvironmentReplayError,
     EpisodeRecord,
     ToolTurn,
@@ -19,6 +17,8 @@ from mcadvantage.samplers.rebuild import (
     replay_environment,
     with_observation,
 )
+from mcadvantage.agents.tool_loop import ToolLoop, continue_episodes
+from mcadvantage.agents.turns import episode_step_boundaries, model_spans, tool_spans, tool_turns_before
 
 EOS, WORD, CALL = 2, 5, 7  # token ids of the scripted episodes
 OPEN, CLOSE = 90, 91  # a tool result's frame; the result's digits are tokens 40..49 between them

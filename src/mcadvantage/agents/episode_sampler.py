@@ -3,10 +3,10 @@ environments behind the :class:`~mcadvantage.samplers.base.Sampler` interface.
 
 The estimator asks it what it asks every sampler: ``n`` continuations of a state (a
 :class:`~mcadvantage.samplers.base.RolloutRequest` whose ``origin`` names the trajectory, whose ``episode`` is the
-agent :class:`~mcadvantage.samplers.episodes.Episode`, and the prefix length). Each continuation gets its own
-environment at the state by the one rule (:func:`~mcadvantage.samplers.rebuild.rebuild_environment`: a fork the
+agent :class:`~mcadvantage.agents.tool_loop.Episode`, and the prefix length). Each continuation gets its own
+environment at the state by the one rule (:func:`~mcadvantage.agents.rebuild.rebuild_environment`: a fork the
 environment offers, else reset and replay, checked), then GRPO's tool loop runs it
-(:func:`~mcadvantage.samplers.episodes.continue_episodes`) until the episode ends or its budget runs out.
+(:func:`~mcadvantage.agents.tool_loop.continue_episodes`) until the episode ends or its budget runs out.
 """
 
 from __future__ import annotations
@@ -17,19 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mcadvantage.samplers.base import Continuation, RolloutRequest, Sampler
-from mcadvantage.samplers.env_checks import check_reseeded, random_streams
-from mcadvantage.samplers.episodes import (
-    AgentEpisodes,
-    Episode,
-    EpisodeContinuation,
-    ToolLoop,
-    continue_episodes,
-    messages_before_round,
-    sampler_generate,
-    tool_spans,
-)
-from mcadvantage.samplers.rebuild import (
+from mcadvantage.agents.env_checks import check_reseeded, random_streams
+from mcadvantage.agents.rebuild import (
     NOT_RECORDED,
     EpisodeRecord,
     dropped_tool_calls,
@@ -38,6 +27,17 @@ from mcadvantage.samplers.rebuild import (
     replay_environment,
     warn_dropped_tool_results,
 )
+from mcadvantage.agents.tool_loop import (
+    AgentEpisodes,
+    Episode,
+    EpisodeContinuation,
+    ToolLoop,
+    continue_episodes,
+    messages_before_round,
+    sampler_generate,
+)
+from mcadvantage.agents.turns import tool_spans
+from mcadvantage.samplers.base import Continuation, RolloutRequest, Sampler
 
 __all__ = ["EpisodeSampler", "dropped_rounds", "episode_record"]
 
@@ -61,9 +61,9 @@ class EpisodeSampler:
     the episodes' environments and GRPO's tool loop. Built per batch by the estimator around the policy's sampler.
 
     A request's ``origin`` is ``(trajectory, prefix_len)``, the trajectory's ``episode`` its
-    :class:`~mcadvantage.samplers.episodes.Episode`. Each of the ``n`` continuations gets its own environment at the
-    state (:func:`~mcadvantage.samplers.rebuild.rebuild_environment`, checked), then
-    :func:`~mcadvantage.samplers.episodes.continue_episodes` runs it with ``prefix_len + max_tokens`` as its token
+    :class:`~mcadvantage.agents.tool_loop.Episode`. Each of the ``n`` continuations gets its own environment at the
+    state (:func:`~mcadvantage.agents.rebuild.rebuild_environment`, checked), then
+    :func:`~mcadvantage.agents.tool_loop.continue_episodes` runs it with ``prefix_len + max_tokens`` as its token
     limit. A :class:`~mcadvantage.samplers.base.Continuation` carries the tokens after the prefix (tool
     results included), their ``tool_mask``, the conversation from the episode's start as ``completion`` (the
     messages up to the state's last tool round, then the continuation's), its environment as the reward functions'

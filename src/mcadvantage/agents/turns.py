@@ -8,17 +8,46 @@ result) and, through the step segmenter, at step boundaries inside the model's o
 runs from its last boundary through the tool result to the next turn, so its value change includes what the
 environment answered; its tokens get no credit (the estimator zeroes them).
 
-Everything that touches environments (their rebuild at a state, the tool loop that continues an episode) belongs to
-the rollout layer: :mod:`mcadvantage.samplers.rebuild` and :mod:`mcadvantage.samplers.episodes`.
+What touches environments (their rebuild at a state, the tool loop that continues an episode) is in
+:mod:`mcadvantage.agents.rebuild` and :mod:`mcadvantage.agents.tool_loop`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from mcadvantage.samplers.episodes import model_spans, tool_spans  # an episode's spans (re-exported here)
+__all__ = ["episode_step_boundaries", "model_spans", "tool_spans", "tool_turns_before", "turn_spans"]
 
-__all__ = ["episode_step_boundaries", "model_spans", "tool_spans", "tool_turns_before"]
+
+def _runs(tool_mask: Sequence[int], value: int) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for i, m in enumerate(tool_mask):
+        if int(m) == value and start is None:
+            start = i
+        elif int(m) != value and start is not None:
+            spans.append((start, i))
+            start = None
+    if start is not None:
+        spans.append((start, len(tool_mask)))
+    return spans
+
+
+def model_spans(tool_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of the model's own turns: the maximal runs of ``tool_mask`` 1."""
+    return _runs(tool_mask, 1)
+
+
+def tool_spans(tool_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of the tool results: the maximal runs of ``tool_mask`` 0 (one per tool-calling round)."""
+    return _runs(tool_mask, 0)
+
+
+def turn_spans(tool_mask: Sequence[int] | None, length: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each model turn of a completion of ``length`` tokens: the runs of ``tool_mask`` 1
+    (:func:`model_spans`), or the whole completion for a single-turn response."""
+    if tool_mask is None:
+        return [(0, length)] if length else []
+    return model_spans(list(tool_mask)[:length])
 
 
 def tool_turns_before(tool_mask: Sequence[int], position: int) -> int:

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from mcadvantage.agents.episode_sampler import EpisodeSampler
+from mcadvantage.agents.rebuild import EnvironmentReplayError
+from mcadvantage.agents.tool_loop import AgentEpisodes, Episode, messages_before_round
+from mcadvantage.agents.turns import episode_step_boundaries, tool_turns_before
 from mcadvantage.core.settings import MCSettings
-from mcadvantage.mc.episodes import episode_step_boundaries, tool_turns_before
 from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
 from mcadvantage.mc.planning import estimated_boundaries
 from mcadvantage.samplers.base import Continuation
-from mcadvantage.samplers.episode_sampler import EpisodeSampler
-from mcadvantage.samplers.episodes import AgentEpisodes, Episode, messages_before_round
-from mcadvantage.samplers.rebuild import EnvironmentReplayError
 
 EOS, WORD, CALL, OPEN, CLOSE = 2, 5, 7, 90, 91
 P_CALL, LIMIT = 0.5, 3
@@ -293,7 +293,7 @@ def test_tool_executions_and_dropped_results_are_counted_and_a_drop_is_warned_on
     per process."""
     import warnings
 
-    from mcadvantage.samplers import rebuild
+    from mcadvantage.agents import rebuild
 
     monkeypatch.setattr(rebuild, "_DROPPED_WARNED", [False])
     episode = recorded_episode()

@@ -1,4 +1,4 @@
-"""The state keys of agent episodes (:mod:`mcadvantage.trainer.state_keys`): every recorded round's key goes into
+"""The state keys of agent episodes (:mod:`mcadvantage.agents.state_keys`): every recorded round's key goes into
 ``Episode.state_keys``, and nothing recorded after an episode's last recorded round (a round dropped for the token
 budget, an episode that left GRPO's tool loop) is taken for one of its rounds. Through the trainer:
 ``tests/faults/test_fault_agents.py`` (a key that differs only after a middle round is refused; a deterministic
@@ -6,12 +6,8 @@ environment has every round checked; an environment without a ``state_key`` reco
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import pytest
-
-from mcadvantage.samplers.rebuild import NOT_RECORDED
-from mcadvantage.trainer.state_keys import episode_round_keys
+from mcadvantage.agents.rebuild import NOT_RECORDED
+from mcadvantage.agents.state_keys import episode_round_keys
 
 #: Keys at four generation calls of a batch of three episodes (call t: after t tool rounds for those still in the
 #: loop). Episode 0 played 3 rounds; episode 1 left the loop after 1 round (its environment then stayed "b1"), and
@@ -51,33 +47,3 @@ def test_the_final_key_stands_in_only_where_no_snapshot_holds_the_last_round():
     }
     # Fewer snapshots than rounds: those there are, and the final key for the last round.
     assert episode_round_keys(SNAPSHOTS[:2], 0, 3, final="a3") == {0: "a0", 1: "a1", 3: "a3"}
-
-
-class _Keyed:
-    def __init__(self, key):
-        self._key = key
-
-    @property
-    def state_key(self):
-        return self._key
-
-
-def test_the_rebuild_check_reads_what_keys_there_are_and_credit_by_state_all_of_them():
-    """The trainer's recording (``GRPOTrainerHooks._record_state_keys``) on a dict of environments where one
-    class has no ``state_key``: for the rebuild checks its keys are NOT_RECORDED, no error; for ``"anchor"``
-    credit, which needs every key, the missing one is an AttributeError naming the episode and the fix."""
-    pytest.importorskip("trl")
-    from mcadvantage.trainer.trl_compat import GRPOTrainerHooks
-
-    def trainer(anchor: bool):
-        return SimpleNamespace(
-            _mcadvantage_state_log=[],
-            environments=[_Keyed((0, 1)), object()],
-            records_state_keys=lambda: anchor,
-        )
-
-    checks = trainer(anchor=False)
-    GRPOTrainerHooks._record_state_keys(checks)
-    assert checks._mcadvantage_state_log == [[(0, 1), NOT_RECORDED]]
-    with pytest.raises(AttributeError, match=r"local episode 1 \(object\).*anchor_state='observation'"):
-        GRPOTrainerHooks._record_state_keys(trainer(anchor=True))

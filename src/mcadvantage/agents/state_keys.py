@@ -1,29 +1,50 @@
-"""The state keys of a batch's agent episodes, from what the rollout layer has: before each model turn
-(``AdvantageBatch.turn_keys``, for credit by state) from keys recorded during GRPO's tool loop, a ``rollout_func``'s
+"""The state keys of a batch's agent episodes: before each model turn (``AdvantageBatch.turn_keys``, for credit by
+state, :mod:`mcadvantage.estimators.anchor`) from keys recorded during GRPO's tool loop, a ``rollout_func``'s
 ``turn_keys`` field, or the observation (the tool results before the turn) when there is no environment object; and
 after each tool round (``Episode.state_keys``, what every rebuild of an episode's environment is checked against)
-from the same recorded keys. No TRL internals here: the trainer's compatibility module records the keys and says
-which source a batch has."""
+from the same recorded keys. No TRL internals here: :class:`~mcadvantage.agents.trainer_episodes.TrainerEpisodes`
+records the keys during the trainer's generation and says which source a batch has."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, Literal, Protocol
 
-from mcadvantage.estimators.anchor import ROLLOUT_KEYS_FIELD, observation_keys, recorded_turn_keys, turn_spans
-from mcadvantage.estimators.batch import AdvantageBatch
-from mcadvantage.samplers.env_checks import read_state_key
-from mcadvantage.samplers.rebuild import NOT_RECORDED
+from mcadvantage.agents.env_checks import read_state_key
+from mcadvantage.agents.rebuild import NOT_RECORDED
+from mcadvantage.agents.turns import turn_spans
 
-__all__ = ["KeySource", "batch_turn_keys", "episode_round_keys", "state_key_snapshot"]
+__all__ = [
+    "ROLLOUT_KEYS_FIELD",
+    "KeySource",
+    "TurnBatch",
+    "batch_turn_keys",
+    "episode_round_keys",
+    "observation_keys",
+    "recorded_turn_keys",
+    "state_key_snapshot",
+]
+
+#: The extra field of a ``rollout_func``'s output holding each completion's per-turn state keys.
+ROLLOUT_KEYS_FIELD = "turn_keys"
 
 #: Where a batch's keys come from: ``"recorded"`` (``environment_factory=``: read during GRPO's tool loop),
 #: ``"rollout_func"`` (its ``turn_keys`` field), ``"observation"`` (``tools=`` alone: no environment object).
 KeySource = Literal["recorded", "rollout_func", "observation"]
 
 
+class TurnBatch(Protocol):
+    """What the keys of a batch are read from: the fields of an :class:`~mcadvantage.estimators.batch.AdvantageBatch`
+    used here (the local episodes' prompt and completion ids, their rows, and TRL's tool mask)."""
+
+    prompt_ids: Sequence[Sequence[int]]
+    completion_ids: Sequence[Sequence[int]]
+    rows: Sequence[Mapping[str, Any]]
+    tool_mask: Any
+
+
 def batch_turn_keys(
-    batch: AdvantageBatch, source: KeySource, state_log: Sequence[Sequence[Any]] | None = None
+    batch: TurnBatch, source: KeySource, state_log: Sequence[Sequence[Any]] | None = None
 ) -> list[list[Any]]:
     """Per local episode, its state key before each model turn.
 
@@ -87,7 +108,7 @@ def episode_round_keys(
 
 
 def state_key_snapshot(environments: Sequence[Any], *, for_credit: bool) -> list[Any]:
-    """Every local episode's environment ``state_key`` now (:func:`~mcadvantage.samplers.env_checks.read_state_key`:
+    """Every local episode's environment ``state_key`` now (:func:`~mcadvantage.agents.env_checks.read_state_key`:
     ``NOT_RECORDED`` for a class without one; a key that raises is an error under every estimator, naming the
     class and the exception).
 
@@ -107,3 +128,40 @@ def state_key_snapshot(environments: Sequence[Any], *, for_credit: bool) -> list
             "property state_key before each model turn; add it, or set anchor_state='observation'."
         )
     return keys
+
+
+def observation_keys(
+    prompt_ids: Sequence[int], completion_ids: Sequence[int], tool_mask: Sequence[int] | None
+) -> list[Hashable]:
+    """One episode's keys under ``anchor_state="observation"``: the first turn's is the prompt (with any tokens
+    before the first model token), each later turn's the tokens between the previous model turn and it (the tool
+    results as GRPO appended them)."""
+    keys: list[Hashable] = []
+    end = 0
+    for t, (start, stop) in enumerate(turn_spans(tool_mask, len(completion_ids))):
+        seen = tuple(completion_ids[end:start])
+        keys.append(("prompt", tuple(prompt_ids), seen) if t == 0 else seen)
+        end = stop
+    return keys
+
+
+def recorded_turn_keys(
+    snapshots: Sequence[Sequence[Hashable]], turn_counts: Sequence[int], source: str = "state_key"
+) -> list[list[Hashable]]:
+    """Per episode, the keys of its turns from the keys recorded during the tool loop: ``snapshots[t][i]`` is
+    episode ``i``'s key at the loop's ``t``-th generation call (an episode takes part in calls ``0 .. n_i - 1``
+    and then leaves the loop for good), ``turn_counts[i]`` its number of model turns.
+
+    Raises:
+        ValueError: an episode with more turns than recorded calls (the recording missed a generation).
+    """
+    out = []
+    for i, n in enumerate(turn_counts):
+        if n > len(snapshots):
+            raise ValueError(
+                f"anchor credit: episode {i} has {n} model turns but {source} was recorded at {len(snapshots)} "
+                "generation calls of the tool loop; the recording missed a turn (was the batch generated outside "
+                "VinePPOTrainer's tool loop?). Set anchor_state='observation' to key turns by their tool results."
+            )
+        out.append([snapshots[t][i] for t in range(n)])
+    return out

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from mcadvantage.samplers.env_checks import (
+from mcadvantage.agents.env_checks import (
     NOT_RECORDED,
     EnvironmentContractError,
     check_fork,

@@ -1,6 +1,5 @@
 """Rebuilding an agent episode's environment at a state: the one rule (:func:`rebuild_environment`), and what it
-checks (pure functions; nothing here imports TRL). The rollout layer owns environments, so this lives beside the
-engines, under :mod:`mcadvantage.samplers`.
+checks (pure functions; nothing here imports TRL), with the rest of the agent code in :mod:`mcadvantage.agents`.
 
 An episode of TRL's tool loop records its tool rounds in its messages (:func:`recorded_tool_turns`). A Monte Carlo
 continuation from a state must see its environment exactly as the episode left it there, and TRL's pooled instance
@@ -24,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcadvantage.samplers.env_checks import (
+from mcadvantage.agents.env_checks import (
     NOT_RECORDED,
     EnvironmentContractError,
     check_fork,
@@ -360,7 +359,7 @@ def rebuild_environment(
     independent copy in the same state (``copy.deepcopy(self)`` for plain attributes) is rebuilt by replay once per
     state, kept in ``templates`` under ``key`` (the caller's name for the state, e.g. its episode and rounds), and
     every continuation gets ``template._fork()``: one replay per state instead of one per continuation. A fork is
-    checked as a replay is (:func:`~mcadvantage.samplers.env_checks.check_fork`): it shares no mutable state with
+    checked as a replay is (:func:`~mcadvantage.agents.env_checks.check_fork`): it shares no mutable state with
     the template, it is in the template's state (``state_key``, ``get_reward()``), and the template is still in the
     episode's state (``record``'s key), else :class:`EnvironmentContractError` names ``_fork`` and the fix
     (``copy.deepcopy``). Without ``templates`` every call replays. Either way the continuation's environment is then reseeded

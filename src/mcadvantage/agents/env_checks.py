@@ -22,15 +22,17 @@ import pickle
 import random
 import types
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = [
     "NOT_RECORDED",
     "EnvironmentContractError",
     "check_fork",
+    "check_environment_names",
     "check_reseeded",
     "check_state_key_declared",
+    "check_state_key_property",
     "random_streams",
     "read_state_key",
     "shared_mutable_state",
@@ -51,7 +53,7 @@ _NUMPY_MUTABLE = ("ndarray", "Generator", "RandomState", "BitGenerator")
 class EnvironmentContractError(RuntimeError):
     """An environment breaks the contract Monte Carlo credit relies on (docs/howto/turn-credit-for-agents.md): a
     ``state_key`` that raises or is not a property, a ``_fork()`` that shares state, randomness after a rebuild
-    without ``_reseed``. :class:`~mcadvantage.samplers.rebuild.EnvironmentReplayError` (a replay that differs) is
+    without ``_reseed``. :class:`~mcadvantage.agents.rebuild.EnvironmentReplayError` (a replay that differs) is
     one.
 
     Attributes:
@@ -98,6 +100,45 @@ def check_state_key_declared(environment_class: type, name: str | None = None) -
             "environment into a tool the model can call, so the model would be offered state_key as a tool, and "
             "the trainer reads the key as an attribute (to check every rebuild of an episode, and to key turns under "
             "'anchor'). Declare it with @property (a read-only property returning a hashable)."
+        )
+
+
+def check_state_key_property(environment_class: type, name: str | None = None) -> None:
+    """Refuse an environment class without a read-only ``state_key`` property under ``anchor_state="state_key"``.
+
+    Raises:
+        TypeError: naming the class and the fix (add the property, or key turns by observation).
+    """
+    label = environment_class.__name__ + (f" (environment {name!r})" if name is not None else "")
+    member = getattr(environment_class, "state_key", None)
+    if member is None:
+        raise TypeError(
+            f"advantage_estimator='anchor' with anchor_state='state_key' reads the environment's state before each "
+            f"turn from a read-only property state_key, which {label} does not have. Add one (a @property "
+            "returning any hashable that is equal exactly when two states are, e.g. tuple(self.board)), or set anchor_state='observation' to key turns by the text of the last tool results."
+        )
+    if not isinstance(member, property):
+        raise TypeError(
+            f"{label}.state_key is a {type(member).__name__}, not a property: TRL turns every public method of an "
+            "environment into a tool the model can call, and the anchor credit reads the key as an attribute. "
+            "Declare it with @property."
+        )
+
+
+def check_environment_names(names: Sequence[str | None], known: Sequence[str | None]) -> None:
+    """Refuse prompts routed to an environment ``environment_factory`` does not have (GRPO's own message for the same
+    rows, which it raises at generation time, then what to do).
+
+    Raises:
+        ValueError: naming the first unknown name (and every one when several), the known ones and the fix.
+    """
+    unknown = [n for n in dict.fromkeys(names) if n not in known]
+    if unknown:
+        raise ValueError(
+            f"Example has `environment={unknown[0]!r}`, which is not among the environments passed to "
+            f"`environment_factory`. Expected one of: {list(known)}. Name each prompt's "
+            "environment in the rows' 'environment' column with one of those keys (a dict environment_factory "
+            "routes every row by it)" + (f"; unknown names: {unknown}." if len(unknown) > 1 else ".")
         )
 
 

@@ -37,6 +37,7 @@ if str(ROOT / "benchmarks") not in sys.path:  # the gradient stage's module live
 
 import horizon_gradient  # noqa: E402  (beside this file)
 from _machine import machine_info  # noqa: E402  (beside this file)
+from _runs import append_run, load_runs, read_run  # noqa: E402  (beside this file)
 
 from mcadvantage.evaluation.stats import holm_adjust, paired_t_test  # noqa: E402
 from testbed.agent_credit import ARMS, GRPO_ARMS, PARAMETERIZATIONS, batch_tokens  # noqa: E402
@@ -65,13 +66,9 @@ PRACTICAL = tuple(a for a in ARMS if a not in GRPO_ARMS and a != "oracle" and a 
 Cell = tuple[str, str, int, float]  # parameterization, structure, horizon, start rate
 
 
-def cell_dir(root: Path, cell: Cell) -> Path:
-    param, structure, horizon, rate = cell
-    return root / param / f"{structure}_H{horizon}_r{rate:g}"
-
-
-def record_path(root: Path, cell: Cell, arm: str, seed: int) -> Path:
-    return cell_dir(root, cell) / f"{arm}_seed{seed}.json"
+def record_key(cell: Cell, arm: str, seed: int) -> str:
+    """The name of (cell, arm, seed)'s record in the run directory's archive (``benchmarks/_runs.py``)."""
+    return f"{horizon_gradient.cell_name(cell)}/{arm}_seed{seed}.json"
 
 
 def run_settings(cell: Cell, arm: str, seed: int, budget: int) -> dict[str, Any]:
@@ -88,15 +85,11 @@ def run_settings(cell: Cell, arm: str, seed: int, budget: int) -> dict[str, Any]
 
 
 def recorded(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> dict[str, Any] | None:
-    """The record of (cell, arm, seed) made with these settings, or None (none, other settings, or a torn file)."""
-    path = record_path(root, cell, arm, seed)
-    if not path.exists():
-        return None
-    try:
-        record = json.loads(path.read_text())
-        return record if record["settings"] == run_settings(cell, arm, seed, budget) else None
-    except (json.JSONDecodeError, KeyError):
-        return None  # a torn or foreign file: the runner runs again and replaces it
+    """The record of (cell, arm, seed) made with these settings, or None (none, or other settings)."""
+    record = read_run(root, record_key(cell, arm, seed), None)
+    if not isinstance(record, dict) or record.get("settings") != run_settings(cell, arm, seed, budget):
+        return None  # none, or a foreign one: the runner runs again and replaces it
+    return record
 
 
 def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
@@ -105,7 +98,6 @@ def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
 
     if recorded(root, cell, arm, seed, budget) is not None:
         return False
-    path = record_path(root, cell, arm, seed)
     settings = run_settings(cell, arm, seed, budget)
     param, structure, horizon, rate = cell
     start = time.perf_counter()
@@ -116,10 +108,7 @@ def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
         **asdict(result),
         "environment": machine_info(),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, allow_nan=True))
-    os.replace(tmp, path)  # atomic: a killed run leaves no half record
+    append_run(root, record_key(cell, arm, seed), record)
     return True
 
 
@@ -153,8 +142,7 @@ def load_records(
 ) -> dict[Cell, dict[str, dict[int, dict[str, Any]]]]:
     """``cell -> arm -> seed -> record``, for the records made with ``budget``."""
     out: dict[Cell, dict[str, dict[int, dict[str, Any]]]] = {}
-    for path in sorted(root.glob("*/*/*_seed*.json")):
-        record = json.loads(path.read_text())
+    for record in load_runs(root, "*/*/*_seed*.json").values():
         s = record["settings"]
         if s["budget_episodes"] != budget:
             continue

@@ -1,0 +1,60 @@
+"""benchmarks/_runs.py: every study's run records live in one archive per run directory, and the archives hold
+exactly the records the loose files held before they were consolidated (issue 60)."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _runs import RUNS_FILE, append_run, has_run, load_runs, pack, read_run, run_keys  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+#: Tracked record files per run directory at main 68d450f (``git ls-files benchmarks/results/<dir> | wc -l``), the
+#: tree the archives were consolidated from: each file is now one record of its directory's archive.
+BEFORE = {
+    "horizon_sweep_runs": 3360,
+    "horizon_sweep_gradient": 288,
+}
+
+
+def test_each_archive_holds_every_record_its_loose_files_held():
+    for study, count in BEFORE.items():
+        assert len(run_keys(RESULTS / study)) == count, study
+
+
+def test_no_record_file_is_tracked_beside_an_archive():
+    for study in BEFORE:
+        tracked = subprocess.run(
+            ["git", "ls-files", f"benchmarks/results/{study}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert tracked == [f"benchmarks/results/{study}/{RUNS_FILE}"], study
+
+
+def test_appends_replace_by_name_and_readers_get_copies(tmp_path):
+    assert load_runs(tmp_path) == {} and not has_run(tmp_path, "a/seed0/x.json")
+    append_run(tmp_path, "a/seed0/x.json", {"v": 1})
+    append_run(tmp_path, "a/seed1/x.json", {"v": 2})
+    append_run(tmp_path, "a/seed0/x.json", {"v": 3})  # a re-run: the last line wins
+    assert load_runs(tmp_path) == {"a/seed0/x.json": {"v": 3}, "a/seed1/x.json": {"v": 2}}
+    assert run_keys(tmp_path, "*/seed1/*.json") == ["a/seed1/x.json"] and run_keys(tmp_path, "*.json") == []
+    read_run(tmp_path, "a/seed1/x.json")["v"] = 9  # a caller's copy
+    assert read_run(tmp_path, "a/seed1/x.json") == {"v": 2} and read_run(tmp_path, "b", None) is None
+    with gzip.open(tmp_path / RUNS_FILE, "rt") as f:  # three gzip members, read as one stream
+        assert len(f.read().splitlines()) == 3
+
+
+def test_pack_moves_loose_files_in(tmp_path):
+    (tmp_path / "t" / "seed0").mkdir(parents=True)
+    (tmp_path / "t" / "seed0" / "grpo.jsonl").write_text('{"step": 0}\n{"step": 5}\n')
+    (tmp_path / "t" / "seed0" / "grpo.done.json").write_text('{"arm": "grpo"}')
+    assert pack(tmp_path, sorted((tmp_path / "t").rglob("*.json*"))) == 2
+    assert load_runs(tmp_path) == {
+        "t/seed0/grpo.done.json": {"arm": "grpo"},
+        "t/seed0/grpo.jsonl": [{"step": 0}, {"step": 5}],
+    }
+    assert not list((tmp_path / "t").rglob("*.json*"))

@@ -19,6 +19,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 BEFORE = {
     "horizon_sweep_runs": 3360,
     "horizon_sweep_gradient": 288,
+    "lm_agent_map_runs": 375,
 }
 
 

@@ -96,10 +96,11 @@ def read_run(root: Path, key: str, default: Any = _MISSING) -> Any:
 
 def append_run(root: Path, key: str, value: Any) -> None:
     """Append the record ``key`` to ``root``'s archive (replacing an earlier one of the name), creating it if needed."""
-    _append(root, [(key, value)])
+    append_runs(root, [(key, value)])
 
 
-def _append(root: Path, items: list[tuple[str, Any]]) -> None:
+def append_runs(root: Path, items: list[tuple[str, Any]]) -> None:
+    """Append the records ``[(key, value), ...]`` to ``root``'s archive in one write (one gzip member)."""
     path = runs_file(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps({"key": k, "value": v}) + "\n" for k, v in items)
@@ -121,7 +122,7 @@ def pack(root: Path, files: list[Path]) -> int:
     them; returns how many. A file whose name the archive holds replaces that record."""
     root = Path(root)
     items = sorted((Path(f).resolve().relative_to(root.resolve()).as_posix(), Path(f)) for f in files)
-    _append(root, [(key, read_loose(f)) for key, f in items])
+    append_runs(root, [(key, read_loose(f)) for key, f in items])
     for _, f in items:
         f.unlink()
     return len(items)

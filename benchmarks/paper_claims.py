@@ -34,6 +34,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "benchmarks") not in sys.path:  # loaded by path (tests) or run as a script: its siblings
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _runs import has_run, read_run, runs_file  # noqa: E402  (beside this file: the one reader of run records)
+
 RESULTS = ROOT / "benchmarks" / "results"
 RUNS = RESULTS / "paper_claims_runs"
 REGIME_RUNS = RESULTS / "learning_efficiency_runs"
@@ -230,28 +235,24 @@ def load_curves(root: Path, task: str, arm: str, seeds: list[int]) -> dict[int, 
     """``{seed: records by step}`` of the finished runs of ``arm`` (a run counts once its ``done.json`` exists)."""
     out = {}
     for seed in seeds:
-        seed_dir = root / task / f"seed{seed}"
-        if not (seed_dir / f"{arm}.done.json").exists():
+        if not has_run(root, f"{task}/seed{seed}/{arm}.done.json"):
             continue
-        rows = [
-            json.loads(line) for line in (seed_dir / f"{arm}.jsonl").read_text().splitlines() if line.strip()
-        ]
-        out[seed] = sorted(rows, key=lambda r: r["step"])
+        out[seed] = sorted(read_run(root, f"{task}/seed{seed}/{arm}.jsonl"), key=lambda r: r["step"])
     return out
 
 
 def load_logs(root: Path, task: str, arm: str, seed: int) -> list[dict]:
-    """A finished run's training logs (read once per file version: stage 1 alone asks for each run's logs at every
-    evaluation)."""
-    path = root / task / f"seed{seed}" / f"{arm}.done.json"
-    stat = path.stat()
-    return _read_logs(path, stat.st_mtime_ns, stat.st_size)
+    """A finished run's training logs (read once per version of the archive: stage 1 alone asks for each run's logs at
+    every evaluation)."""
+    stat = runs_file(root).stat()
+    return _read_logs(root, f"{task}/seed{seed}/{arm}.done.json", stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=512)
-def _read_logs(path: Path, mtime_ns: int, size: int) -> list[dict]:
-    """The logs of ``path`` as they were at ``mtime_ns`` and ``size`` (the cache key; callers must not mutate)."""
-    return json.loads(path.read_text()).get("logs", [])
+def _read_logs(root: Path, key: str, mtime_ns: int, size: int) -> list[dict]:
+    """The logs of the record ``key`` as they were at ``mtime_ns`` and ``size`` of the archive (the cache key;
+    callers must not mutate)."""
+    return read_run(root, key).get("logs", [])
 
 
 def first_reaching(curve: list[dict], target: float) -> dict | None:
@@ -384,10 +385,10 @@ def regime_reproduction(curves: dict[str, dict[int, list[dict]]]) -> dict:
     mismatches = []
     for arm in ("grpo", "vineppo_k4"):
         for seed, curve in curves[arm].items():
-            path = REGIME_RUNS / TASK / f"seed{seed}" / f"{arm}.jsonl"
-            if not path.exists():
+            rows = read_run(REGIME_RUNS, f"{TASK}/seed{seed}/{arm}.jsonl", None)
+            if rows is None:
                 continue
-            old = {r["step"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+            old = {r["step"]: r for r in rows if r}
             for step in (20, 40):
                 checked += 1
                 if same_fields(at_step(curve, step), old[step], ("accuracy", "sampled_tokens")):
@@ -572,7 +573,7 @@ def cost_model_estimate(root: Path) -> dict:
     for arm in STAGE1_ARMS:
         costs = []
         for seed in SEEDS:
-            info = json.loads((root / TASK / f"seed{seed}" / f"{arm}.done.json").read_text())
+            info = read_run(root, f"{TASK}/seed{seed}/{arm}.done.json")
             sampled, trained = _tokens_per_step(info)
             trained *= 2 if arm == "ppo" else 1
             costs.append(info["steps"] * cost_model_tokens(sampled, trained, GPU_COST_RATIO))
@@ -722,9 +723,9 @@ def stage4(studies: dict, root: Path = RUNS, retime_root: Path = RETIME) -> dict
         "complete": all(len(c) == len(SEEDS) for c in curves.values()),
         "command": STAGE4_COMMAND,
     }
-    start_file = root / STAGE4_TASK / "start.json"  # written when the first run starts
-    if start_file.exists():
-        out["start_accuracy"] = json.loads(start_file.read_text())["accuracy"]
+    start = read_run(root, f"{STAGE4_TASK}/start.json", None)  # written when the first run starts
+    if start is not None:
+        out["start_accuracy"] = start["accuracy"]
     if not out["complete"]:
         return out
     last = max(r["step"] for r in curves["ppo"][SEEDS[0]])

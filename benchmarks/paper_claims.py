@@ -27,7 +27,6 @@ import itertools
 import json
 import math
 import os
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -881,28 +880,28 @@ def _paired_by_state(a: list[dict], b: list[dict], f: Any) -> list[float]:
     return _by_prompt([(x["prompt"], f(x, y)) for x, y in zip(a, b, strict=True)])
 
 
-def step_advantages(report: Path, states: list[dict]) -> list[dict]:
-    """Each response of a credit-diagnostics report (``report.html``): its prompt, reward and ground-truth step
-    advantages (``data-advantage``). Checked against ``states`` (the ground truth of ``value_states``): every step's
-    ``data-value-before`` must be that state's truth, so the two files describe the same responses."""
-    html = report.read_text()
-    responses = html.split('<div class="response')[1:]
+def step_advantages(responses_file: Path, states: list[dict]) -> list[dict]:
+    """Each response of a credit-diagnostics run (``responses.json``, the data of its ``report.html``): its prompt,
+    reward and ground-truth step advantages. Checked against ``states`` (the ground truth of ``value_states``): every
+    step's value before it must be that state's truth, so the two files describe the same responses."""
+    responses = json.loads(responses_file.read_text())["responses"]
     out = []
     truths = [s["truth"] for s in states]
     i = 0
-    for k, block in enumerate(responses):
-        reward = float(re.search(r"reward ([0-9.]+) &middot;", block).group(1))
-        advantages = [float(a) for a in re.findall(r'data-advantage="([-0-9.]+)"', block)]
-        before = [float(v) for v in re.findall(r'data-value-before="([-0-9.]+)"', block)]
+    for k, r in enumerate(responses):
+        advantages = [float(a) for a in r["advantages"]]
+        before = [float(v) for v in r["values"][: len(advantages)]]
         if any(abs(v - t) > 5e-5 for v, t in zip(before, truths[i : i + len(before)], strict=True)):
             raise ValueError(
-                f"step_advantages: {report} response {k + 1} does not match the metrics' ground truth."
+                f"step_advantages: {responses_file} response {k + 1} does not match the metrics' ground truth."
             )
-        out.append({"prompt": states[i]["prompt"], "reward": reward, "advantages": advantages,
+        out.append({"prompt": states[i]["prompt"], "reward": float(r["reward"]), "advantages": advantages,
                     "first_state": i})  # fmt: skip
         i += len(before)
     if i != len(states):
-        raise ValueError(f"step_advantages: {report} has {i} steps, the metrics {len(states)} states.")
+        raise ValueError(
+            f"step_advantages: {responses_file} has {i} steps, the metrics {len(states)} states."
+        )
     return out
 
 
@@ -952,7 +951,7 @@ def value_analysis(diagnostics: Path = DIAGNOSTICS_PPO, warmup: Path = DIAGNOSTI
     grpo = states["grpo (implied)"]
     mc_prompt = [x for x in mc if x["position"] == 0]
     critic_prompt = [x for x in critic if x["position"] == 0]
-    responses = step_advantages(diagnostics / "report.html", mc)
+    responses = step_advantages(diagnostics / "responses.json", mc)
     small = [(r["prompt"], float(abs(a) <= WITHIN + 1e-12)) for r in responses for a in r["advantages"]]
     true_zero = [float(a == 0) for r in responses for a in r["advantages"]]
     mc_advantages = []  # K = 9's step advantages on the same responses: differences of its values, the last to reward

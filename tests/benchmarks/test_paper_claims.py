@@ -662,22 +662,18 @@ def test_value_states_group_by_prompt_and_the_report_must_describe_the_same_resp
     assert [x["prompt"] for x in states["grpo (implied)"]] == [0, 0, 1, 1]
 
     def report(values_before: list[list[float]], rewards: list[int]) -> str:
-        blocks = [
-            f'<div class="response"><div class="meta">#{i} &middot; reward {r} &middot; V</div>'
-            + "".join(f'<span data-advantage="0.1000" data-value-before="{v:.4f}">s</span>' for v in vs)
-            + "</div>"
-            for i, (vs, r) in enumerate(zip(values_before, rewards, strict=True))
-        ]
-        return "<html>" + "".join(blocks)
+        responses = [{"values": [*vs, float(r)], "advantages": [0.1] * len(vs), "reward": r}
+                     for vs, r in zip(values_before, rewards, strict=True)]  # fmt: skip
+        return json.dumps({"responses": responses})
 
-    (tmp_path / "report.html").write_text(report([[0.4, 1.0], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
-    responses = bench.step_advantages(tmp_path / "report.html", k9)
+    (tmp_path / "responses.json").write_text(report([[0.4, 1.0], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
+    responses = bench.step_advantages(tmp_path / "responses.json", k9)
     assert [(r["prompt"], r["reward"], r["first_state"]) for r in responses] == [
         (0, 1, 0), (0, 0, 2), (1, 0, 3), (1, 0, 5)
     ]  # fmt: skip
-    (tmp_path / "report.html").write_text(report([[0.4, 0.9], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
+    (tmp_path / "responses.json").write_text(report([[0.4, 0.9], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
     with pytest.raises(ValueError, match="does not match the metrics' ground truth"):
-        bench.step_advantages(tmp_path / "report.html", k9)
+        bench.step_advantages(tmp_path / "responses.json", k9)
     with pytest.raises(ValueError, match="paper_effect"):
         bench.tested_evidence(0.1, [0.0, 0.2], 0.0, "nonzero", paper_effect=0.3)
 

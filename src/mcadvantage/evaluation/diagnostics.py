@@ -157,7 +157,9 @@ class CreditDiagnostics:
         return "\n".join(lines)
 
     def save(self, output_dir: str | Path) -> dict[str, Path]:
-        """Write ``metrics.json``, ``value_scatter.png``, ``error_by_position.png`` and ``report.html``."""
+        """Write ``metrics.json``, ``responses.json`` (the responses with their ground-truth values and step
+        advantages: the report's data), ``value_scatter.png``, ``error_by_position.png`` and ``report.html`` (a view
+        of the two JSON files)."""
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {"metrics": out / "metrics.json"}
@@ -168,6 +170,8 @@ class CreditDiagnostics:
             ),
             encoding="utf-8",
         )
+        paths["responses"] = out / "responses.json"
+        paths["responses"].write_text(json.dumps({"responses": self.responses}, indent=1), encoding="utf-8")
         paths.update(_plot(self, out))
         paths["report"] = out / "report.html"
         paths["report"].write_text(_render_report(self), encoding="utf-8")

@@ -41,6 +41,15 @@ def test_no_record_file_is_tracked_beside_an_archive():
         assert all(Path(p).name == RUNS_FILE for p in tracked), study  # a nested run directory has its own
 
 
+def test_tracked_results_stay_few():
+    """Issue 60's target: the results are data in a few files, not thousands (5,577 tracked files at 68d450f)."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "benchmarks/results"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert len(tracked) <= 300
+    assert not [p for p in tracked if p.endswith(".html")]  # generated reports are views, not tracked
+
+
 def test_appends_replace_by_name_and_readers_get_copies(tmp_path):
     assert load_runs(tmp_path) == {} and not has_run(tmp_path, "a/seed0/x.json")
     append_run(tmp_path, "a/seed0/x.json", {"v": 1})

@@ -690,8 +690,16 @@ def _recorded_commands() -> dict[str, str]:
         ["git", "ls-files", "*.json"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
     commands = {}
-    for name in listed:
-        data = json.loads((ROOT / name).read_text(encoding="utf-8"))
+    records = {name: json.loads((ROOT / name).read_text(encoding="utf-8")) for name in listed}
+    from benchmarks._runs import RUNS_FILE, load_runs  # the run records consolidated into archives (issue 60)
+
+    archives = subprocess.run(
+        ["git", "ls-files", f"*{RUNS_FILE}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for archive in archives:
+        root = (ROOT / archive).parent
+        records |= {f"{archive}:{k}": v for k, v in load_runs(root).items()}
+    for name, data in records.items():
         if isinstance(data, dict) and isinstance(data.get("command"), str):
             commands[name] = current_command(data["command"])
     return commands

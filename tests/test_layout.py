@@ -591,6 +591,34 @@ def test_the_package_never_imports_the_testbed():
     assert not offenders, f"the package imports the research testbed: {offenders}"
 
 
+def _benchmark_imports(path: Path) -> list[str]:
+    """The modules of ``benchmarks/`` that ``path`` imports: ``benchmarks.x`` or a study's sibling name (``_machine``,
+    ``learning_efficiency``), and ``benchmarks`` named in a ``sys.path`` entry."""
+    studies = {p.stem for p in BENCHMARKS.glob("*.py")}
+    found = sorted(
+        m for m in _imported_modules(path) if m.split(".")[0] == "benchmarks" or m.split(".")[0] in studies
+    )
+    text = path.read_text(encoding="utf-8")
+    if re.search(r"sys\.path\.(insert|append)\([^)]*benchmarks", text) or re.search(
+        r"^\w+\s*=.*[\"']benchmarks[\"']\s*$", text, re.M
+    ):
+        found.append("benchmarks/ on sys.path")
+    return found
+
+
+def test_the_testbed_and_the_package_import_no_study():
+    """The lab's boundary (issue 60): the studies in ``benchmarks/`` use the testbed and the package, never the other
+    way round; the machine record both write lives in ``testbed/machine.py``."""
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path in [*sorted(TESTBED.rglob("*.py")), *sorted(PACKAGE.rglob("*.py"))]
+        if (found := _benchmark_imports(path))
+    }
+    assert not offenders, f"imports of benchmarks/ from the testbed or the package: {offenders}"
+    # the check has power: a sibling import of a study and a benchmarks path are both caught
+    assert _benchmark_imports(BENCHMARKS / "horizon_sweep.py")
+
+
 def test_the_testbed_is_not_packaged():
     """Only ``src/`` is searched for packages, and the package data names one checkpoint, the demo's."""
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")

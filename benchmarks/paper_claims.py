@@ -1893,6 +1893,15 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             **row,
             "why": row["why"] + f", from the paper's supervised start (`{STAGE4_TASK}`){resolution}",
         }
+    for rows in STAGE_ROWS.get(stage, ()):
+        row = rows(kind, study)
+        if row is not None:
+            return row
+    raise ValueError(f"unknown measure {kind!r} in {CATALOGUE}")
+
+
+def _stage3_row(kind: str, study: dict) -> dict | None:
+    """Stage 3's rows: M1 on the third task (or why it is not measurable) and PPO against GRPO there. None for another ``kind``."""
     if kind == "stage3:accuracy":
         fa = study["final_accuracy"]
         if not study["start_is_the_regimes"]:
@@ -1921,6 +1930,11 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             1,
             "post hoc; the paper's GRPO and RLOO ran with a KL penalty, ours at beta = 0",
         )
+    return None
+
+
+def _stage4_row(kind: str, study: dict) -> dict | None:
+    """Stage 4's own rows: the regime rule from the paper's supervised start and PPO against GRPO there. None for another ``kind``."""
     if kind == "stage4:regime":
         tests = {(r["arm"], r["base"]): r["test"] for r in study["regime"]}
         t = tests[("vineppo_k4", "grpo_matched")]
@@ -1949,6 +1963,11 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "stage 4, the regime rule (Holm over the tasks where PPO ran); GRPO at beta = 0 here",
             family="stage 4 regime rule (Holm over the regime tasks)",
         )
+    return None
+
+
+def _kl_at_peak_row(kind: str, study: dict) -> dict | None:
+    """Stages 1 and 4: which arm reached PPO's peak with less KL to the start (post hoc). None for another ``kind``."""
     if kind in ("stage1:kl_at_peak", "stage4:kl_at_peak"):
         r = study["kl_at_ppo_peak"]
         untied = r["fast_first"] + r["slow_first"]
@@ -1964,6 +1983,11 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "post hoc, paired by seed; a seed where VinePPO never reaches PPO's peak counts for PPO",
             evidence,
         )
+    return None
+
+
+def _stage1_difference_row(kind: str, study: dict) -> dict | None:
+    """Stage 1's paired differences: M1, M4, the generalization gap, the difference throughout and PPO against GRPO. None for another ``kind``."""
     if kind == "stage1:accuracy":
         t = study["m1_accuracy"]
         fa = study["final_accuracy"]
@@ -1974,15 +1998,6 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "M1, paired by seed, 12 seeds",
             family=STAGE1_FAMILY,
         )
-    if kind in ("stage1:steps", "stage1:seconds"):
-        steps = kind == "stage1:steps"
-        r = study["m2_steps_to_ppo_peak" if steps else "m3_seconds_to_ppo_peak"]
-        row = _race_row(r, "steps" if steps else "s",
-                        "M2" if steps else "M3 (1 CPU thread per run)" + study.get("load_note", UNDER_LOAD),
-                        STAGE1_FAMILY)  # fmt: skip
-        if not steps:
-            row["ours"] += _retime_text(study.get("retime", {}))
-        return row
     if kind == "stage1:kl":
         t = study["m4_kl"]
         kl = study["final_kl"]
@@ -1994,14 +2009,6 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "M4: the paper's frontier claim read as less KL for the accuracy reached; accuracy is M1",
             family=STAGE1_FAMILY,
         )
-    if kind in ("stage1:grpo_peak_steps", "stage1:grpo_peak_seconds"):
-        steps = kind.endswith("steps")
-        r = study["steps_to_grpo_peak" if steps else "seconds_to_grpo_peak"]
-        return _race_row(r, "steps" if steps else "s", "post hoc (described beside the protocol's tests)"
-                         + ("" if steps else GRPO_UNDER_LOAD), POSTHOC_FAMILY, slow_name="GRPO")  # fmt: skip
-    if kind == "stage1:ppo_grpo_peak_seconds":
-        return _race_row(study["ppo_to_grpo_peak_seconds"], "s", "post hoc" + GRPO_UNDER_LOAD, POSTHOC_FAMILY,
-                         slow_name="GRPO", fast_name="PPO")  # fmt: skip
     if kind in ("stage1:generalization", "stage1:generalization_grpo"):
         base = "grpo" if kind.endswith("grpo") else "ppo"
         name = {"grpo": "GRPO", "ppo": "PPO"}[base]
@@ -2034,6 +2041,38 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "records were read)",
             spec="+.4f",
         )
+    if kind == "stage1:ppo_vs_grpo":
+        t = study["ppo_minus_grpo"]
+        fa = study["final_accuracy"]
+        return _test_row(
+            f"`{TASK}` (GSM8K format), step {study['last_step']}: PPO {fa['ppo'][0]:.3f}, GRPO "
+            f"{fa['grpo'][0]:.3f}: {t['mean']:+.3f} ({_p(t)}), 12 paired seeds",
+            t,
+            1,
+            "paired by seed; the paper's GRPO and RLOO ran with a KL penalty, ours at beta = 0",
+        )
+    return None
+
+
+def _stage1_cost_row(kind: str, study: dict) -> dict | None:
+    """Stage 1's races and costs: M2, M3, the races to GRPO's peak, the cost per run and the training ceiling. None for another ``kind``."""
+    if kind in ("stage1:steps", "stage1:seconds"):
+        steps = kind == "stage1:steps"
+        r = study["m2_steps_to_ppo_peak" if steps else "m3_seconds_to_ppo_peak"]
+        row = _race_row(r, "steps" if steps else "s",
+                        "M2" if steps else "M3 (1 CPU thread per run)" + study.get("load_note", UNDER_LOAD),
+                        STAGE1_FAMILY)  # fmt: skip
+        if not steps:
+            row["ours"] += _retime_text(study.get("retime", {}))
+        return row
+    if kind in ("stage1:grpo_peak_steps", "stage1:grpo_peak_seconds"):
+        steps = kind.endswith("steps")
+        r = study["steps_to_grpo_peak" if steps else "seconds_to_grpo_peak"]
+        return _race_row(r, "steps" if steps else "s", "post hoc (described beside the protocol's tests)"
+                         + ("" if steps else GRPO_UNDER_LOAD), POSTHOC_FAMILY, slow_name="GRPO")  # fmt: skip
+    if kind == "stage1:ppo_grpo_peak_seconds":
+        return _race_row(study["ppo_to_grpo_peak_seconds"], "s", "post hoc" + GRPO_UNDER_LOAD, POSTHOC_FAMILY,
+                         slow_name="GRPO", fast_name="PPO")  # fmt: skip
     if kind == "stage1:cost":
         ratio = study["seconds_per_run_ratio"]
         cm = study["cost_model"]
@@ -2052,16 +2091,6 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "geometric mean of the per-seed ratio, 12 seeds" + study.get("load_note", UNDER_LOAD),
             evidence,
         )
-    if kind == "stage1:ppo_vs_grpo":
-        t = study["ppo_minus_grpo"]
-        fa = study["final_accuracy"]
-        return _test_row(
-            f"`{TASK}` (GSM8K format), step {study['last_step']}: PPO {fa['ppo'][0]:.3f}, GRPO "
-            f"{fa['grpo'][0]:.3f}: {t['mean']:+.3f} ({_p(t)}), 12 paired seeds",
-            t,
-            1,
-            "paired by seed; the paper's GRPO and RLOO ran with a KL penalty, ours at beta = 0",
-        )
     if kind == "stage1:training_ceiling":
         pts = {arm: study["curves"][arm][-1] for arm in STAGE1_ARMS}
         best = max(pt["training_accuracy"] for arm in STAGE1_ARMS for pt in study["curves"][arm][1:])
@@ -2073,6 +2102,11 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "no KL penalty here (beta = 0), so what keeps training accuracy below 1 is sampling at "
             "T = 0.6 and problems the policy cannot solve, not the paper's KL penalty",
         )
+    return None
+
+
+def _stage2_row(kind: str, study: dict) -> dict | None:
+    """Stage 2's rows: the temperature claim and each arm's change at the hotter temperature. None for another ``kind``."""
     if kind == "stage2:temperature":
         return temperature_row(study)
     if kind in ("stage2:vineppo_hotter", "stage2:ppo_hotter", "stage2:hotter_gain"):
@@ -2088,7 +2122,16 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             -1 if key == "ppo" else 1,
             "post hoc; held-out accuracy is greedy at every temperature",
         )
-    raise ValueError(f"unknown measure {kind!r} in {CATALOGUE}")
+    return None
+
+
+#: The row builders of each stage's measures (:func:`stage_row` asks them in order; each answers its own kinds).
+STAGE_ROWS: dict[str, tuple[Any, ...]] = {
+    "stage1": (_stage1_difference_row, _stage1_cost_row, _kl_at_peak_row),
+    "stage2": (_stage2_row,),
+    "stage3": (_stage3_row,),
+    "stage4": (_stage4_row, _kl_at_peak_row),
+}
 
 
 def temperature_row(study: dict) -> dict:

@@ -30,15 +30,19 @@ _LAZY: dict[str, str] = {
     "GSM8KVerifier": "tasks.gsm8k",
     "MathVerifier": "tasks.math",
     "get_verifier": "tasks.verifier",
+    "completion_text": "tasks.verifier",
     "RewardFunctionError": "rewards.errors",
     # checkpoints: checked before a resume
     "CheckpointError": "trainer.checkpoints",
     "verify_checkpoint": "trainer.checkpoints",
+    "complete_checkpoints": "trainer.checkpoints",
     # advantage math
     "step_advantages": "core.advantages",
     "token_advantages": "core.advantages",
     "masked_whiten": "core.advantages",
     "gae_advantages": "core.advantages",
+    "loss_token_mask": "core.advantages",
+    "pooled_anchor_advantages": "core.anchors",
     # sampling
     "Sampler": "samplers",
     "RolloutRequest": "samplers",
@@ -59,6 +63,8 @@ _LAZY: dict[str, str] = {
     "RLOOEstimator": "estimators",
     "CriticEstimator": "estimators",
     "HybridEstimator": "estimators",
+    "TreeEstimator": "estimators",
+    "AnchorEstimator": "estimators",
     # sampling from a trainer's current policy (imports TRL)
     "policy_sampler": "trainer.policy",
     # Pass@1 evaluation (the trainer's engine through policy_sampler, or a saved checkpoint)
@@ -71,10 +77,26 @@ _LAZY: dict[str, str] = {
     "MCValueEstimator": "mc.estimator",
     "Trajectory": "mc.estimator",
     "MCEstimate": "mc.estimator",
-    # agent episodes: an environment that cannot be rebuilt at an episode's state
+    # agent episodes: what a continuation_func is asked, the episodes, their sampler and the environment's replay
+    "ContinuationRequest": "trainer.continuation",
+    "Episode": "samplers.episodes",
+    "AgentEpisodes": "samplers.episodes",
+    "EpisodeSampler": "samplers.episode_sampler",
+    "ToolTurn": "samplers.rebuild",
+    "execute_tool_calls": "samplers.rebuild",
+    "replay_environment": "samplers.rebuild",
     "EnvironmentReplayError": "samplers.rebuild",
+    "episode_step_boundaries": "mc.episodes",
     # credit-assignment diagnostics (estimators against a large-K ground truth)
     "diagnose_credit": "evaluation.diagnostics",
+    # the gradient-quality instrument (an estimator's gradient against the exact one)
+    "GradientTask": "evaluation.gradient_instrument",
+    "estimator_gradient": "evaluation.gradient_instrument",
+    "gradient_metrics": "evaluation.gradient_instrument",
+    # training data for the RL-free baselines (ReST-EM, DPO+)
+    "GradedPrompt": "trainer.self_training",
+    "restem_examples": "trainer.self_training",
+    "preference_pairs": "trainer.self_training",
     # TRL trainer (imports TRL)
     "VinePPOConfig": "trainer.config",
     "VinePPOTrainer": "trainer.vineppo_trainer",
@@ -97,21 +119,32 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see the real names
-    from mcadvantage.core.advantages import gae_advantages, masked_whiten, step_advantages, token_advantages
+    from mcadvantage.core.advantages import (
+        gae_advantages,
+        loss_token_mask,
+        masked_whiten,
+        step_advantages,
+        token_advantages,
+    )
+    from mcadvantage.core.anchors import pooled_anchor_advantages
     from mcadvantage.estimators import (
         AdvantageBatch,
         AdvantageEstimator,
         AdvantageResult,
+        AnchorEstimator,
         CriticEstimator,
         EstimatorContext,
         GRPOEstimator,
+        HybridEstimator,
         RLOOEstimator,
+        TreeEstimator,
         VinePPOEstimator,
         available_advantage_estimators,
         get_advantage_estimator,
         register_advantage_estimator,
     )
     from mcadvantage.evaluation.diagnostics import diagnose_credit
+    from mcadvantage.evaluation.gradient_instrument import GradientTask, estimator_gradient, gradient_metrics
     from mcadvantage.evaluation.pass_at_1 import (
         PassAt1Result,
         PassAt1Settings,
@@ -119,6 +152,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         evaluate_pass_at_1,
         score_samples,
     )
+    from mcadvantage.mc.episodes import episode_step_boundaries
     from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
     from mcadvantage.samplers import (
         Continuation,
@@ -128,7 +162,14 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         VLLMSampler,
         VLLMServerSampler,
     )
-    from mcadvantage.samplers.rebuild import EnvironmentReplayError
+    from mcadvantage.samplers.episode_sampler import EpisodeSampler
+    from mcadvantage.samplers.episodes import AgentEpisodes, Episode
+    from mcadvantage.samplers.rebuild import (
+        EnvironmentReplayError,
+        ToolTurn,
+        execute_tool_calls,
+        replay_environment,
+    )
     from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
     from mcadvantage.tasks.math import MathSegmenter, MathVerifier
     from mcadvantage.tasks.newline import NewlineSegmenter
@@ -138,7 +179,10 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         segment_completion,
         step_token_boundaries,
     )
-    from mcadvantage.tasks.verifier import Verifier, get_verifier
+    from mcadvantage.tasks.verifier import Verifier, completion_text, get_verifier
+    from mcadvantage.trainer.checkpoints import CheckpointError, complete_checkpoints, verify_checkpoint
     from mcadvantage.trainer.config import VinePPOConfig
+    from mcadvantage.trainer.continuation import ContinuationRequest
     from mcadvantage.trainer.policy import policy_sampler
+    from mcadvantage.trainer.self_training import GradedPrompt, preference_pairs, restem_examples
     from mcadvantage.trainer.vineppo_trainer import VinePPOTrainer

@@ -278,6 +278,7 @@ PUBLIC_NAMES = {
     "score_samples": "mcadvantage.evaluation.pass_at_1",
     "evaluate_pass_at_1": "mcadvantage.evaluation.pass_at_1",
     "evaluate_checkpoint": "mcadvantage.evaluation.pass_at_1",
+    "MCSettings": "mcadvantage.core.settings",
     "MCValueEstimator": "mcadvantage.mc.estimator",
     "Trajectory": "mcadvantage.mc.trajectory",
     "MCEstimate": "mcadvantage.mc.estimator",

@@ -73,7 +73,8 @@ _LAZY: dict[str, str] = {
     "score_samples": "evaluation.pass_at_1",
     "evaluate_pass_at_1": "evaluation.pass_at_1",
     "evaluate_checkpoint": "evaluation.pass_at_1",
-    # estimation
+    # estimation: the Monte Carlo settings (one definition behind the config, the estimator and verl's section)
+    "MCSettings": "core.settings",
     "MCValueEstimator": "mc.estimator",
     "Trajectory": "mc.estimator",
     "MCEstimate": "mc.estimator",
@@ -127,6 +128,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         token_advantages,
     )
     from mcadvantage.core.anchors import pooled_anchor_advantages
+    from mcadvantage.core.settings import MCSettings
     from mcadvantage.estimators import (
         AdvantageBatch,
         AdvantageEstimator,

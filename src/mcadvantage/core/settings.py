@@ -187,6 +187,28 @@ class MCSettings:
         return settings
 
     @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> MCSettings:
+        """The settings a mapping gives under their ``VinePPOConfig`` names (verl's ``vineppo`` config section, a YAML
+        or JSON file), each missing one at its default from this definition, validated with those names; keys that
+        are not Monte Carlo settings are left to the caller. One spelling everywhere: a key spelled as the
+        estimator's argument where the config spells it otherwise (``num_rollouts`` for ``num_mc_rollouts``,
+        ``max_estimated_steps`` for ``mc_max_estimated_steps``) is refused with the spelling to use.
+
+        Raises:
+            TypeError: a setting under its estimator spelling, or a value of the wrong type.
+            ValueError: an invalid value (:func:`validate_mc_settings`).
+        """
+        config_names = mc_config_names()
+        misspelled = [f"{name} (use {config_names[name]})" for name in values if name in config_names]
+        if misspelled:
+            raise TypeError(
+                f"Monte Carlo settings are given under their VinePPOConfig names: {', '.join(sorted(misspelled))}."
+            )
+        chosen = {name: values[config] for name, config in config_names.items() if config in values}
+        validate_mc_settings(**chosen, names="config")
+        return cls(**chosen)
+
+    @classmethod
     def config_field(cls, name: str) -> Any:
         """The ``VinePPOConfig`` dataclass field of setting ``name``: its default and help from this definition."""
         spec = _FIELDS[name]

@@ -1,9 +1,10 @@
-"""VinePPO on MATH or GSM8K, as in the paper (Kazemnejad et al., arXiv 2410.01679): the RhoMath 1.1B SFT
-checkpoint, ``VinePPOConfig.from_paper(task)`` (Table 1, K = 9 Monte Carlo rollouts per step, the official code's
+"""VinePPO on MATH, as in the paper (Kazemnejad et al., arXiv 2410.01679), or on GSM8K with ``--task gsm8k``: the
+RhoMath 1.1B SFT checkpoint, ``VinePPOConfig.from_paper(task)`` (Table 1, K = 9 Monte Carlo rollouts per step, the official code's
 rollout budget and truncation rewards), Pass@1 at temperature 0.35 over 16 samples.
 
-    accelerate launch --config_file examples/accelerate_configs/single_gpu.yaml examples/vineppo.py --task math
-    accelerate launch --config_file examples/accelerate_configs/multi_gpu_zero2.yaml examples/vineppo.py \\
+    accelerate launch examples/math.py                                   # MATH, the paper's RhoMath 1.1B
+    accelerate launch --config_file examples/accelerate_configs/single_gpu.yaml examples/math.py --task gsm8k
+    accelerate launch --config_file examples/accelerate_configs/multi_gpu_zero2.yaml examples/math.py \\
         --task gsm8k --model_name_or_path realtreetune/deepseekmath-7b-sft-GSM8K
 
 Every ``mcadvantage.VinePPOConfig`` / ``trl.GRPOConfig`` field is a flag (``--num_mc_rollouts 3``,
@@ -20,10 +21,19 @@ Appendix B); answers are graded by ``MathVerifier`` (last \\boxed{}, math-verify
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any
+import sys
 
-from _common import (
+# Named after the task, this script shares its name with the standard library's math module, and Python puts a
+# script's folder first on sys.path, where examples/math.py would shadow `import math` for every library loaded
+# after it. So, before anything else is imported, the folder moves behind the standard library; its helpers
+# (_common.py) still import from it.
+_HERE = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.realpath(os.path.abspath(p or os.curdir)) != _HERE] + [_HERE]
+
+from collections.abc import Sequence  # noqa: E402  (after the folder moved)
+from typing import Any  # noqa: E402
+
+from _common import (  # noqa: E402
     TASKS,
     eval_source,
     load_problems,
@@ -57,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if script_args.evaluate_only:  # Pass@1 of the checkpoint alone, in this process (e.g. the SFT model)
         if training_args.world_size > 1:
             raise ValueError(
-                "--evaluate_only runs in one process; launch it with `python examples/vineppo.py`, not with "
+                "--evaluate_only runs in one process; launch it with `python examples/math.py`, not with "
                 "several accelerate processes (use tensor/data parallel vLLM settings for a large model instead)."
             )
         eval_dataset = load_problems(task=task, script_args=script_args, split="eval")

@@ -257,19 +257,19 @@ def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 def _long_functions() -> dict[str, int]:
     """``module.qualname -> body lines`` of every function of the package over :data:`MAX_BODY` lines."""
-    found = {}
+    found: dict[str, int] = {}
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                if (lines := _body_lines(child)) > MAX_BODY:
+                    found[f"{prefix}{child.name}"] = lines
+                walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, f"{prefix}{child.name}.")
+
     for name, path in _modules().items():
-
-        def walk(node: ast.AST, prefix: str) -> None:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                    if (lines := _body_lines(child)) > MAX_BODY:
-                        found[f"{name}.{prefix}{child.name}"] = lines
-                    walk(child, f"{prefix}{child.name}.")
-                elif isinstance(child, ast.ClassDef):
-                    walk(child, f"{prefix}{child.name}.")
-
-        walk(ast.parse(path.read_text(encoding="utf-8")), "")
+        walk(ast.parse(path.read_text(encoding="utf-8")), f"{name}.")
     return found
 
 

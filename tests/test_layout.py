@@ -230,7 +230,6 @@ LONG_FUNCTIONS_TO_SPLIT = {
     "mcadvantage.demo.arms._train_to_plateau",
     "mcadvantage.demo.arms.run_rl_arm",
     "mcadvantage.demo.config.validate_config",
-    "mcadvantage.demo.run.run_demo",
     "mcadvantage.demo.warmup.supervised_warmup",
     "mcadvantage.evaluation.diagnostics.diagnose_credit",
     "mcadvantage.evaluation.diagnostics.main",

@@ -231,8 +231,6 @@ LONG_FUNCTIONS_TO_SPLIT = {
     "mcadvantage.demo.arms.run_rl_arm",
     "mcadvantage.demo.config.validate_config",
     "mcadvantage.demo.warmup.supervised_warmup",
-    "mcadvantage.evaluation.diagnostics.diagnose_credit",
-    "mcadvantage.evaluation.diagnostics.main",
     "mcadvantage.evaluation.gradient_quality.parse_estimator_spec",
     "mcadvantage.evaluation.gradient_quality.main",
     "mcadvantage.evaluation.pass_at_1.score_samples",

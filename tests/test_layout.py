@@ -231,8 +231,6 @@ LONG_FUNCTIONS_TO_SPLIT = {
     "mcadvantage.demo.arms.run_rl_arm",
     "mcadvantage.demo.config.validate_config",
     "mcadvantage.demo.warmup.supervised_warmup",
-    "mcadvantage.evaluation.gradient_quality.parse_estimator_spec",
-    "mcadvantage.evaluation.gradient_quality.main",
     "mcadvantage.evaluation.pass_at_1.score_samples",
     "mcadvantage.evaluation.pass_at_1.evaluate_pass_at_1",
     "mcadvantage.evaluation.pass_at_1.evaluate_checkpoint",

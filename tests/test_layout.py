@@ -227,8 +227,6 @@ LONG_FUNCTIONS_TO_SPLIT = {
     "mcadvantage.trainer.vineppo_trainer.VinePPOTrainer.__init__",
     # being split now (issue 60, part A)
     "mcadvantage.core.settings.validate_mc_settings",
-    "mcadvantage.demo.arms._train_to_plateau",
-    "mcadvantage.demo.arms.run_rl_arm",
     "mcadvantage.demo.config.validate_config",
     "mcadvantage.demo.warmup.supervised_warmup",
     "mcadvantage.evaluation.pass_at_1.score_samples",

@@ -192,93 +192,17 @@ def _train_to_plateau(
     evaluation (an hour-long run shows where it is, and a killed one what it had reached). ``state_path`` gets what
     resuming needs after every evaluation of the constant phase, and ``resume=True`` continues from it (see
     :func:`train_warmup_policy`)."""
-    import copy
-    import json
-
-    import torch
-
-    from mcadvantage.demo.config import warmup_settings
-    from mcadvantage.demo.evaluation import evaluate_accuracy
-    from mcadvantage.demo.warmup import plateau_reached, supervised_warmup
-    from mcadvantage.tasks.gsm8k import GSM8KVerifier
+    from mcadvantage.demo.warmup import supervised_warmup
 
     if not data.validation_set:
         raise ValueError("warmup_schedule='plateau' needs a validation set: set validation_problems >= 1.")
-    grade = GSM8KVerifier().score
-
-    def validation_accuracy() -> float:
-        acc, _, _ = evaluate_accuracy(
-            model, tokenizer, data.validation_set, grade, max_new_tokens=config.max_completion_length
-        )
-        model.train()
-        return acc
-
-    record: dict[str, Any] = {"validation": [], "held_out": [], "best_step": 0, "stop_step": 0}
-    best: dict[str, Any] = {"score": -1.0, "state": None}  # the best step itself is record["best_step"]
-
-    def checkpoint(step: int) -> None:
-        score = validation_accuracy()
-        record["validation"].append((float(step), score))
-        if evaluate is not None:
-            record["held_out"].append((float(step), evaluate(model)))
-            model.train()
-        if score > best["score"]:
-            best.update(score=score, state=copy.deepcopy(model.state_dict()))
-            record["best_step"] = step
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_path.write_text(json.dumps(record), encoding="utf-8")
-
-    # Thread counts change kernels' summation order, hence the weights: a resumed run must keep its own.
-    settings = {**warmup_settings(config), "threads": config.threads}
-    resumed = None
-    if resume and state_path is not None and state_path.exists():
-        # Our own file (written below), so a full unpickle is safe; it holds the data generator's state.
-        saved = torch.load(state_path, weights_only=False)
-        # (A state saved before "threads" was recorded does not hold it.)
-        changed = sorted(k for k in settings if saved["settings"].get(k, settings[k]) != settings[k])
-        if changed:
-            raise ValueError(
-                f"{state_path} was written by a warm-up with other settings ({', '.join(changed)} differ); resume "
-                "it with the settings it was started with, or delete the file to start afresh."
-            )
-        model.load_state_dict(saved["model"])
-        record, resumed = saved["record"], saved["training"]
-        best.update(score=saved["best_score"], state=saved["best_state"])
-    else:
-        checkpoint(0)
-
-    def save_state(state: Any) -> None:
-        # Written beside, then renamed: a run killed while saving keeps its previous state.
-        partial = state_path.with_name(state_path.name + ".partial")
-        torch.save(
-            {
-                "settings": settings,
-                "model": model.state_dict(),
-                "record": record,
-                "best_score": best["score"],
-                "best_state": best["state"],
-                "training": state,
-            },
-            partial,
-        )
-        partial.replace(state_path)
-
-    def progress(step: int, loss: float) -> None:
-        if step % config.warmup_eval_every == 0:
-            checkpoint(step)
-        if on_step is not None:
-            on_step(step, loss)
-
-    def stop(step: int) -> bool:
-        if step % config.warmup_eval_every or step < config.warmup_min_steps:
-            return False
-        scores = [score for _, score in record["validation"]]
-        return plateau_reached(scores, patience=config.warmup_patience, num_problems=len(data.validation_set))
-
+    run = _PlateauRun(config, data, model, tokenizer, evaluate, log_path, state_path)
+    resumed = run.resume() if resume and state_path is not None and state_path.exists() else None
+    if resumed is None:
+        run.checkpoint(0)
     stop_step = resumed.step if resumed is not None else 0
     # A run resumed exactly where the rule had stopped has nothing left to train.
-    if resumed is None or not stop(resumed.step):
+    if resumed is None or not run.stop(resumed.step):
         log = supervised_warmup(
             model,
             tokenizer,
@@ -289,15 +213,15 @@ def _train_to_plateau(
             warmup_ratio=min(1.0, 40 / config.warmup_max_steps),
             decay_ratio=0.0,
             seed=config.seed,
-            progress=progress,
-            stop=stop,
+            progress=lambda step, loss: run.progress(step, loss, on_step),
+            stop=run.stop,
             resume_from=resumed,
-            save_state=save_state if state_path is not None else None,
+            save_state=run.save_state if state_path is not None else None,
             save_every=config.warmup_eval_every,
         )
         stop_step = int(log[-1]["step"]) if log else stop_step
-    record["stop_step"] = stop_step
-    model.load_state_dict(best["state"])
+    run.record["stop_step"] = stop_step
+    model.load_state_dict(run.best["state"])
     if config.warmup_decay_steps:
         supervised_warmup(
             model,
@@ -309,17 +233,133 @@ def _train_to_plateau(
             warmup_ratio=0.0,
             decay_ratio=1.0,
             seed=config.seed + 1,
-            progress=(lambda step, loss: on_step(record["stop_step"] + step, loss)) if on_step else None,
+            progress=(lambda step, loss: on_step(run.record["stop_step"] + step, loss)) if on_step else None,
         )
     # The final policy is the best checkpoint plus the decay, reported apart from the curves (whose steps count the
     # constant phase).
-    record["final_validation"] = validation_accuracy()
+    run.record["final_validation"] = run.validation_accuracy()
     if evaluate is not None:
-        record["final_held_out"] = evaluate(model)
+        run.record["final_held_out"] = evaluate(model)
     model.eval()
     if resumed is not None:
-        record["resumed_from_step"] = resumed.step
-    return record
+        run.record["resumed_from_step"] = resumed.step
+    return run.record
+
+
+class _PlateauRun:
+    """What :func:`_train_to_plateau`'s constant phase keeps between steps: the record (``warmup.json``'s curves),
+    the best checkpoint so far, and the settings a resumed run must share."""
+
+    def __init__(
+        self,
+        config: DemoConfig,
+        data: DemoData,
+        model: Any,
+        tokenizer: Any,
+        evaluate: Callable[[Any], float] | None,
+        log_path: Path | None,
+        state_path: Path | None,
+    ) -> None:
+        from mcadvantage.demo.config import warmup_settings
+        from mcadvantage.tasks.gsm8k import GSM8KVerifier
+
+        self.config, self.data, self.model, self.tokenizer = config, data, model, tokenizer
+        self.evaluate, self.log_path, self.state_path = evaluate, log_path, state_path
+        self.grade = GSM8KVerifier().score
+        self.record: dict[str, Any] = {"validation": [], "held_out": [], "best_step": 0, "stop_step": 0}
+        self.best: dict[str, Any] = {
+            "score": -1.0,
+            "state": None,
+        }  # the best step itself is record["best_step"]
+        # Thread counts change kernels' summation order, hence the weights: a resumed run must keep its own.
+        self.settings = {**warmup_settings(config), "threads": config.threads}
+
+    def validation_accuracy(self) -> float:
+        """Greedy accuracy on the validation set (the model back in training mode after)."""
+        from mcadvantage.demo.evaluation import evaluate_accuracy
+
+        acc, _, _ = evaluate_accuracy(
+            self.model,
+            self.tokenizer,
+            self.data.validation_set,
+            self.grade,
+            max_new_tokens=self.config.max_completion_length,
+        )
+        self.model.train()
+        return acc
+
+    def checkpoint(self, step: int) -> None:
+        """Evaluate at ``step``: the curves, the best checkpoint, and the log so far."""
+        import copy
+        import json
+
+        score = self.validation_accuracy()
+        self.record["validation"].append((float(step), score))
+        if self.evaluate is not None:
+            self.record["held_out"].append((float(step), self.evaluate(self.model)))
+            self.model.train()
+        if score > self.best["score"]:
+            self.best.update(score=score, state=copy.deepcopy(self.model.state_dict()))
+            self.record["best_step"] = step
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path.write_text(json.dumps(self.record), encoding="utf-8")
+
+    def resume(self) -> Any:
+        """Load the saved state (the model, the record, the best checkpoint); returns the training state to resume."""
+        import torch
+
+        # Our own file (written by save_state), so a full unpickle is safe; it holds the data generator's state.
+        saved = torch.load(self.state_path, weights_only=False)
+        # (A state saved before "threads" was recorded does not hold it.)
+        changed = sorted(
+            k for k in self.settings if saved["settings"].get(k, self.settings[k]) != self.settings[k]
+        )
+        if changed:
+            raise ValueError(
+                f"{self.state_path} was written by a warm-up with other settings ({', '.join(changed)} differ); "
+                "resume it with the settings it was started with, or delete the file to start afresh."
+            )
+        self.model.load_state_dict(saved["model"])
+        self.record = saved["record"]
+        self.best.update(score=saved["best_score"], state=saved["best_state"])
+        return saved["training"]
+
+    def save_state(self, state: Any) -> None:
+        """What resuming needs, written beside and then renamed: a run killed while saving keeps its previous one."""
+        import torch
+
+        partial = self.state_path.with_name(self.state_path.name + ".partial")
+        torch.save(
+            {
+                "settings": self.settings,
+                "model": self.model.state_dict(),
+                "record": self.record,
+                "best_score": self.best["score"],
+                "best_state": self.best["state"],
+                "training": state,
+            },
+            partial,
+        )
+        partial.replace(self.state_path)
+
+    def progress(self, step: int, loss: float, on_step: Callable[[int, float], None] | None) -> None:
+        """After each step: a checkpoint every ``warmup_eval_every`` steps, then the caller's ``on_step``."""
+        if step % self.config.warmup_eval_every == 0:
+            self.checkpoint(step)
+        if on_step is not None:
+            on_step(step, loss)
+
+    def stop(self, step: int) -> bool:
+        """The plateau rule, from ``warmup_min_steps`` on, at evaluation steps."""
+        from mcadvantage.demo.warmup import plateau_reached
+
+        if step % self.config.warmup_eval_every or step < self.config.warmup_min_steps:
+            return False
+        scores = [score for _, score in self.record["validation"]]
+        return plateau_reached(
+            scores, patience=self.config.warmup_patience, num_problems=len(self.data.validation_set)
+        )
 
 
 def step_sampled_tokens(logs: dict[str, Any], responses_per_step: int) -> float:
@@ -381,6 +421,60 @@ def rl_training_args(config: DemoConfig, arm: ArmSpec, output_dir: str | Path) -
     )
 
 
+def _recorder(
+    config: DemoConfig,
+    arm: ArmSpec,
+    batch: int,
+    evaluate: Callable[[Any], float],
+    eval_every: int,
+    on_record: Callable[[ArmRecord], None] | None,
+    on_step: Callable[[int, dict[str, float]], None] | None,
+    records: list[ArmRecord],
+    logs_out: list[dict[str, float]],
+) -> Any:
+    """:func:`run_rl_arm`'s callback: every step's logs into ``logs_out`` and, every ``eval_every`` policy steps and
+    at the last, an evaluation into ``records`` (its time left out of the training seconds). Set its ``trainer``
+    before training."""
+    from transformers import TrainerCallback
+
+    warmup = arm.critic_warmup_steps
+
+    class Recorder(TrainerCallback):
+        # Evaluates in on_log, not on_step_end: transformers logs a step after its on_step_end, and the
+        # record must count that step's sampled tokens.
+        trainer: Any = None
+        tokens, eval_seconds, start = 0.0, 0.0, 0.0
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.start = time.perf_counter()
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            if not logs or "reward" not in logs:
+                return
+            step = int(state.global_step) - warmup  # the policy's steps (<= 0 while only the critic trains)
+            tokens = step_sampled_tokens(logs, batch)
+            self.tokens += tokens
+            kept = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
+            kept.update(step=float(step), sampled_tokens=tokens)
+            if warmup:
+                kept.update(trainer_step=float(state.global_step), critic_warmup=float(step <= 0))
+            logs_out.append(kept)
+            if on_step is not None:
+                on_step(step, kept)
+            if step > 0 and (step % eval_every == 0 or step == config.rl_steps):
+                train_seconds = time.perf_counter() - self.start - self.eval_seconds
+                t0 = time.perf_counter()
+                accuracy = evaluate(self.trainer.model)
+                self.trainer.model.train()
+                self.eval_seconds += time.perf_counter() - t0
+                record = ArmRecord(arm.name, config.seed, step, accuracy, self.tokens, train_seconds)
+                records.append(record)
+                if on_record is not None:
+                    on_record(record)
+
+    return Recorder()
+
+
 def run_rl_arm(
     config: DemoConfig,
     arm: ArmSpec,
@@ -409,7 +503,7 @@ def run_rl_arm(
     evaluation) and the per-step logs.
     """
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from transformers.trainer_callback import PrinterCallback
 
     from mcadvantage import GSM8KVerifier, VinePPOTrainer
@@ -422,46 +516,16 @@ def run_rl_arm(
     batch = args.per_device_train_batch_size
     records: list[ArmRecord] = []
     logs_out: list[dict[str, float]] = []
-    state_box: dict[str, Any] = {"tokens": 0.0, "eval_seconds": 0.0, "start": None}
-
-    class Recorder(TrainerCallback):
-        # Evaluates in on_log, not on_step_end: transformers logs a step after its on_step_end, and the
-        # record must count that step's sampled tokens.
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            state_box["start"] = time.perf_counter()
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-            if not logs or "reward" not in logs:
-                return
-            step = int(state.global_step) - warmup  # the policy's steps (<= 0 while only the critic trains)
-            tokens = step_sampled_tokens(logs, batch)
-            state_box["tokens"] += tokens
-            kept = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
-            kept.update(step=float(step), sampled_tokens=tokens)
-            if warmup:
-                kept.update(trainer_step=float(state.global_step), critic_warmup=float(step <= 0))
-            logs_out.append(kept)
-            if on_step is not None:
-                on_step(step, kept)
-            if step > 0 and (step % eval_every == 0 or step == config.rl_steps):
-                train_seconds = time.perf_counter() - state_box["start"] - state_box["eval_seconds"]
-                t0 = time.perf_counter()
-                accuracy = evaluate(trainer.model)
-                trainer.model.train()
-                state_box["eval_seconds"] += time.perf_counter() - t0
-                record = ArmRecord(arm.name, config.seed, step, accuracy, state_box["tokens"], train_seconds)
-                records.append(record)
-                if on_record is not None:
-                    on_record(record)
-
+    recorder = _recorder(config, arm, batch, evaluate, eval_every, on_record, on_step, records, logs_out)
     trainer = VinePPOTrainer(
         model=str(policy_dir),
         reward_funcs=GSM8KVerifier(),
         args=args,
         train_dataset=Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in data.rl_set]),
         processing_class=AutoTokenizer.from_pretrained(policy_dir),
-        callbacks=[Recorder()],
+        callbacks=[recorder],
     )
+    recorder.trainer = trainer  # its evaluations read the trainer's model
     trainer.remove_callback(PrinterCallback)  # with disable_tqdm, transformers prints every log dict
     trainer.train()
     model = trainer.model

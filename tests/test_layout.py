@@ -226,7 +226,6 @@ LONG_FUNCTIONS_TO_SPLIT = {
     "mcadvantage.trainer.continuation.ContinuationSampler._read_output",
     "mcadvantage.trainer.vineppo_trainer.VinePPOTrainer.__init__",
     # being split now (issue 60, part A)
-    "mcadvantage.core.settings.validate_mc_settings",
     "mcadvantage.demo.config.validate_config",
     "mcadvantage.demo.warmup.supervised_warmup",
     "mcadvantage.evaluation.pass_at_1.score_samples",

@@ -228,9 +228,6 @@ LONG_FUNCTIONS_TO_SPLIT = {
     # being split now (issue 60, part A)
     "mcadvantage.demo.config.validate_config",
     "mcadvantage.demo.warmup.supervised_warmup",
-    "mcadvantage.evaluation.pass_at_1.score_samples",
-    "mcadvantage.evaluation.pass_at_1.evaluate_pass_at_1",
-    "mcadvantage.evaluation.pass_at_1.evaluate_checkpoint",
     "mcadvantage.tasks.grading._GradingService._start",
     "mcadvantage.tasks.math_latex._display_cuts",
     "mcadvantage.tasks.supervisor._supervisor_main",

@@ -228,9 +228,7 @@ LONG_FUNCTIONS_TO_SPLIT = {
     # being split now (issue 60, part A)
     "mcadvantage.demo.config.validate_config",
     "mcadvantage.demo.warmup.supervised_warmup",
-    "mcadvantage.tasks.grading._GradingService._start",
     "mcadvantage.tasks.math_latex._display_cuts",
-    "mcadvantage.tasks.supervisor._supervisor_main",
     "mcadvantage.testing.estimator_check.check_advantage_estimator",
 }
 

@@ -226,8 +226,6 @@ LONG_FUNCTIONS_TO_SPLIT = {
     "mcadvantage.trainer.continuation.ContinuationSampler._read_output",
     "mcadvantage.trainer.vineppo_trainer.VinePPOTrainer.__init__",
     # being split now (issue 60, part A)
-    "mcadvantage.demo.config.validate_config",
-    "mcadvantage.demo.warmup.supervised_warmup",
     "mcadvantage.tasks.math_latex._display_cuts",
     "mcadvantage.testing.estimator_check.check_advantage_estimator",
 }

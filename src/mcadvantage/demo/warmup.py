@@ -86,33 +86,14 @@ def supervised_warmup(
     a run given that state as ``resume_from`` (same arguments, the model holding that step's weights) continues at
     the next step and takes exactly the steps the uninterrupted run would (its log starts there).
     """
-    if steps < 0:
-        raise ValueError(f"supervised_warmup: steps must be >= 0, got {steps}.")
-    if batch_size < 1:
-        raise ValueError(f"supervised_warmup: batch_size must be >= 1, got {batch_size}.")
-    if not examples:
-        raise ValueError("supervised_warmup: examples is empty; pass at least one (prompt, completion) pair.")
+    _check_schedule(steps, batch_size, len(examples), warmup_ratio, decay_ratio)
     encoded = [encode_example(tokenizer, prompt, completion) for prompt, completion in examples]
     rng = random.Random(seed)
     order: list[int] = []
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0, betas=(0.9, 0.98))
-    if not 0 <= warmup_ratio + decay_ratio <= 1 or warmup_ratio < 0 or decay_ratio < 0:
-        raise ValueError(
-            f"supervised_warmup: warmup_ratio ({warmup_ratio}) and decay_ratio ({decay_ratio}) must be >= 0 "
-            "and sum to at most 1."
-        )
-    warmup_steps = max(1, int(warmup_ratio * steps))
-    decay_steps = int(decay_ratio * steps)
-    decay_start = steps - decay_steps
-
-    def lr_factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if step < decay_start or decay_steps == 0:  # no decay phase asked for
-            return 1.0
-        return 1.0 - 0.9 * (step - decay_start + 1) / decay_steps
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _warmup_stable_decay(steps, warmup_ratio, decay_ratio)
+    )
     first = 0
     if resume_from is not None:
         optimizer.load_state_dict(resume_from.optimizer)
@@ -127,18 +108,11 @@ def supervised_warmup(
     for step in range(first, steps):
         batch = []
         for _ in range(batch_size):
-            if not order:
-                order = list(range(len(encoded)))
+            if not order:  # the examples shuffled again, in place
+                order[:] = range(len(encoded))
                 rng.shuffle(order)
             batch.append(encoded[order.pop()])
-        width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, (ids, lab) in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            labels[row, : len(lab)] = torch.tensor(lab)
-            attention[row, : len(ids)] = 1
+        input_ids, labels, attention = _padded(batch, pad)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -164,6 +138,55 @@ def supervised_warmup(
             break
     model.eval()
     return log
+
+
+def _check_schedule(
+    steps: int, batch_size: int, examples: int, warmup_ratio: float, decay_ratio: float
+) -> None:
+    """:func:`supervised_warmup`'s arguments, refused with what they must be."""
+    if steps < 0:
+        raise ValueError(f"supervised_warmup: steps must be >= 0, got {steps}.")
+    if batch_size < 1:
+        raise ValueError(f"supervised_warmup: batch_size must be >= 1, got {batch_size}.")
+    if not examples:
+        raise ValueError("supervised_warmup: examples is empty; pass at least one (prompt, completion) pair.")
+    if not 0 <= warmup_ratio + decay_ratio <= 1 or warmup_ratio < 0 or decay_ratio < 0:
+        raise ValueError(
+            f"supervised_warmup: warmup_ratio ({warmup_ratio}) and decay_ratio ({decay_ratio}) must be >= 0 "
+            "and sum to at most 1."
+        )
+
+
+def _warmup_stable_decay(steps: int, warmup_ratio: float, decay_ratio: float) -> Callable[[int], float]:
+    """The learning rate's factor at each step: a linear warm-up over ``warmup_ratio`` of the steps, 1, then a linear
+    decay to 0.1 over the last ``decay_ratio``."""
+    warmup_steps = max(1, int(warmup_ratio * steps))
+    decay_steps = int(decay_ratio * steps)
+    decay_start = steps - decay_steps
+
+    def lr_factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if step < decay_start or decay_steps == 0:  # no decay phase asked for
+            return 1.0
+        return 1.0 - 0.9 * (step - decay_start + 1) / decay_steps
+
+    return lr_factor
+
+
+def _padded(
+    batch: list[tuple[list[int], list[int]]], pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Input ids (right-padded with ``pad``), labels (-100 past each example) and the attention mask of a batch."""
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, (ids, lab) in enumerate(batch):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, : len(lab)] = torch.tensor(lab)
+        attention[row, : len(ids)] = 1
+    return input_ids, labels, attention
 
 
 def plateau_reached(scores: Sequence[float], *, patience: int, num_problems: int) -> bool:

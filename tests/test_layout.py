@@ -225,9 +225,6 @@ MAX_BODY = 60
 LONG_FUNCTIONS_TO_SPLIT = {
     "mcadvantage.trainer.continuation.ContinuationSampler._read_output",
     "mcadvantage.trainer.vineppo_trainer.VinePPOTrainer.__init__",
-    # being split now (issue 60, part A)
-    "mcadvantage.tasks.math_latex._display_cuts",
-    "mcadvantage.testing.estimator_check.check_advantage_estimator",
 }
 
 

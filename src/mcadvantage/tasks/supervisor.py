@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import mcadvantage.tasks.math_equivalence as math_equivalence
@@ -162,7 +163,7 @@ def _supervisor_main(
     soft_timeout = max(0.05, 0.75 * timeout_seconds) if interrupt_in_child else None
     # What a forked child must let go of (see _detach_from_supervisor); a spawned one inherits nothing.
     supervisor = (os.getpid(), conn.fileno()) if ctx.get_start_method() == "fork" else None
-    pool = _Pool(ctx, soft_timeout, memory_limit_mb, supervisor, num_workers, timeout_seconds)
+    pool = _Pool(lambda: _Child(ctx, soft_timeout, memory_limit_mb, supervisor), num_workers, timeout_seconds)
     if ctx.get_start_method() == "fork":
         pool.children[0] = pool.new_child()
     conn.send(("ready", os.getpid()))
@@ -195,28 +196,11 @@ class _Pool:
     moment it is handed over; a child whose answer runs over (it scores False) or that dies is killed and replaced
     by a fresh one when next needed."""
 
-    def __init__(
-        self,
-        ctx: Any,
-        soft_timeout: float | None,
-        memory_limit_mb: int | None,
-        supervisor: tuple[int, int] | None,
-        num_workers: int,
-        timeout_seconds: float,
-    ) -> None:
-        self.ctx, self.soft_timeout, self.memory_limit_mb, self.supervisor = (
-            ctx,
-            soft_timeout,
-            memory_limit_mb,
-            supervisor,
-        )
-        self.num_workers, self.timeout_seconds = num_workers, timeout_seconds
+    def __init__(self, new_child: Callable[[], _Child], num_workers: int, timeout_seconds: float) -> None:
+        self.new_child, self.num_workers, self.timeout_seconds = new_child, num_workers, timeout_seconds
         self.children: list[_Child | None] = [None] * num_workers
         self.kills = 0
         self.refusals: list[str] = []
-
-    def new_child(self) -> _Child:
-        return _Child(self.ctx, self.soft_timeout, self.memory_limit_mb, self.supervisor)
 
     def _replace(self, slot: int) -> None:
         """Kill the child in ``slot``; a fresh one is forked when the slot is next used."""

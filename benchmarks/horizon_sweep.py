@@ -400,8 +400,24 @@ def _zero_rollout_notes(
 
 def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pays.png") -> str:
     """The results page, every number read from ``summary``."""
+    cells, rows = summary["cells"], summary["records"]
+    confirmed = [c for c in cells if c["stage"] == "confirmed"]
+    horizons = sorted({r["horizon"] for r in rows})
+    lines = [
+        *_lead(summary, figure),
+        *_cell_rows(cells),
+        *_small_batch_section(confirmed),
+        *_rollout_tokens_section(rows, horizons),
+        *_identification_section(rows, horizons),
+        *horizon_gradient.render_section(summary.get("gradient")),
+        *_every_arm_section(rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _lead(summary: dict[str, Any], figure: str) -> list[str]:
+    """The page's lead, the answer, how to read it, and the per-cell table's header."""
     cells = summary["cells"]
-    rows = summary["records"]
     confirmed = [c for c in cells if c["stage"] == "confirmed"]
     pays = [
         f"{c['parameterization']}/{c['structure']} H={c['horizon']} r={c['start_rate']:g}: "
@@ -483,6 +499,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         "| oracle gap | pays (Holm) | loses (Holm) | tree vs GRPO at the tree's tokens per batch |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    return lines
+
+
+def _cell_rows(cells: list[dict[str, Any]]) -> list[str]:
+    """The per-cell table's rows: best arm at equal tokens and the gaps."""
+    lines: list[str] = []
     for c in cells:
         gap = c["practical_gap"]
         lines.append(
@@ -492,6 +514,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             f"{', '.join(c['paying_arms']) or '-'} | {', '.join(c['losing_arms']) or '-'} | "
             f"{_gap(c['tree_vs_grpo_tree_tokens'])} |"
         )
+    return lines
+
+
+def _small_batch_section(confirmed: list[dict[str, Any]]) -> list[str]:
+    """The exploratory comparison with GRPO at the tree's tokens per batch."""
+    lines: list[str] = []
     lines += [
         "",
         "## Exploratory: against GRPO at the tree's tokens per batch",
@@ -510,6 +538,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             + " | ".join(_gap(checks.get(a)) for a in SMALL_BATCH_CHECK)
             + " |"
         )
+    return lines
+
+
+def _rollout_tokens_section(rows: list[dict[str, Any]], horizons: list[int]) -> list[str]:
+    """Monte Carlo rollout tokens per training episode, per arm and horizon, and the arms that sampled none."""
+    lines: list[str] = []
     lines += [
         "",
         "## Monte Carlo rollout tokens per training episode, against H",
@@ -517,7 +551,6 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         "Mean over every cell and seed at that horizon (an episode itself is H sampled tokens).",
         "",
     ]
-    horizons = sorted({r["horizon"] for r in rows})
     mc_arms = [
         a for a in ARMS if any(r["arm"] == a and (r["rollout_tokens_per_episode"] or 0) > 0 for r in rows)
     ]
@@ -536,6 +569,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         ]
         lines.append(f"| {arm} | " + " | ".join(_fmt(_r(v, 1), 1) for v in vals) + " |")
     lines += ["", *_zero_rollout_notes(rows, mc_arms, horizons)]
+    return lines
+
+
+def _identification_section(rows: list[dict[str, Any]], horizons: list[int]) -> list[str]:
+    """Credit identification per arm and horizon: the share on turns that do not matter, the decisive sign."""
+    lines: list[str] = []
     lines += [
         "",
         "## Credit identification, against H",
@@ -558,7 +597,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             )
             cellv.append(f"{_fmt(_r(share), 2)} / {_fmt(_r(sign), 2)}")
         lines.append(f"| {arm} | " + " | ".join(cellv) + " |")
-    lines += horizon_gradient.render_section(summary.get("gradient"))
+    return lines
+
+
+def _every_arm_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Every arm in every cell: success, steps, the share reaching the target, the gap to the best GRPO arm."""
+    lines: list[str] = []
     lines += [
         "",
         "## Every arm, every cell",
@@ -575,7 +619,7 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             f"{len(r['seeds'])} | {_fmt(r['mean_success'])} | {_fmt(r['steps'], 1)} | "
             f"{_fmt(r['reached_target_share'], 2)} | {_gap(v)} | {_fmt(v['p_holm'], 4) if v and v['p_holm'] is not None else '-'} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def make_figure(summary: dict[str, Any], path: Path) -> None:

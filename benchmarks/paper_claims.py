@@ -910,47 +910,7 @@ def value_analysis(diagnostics: Path = DIAGNOSTICS_PPO, warmup: Path = DIAGNOSTI
     (the 40-step PPO critic, Monte Carlo K = 1, 3, 9, GRPO's and RLOO's implied values; K = 128 ground truth). Every
     test is over prompts: a mean per prompt, t over the prompts."""
     states = value_states(diagnostics / "metrics.json")
-    critic, mc = states["ppo critic"], states["vineppo_k9"]
-
-    def err(x: dict) -> float:
-        return x["estimate"] - x["truth"]
-
-    def within(x: dict) -> float:
-        return float(abs(err(x)) <= WITHIN + 1e-12)
-
-    def share_within(rows: list[dict]) -> list[float]:
-        return _by_prompt([(x["prompt"], within(x)) for x in rows])
-
-    def last_minus_first(rows: list[dict]) -> list[float]:
-        by_response: dict[int, list[dict]] = {}
-        for x in rows:
-            by_response.setdefault(x["response"], []).append(x)
-        return _by_prompt(
-            [(r[0]["prompt"], abs(err(r[-1])) - abs(err(r[0]))) for r in by_response.values() if len(r) > 1]
-        )
-
-    def extreme(x: dict) -> bool:
-        return x["truth"] <= EXTREME[0] or x["truth"] >= EXTREME[1]
-
-    spread = []  # per prompt with both kinds of state: K = 9's |error| in the middle minus near 0 or 1
-    for prompt in sorted({x["prompt"] for x in mc}):
-        mid = [abs(err(x)) for x in mc if x["prompt"] == prompt and MIDDLE[0] <= x["truth"] <= MIDDLE[1]]
-        ends = [abs(err(x)) for x in mc if x["prompt"] == prompt and extreme(x)]
-        if mid and ends:
-            spread.append(statistics.fmean(mid) - statistics.fmean(ends))
-    # Separation of bad (truth near 0) from good (near 1) states: the critic's estimate minus K = 9's, signed so that
-    # a negative mean is the critic separating them less.
-    separation = _by_prompt(
-        [
-            (c["prompt"], (c["estimate"] - m["estimate"]) * (1 if c["truth"] >= EXTREME[1] else -1))
-            for c, m in zip(critic, mc, strict=True)
-            if extreme(c)
-        ]  # fmt: skip
-    )
-    prompt_states = {name: [x for x in rows if x["position"] == 0] for name, rows in states.items()}
-    grpo = states["grpo (implied)"]
-    mc_prompt = [x for x in mc if x["position"] == 0]
-    critic_prompt = [x for x in critic if x["position"] == 0]
+    mc = states["vineppo_k9"]
     responses = step_advantages(diagnostics / "responses.json", mc)
     small = [(r["prompt"], float(abs(a) <= WITHIN + 1e-12)) for r in responses for a in r["advantages"]]
     true_zero = [float(a == 0) for r in responses for a in r["advantages"]]
@@ -959,80 +919,149 @@ def value_analysis(diagnostics: Path = DIAGNOSTICS_PPO, warmup: Path = DIAGNOSTI
         values = [mc[r["first_state"] + j]["estimate"] for j in range(len(r["advantages"]))] + [r["reward"]]
         mc_advantages += [values[j + 1] - values[j] for j in range(len(r["advantages"]))]
     warm = value_states(warmup / "metrics.json")["vineppo_k9"]
-    ranking = json.loads((diagnostics / "metrics.json").read_text())["estimators"]
-    pairs = int(ranking["ppo critic"]["ranking_pairs"])
-    groups = int(ranking["vineppo_k9"]["ranking_groups"])
-    critic_agree = round(ranking["ppo critic"]["ranking_pairwise"] * pairs)
-    mc_top1 = round(ranking["vineppo_k9"]["ranking_top1"] * groups)
-    alternatives = json.loads((diagnostics / "metrics.json").read_text())["settings"]["alternatives"]
     return {
         "source": str(diagnostics.relative_to(ROOT)),
         "states": len(mc),
         "prompts": len({x["prompt"] for x in mc}),
         "responses": len(responses),
-        "share_within": {
-            "vineppo_k9": statistics.fmean(within(x) for x in mc),
-            "critic": statistics.fmean(within(x) for x in critic),
-        },  # fmt: skip
-        "within_mc_minus_critic": _stats().paired_t_test(
-            [a - b for a, b in zip(share_within(mc), share_within(critic), strict=True)]
-        ),
-        "within_mc_level": one_sample(share_within(mc), PAPER_WITHIN_SHARE),
-        "mae": {name: statistics.fmean(abs(err(x)) for x in rows) for name, rows in states.items()},
-        "mae_critic_minus_mc": _stats().paired_t_test(
-            _paired_by_state(critic, mc, lambda c, m: abs(err(c)) - abs(err(m)))
-        ),
-        "mae_by_position": {
-            name: {
-                str(pos): statistics.fmean(abs(err(x)) for x in rows if x["position"] == pos)
-                for pos in sorted({x["position"] for x in rows})
-            }  # fmt: skip
-            for name, rows in (("critic", critic), ("vineppo_k9", mc))
-        },
-        "last_minus_first": {
-            "critic": one_sample(last_minus_first(critic)),
-            "vineppo_k9": one_sample(last_minus_first(mc)),
-        },  # fmt: skip
-        "mc_signed_error": one_sample(_by_prompt([(x["prompt"], err(x)) for x in mc])),
-        "critic_signed_error": one_sample(_by_prompt([(x["prompt"], err(x)) for x in critic])),
-        "mc_spread_middle_minus_ends": one_sample(spread),
-        "critic_separation_minus_mc": one_sample(separation),
-        "extreme_states": sum(extreme(x) for x in mc),
-        "critic_mean_estimate": {
-            "truth_near_0": statistics.fmean(x["estimate"] for x in critic if x["truth"] <= EXTREME[0]),
-            "truth_near_1": statistics.fmean(x["estimate"] for x in critic if x["truth"] >= EXTREME[1]),
-        },
-        "prompt_state_grpo_minus_mc": _stats().paired_t_test(
-            _paired_by_state(grpo, mc_prompt, lambda g, m: abs(err(g)) - abs(err(m)))
-        ),
-        "prompt_state_critic_minus_grpo": _stats().paired_t_test(
-            _paired_by_state(critic_prompt, grpo, lambda c, g: abs(err(c)) - abs(err(g)))
-        ),
-        "prompt_state_mae": {
-            name: statistics.fmean(abs(err(x)) for x in rows) for name, rows in prompt_states.items()
-        },  # fmt: skip
+        **_value_errors(states),
         "steps": len(small),
         "share_small_advantage": one_sample(_by_prompt(small), 0.5),
         "share_zero_advantage": {
             "truth": statistics.fmean(true_zero),
             "vineppo_k9": statistics.fmean(float(a == 0) for a in mc_advantages),
         },  # fmt: skip
-        "warmup_mc_mae": one_sample(_by_prompt([(x["prompt"], abs(err(x))) for x in warm]), WITHIN),
+        "warmup_mc_mae": one_sample(_by_prompt([(x["prompt"], abs(_err(x))) for x in warm]), WITHIN),
         "warmup_states": len(warm),
-        "ranking": {
-            "pairs": pairs,
-            "critic_agree": critic_agree,
-            "critic_pairwise": critic_agree / pairs,
-            "critic_pairwise_ci95": clopper_pearson(critic_agree, pairs),
-            "groups": groups,
-            "alternatives": alternatives,
-            "mc_top1": mc_top1,
-            "mc_top1_share": mc_top1 / groups,
-            "mc_top1_ci95": clopper_pearson(mc_top1, groups),
-            "mc_top1_p": binomial_test(mc_top1, groups, 1 / alternatives),
-            "critic_top1": ranking["ppo critic"]["ranking_top1"],
-            "mc_pairwise": {str(k): ranking[f"vineppo_k{k}"]["ranking_pairwise"] for k in (1, 3, 9)},
+        "ranking": _ranking_record(json.loads((diagnostics / "metrics.json").read_text())),
+    }
+
+
+def _err(x: dict) -> float:
+    """A state's estimate minus its ground truth."""
+    return x["estimate"] - x["truth"]
+
+
+def _within(x: dict) -> float:
+    """1.0 when a state's estimate is within ``WITHIN`` of the truth."""
+    return float(abs(_err(x)) <= WITHIN + 1e-12)
+
+
+def _share_within(rows: list[dict]) -> list[float]:
+    """Per prompt, the share of its states estimated within ``WITHIN``."""
+    return _by_prompt([(x["prompt"], _within(x)) for x in rows])
+
+
+def _last_minus_first(rows: list[dict]) -> list[float]:
+    """Per prompt, the mean over its responses of the last state's absolute error minus the first's."""
+    by_response: dict[int, list[dict]] = {}
+    for x in rows:
+        by_response.setdefault(x["response"], []).append(x)
+    return _by_prompt(
+        [(r[0]["prompt"], abs(_err(r[-1])) - abs(_err(r[0]))) for r in by_response.values() if len(r) > 1]
+    )
+
+
+def _extreme(x: dict) -> bool:
+    """A state whose truth is near 0 or near 1 (``EXTREME``)."""
+    return x["truth"] <= EXTREME[0] or x["truth"] >= EXTREME[1]
+
+
+def _mc_spread(mc: list[dict]) -> list[float]:
+    """Per prompt with both kinds of state: K = 9's |error| in the middle (``MIDDLE``) minus near 0 or 1."""
+    spread = []
+    for prompt in sorted({x["prompt"] for x in mc}):
+        mid = [abs(_err(x)) for x in mc if x["prompt"] == prompt and MIDDLE[0] <= x["truth"] <= MIDDLE[1]]
+        ends = [abs(_err(x)) for x in mc if x["prompt"] == prompt and _extreme(x)]
+        if mid and ends:
+            spread.append(statistics.fmean(mid) - statistics.fmean(ends))
+    return spread
+
+
+def _value_errors(states: dict[str, list[dict]]) -> dict:
+    """The value-error measures of :func:`value_analysis`: shares within ``WITHIN``, MAEs (by position, at the
+    prompt state), the errors' drift along a response, signed errors and the separation of extreme states."""
+    critic, mc = states["ppo critic"], states["vineppo_k9"]
+    # Separation of bad (truth near 0) from good (near 1) states: the critic's estimate minus K = 9's, signed so that
+    # a negative mean is the critic separating them less.
+    separation = _by_prompt(
+        [
+            (c["prompt"], (c["estimate"] - m["estimate"]) * (1 if c["truth"] >= EXTREME[1] else -1))
+            for c, m in zip(critic, mc, strict=True)
+            if _extreme(c)
+        ]  # fmt: skip
+    )
+    prompt_states = {name: [x for x in rows if x["position"] == 0] for name, rows in states.items()}
+    grpo = states["grpo (implied)"]
+    mc_prompt = [x for x in mc if x["position"] == 0]
+    critic_prompt = [x for x in critic if x["position"] == 0]
+    return {
+        "share_within": {
+            "vineppo_k9": statistics.fmean(_within(x) for x in mc),
+            "critic": statistics.fmean(_within(x) for x in critic),
+        },  # fmt: skip
+        "within_mc_minus_critic": _stats().paired_t_test(
+            [a - b for a, b in zip(_share_within(mc), _share_within(critic), strict=True)]
+        ),
+        "within_mc_level": one_sample(_share_within(mc), PAPER_WITHIN_SHARE),
+        "mae": {name: statistics.fmean(abs(_err(x)) for x in rows) for name, rows in states.items()},
+        "mae_critic_minus_mc": _stats().paired_t_test(
+            _paired_by_state(critic, mc, lambda c, m: abs(_err(c)) - abs(_err(m)))
+        ),
+        "mae_by_position": {
+            name: {
+                str(pos): statistics.fmean(abs(_err(x)) for x in rows if x["position"] == pos)
+                for pos in sorted({x["position"] for x in rows})
+            }  # fmt: skip
+            for name, rows in (("critic", critic), ("vineppo_k9", mc))
         },
+        "last_minus_first": {
+            "critic": one_sample(_last_minus_first(critic)),
+            "vineppo_k9": one_sample(_last_minus_first(mc)),
+        },  # fmt: skip
+        "mc_signed_error": one_sample(_by_prompt([(x["prompt"], _err(x)) for x in mc])),
+        "critic_signed_error": one_sample(_by_prompt([(x["prompt"], _err(x)) for x in critic])),
+        "mc_spread_middle_minus_ends": one_sample(_mc_spread(mc)),
+        "critic_separation_minus_mc": one_sample(separation),
+        "extreme_states": sum(_extreme(x) for x in mc),
+        "critic_mean_estimate": {
+            "truth_near_0": statistics.fmean(x["estimate"] for x in critic if x["truth"] <= EXTREME[0]),
+            "truth_near_1": statistics.fmean(x["estimate"] for x in critic if x["truth"] >= EXTREME[1]),
+        },
+        "prompt_state_grpo_minus_mc": _stats().paired_t_test(
+            _paired_by_state(grpo, mc_prompt, lambda g, m: abs(_err(g)) - abs(_err(m)))
+        ),
+        "prompt_state_critic_minus_grpo": _stats().paired_t_test(
+            _paired_by_state(critic_prompt, grpo, lambda c, g: abs(_err(c)) - abs(_err(g)))
+        ),
+        "prompt_state_mae": {
+            name: statistics.fmean(abs(_err(x)) for x in rows) for name, rows in prompt_states.items()
+        },  # fmt: skip
+    }
+
+
+def _ranking_record(metrics: dict) -> dict:
+    """The ranking test of a credit-diagnostics run's ``metrics.json``: the critic's pairwise agreement and K = 9's
+    top-1 picks with their intervals, K = 1, 3, 9's pairwise ranking."""
+    ranking = metrics["estimators"]
+    pairs = int(ranking["ppo critic"]["ranking_pairs"])
+    groups = int(ranking["vineppo_k9"]["ranking_groups"])
+    critic_agree = round(ranking["ppo critic"]["ranking_pairwise"] * pairs)
+    mc_top1 = round(ranking["vineppo_k9"]["ranking_top1"] * groups)
+    alternatives = metrics["settings"]["alternatives"]
+    return {
+        "pairs": pairs,
+        "critic_agree": critic_agree,
+        "critic_pairwise": critic_agree / pairs,
+        "critic_pairwise_ci95": clopper_pearson(critic_agree, pairs),
+        "groups": groups,
+        "alternatives": alternatives,
+        "mc_top1": mc_top1,
+        "mc_top1_share": mc_top1 / groups,
+        "mc_top1_ci95": clopper_pearson(mc_top1, groups),
+        "mc_top1_p": binomial_test(mc_top1, groups, 1 / alternatives),
+        "critic_top1": ranking["ppo critic"]["ranking_top1"],
+        "mc_pairwise": {str(k): ranking[f"vineppo_k{k}"]["ranking_pairwise"] for k in (1, 3, 9)},
     }
 
 
@@ -2158,10 +2187,36 @@ def temperature_row(study: dict) -> dict:
 
 
 def value_row(measure: str, v: dict, studies: dict) -> dict:
-    """A row read from the committed credit diagnostics (``value_analysis``)."""
+    """A row read from the committed credit diagnostics (``value_analysis``): a ranking row, a descriptive row, or
+    a test of :func:`_value_tests`."""
+    row = _ranking_value_row(measure, v["ranking"])
+    if row is None:
+        row = _descriptive_value_row(measure, v, studies)
+    if row is not None:
+        return row
     units = f"{v['states']} states of {v['responses']} responses, t over {v['prompts']} prompts"
     truth = "K=128 ground truth"
-    rk = v["ranking"]
+    key, direction, what = _value_tests()[measure]
+    t = v[key[0]][key[1]] if isinstance(key, tuple) else v[key]
+    null = t.get("null", 0.0)
+    extra = _value_context(measure, v, t, truth)
+    margin = BIAS_MARGIN if direction == 0 else None
+    value = f"{t['mean']:+.3f}" if null == 0 else f"{t['mean']:.3f} against {null}"
+    return _test_row(
+        f"{extra}. Test: {what}, mean over prompts {value} (p {t['p']:.3g})",
+        t,
+        direction,
+        f"{units}; {truth}"
+        if key != "warmup_mc_mae"
+        else f"{v['warmup_states']} states of the warm-up's responses",
+        null=null,
+        margin=margin,
+        family=None if direction == 0 else POSTHOC_FAMILY,
+    )
+
+
+def _ranking_value_row(measure: str, rk: dict) -> dict | None:
+    """The ranking rows: the critic's pairwise ranking against chance, K=9's top-1 pick; None for another measure."""
     if measure == "ranking_critic":
         evidence = tested_evidence(rk["critic_pairwise"], rk["critic_pairwise_ci95"], 0.5, 0, margin=CHANCE_MARGIN,
                                    scale="pairwise ranking accuracy")  # fmt: skip
@@ -2186,7 +2241,36 @@ def value_row(measure: str, v: dict, studies: dict) -> dict:
             "exact binomial test against chance",
             evidence,
         )
-    tests = {
+    return None
+
+
+def _descriptive_value_row(measure: str, v: dict, studies: dict) -> dict | None:
+    """The descriptive value rows (explained variance, zero advantages); None for another measure."""
+    if measure == "explained_variance":
+        ev = json.loads((ROOT / v["source"] / "metrics.json").read_text())["estimators"]
+        return _descriptive(
+            f"explained variance against the truth: critic {ev['ppo critic']['value_explained_variance']:.2f}, "
+            f"K=9 {ev['vineppo_k9']['value_explained_variance']:.2f}",
+            "one snapshot with no interval; the training-log rows below test the critic's explained variance over "
+            "12 seeds",
+        )
+    if measure == "zero_advantages":
+        z = v["share_zero_advantage"]
+        ts = studies["training_signals"]
+        return _descriptive(
+            f"{v['steps']} steps of {v['responses']} responses (the 40-step PPO policy): ground-truth advantage "
+            f"exactly 0 at {z['truth']:.2f} of steps, K=9's estimate exactly 0 at {z['vineppo_k9']:.2f} (those steps "
+            f"get no gradient); GRPO's groups with every reward equal (every advantage 0) in stage 1's training: "
+            f"{ts['grpo_zero_std_group_share']:.2f}",
+            "'many' is not a number; the row above tests the share of steps with little advantage",
+        )
+    return None
+
+
+def _value_tests() -> dict[str, tuple[Any, Any, str]]:
+    """Each tested value measure: its key in ``value_analysis`` (a pair for a nested one), the direction that holds
+    the claim (0: equivalence, "nonzero": a difference either way) and what is tested."""
+    return {
         "mae": ("mae_critic_minus_mc", 1, "the critic's absolute error minus K=9's, per state"),
         "mae_warmup": ("warmup_mc_mae", -1, "K=9's mean absolute error against the paper's 0.05"),
         "grpo_rloo": ("prompt_state_grpo_minus_mc", 1, "GRPO's implied value's absolute error minus K=9's, at "
@@ -2210,28 +2294,11 @@ def value_row(measure: str, v: dict, studies: dict) -> dict:
         "small_advantages": ("share_small_advantage", 1, f"share of steps whose ground-truth advantage is within "
                              f"{WITHIN} of 0, against one half"),
     }  # fmt: skip
-    if measure == "explained_variance":
-        ev = json.loads((ROOT / v["source"] / "metrics.json").read_text())["estimators"]
-        return _descriptive(
-            f"explained variance against the truth: critic {ev['ppo critic']['value_explained_variance']:.2f}, "
-            f"K=9 {ev['vineppo_k9']['value_explained_variance']:.2f}",
-            "one snapshot with no interval; the training-log rows below test the critic's explained variance over "
-            "12 seeds",
-        )
-    if measure == "zero_advantages":
-        z = v["share_zero_advantage"]
-        ts = studies["training_signals"]
-        return _descriptive(
-            f"{v['steps']} steps of {v['responses']} responses (the 40-step PPO policy): ground-truth advantage "
-            f"exactly 0 at {z['truth']:.2f} of steps, K=9's estimate exactly 0 at {z['vineppo_k9']:.2f} (those steps "
-            f"get no gradient); GRPO's groups with every reward equal (every advantage 0) in stage 1's training: "
-            f"{ts['grpo_zero_std_group_share']:.2f}",
-            "'many' is not a number; the row above tests the share of steps with little advantage",
-        )
-    key, direction, what = tests[measure]
-    t = v[key[0]][key[1]] if isinstance(key, tuple) else v[key]
-    null = t.get("null", 0.0)
-    extra = {
+
+
+def _value_context(measure: str, v: dict, t: dict, truth: str) -> str:
+    """What a tested value row shows beside its test."""
+    return {
         "mae": f"MAE against {truth}: critic {v['mae']['ppo critic']:.3f}, K=9 {v['mae']['vineppo_k9']:.3f}, K=1 "
         f"{v['mae']['vineppo_k1']:.3f}",
         "mae_warmup": f"K=9 on the demo warm-up: MAE {t['mean']:.3f} (mean over prompts), {v['warmup_states']} states",
@@ -2256,19 +2323,6 @@ def value_row(measure: str, v: dict, studies: dict) -> dict:
         "small_advantages": f"{v['steps']} steps: ground-truth advantage within {WITHIN} of 0 in {t['mean']:.2f} of "
         "steps (mean over prompts)",
     }[measure]
-    margin = BIAS_MARGIN if direction == 0 else None
-    value = f"{t['mean']:+.3f}" if null == 0 else f"{t['mean']:.3f} against {null}"
-    return _test_row(
-        f"{extra}. Test: {what}, mean over prompts {value} (p {t['p']:.3g})",
-        t,
-        direction,
-        f"{units}; {truth}"
-        if key != "warmup_mc_mae"
-        else f"{v['warmup_states']} states of the warm-up's responses",
-        null=null,
-        margin=margin,
-        family=None if direction == 0 else POSTHOC_FAMILY,
-    )
 
 
 def logs_row(measure: str, logs: dict) -> dict:

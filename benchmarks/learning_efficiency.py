@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -474,14 +475,9 @@ def run_arm_process(
     and samples at temperature ``T``."""
     import torch
 
-    from mcadvantage.demo.arms import ArmRecord, run_rl_arm
+    from mcadvantage.demo.arms import ArmRecord
     from mcadvantage.demo.run import _quiet_libraries
-    from testbed.arms import RLFreeArm, parse_arm
-
-    if str(BENCHMARKS) not in sys.path:  # the RL-free arms are benchmark code, beside this file
-        sys.path.insert(0, str(BENCHMARKS))
-    from _machine import machine_info
-    from rl_free_arms import run_dpo_plus_arm, run_restem_arm, run_sft_arm
+    from testbed.arms import parse_arm
 
     _quiet_libraries()
     torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
@@ -500,12 +496,57 @@ def run_arm_process(
     policy_dir = seed_dir / "warmup_policy"
     resolved, matching = resolve_arm(base_arm, seed_dir, config)
     spec = parse_arm(resolved)
+    extras: dict[str, float] = {}  # what the last evaluation measured besides accuracy, for its record
+    evaluate = _arm_evaluator(config, data, policy_dir, kl_prompts, extras)
+    log_path = seed_dir / f"{arm_name}.jsonl"
+    log_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from the warm-up
 
+    def on_record(record: ArmRecord) -> None:
+        row = asdict(record) | {"arm": arm_name, "task": task} | extras
+        extras.clear()
+        with log_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(
+            f"[{task} seed {seed} {arm_name}] step {record.step}: accuracy {record.accuracy:.3f}", flush=True
+        )
+
+    if kl_prompts > 0:
+        extras["kl_to_start"] = 0.0  # the starting policy itself
+    on_record(ArmRecord(arm_name, seed, 0, warm["accuracy"], 0.0, 0.0))
+    t0 = time.perf_counter()
+    trainer_dir = seed_dir / f"{arm_name}_trainer"
+    records, steps, extra = _train_arm(
+        spec, config, policy_dir, data, trainer_dir, evaluate, on_record, eval_every, sft_steps
+    )
+    done = {
+        "task": task,
+        "seed": seed,
+        "arm": arm_name,
+        "resolved_arm": resolved,
+        "prompts_per_step": spec.prompts_per_step or config.prompts_per_step,
+        "steps": steps,
+        "sampled_tokens": records[-1].sampled_tokens,
+        "train_seconds": records[-1].train_seconds,
+        "process_seconds": time.perf_counter() - t0,
+        "temperature": config.temperature,
+        "torch_threads": torch.get_num_threads(),
+        "environment": _machine_info(),
+        **matching,
+        **extra,
+    }
+    write_seed_records(seed_dir, {f"{arm_name}.jsonl": read_loose(log_path), f"{arm_name}.done.json": done})
+    log_path.unlink()  # the archive holds it now
+
+
+def _arm_evaluator(
+    config: Any, data: Any, policy_dir: Path, kl_prompts: int, extras: dict[str, float]
+) -> Callable[[Any], float]:
+    """An arm's evaluation: held-out greedy accuracy, and with ``kl_prompts`` > 0 the KL to the start on the first
+    ``kl_prompts`` held-out prompts, kept in ``extras`` for the record."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     accuracy_of = _evaluator(config, data.eval_set, tokenizer)
-    extras: dict[str, float] = {}  # what the last evaluation measured besides accuracy, for its record
     if kl_prompts > 0:
         start_model = AutoModelForCausalLM.from_pretrained(policy_dir).eval()
         kl_set = [p.prompt for p in data.eval_set[:kl_prompts]]
@@ -523,22 +564,29 @@ def run_arm_process(
             )
         return accuracy_of(model)
 
-    log_path = seed_dir / f"{arm_name}.jsonl"
-    log_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from the warm-up
+    return evaluate
 
-    def on_record(record: ArmRecord) -> None:
-        row = asdict(record) | {"arm": arm_name, "task": task} | extras
-        extras.clear()
-        with log_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-        print(
-            f"[{task} seed {seed} {arm_name}] step {record.step}: accuracy {record.accuracy:.3f}", flush=True
-        )
 
-    if kl_prompts > 0:
-        extras["kl_to_start"] = 0.0  # the starting policy itself
-    on_record(ArmRecord(arm_name, seed, 0, warm["accuracy"], 0.0, 0.0))
-    t0 = time.perf_counter()
+def _train_arm(
+    spec: Any,
+    config: Any,
+    policy_dir: Path,
+    data: Any,
+    trainer_dir: Path,
+    evaluate: Callable[[Any], float],
+    on_record: Callable[[Any], None],
+    eval_every: int,
+    sft_steps: int,
+) -> tuple[list[Any], int, dict[str, Any]]:
+    """Train the arm ``spec`` from the warm-up (RL, or one of the RL-free arms); its evaluation records, its steps,
+    and what its done record adds (the RL arms' logs and mean reward)."""
+    from mcadvantage.demo.arms import run_rl_arm
+    from testbed.arms import RLFreeArm
+
+    if str(BENCHMARKS) not in sys.path:  # the RL-free arms are benchmark code, beside this file
+        sys.path.insert(0, str(BENCHMARKS))
+    from rl_free_arms import run_dpo_plus_arm, run_restem_arm, run_sft_arm
+
     extra: dict[str, Any] = {}
     rl_free = spec.name if isinstance(spec, RLFreeArm) else None
     if rl_free == "restem":
@@ -560,7 +608,7 @@ def run_arm_process(
             config,
             policy_dir,
             data,
-            seed_dir / f"{arm_name}_trainer",
+            trainer_dir,
             prompts=config.rl_steps * config.prompts_per_step,
             pairs_per_prompt=DPO_PAIRS_PER_PROMPT,
             epochs=DPO_EPOCHS,
@@ -589,7 +637,7 @@ def run_arm_process(
             spec,
             policy_dir,
             data,
-            seed_dir / f"{arm_name}_trainer",
+            trainer_dir,
             evaluate=evaluate,
             eval_every=eval_every,
             on_record=on_record,
@@ -599,24 +647,7 @@ def run_arm_process(
             extra["critic_warmup_steps"] = spec.critic_warmup_steps
         extra["mean_reward"] = statistics.mean(r.get("reward", 0.0) for r in logs if r["step"] > 0)
         extra["logs"] = logs
-    done = {
-        "task": task,
-        "seed": seed,
-        "arm": arm_name,
-        "resolved_arm": resolved,
-        "prompts_per_step": spec.prompts_per_step or config.prompts_per_step,
-        "steps": steps,
-        "sampled_tokens": records[-1].sampled_tokens,
-        "train_seconds": records[-1].train_seconds,
-        "process_seconds": time.perf_counter() - t0,
-        "temperature": config.temperature,
-        "torch_threads": torch.get_num_threads(),
-        "environment": machine_info(),
-        **matching,
-        **extra,
-    }
-    write_seed_records(seed_dir, {f"{arm_name}.jsonl": read_loose(log_path), f"{arm_name}.done.json": done})
-    log_path.unlink()  # the archive holds it now
+    return records, steps, extra
 
 
 # ---- aggregation ----------------------------------------------------------------------------------------------
@@ -924,7 +955,8 @@ def report(
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="demo", choices=sorted(TASKS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -970,7 +1002,53 @@ def main(argv: list[str] | None = None) -> int:
         help="RL steps per arm (default: the task's, 40 for the regime tasks)",
     )
     parser.add_argument("--worker", nargs=2, metavar=("SEED", "ARM"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run_missing(args: argparse.Namespace, root: Path, command: str) -> None:
+    """Every (seed, arm) of ``args`` without a record, each in its own process, seed-major (a partial run still
+    gives complete seeds to compare), reporting after each."""
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    # Seed-major order: a partial run still gives complete seeds to compare.
+    for seed in args.seeds:
+        for arm in ["warmup", *args.arms]:
+            if has_run(
+                root, run_key(args.task, seed, "warmup.json" if arm == "warmup" else f"{arm}.done.json")
+            ):
+                continue
+            cmd = [
+                sys.executable,
+                __file__,
+                "--task",
+                args.task,
+                "--root",
+                str(root),
+                "--eval_every",
+                str(args.eval_every),
+                "--sft_steps",
+                str(args.sft_steps),
+                "--threads",
+                str(args.threads),
+                "--kl_prompts",
+                str(args.kl_prompts),
+                *(["--rl_steps", str(args.rl_steps)] if args.rl_steps is not None else []),
+                "--worker",
+                str(seed),
+                arm,
+            ]
+            print(f"[learning_efficiency] task {args.task} seed {seed}: {arm}", flush=True)
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, env=env)
+            if proc.returncode != 0:
+                raise SystemExit(
+                    f"arm {arm} (task {args.task}, seed {seed}) failed with exit code {proc.returncode}"
+                )
+            print(f"[learning_efficiency] {arm} took {time.perf_counter() - t0:.0f} s", flush=True)
+            report(root, Path(args.json), command, tasks=args.report_tasks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     root = Path(args.root)
     if args.worker:
         run_arm_process(
@@ -999,43 +1077,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         if args.task in SHARED_START_TASKS:
             shared_start_dir(args.task)  # refuses a missing or non-plateaued start before any process starts
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-        # Seed-major order: a partial run still gives complete seeds to compare.
-        for seed in args.seeds:
-            for arm in ["warmup", *args.arms]:
-                if has_run(
-                    root, run_key(args.task, seed, "warmup.json" if arm == "warmup" else f"{arm}.done.json")
-                ):
-                    continue
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--task",
-                    args.task,
-                    "--root",
-                    str(root),
-                    "--eval_every",
-                    str(args.eval_every),
-                    "--sft_steps",
-                    str(args.sft_steps),
-                    "--threads",
-                    str(args.threads),
-                    "--kl_prompts",
-                    str(args.kl_prompts),
-                    *(["--rl_steps", str(args.rl_steps)] if args.rl_steps is not None else []),
-                    "--worker",
-                    str(seed),
-                    arm,
-                ]
-                print(f"[learning_efficiency] task {args.task} seed {seed}: {arm}", flush=True)
-                t0 = time.perf_counter()
-                proc = subprocess.run(cmd, env=env)
-                if proc.returncode != 0:
-                    raise SystemExit(
-                        f"arm {arm} (task {args.task}, seed {seed}) failed with exit code {proc.returncode}"
-                    )
-                print(f"[learning_efficiency] {arm} took {time.perf_counter() - t0:.0f} s", flush=True)
-                report(root, Path(args.json), command, tasks=args.report_tasks)
+        _run_missing(args, root, command)
     doc = Path(args.doc) if args.doc else None
     report(root, Path(args.json), command, doc, tasks=args.report_tasks, doc_marker=args.doc_marker)
     return 0

@@ -25,11 +25,23 @@ BEFORE = {
     "paper_claims_runs/sign_plateau_start_check": 2,
     "paper_claims_retime": 170,
 }
+#: Run directories whose loose files held one record per line (``<cell>/<arm>.jsonl``, 114 files at 68d450f): the
+#: archive holds one record per run, as many as those files' lines. Their other files stay (the study's choices).
+BEFORE_LINES = {"credit_map_tuned_runs": (8802, ["hard_scout.json", "hard_variant.json"])}
 
 
 def test_each_archive_holds_every_record_its_loose_files_held():
     for study, count in BEFORE.items():
         assert len(run_keys(RESULTS / study)) == count, study
+
+
+def test_an_archive_of_line_records_holds_every_line():
+    for study, (count, kept) in BEFORE_LINES.items():
+        assert len(run_keys(RESULTS / study, "*/*/*.json")) == count, study
+        tracked = subprocess.run(
+            ["git", "ls-files", f"benchmarks/results/{study}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert sorted(Path(p).name for p in tracked) == sorted([RUNS_FILE, *kept]), study
 
 
 def test_no_record_file_is_tracked_beside_an_archive():

@@ -39,7 +39,11 @@ def test_an_archive_of_line_records_holds_every_line():
     for study, (count, kept) in BEFORE_LINES.items():
         assert len(run_keys(RESULTS / study, "*/*/*.json")) == count, study
         tracked = subprocess.run(
-            ["git", "ls-files", f"benchmarks/results/{study}"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "ls-files", f"benchmarks/results/{study}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.split()
         assert sorted(Path(p).name for p in tracked) == sorted([RUNS_FILE, *kept]), study
 
@@ -47,7 +51,11 @@ def test_an_archive_of_line_records_holds_every_line():
 def test_no_record_file_is_tracked_beside_an_archive():
     for study in BEFORE:
         tracked = subprocess.run(
-            ["git", "ls-files", f"benchmarks/results/{study}"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "ls-files", f"benchmarks/results/{study}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.split()
         assert f"benchmarks/results/{study}/{RUNS_FILE}" in tracked, study
         assert all(Path(p).name == RUNS_FILE for p in tracked), study  # a nested run directory has its own

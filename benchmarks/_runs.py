@@ -16,11 +16,13 @@ caller that edits a record edits its own.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fnmatch
 import gzip
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +49,12 @@ def _records(root: Path) -> dict[str, Any]:
     cached = _CACHE.get(path)
     if cached is None or cached[0] != stamp:
         records: dict[str, Any] = {}
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    row = json.loads(line)
-                    records[row["key"]] = row["value"]
+        with path.open("rb") as raw, _locked(raw, exclusive=False):
+            text = gzip.decompress(raw.read()).decode("utf-8")
+        for line in text.splitlines():
+            if line.strip():
+                row = json.loads(line)
+                records[row["key"]] = row["value"]
         cached = _CACHE[path] = (stamp, records)
     return cached[1]
 
@@ -100,13 +103,31 @@ def append_run(root: Path, key: str, value: Any) -> None:
 
 
 def append_runs(root: Path, items: list[tuple[str, Any]]) -> None:
-    """Append the records ``[(key, value), ...]`` to ``root``'s archive in one write (one gzip member)."""
+    """Append the records ``[(key, value), ...]`` to ``root``'s archive as one gzip member, in one write under an
+    exclusive lock: two processes of one study (e.g. two halves of its seeds) can append to the same archive."""
     path = runs_file(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps({"key": k, "value": v}) + "\n" for k, v in items)
     # mtime=0: the same records give the same bytes (no timestamp in the member's header)
-    with path.open("ab") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-        f.write(text.encode("utf-8"))
+    member = gzip.compress(text.encode("utf-8"), mtime=0)
+    with path.open("ab") as f, _locked(f, exclusive=True):
+        f.write(member)
+
+
+@contextlib.contextmanager
+def _locked(f: Any, *, exclusive: bool) -> Iterator[None]:
+    """An advisory lock on the open archive ``f`` (none where ``fcntl`` is missing): a reader never sees half a
+    member, and appends never interleave."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: one process per archive
+        yield
+        return
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def read_loose(path: Path) -> Any:

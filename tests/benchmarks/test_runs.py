@@ -93,3 +93,23 @@ def test_pack_moves_loose_files_in(tmp_path):
         "t/seed0/grpo.jsonl": [{"step": 0}, {"step": 5}],
     }
     assert not list((tmp_path / "t").rglob("*.json*"))
+
+
+def _append_many(root: str, tag: str) -> None:
+    for i in range(40):
+        append_run(Path(root), f"{tag}/{i}.json", {"tag": tag, "i": i, "pad": "x" * 5000})
+
+
+def test_two_processes_append_to_one_archive_without_tearing_it(tmp_path):
+    """Two halves of a study's seeds can run as two processes on one run directory: appends never interleave."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(str(tmp_path), tag)) for tag in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    records = load_runs(tmp_path)
+    assert len(records) == 80 and records["b/39.json"]["i"] == 39

@@ -22,32 +22,42 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
+from typing import Any
 
-# Named after the task, this script shares its name with the standard library's math module, and Python puts a
-# script's folder first on sys.path, where examples/math.py would shadow `import math` for every library loaded
-# after it. So, before anything else is imported, the folder moves behind the standard library; its helpers
-# (_common.py) still import from it.
+# Named after the task, this script shares its name with the standard library's math module.
 _HERE = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:] = [p for p in sys.path if os.path.realpath(os.path.abspath(p or os.curdir)) != _HERE] + [_HERE]
+_ELSEWHERE = [p for p in sys.path if os.path.realpath(os.path.abspath(p or os.curdir)) != _HERE]
+if __name__ == "math":
+    # This folder stood ahead of the standard library on a path (a PYTHONPATH holding it, `python -m` run from here)
+    # and an `import math` found this file: it puts the standard library's module in its place (an import returns
+    # what sys.modules holds once the file has run), and the rest of the file only defines functions.
+    import importlib.machinery
+    import importlib.util
 
-from collections.abc import Sequence  # noqa: E402  (after the folder moved)
-from typing import Any  # noqa: E402
-
-from _common import (  # noqa: E402
-    TASKS,
-    eval_source,
-    load_problems,
-    logger,
-    parse_args,
-    pass_at_1_settings,
-    prompt_token_limit,
-    setup_logging,
-)
+    _spec = importlib.machinery.PathFinder.find_spec("math", _ELSEWHERE)
+    sys.modules["math"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["math"])
+else:
+    # Run as the script: Python put this folder first on sys.path, where this file would shadow `import math` for
+    # every library loaded after it; the folder moves behind the standard library (its helper _common.py still
+    # imports from it).
+    sys.path[:] = [*_ELSEWHERE, _HERE]
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train VinePPO from the SFT checkpoint, save it, and measure Pass@1 (or, with ``--evaluate_only``, only
     measure the checkpoint). Returns a summary; everything is also written to ``--output_dir``."""
+    from _common import (
+        TASKS,
+        eval_source,
+        load_problems,
+        logger,
+        parse_args,
+        pass_at_1_settings,
+        prompt_token_limit,
+        setup_logging,
+    )
     from transformers import AutoTokenizer
     from trl import get_peft_config, get_quantization_config
 

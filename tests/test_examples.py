@@ -48,14 +48,16 @@ def examples():
 
 
 #: The one example named like a standard library module, as the project's card runs it (``accelerate launch
-#: examples/math.py``): before any other import it moves its folder behind the standard library on sys.path.
-MOVES_ITS_FOLDER = "sys.path[:] = [p for p in sys.path if os.path.realpath(os.path.abspath(p or os.curdir)) != _HERE] + [_HERE]"
+#: examples/math.py``): run as a script it moves its folder behind the standard library on sys.path before importing
+#: anything that could import ``math``; imported *as* ``math`` (its folder ahead of the standard library on a path)
+#: it puts the standard library's module in its place.
+MOVES_ITS_FOLDER = "sys.path[:] = [*_ELSEWHERE, _HERE]"
 
 
 def test_no_example_shadows_a_standard_library_module():
     """Python puts a script's folder first on sys.path, so an example named like a standard library module would
-    replace that module for everything the script imports, unless it moves its folder behind the standard library
-    first (``math.py`` does, before importing anything but ``os`` and ``sys``)."""
+    replace that module for everything the script imports; ``math.py`` moves its folder behind the standard library
+    first, and hands ``import math`` to the standard library where its folder is ahead of it anyway."""
     names = {p.stem for p in EXAMPLES.glob("*.py")}
     # the paper-scale script (both tasks), one script per RL-free method, the agent example, and their helpers
     assert names == {"math", "restem", "dpo_plus", "agent", "_common", "_self_training"}
@@ -63,7 +65,19 @@ def test_no_example_shadows_a_standard_library_module():
     text = (EXAMPLES / "math.py").read_text(encoding="utf-8")
     before = text[: text.index(MOVES_ITS_FOLDER)]
     imports = [line for line in before.splitlines() if line.startswith(("import ", "from "))]
-    assert imports == ["from __future__ import annotations", "import os", "import sys"], imports
+    assert imports == [
+        "from __future__ import annotations", "import os", "import sys", "from collections.abc import Sequence",
+        "from typing import Any",
+    ], imports  # fmt: skip
+    assert 'if __name__ == "math":' in before
+    # Its folder ahead of the standard library (a PYTHONPATH holding it): every import of math is the real one.
+    probe = (
+        "import random, math, numpy; assert 'examples' not in (math.__file__ or ''); print(math.sqrt(4.0))"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLES), str(ROOT / "src")]))
+    for cwd in (ROOT, EXAMPLES):  # and `python -c` run from the folder itself
+        proc = subprocess.run([sys.executable, "-c", probe], cwd=cwd, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0 and proc.stdout.strip() == "2.0", proc.stderr[-2000:]
     for path in EXAMPLES.glob("*.py"):
         text = path.read_text(encoding="utf-8")
         if "sys.path" not in text or path.name == "math.py":

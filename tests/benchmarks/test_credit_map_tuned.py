@@ -97,6 +97,7 @@ def test_the_hard_cell_is_the_scouts_choice_by_the_rule(committed):
     assert [c["cell"] for c in scout["candidates"]] == list(cmt.HARD_CANDIDATES)
 
 
+@pytest.mark.record
 def test_committed_anchor_runs_reproduce_through_the_librarys_estimator():
     """The tuned map's anchor arms now go through AnchorEstimator; re-running committed runs of the cheapest cell
     (H = 2) reproduces their records within benchmarks/_records.py's toy rule, the pooled arm to the bit."""

@@ -53,6 +53,7 @@ def test_no_crossover_when_no_arm_changes_sides(summary):
     assert demo.find_crossover(flat) is None
 
 
+@pytest.mark.record
 def test_demo_runs_equal_the_committed_records_and_print_their_paired_gaps(tmp_path, capsys, summary):
     out = tmp_path / "wcp.json"
     assert demo.main(["--seeds", "3", "--output", str(out)]) == 0

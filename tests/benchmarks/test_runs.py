@@ -30,6 +30,13 @@ BEFORE = {
 BEFORE_LINES = {"credit_map_tuned_runs": (8802, ["hard_scout.json", "hard_variant.json"])}
 
 
+def _tracked(path: str) -> list[str]:
+    """The files git tracks under ``path``."""
+    return subprocess.run(
+        ["git", "ls-files", path], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+
+
 def test_each_archive_holds_every_record_its_loose_files_held():
     for study, count in BEFORE.items():
         assert len(run_keys(RESULTS / study)) == count, study
@@ -38,34 +45,20 @@ def test_each_archive_holds_every_record_its_loose_files_held():
 def test_an_archive_of_line_records_holds_every_line():
     for study, (count, kept) in BEFORE_LINES.items():
         assert len(run_keys(RESULTS / study, "*/*/*.json")) == count, study
-        tracked = subprocess.run(
-            ["git", "ls-files", f"benchmarks/results/{study}"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
+        tracked = _tracked(f"benchmarks/results/{study}")
         assert sorted(Path(p).name for p in tracked) == sorted([RUNS_FILE, *kept]), study
 
 
 def test_no_record_file_is_tracked_beside_an_archive():
     for study in BEFORE:
-        tracked = subprocess.run(
-            ["git", "ls-files", f"benchmarks/results/{study}"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
+        tracked = _tracked(f"benchmarks/results/{study}")
         assert f"benchmarks/results/{study}/{RUNS_FILE}" in tracked, study
         assert all(Path(p).name == RUNS_FILE for p in tracked), study  # a nested run directory has its own
 
 
 def test_tracked_results_stay_few():
     """Issue 60's target: the results are data in a few files, not thousands (5,577 tracked files at 68d450f)."""
-    tracked = subprocess.run(
-        ["git", "ls-files", "benchmarks/results"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
+    tracked = _tracked("benchmarks/results")
     assert len(tracked) <= 300
     assert not [p for p in tracked if p.endswith(".html")]  # generated reports are views, not tracked
 

@@ -388,84 +388,46 @@ def markdown(out: dict[str, Any], r: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+def _mc_tokens_to_k9(mc: dict | None) -> list[dict[str, Any]]:
+    """From mc_efficiency.json: the tokens free samples and variance allocation need to reach fixed K=9's error."""
+    return [
+        {
+            "task": o["task"],
+            "family": o["family"],
+            "ratio": o["tokens_ratio_vs_k9_at_equal_error"],
+            "ci90": o.get("tokens_ratio_ci90"),
+            # Against fixed K=9's expected error instead of its simulated point (no noise in the target).
+            "ratio_vs_expected_k9": o.get("tokens_ratio_vs_expected_k9"),
+            "ci90_vs_expected_k9": o.get("tokens_ratio_vs_expected_k9_ci90"),
+            "repeats": o["repeats"],
+        }
+        for o in (mc or {}).get("options", [])
+        if o["k"] == 9 and o["family"] in ("reuse", "variance")
+    ]
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--doc", default=None, help="also write the tables between this file's results markers"
-    )
-    args = parser.parse_args(argv)
-    gq = _load("gradient_quality.json")
-    if gq is None:
-        raise SystemExit(
-            "benchmarks/results/gradient_quality.json is missing: run benchmarks/gradient_quality.py first."
-        )
+
+def _write_demo_summary(out: dict[str, Any], gq: dict[str, Any], gradient: list[dict], r: float) -> None:
+    """The demo's plateau task's part, for the demo's equal-cost answer (``DEMO_SUMMARY``)."""
     from mcadvantage.evaluation.cost_model import cost_model_tokens
 
-    r = gq["cost_ratio"]["cost_ratio"]
-    diagnostics = {task: _load(name) for task, name in RANKING_FILES.items()}
-    gradient = []
-    for task, stored in gq["tasks"].items():
-        for row in gradient_rows(task, stored, r):
-            row["ranking_pairwise"], row["ranking_measured_as"] = ranking(
-                row["estimator"], diagnostics.get(task)
-            )
-            gradient.append(row)
-    learning = {task: learning_rows(runs) for task, name in LEARNING_FILES.items() if (runs := _load(name))}
-    confirmation = {
-        task: confirmation_rows(task, gq["tasks"][task], budgets)
-        for task, budgets in CONFIRMATION_BUDGETS.items()
-        if task in gq["tasks"] and {r["estimator"] for r in gq["tasks"][task]["records"]} >= set(budgets)
-    }
-    holm_over_tasks(learning)
-    mc = _load("mc_efficiency.json")
-    out = {
-        "command": "python benchmarks/credit_at_grpo_price.py",
-        "sources": {
-            "gradient": "benchmarks/results/gradient_quality.json",
-            "learning": {task: f"benchmarks/results/{LEARNING_FILES[task]}" for task in learning},
-            "ranking": {
-                task: f"benchmarks/results/{name}"
-                for task, name in RANKING_FILES.items()
-                if diagnostics[task] is not None
-            },
-            "mc_efficiency": "benchmarks/results/mc_efficiency.json",
-        },  # fmt: skip
-        "gradient": gradient,
-        "confirmation": confirmation,
-        "learning": learning,
-        "mc_tokens_to_reach_k9_error": [
-            {
-                "task": o["task"],
-                "family": o["family"],
-                "ratio": o["tokens_ratio_vs_k9_at_equal_error"],
-                "ci90": o.get("tokens_ratio_ci90"),
-                # Against fixed K=9's expected error instead of its simulated point (no noise in the target).
-                "ratio_vs_expected_k9": o.get("tokens_ratio_vs_expected_k9"),
-                "ci90_vs_expected_k9": o.get("tokens_ratio_vs_expected_k9_ci90"),
-                "repeats": o["repeats"],
-            }
-            for o in (mc or {}).get("options", [])
-            if o["k"] == 9 and o["family"] in ("reuse", "variance")
+    demo = {
+        "command": out["command"],
+        "cost_ratio": r,
+        "gradient": [row for row in gradient if row["task"] == "demo_plateau"],
+        "grpo_budgets": [
+            {"estimator": g["estimator"], "cost_model": cost_model_tokens(g["sampled_tokens"], g["trained_tokens"], r),
+             "cosine": g["cosine"], "cosine_ci": g["cosine_ci"]}
+            for g in gq["tasks"]["demo_plateau"]["records"]
+            if g["estimator"].startswith("grpo_p")
         ],
-    }
-    OUT.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
-    if "demo_plateau" in gq["tasks"]:
-        demo = {
-            "command": out["command"],
-            "cost_ratio": r,
-            "gradient": [row for row in gradient if row["task"] == "demo_plateau"],
-            "grpo_budgets": [
-                {"estimator": g["estimator"], "cost_model": cost_model_tokens(g["sampled_tokens"], g["trained_tokens"], r),
-                 "cosine": g["cosine"], "cosine_ci": g["cosine_ci"]}
-                for g in gq["tasks"]["demo_plateau"]["records"]
-                if g["estimator"].startswith("grpo_p")
-            ],
-            "learning": out["learning"].get("demo_plateau", []),
-        }  # fmt: skip
-        DEMO_SUMMARY.write_text(json.dumps(demo, indent=2) + "\n", encoding="utf-8")
+        "learning": out["learning"].get("demo_plateau", []),
+    }  # fmt: skip
+    DEMO_SUMMARY.write_text(json.dumps(demo, indent=2) + "\n", encoding="utf-8")
 
+
+def _print_tables(out: dict[str, Any], r: float) -> None:
+    """The gradient rows at equal cost and the learning rows against GRPO at equal tokens."""
+    gradient = out["gradient"]
     print(f"gradient cosine at equal cost (r = {r:.2f}); GRPO interpolated between its measured budgets")
     print(f"{'task':<13} {'estimator':<24} {'tok/resp x GRPO':>15} {'cosine':>7} {'GRPO same tokens':>16} "
           f"{'GRPO same cost':>14} {'paired vs costlier GRPO':>30}")  # fmt: skip
@@ -497,6 +459,59 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"learning {task} {row['arm']:<18} n={len(row['seeds'])} final {row['final_accuracy']:.3f} {text}"
             )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--doc", default=None, help="also write the tables between this file's results markers"
+    )
+    args = parser.parse_args(argv)
+    gq = _load("gradient_quality.json")
+    if gq is None:
+        raise SystemExit(
+            "benchmarks/results/gradient_quality.json is missing: run benchmarks/gradient_quality.py first."
+        )
+
+    r = gq["cost_ratio"]["cost_ratio"]
+    diagnostics = {task: _load(name) for task, name in RANKING_FILES.items()}
+    gradient = []
+    for task, stored in gq["tasks"].items():
+        for row in gradient_rows(task, stored, r):
+            row["ranking_pairwise"], row["ranking_measured_as"] = ranking(
+                row["estimator"], diagnostics.get(task)
+            )
+            gradient.append(row)
+    learning = {task: learning_rows(runs) for task, name in LEARNING_FILES.items() if (runs := _load(name))}
+    confirmation = {
+        task: confirmation_rows(task, gq["tasks"][task], budgets)
+        for task, budgets in CONFIRMATION_BUDGETS.items()
+        if task in gq["tasks"] and {r["estimator"] for r in gq["tasks"][task]["records"]} >= set(budgets)
+    }
+    holm_over_tasks(learning)
+    out = {
+        "command": "python benchmarks/credit_at_grpo_price.py",
+        "sources": {
+            "gradient": "benchmarks/results/gradient_quality.json",
+            "learning": {task: f"benchmarks/results/{LEARNING_FILES[task]}" for task in learning},
+            "ranking": {
+                task: f"benchmarks/results/{name}"
+                for task, name in RANKING_FILES.items()
+                if diagnostics[task] is not None
+            },
+            "mc_efficiency": "benchmarks/results/mc_efficiency.json",
+        },  # fmt: skip
+        "gradient": gradient,
+        "confirmation": confirmation,
+        "learning": learning,
+        "mc_tokens_to_reach_k9_error": _mc_tokens_to_k9(_load("mc_efficiency.json")),
+    }
+    OUT.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    if "demo_plateau" in gq["tasks"]:
+        _write_demo_summary(out, gq, gradient, r)
+    _print_tables(out, r)
     print(f"wrote {OUT.relative_to(ROOT)}")
     if args.doc:
         from mcadvantage.evaluation.report import replace_between_markers

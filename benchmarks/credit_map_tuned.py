@@ -8,8 +8,9 @@ evaluation seeds, at 1/4, 1/2 and 1x of the budget (issue 51; protocol: docs/cre
 
 Each run trains one arm (:data:`testbed.credit_map.TUNED_ARMS`) at one grid point (lr, batch) with one seed on one
 cell, once at the whole budget; its results at 1/4 and 1/2 are the same run's prefix (the policy after the last update
-that fits). One JSON line per run in ``benchmarks/results/credit_map_tuned_runs/<cell>/<arm>.jsonl`` (settings, the
-three budgets' results, commit, versions, CPU, threads); a run whose line exists with the same settings is not run
+that fits). One record per run, ``<cell>/<arm>/lr<lr>_p<prompts>_s<seed>.json`` in the archive of
+``benchmarks/results/credit_map_tuned_runs`` (``benchmarks/_runs.py``; settings, the
+three budgets' results, commit, versions, CPU, threads); a run whose record exists with the same settings is not run
 again, so the runner resumes where it stopped. It prints a progress line (runs done / planned, elapsed, estimate).
 """
 
@@ -33,6 +34,8 @@ if str(ROOT) not in sys.path:  # `python benchmarks/credit_map_tuned.py` has onl
     sys.path.insert(0, str(ROOT))
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _runs import append_run, load_runs, run_keys  # noqa: E402  (beside this file)
 
 from mcadvantage.evaluation.stats import holm_adjust, paired_t_test  # noqa: E402
 
@@ -161,22 +164,20 @@ def train(cell: dict[str, Any], arm: str, lr: float, prompts: int, seed: int) ->
 # -- records -----------------------------------------------------------------------------------------------------
 
 
-def arm_file(root: Path, cell_name: str, arm: str) -> Path:
-    return root / cell_name / f"{arm}.jsonl"
+def run_key(cell_name: str, arm: str, lr: float, prompts: int, seed: int) -> str:
+    """The name of one run's record in the run directory's archive (``benchmarks/_runs.py``)."""
+    return f"{cell_name}/{arm}/lr{lr:g}_p{prompts}_s{seed}.json"
 
 
 def load_arm(root: Path, cell_name: str, arm: str) -> dict[tuple[float, int, int], dict[str, Any]]:
-    """The arm's records on the cell keyed by (lr, prompts, seed); torn lines are skipped (they run again)."""
-    path = arm_file(root, cell_name, arm)
+    """The arm's records on the cell keyed by (lr, prompts, seed); a record without its settings is skipped (it
+    runs again)."""
     out: dict[tuple[float, int, int], dict[str, Any]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
+    for rec in load_runs(root, f"{cell_name}/{arm}/*.json").values():
         try:
-            rec = json.loads(line)
             s = rec["settings"]
             out[(float(s["lr"]), int(s["prompts"]), int(s["seed"]))] = rec
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (KeyError, TypeError):
             continue
     return out
 
@@ -194,7 +195,6 @@ class Runner:
     ):
         """Every (point, seed) of ``arm`` on ``cell`` recorded; returns the arm's records."""
         have = load_arm(self.root, cell["name"], arm)
-        path = arm_file(self.root, cell["name"], arm)
         for lr, prompts in points:
             for seed in seeds:
                 self.done += 1
@@ -202,9 +202,7 @@ class Runner:
                 if rec is not None and rec["settings"] == settings(cell, arm, lr, prompts, seed):
                     continue
                 rec = train(cell, arm, lr, prompts, seed)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with path.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                append_run(self.root, run_key(cell["name"], arm, lr, prompts, seed), rec)
                 have[(lr, prompts, seed)] = rec
                 self.ran += 1
                 self._progress(cell["name"], arm)
@@ -404,13 +402,13 @@ def compare_runs(root: Path, committed: Path, arms: Sequence[str]) -> dict[str, 
     from _records import Comparison
 
     tally, identical, counts = Comparison(), 0, True
-    for path in sorted(root.glob("*/*.jsonl")):
-        if path.stem not in arms:
+    for cell_name, arm in sorted({tuple(k.split("/")[:2]) for k in run_keys(root, "*/*/*.json")}):
+        if arm not in arms:
             continue
-        old = load_arm(committed, path.parent.name, path.stem)
-        for key, rec in load_arm(root, path.parent.name, path.stem).items():
+        old = load_arm(committed, cell_name, arm)
+        for key, rec in load_arm(root, cell_name, arm).items():
             new, ref = run_fields(rec), run_fields(old[key]) if key in old else None
-            tally.add(f"{path.stem} {key} on {path.parent.name}", new, ref, run_rules())
+            tally.add(f"{arm} {key} on {cell_name}", new, ref, run_rules())
             identical += ref is not None and new == ref
             counts &= ref is not None and all(new[k] == ref[k] for k in new if not k.startswith("success"))
     worst = max((difference(o) for o in tally.outside), default=tally.largest)
@@ -578,7 +576,7 @@ def _bought_nothing(run: dict[str, Any], horizon: int) -> bool:
 def hybrid_budget_digest(root: Path, cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The ``hybrid`` arm before and after the per-state budget (protocol amendment of 2026-11-29 06:52 UTC): per
     version, its runs and how many bought no state (spent exactly GRPO's tokens). The per-response runs are kept in
-    ``<cell>/hybrid_per_response.jsonl``, outside every family."""
+    ``<cell>/hybrid_per_response/``, outside every family."""
     out = {}
     for version, name in (("per_response", "hybrid_per_response"), ("per_state", "hybrid")):
         runs = [(r, c["horizon"]) for c in cells for r in load_arm(root, c["name"], name).values()]
@@ -779,7 +777,7 @@ def hybrid_lines(digest: dict[str, Any] | None) -> list[str]:
     return [
         f"- `hybrid` is the library's per-state budget (issue 52; re-run whole by the protocol's amendment of "
         f"2026-11-29 06:52 UTC): {new['runs'] - new['bought_nothing']} of its {new['runs']} runs bought Monte "
-        f"Carlo states. Its earlier per-response runs, outside every family (`<cell>/hybrid_per_response.jsonl`), "
+        f"Carlo states. Its earlier per-response runs, outside every family (`<cell>/hybrid_per_response/` in the records), "
         f"bought none in {old['bought_nothing']} of {old['runs']} (those runs were GRPO)."
     ]
 

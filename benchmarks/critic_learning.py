@@ -49,13 +49,14 @@ BENCHMARKS = ROOT / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
+from _runs import load_runs  # noqa: E402  (beside this file)
 from learning_efficiency import task_config, task_data  # noqa: E402  (after the root is on sys.path)
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_ROOT = RESULTS / "critic_learning_runs"
 TASK = "demo_plateau"
 START = ROOT / "src" / "mcadvantage" / "demo" / "warmup_plateau"  # the shared start of demo_plateau
-OLD_PPO_RECORDS = RESULTS / "paper_claims_runs" / TASK
+OLD_PPO_RUNS = RESULTS / "paper_claims_runs"  # the untuned ppo arm's records: <TASK>/seed<N>/ppo.done.json
 POLICY_LR = 1e-4  # the RL arms' rl_lr
 TRAIN_BATCHES = 40
 HELD_OUT_BATCHES = 12
@@ -466,8 +467,8 @@ def summarize_untuned() -> dict[str, Any]:
     before the critic's update on the batch, so it is a fresh-state number too; one critic step per batch, so its
     value_loss is half the fresh mean squared error (the first minibatch's loss is computed before its step)."""
     seeds = {}
-    for done in sorted(OLD_PPO_RECORDS.glob("seed*/ppo.done.json")):
-        logs = json.loads(done.read_text())["logs"]
+    for name, done in load_runs(OLD_PPO_RUNS, f"{TASK}/seed*/ppo.done.json").items():
+        logs = done["logs"]
         window = [r for r in logs if WINDOW[0] <= r["step"] <= WINDOW[1]]
         rewards = [r["reward"] for r in logs]
         constant = []
@@ -477,7 +478,7 @@ def summarize_untuned() -> dict[str, Any]:
             # response-weighted: E[(R - c)^2] = Var(R) + (mean R - c)^2 (population variance of the batch)
             n = PROMPTS_PER_BATCH * GENERATIONS
             constant.append(r["reward_std"] ** 2 * (n - 1) / n + (r["reward"] - c) ** 2)
-        seeds[int(done.parent.name[4:])] = {
+        seeds[int(name.split("/")[1][4:])] = {
             "fresh_ev_at_step_40": next(
                 (r.get("critic/explained_variance", math.nan) for r in logs if r["step"] == 40), math.nan
             ),

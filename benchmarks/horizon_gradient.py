@@ -16,9 +16,7 @@ study's decision does not read it.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import random
 import sys
 import time
@@ -31,6 +29,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/horizon_gradient.py` has only benchmarks/ on the path
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:  # imported as a module, not run: its siblings
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _machine import machine_info  # noqa: E402  (beside this file: commit, versions, CPU, threads)
+from _runs import append_run, load_runs, read_run  # noqa: E402  (beside this file)
 
 from testbed.agent_credit import (  # noqa: E402
     ARMS,
@@ -123,9 +126,10 @@ def equal_token_error(
     }
 
 
-def cell_dir(root: Path, cell: Cell) -> Path:
+def cell_name(cell: Cell) -> str:
+    """The cell's part of its records' names in a run directory's archive (``benchmarks/_runs.py``)."""
     param, structure, horizon, rate = cell
-    return root / param / f"{structure}_H{horizon}_r{rate:g}"
+    return f"{param}/{structure}_H{horizon}_r{rate:g}"
 
 
 def settings_of(cell: Cell, arm: str, repeats: int, seed: int) -> dict[str, Any]:
@@ -178,27 +182,17 @@ def measure(cell: Cell, arm: str, repeats: int, seed: int) -> dict[str, Any]:
 
 def run(root: Path, cells: Sequence[Cell], arms: Sequence[str], repeats: int, seed: int) -> int:
     """Measure every (cell, arm) whose record is missing or was made with other settings; returns how many ran."""
-    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
-
     ran = 0
     for cell in cells:
         for arm in arms:
-            path = cell_dir(root, cell) / f"{arm}.json"
-            if path.exists():
-                try:
-                    old = json.loads(path.read_text())
-                    # a record from before the identification was measured is measured again (same batches)
-                    if old["settings"] == settings_of(cell, arm, repeats, seed) and "identification" in old:
-                        continue
-                except (json.JSONDecodeError, KeyError):
-                    pass  # a torn or foreign file: measure again and replace it
-            record = measure(cell, arm, repeats, seed) | {"environment": machine_info()}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record, allow_nan=True))
-            os.replace(tmp, path)  # atomic: a killed run leaves no half record
+            key = f"{cell_name(cell)}/{arm}.json"
+            old = read_run(root, key, None)
+            # a record from before the identification was measured is measured again (same batches); a foreign
+            # one is replaced
+            if isinstance(old, dict) and old.get("settings") == settings_of(cell, arm, repeats, seed):
+                if "identification" in old:
+                    continue
+            append_run(root, key, measure(cell, arm, repeats, seed) | {"environment": machine_info()})
             ran += 1
         print(f"{cell}: done ({ran} measured so far)", flush=True)
     return ran
@@ -211,7 +205,7 @@ def run(root: Path, cells: Sequence[Cell], arms: Sequence[str], repeats: int, se
 
 def load(root: Path) -> list[dict[str, Any]]:
     """Every record under ``root`` (none when it does not exist)."""
-    return [json.loads(p.read_text()) for p in sorted(root.glob("*/*/*.json"))]
+    return list(load_runs(root, "*/*/*.json").values())
 
 
 def _r(x: Any, digits: int = 4) -> float | None:

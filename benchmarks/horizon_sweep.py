@@ -37,6 +37,7 @@ if str(ROOT / "benchmarks") not in sys.path:  # the gradient stage's module live
 
 import horizon_gradient  # noqa: E402  (beside this file)
 from _machine import machine_info  # noqa: E402  (beside this file)
+from _runs import append_run, load_runs, read_run  # noqa: E402  (beside this file)
 
 from mcadvantage.evaluation.stats import holm_adjust, paired_t_test  # noqa: E402
 from testbed.agent_credit import ARMS, GRPO_ARMS, PARAMETERIZATIONS, batch_tokens  # noqa: E402
@@ -65,13 +66,9 @@ PRACTICAL = tuple(a for a in ARMS if a not in GRPO_ARMS and a != "oracle" and a 
 Cell = tuple[str, str, int, float]  # parameterization, structure, horizon, start rate
 
 
-def cell_dir(root: Path, cell: Cell) -> Path:
-    param, structure, horizon, rate = cell
-    return root / param / f"{structure}_H{horizon}_r{rate:g}"
-
-
-def record_path(root: Path, cell: Cell, arm: str, seed: int) -> Path:
-    return cell_dir(root, cell) / f"{arm}_seed{seed}.json"
+def record_key(cell: Cell, arm: str, seed: int) -> str:
+    """The name of (cell, arm, seed)'s record in the run directory's archive (``benchmarks/_runs.py``)."""
+    return f"{horizon_gradient.cell_name(cell)}/{arm}_seed{seed}.json"
 
 
 def run_settings(cell: Cell, arm: str, seed: int, budget: int) -> dict[str, Any]:
@@ -88,15 +85,11 @@ def run_settings(cell: Cell, arm: str, seed: int, budget: int) -> dict[str, Any]
 
 
 def recorded(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> dict[str, Any] | None:
-    """The record of (cell, arm, seed) made with these settings, or None (none, other settings, or a torn file)."""
-    path = record_path(root, cell, arm, seed)
-    if not path.exists():
-        return None
-    try:
-        record = json.loads(path.read_text())
-        return record if record["settings"] == run_settings(cell, arm, seed, budget) else None
-    except (json.JSONDecodeError, KeyError):
-        return None  # a torn or foreign file: the runner runs again and replaces it
+    """The record of (cell, arm, seed) made with these settings, or None (none, or other settings)."""
+    record = read_run(root, record_key(cell, arm, seed), None)
+    if not isinstance(record, dict) or record.get("settings") != run_settings(cell, arm, seed, budget):
+        return None  # none, or a foreign one: the runner runs again and replaces it
+    return record
 
 
 def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
@@ -105,7 +98,6 @@ def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
 
     if recorded(root, cell, arm, seed, budget) is not None:
         return False
-    path = record_path(root, cell, arm, seed)
     settings = run_settings(cell, arm, seed, budget)
     param, structure, horizon, rate = cell
     start = time.perf_counter()
@@ -116,10 +108,7 @@ def run_one(root: Path, cell: Cell, arm: str, seed: int, budget: int) -> bool:
         **asdict(result),
         "environment": machine_info(),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, allow_nan=True))
-    os.replace(tmp, path)  # atomic: a killed run leaves no half record
+    append_run(root, record_key(cell, arm, seed), record)
     return True
 
 
@@ -153,8 +142,7 @@ def load_records(
 ) -> dict[Cell, dict[str, dict[int, dict[str, Any]]]]:
     """``cell -> arm -> seed -> record``, for the records made with ``budget``."""
     out: dict[Cell, dict[str, dict[int, dict[str, Any]]]] = {}
-    for path in sorted(root.glob("*/*/*_seed*.json")):
-        record = json.loads(path.read_text())
+    for record in load_runs(root, "*/*/*_seed*.json").values():
         s = record["settings"]
         if s["budget_episodes"] != budget:
             continue
@@ -412,8 +400,24 @@ def _zero_rollout_notes(
 
 def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pays.png") -> str:
     """The results page, every number read from ``summary``."""
+    cells, rows = summary["cells"], summary["records"]
+    confirmed = [c for c in cells if c["stage"] == "confirmed"]
+    horizons = sorted({r["horizon"] for r in rows})
+    lines = [
+        *_lead(summary, figure),
+        *_cell_rows(cells),
+        *_small_batch_section(confirmed),
+        *_rollout_tokens_section(rows, horizons),
+        *_identification_section(rows, horizons),
+        *horizon_gradient.render_section(summary.get("gradient")),
+        *_every_arm_section(rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _lead(summary: dict[str, Any], figure: str) -> list[str]:
+    """The page's lead, the answer, how to read it, and the per-cell table's header."""
     cells = summary["cells"]
-    rows = summary["records"]
     confirmed = [c for c in cells if c["stage"] == "confirmed"]
     pays = [
         f"{c['parameterization']}/{c['structure']} H={c['horizon']} r={c['start_rate']:g}: "
@@ -495,6 +499,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         "| oracle gap | pays (Holm) | loses (Holm) | tree vs GRPO at the tree's tokens per batch |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    return lines
+
+
+def _cell_rows(cells: list[dict[str, Any]]) -> list[str]:
+    """The per-cell table's rows: best arm at equal tokens and the gaps."""
+    lines: list[str] = []
     for c in cells:
         gap = c["practical_gap"]
         lines.append(
@@ -504,6 +514,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             f"{', '.join(c['paying_arms']) or '-'} | {', '.join(c['losing_arms']) or '-'} | "
             f"{_gap(c['tree_vs_grpo_tree_tokens'])} |"
         )
+    return lines
+
+
+def _small_batch_section(confirmed: list[dict[str, Any]]) -> list[str]:
+    """The exploratory comparison with GRPO at the tree's tokens per batch."""
+    lines: list[str] = []
     lines += [
         "",
         "## Exploratory: against GRPO at the tree's tokens per batch",
@@ -522,6 +538,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             + " | ".join(_gap(checks.get(a)) for a in SMALL_BATCH_CHECK)
             + " |"
         )
+    return lines
+
+
+def _rollout_tokens_section(rows: list[dict[str, Any]], horizons: list[int]) -> list[str]:
+    """Monte Carlo rollout tokens per training episode, per arm and horizon, and the arms that sampled none."""
+    lines: list[str] = []
     lines += [
         "",
         "## Monte Carlo rollout tokens per training episode, against H",
@@ -529,7 +551,6 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         "Mean over every cell and seed at that horizon (an episode itself is H sampled tokens).",
         "",
     ]
-    horizons = sorted({r["horizon"] for r in rows})
     mc_arms = [
         a for a in ARMS if any(r["arm"] == a and (r["rollout_tokens_per_episode"] or 0) > 0 for r in rows)
     ]
@@ -548,6 +569,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
         ]
         lines.append(f"| {arm} | " + " | ".join(_fmt(_r(v, 1), 1) for v in vals) + " |")
     lines += ["", *_zero_rollout_notes(rows, mc_arms, horizons)]
+    return lines
+
+
+def _identification_section(rows: list[dict[str, Any]], horizons: list[int]) -> list[str]:
+    """Credit identification per arm and horizon: the share on turns that do not matter, the decisive sign."""
+    lines: list[str] = []
     lines += [
         "",
         "## Credit identification, against H",
@@ -570,7 +597,12 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             )
             cellv.append(f"{_fmt(_r(share), 2)} / {_fmt(_r(sign), 2)}")
         lines.append(f"| {arm} | " + " | ".join(cellv) + " |")
-    lines += horizon_gradient.render_section(summary.get("gradient"))
+    return lines
+
+
+def _every_arm_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Every arm in every cell: success, steps, the share reaching the target, the gap to the best GRPO arm."""
+    lines: list[str] = []
     lines += [
         "",
         "## Every arm, every cell",
@@ -587,7 +619,7 @@ def render_page(summary: dict[str, Any], figure: str = "figures/where_credit_pay
             f"{len(r['seeds'])} | {_fmt(r['mean_success'])} | {_fmt(r['steps'], 1)} | "
             f"{_fmt(r['reached_target_share'], 2)} | {_gap(v)} | {_fmt(v['p_holm'], 4) if v and v['p_holm'] is not None else '-'} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def make_figure(summary: dict[str, Any], path: Path) -> None:

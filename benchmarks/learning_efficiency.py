@@ -17,8 +17,10 @@ same batch layout, learning rate and temperature; only the advantage estimator d
 
 Held-out greedy accuracy on the task's held-out problems (disjoint from every training prompt) is measured
 every ``--eval_every`` steps. Each (task, seed, arm) runs in its own process and appends its records to
-``<root>/<task>/seed<N>/<arm>.jsonl`` as they come; a finished arm writes ``<arm>.done.json`` and is never
-rerun, so an interrupted benchmark resumes where it stopped (an unfinished arm restarts from its warm-up).
+``<root>/<task>/seed<N>/<arm>.jsonl`` as they come; a finished arm moves them into the run directory's archive
+(``benchmarks/_runs.py``: records ``<task>/seed<N>/<arm>.jsonl`` and ``<arm>.done.json``, with the seed's
+``warmup.json`` and the task's ``start.json``) and is never rerun, so an interrupted benchmark resumes where it
+stopped (an unfinished arm restarts from its warm-up).
 
 Writes ``benchmarks/results/learning_efficiency.json`` (``records``: ``{task, arm, seed, step, accuracy,
 sampled_tokens, train_seconds}``, ``summary`` per task and arm: mean and standard error across seeds, ratios
@@ -36,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at the repository's root
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._runs import append_runs, has_run, load_runs, read_loose, read_run  # noqa: E402
 from testbed.tasks import TASK_PRESETS, StudyConfig  # noqa: E402  (after the root is on sys.path)
 
 BENCHMARKS = ROOT / "benchmarks"
@@ -231,6 +235,29 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)  # atomic: an interrupted write never leaves half a file
 
 
+def run_key(task: str, seed: int, name: str) -> str:
+    """The name of a seed's record (``warmup.json``, ``<arm>.jsonl``, ``<arm>.done.json``) in the run directory's
+    archive (``benchmarks/_runs.py``)."""
+    return f"{task}/seed{seed}/{name}"
+
+
+def _seed_name(seed_dir: Path, name: str) -> str:
+    """The archive's name of the record ``name`` of ``seed_dir`` (``<root>/<task>/seed<N>``; ``../start.json`` is
+    the task's)."""
+    prefix = f"{seed_dir.parent.name}/{seed_dir.name}"
+    return f"{seed_dir.parent.name}/{name[3:]}" if name.startswith("../") else f"{prefix}/{name}"
+
+
+def read_seed_record(seed_dir: Path, name: str) -> Any:
+    """The record ``name`` of ``seed_dir`` (see :func:`_seed_name`) in its run directory's archive, or None."""
+    return read_run(seed_dir.parents[1], _seed_name(seed_dir, name), None)
+
+
+def write_seed_records(seed_dir: Path, records: dict[str, Any]) -> None:
+    """Append ``{name: record}`` of ``seed_dir`` to its run directory's archive, in one write."""
+    append_runs(seed_dir.parents[1], [(_seed_name(seed_dir, k), v) for k, v in records.items()])
+
+
 def _machine_info() -> dict:
     """``benchmarks/_machine.py``'s :func:`machine_info` (beside this file, which tests load by path)."""
     if str(BENCHMARKS) not in sys.path:
@@ -242,15 +269,15 @@ def _machine_info() -> dict:
 
 def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
     """Train (or reuse) the seed's warm-up policy; returns its metadata."""
-    meta_path = seed_dir / "warmup.json"
+    meta = read_seed_record(seed_dir, "warmup.json")
     if task in SHARED_START_TASKS:
         # A clone has the seed's warmup.json (committed) without the copied weights (git-ignored): copy them again, so
         # a new arm resumes on the recorded seeds.
-        if meta_path.exists() and (seed_dir / "warmup_policy" / "model.safetensors").exists():
-            return json.loads(meta_path.read_text())
+        if meta is not None and (seed_dir / "warmup_policy" / "model.safetensors").exists():
+            return meta
         return _shared_start(task, seed, seed_dir)
-    if meta_path.exists():
-        return json.loads(meta_path.read_text())
+    if meta is not None:
+        return meta
     from mcadvantage.demo.arms import train_warmup_policy
     from mcadvantage.testing import build_char_tokenizer
     from testbed.tasks import build_data
@@ -275,7 +302,7 @@ def ensure_warmup(task: str, seed: int, seed_dir: Path) -> dict:
         "config": asdict(config),
         "environment": _machine_info(),
     }
-    _write_json(meta_path, meta)
+    write_seed_records(seed_dir, {"warmup.json": meta})
     return meta
 
 
@@ -327,10 +354,8 @@ def _shared_start(task: str, seed: int, seed_dir: Path) -> dict:
 
     source = shared_start_dir(task)
     shutil.copytree(source, seed_dir / "warmup_policy", dirs_exist_ok=True)
-    start_path = seed_dir.parent / "start.json"
-    if start_path.exists():
-        start = json.loads(start_path.read_text())
-    else:
+    start = read_seed_record(seed_dir, "../start.json")
+    if start is None:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source).eval()
         accuracy = _evaluator(task_config(task, 0), task_data(task, 0).eval_set, tokenizer)(model)
@@ -342,9 +367,9 @@ def _shared_start(task: str, seed: int, seed_dir: Path) -> dict:
             else source.relative_to(ROOT)
         )
         start = {"task": task, "policy": str(policy), "accuracy": accuracy}
-        _write_json(start_path, start)
+        write_seed_records(seed_dir, {"../start.json": start})
     meta = {"task": task, "seed": seed, "accuracy": start["accuracy"], "shared_start": start["policy"]}
-    _write_json(seed_dir / "warmup.json", meta)
+    write_seed_records(seed_dir, {"warmup.json": meta})
     return meta
 
 
@@ -406,12 +431,13 @@ def _matched_prompts(
 
     cost = {}
     for arm in ("grpo", matched_to):
-        done = seed_dir / f"{arm}.done.json"
-        if not done.exists():
+        done = read_seed_record(seed_dir, f"{arm}.done.json")
+        if done is None:
             raise SystemExit(
-                f"grpo_matched needs the finished arms grpo and {matched_to} first ({done} is missing)."
+                f"grpo_matched needs the finished arms grpo and {matched_to} first "
+                f"({_seed_name(seed_dir, arm)} is not in {seed_dir.parents[1]}'s records)."
             )
-        sampled, trained = _tokens_per_step(json.loads(done.read_text()))
+        sampled, trained = _tokens_per_step(done)
         cost[arm] = cost_model_tokens(sampled, trained, cost_ratio or 0.0)
     return max(1, round(config.prompts_per_step * cost[matched_to] / cost["grpo"]))
 
@@ -441,21 +467,17 @@ def run_arm_process(
     kl_prompts: int = 0,
     rl_steps: int | None = None,
 ) -> None:
-    """Run one arm (``--worker``): records appended to ``<arm>.jsonl``, ``<arm>.done.json`` at the end.
+    """Run one arm (``--worker``): records appended to ``<arm>.jsonl`` as they come, moved into the run directory's
+    archive with ``<arm>.done.json`` at the end.
 
     ``kl_prompts`` > 0 adds ``kl_to_start`` to every record (:func:`kl_to_start` on the first ``kl_prompts``
     held-out prompts); ``rl_steps`` overrides the task's number of RL steps; an arm name ending in ``_t<T>`` trains
     and samples at temperature ``T``."""
     import torch
 
-    from mcadvantage.demo.arms import ArmRecord, run_rl_arm
+    from mcadvantage.demo.arms import ArmRecord
     from mcadvantage.demo.run import _quiet_libraries
-    from testbed.arms import RLFreeArm, parse_arm
-
-    if str(BENCHMARKS) not in sys.path:  # the RL-free arms are benchmark code, beside this file
-        sys.path.insert(0, str(BENCHMARKS))
-    from _machine import machine_info
-    from rl_free_arms import run_dpo_plus_arm, run_restem_arm, run_sft_arm
+    from testbed.arms import parse_arm
 
     _quiet_libraries()
     torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
@@ -474,12 +496,57 @@ def run_arm_process(
     policy_dir = seed_dir / "warmup_policy"
     resolved, matching = resolve_arm(base_arm, seed_dir, config)
     spec = parse_arm(resolved)
+    extras: dict[str, float] = {}  # what the last evaluation measured besides accuracy, for its record
+    evaluate = _arm_evaluator(config, data, policy_dir, kl_prompts, extras)
+    log_path = seed_dir / f"{arm_name}.jsonl"
+    log_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from the warm-up
 
+    def on_record(record: ArmRecord) -> None:
+        row = asdict(record) | {"arm": arm_name, "task": task} | extras
+        extras.clear()
+        with log_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(
+            f"[{task} seed {seed} {arm_name}] step {record.step}: accuracy {record.accuracy:.3f}", flush=True
+        )
+
+    if kl_prompts > 0:
+        extras["kl_to_start"] = 0.0  # the starting policy itself
+    on_record(ArmRecord(arm_name, seed, 0, warm["accuracy"], 0.0, 0.0))
+    t0 = time.perf_counter()
+    trainer_dir = seed_dir / f"{arm_name}_trainer"
+    records, steps, extra = _train_arm(
+        spec, config, policy_dir, data, trainer_dir, evaluate, on_record, eval_every, sft_steps
+    )
+    done = {
+        "task": task,
+        "seed": seed,
+        "arm": arm_name,
+        "resolved_arm": resolved,
+        "prompts_per_step": spec.prompts_per_step or config.prompts_per_step,
+        "steps": steps,
+        "sampled_tokens": records[-1].sampled_tokens,
+        "train_seconds": records[-1].train_seconds,
+        "process_seconds": time.perf_counter() - t0,
+        "temperature": config.temperature,
+        "torch_threads": torch.get_num_threads(),
+        "environment": _machine_info(),
+        **matching,
+        **extra,
+    }
+    write_seed_records(seed_dir, {f"{arm_name}.jsonl": read_loose(log_path), f"{arm_name}.done.json": done})
+    log_path.unlink()  # the archive holds it now
+
+
+def _arm_evaluator(
+    config: Any, data: Any, policy_dir: Path, kl_prompts: int, extras: dict[str, float]
+) -> Callable[[Any], float]:
+    """An arm's evaluation: held-out greedy accuracy, and with ``kl_prompts`` > 0 the KL to the start on the first
+    ``kl_prompts`` held-out prompts, kept in ``extras`` for the record."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     accuracy_of = _evaluator(config, data.eval_set, tokenizer)
-    extras: dict[str, float] = {}  # what the last evaluation measured besides accuracy, for its record
     if kl_prompts > 0:
         start_model = AutoModelForCausalLM.from_pretrained(policy_dir).eval()
         kl_set = [p.prompt for p in data.eval_set[:kl_prompts]]
@@ -497,22 +564,29 @@ def run_arm_process(
             )
         return accuracy_of(model)
 
-    log_path = seed_dir / f"{arm_name}.jsonl"
-    log_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from the warm-up
+    return evaluate
 
-    def on_record(record: ArmRecord) -> None:
-        row = asdict(record) | {"arm": arm_name, "task": task} | extras
-        extras.clear()
-        with log_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-        print(
-            f"[{task} seed {seed} {arm_name}] step {record.step}: accuracy {record.accuracy:.3f}", flush=True
-        )
 
-    if kl_prompts > 0:
-        extras["kl_to_start"] = 0.0  # the starting policy itself
-    on_record(ArmRecord(arm_name, seed, 0, warm["accuracy"], 0.0, 0.0))
-    t0 = time.perf_counter()
+def _train_arm(
+    spec: Any,
+    config: Any,
+    policy_dir: Path,
+    data: Any,
+    trainer_dir: Path,
+    evaluate: Callable[[Any], float],
+    on_record: Callable[[Any], None],
+    eval_every: int,
+    sft_steps: int,
+) -> tuple[list[Any], int, dict[str, Any]]:
+    """Train the arm ``spec`` from the warm-up (RL, or one of the RL-free arms); its evaluation records, its steps,
+    and what its done record adds (the RL arms' logs and mean reward)."""
+    from mcadvantage.demo.arms import run_rl_arm
+    from testbed.arms import RLFreeArm
+
+    if str(BENCHMARKS) not in sys.path:  # the RL-free arms are benchmark code, beside this file
+        sys.path.insert(0, str(BENCHMARKS))
+    from rl_free_arms import run_dpo_plus_arm, run_restem_arm, run_sft_arm
+
     extra: dict[str, Any] = {}
     rl_free = spec.name if isinstance(spec, RLFreeArm) else None
     if rl_free == "restem":
@@ -534,7 +608,7 @@ def run_arm_process(
             config,
             policy_dir,
             data,
-            seed_dir / f"{arm_name}_trainer",
+            trainer_dir,
             prompts=config.rl_steps * config.prompts_per_step,
             pairs_per_prompt=DPO_PAIRS_PER_PROMPT,
             epochs=DPO_EPOCHS,
@@ -563,7 +637,7 @@ def run_arm_process(
             spec,
             policy_dir,
             data,
-            seed_dir / f"{arm_name}_trainer",
+            trainer_dir,
             evaluate=evaluate,
             eval_every=eval_every,
             on_record=on_record,
@@ -573,25 +647,7 @@ def run_arm_process(
             extra["critic_warmup_steps"] = spec.critic_warmup_steps
         extra["mean_reward"] = statistics.mean(r.get("reward", 0.0) for r in logs if r["step"] > 0)
         extra["logs"] = logs
-    _write_json(
-        seed_dir / f"{arm_name}.done.json",
-        {
-            "task": task,
-            "seed": seed,
-            "arm": arm_name,
-            "resolved_arm": resolved,
-            "prompts_per_step": spec.prompts_per_step or config.prompts_per_step,
-            "steps": steps,
-            "sampled_tokens": records[-1].sampled_tokens,
-            "train_seconds": records[-1].train_seconds,
-            "process_seconds": time.perf_counter() - t0,
-            "temperature": config.temperature,
-            "torch_threads": torch.get_num_threads(),
-            "environment": machine_info(),
-            **matching,
-            **extra,
-        },
-    )
+    return records, steps, extra
 
 
 # ---- aggregation ----------------------------------------------------------------------------------------------
@@ -678,15 +734,14 @@ def summarize(records: list[dict], done: dict[tuple[str, int, str], dict]) -> di
     return out
 
 
-def load_runs(root: Path) -> tuple[list[dict], dict[tuple[str, int, str], dict]]:
+def finished_runs(root: Path) -> tuple[list[dict], dict[tuple[str, int, str], dict]]:
+    """Every finished arm's evaluation records under ``root`` and its ``done`` record by (task, seed, arm)."""
     records: list[dict] = []
     done: dict[tuple[str, int, str], dict] = {}
-    for marker in sorted(root.glob("*/seed*/*.done.json")):
-        info = json.loads(marker.read_text())
+    for name, info in load_runs(root, "*/seed*/*.done.json").items():
         key = (info["task"], int(info["seed"]), info["arm"])
         done[key] = info
-        log = marker.with_name(f"{info['arm']}.jsonl")
-        curve = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        curve = read_run(root, name.removesuffix(".done.json") + ".jsonl")
         recount_sampled_tokens(info, curve)
         records += curve
     return records, done
@@ -852,7 +907,7 @@ def report(
     doc_marker: str = DOC_MARKER,
 ) -> dict:
     """Aggregate the finished arms under ``root`` (only ``tasks``' when given) into ``json_path`` and plots."""
-    records, done = load_runs(root)
+    records, done = finished_runs(root)
     if tasks is not None:
         records = [r for r in records if r["task"] in tasks]
         done = {k: v for k, v in done.items() if k[0] in tasks}
@@ -863,8 +918,7 @@ def report(
     print_table(summary)
     plots = plot(records, summary, lambda task: json_path.parent / f"learning_efficiency_{task}.png")
     warmups = {}
-    for meta in sorted(root.glob("*/seed*/warmup.json")):
-        w = json.loads(meta.read_text())
+    for w in load_runs(root, "*/seed*/warmup.json").values():
         if tasks is not None and w["task"] not in tasks:
             continue
         warmups[f"{w['task']}/seed{w['seed']}"] = {
@@ -901,7 +955,8 @@ def report(
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="demo", choices=sorted(TASKS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -947,7 +1002,53 @@ def main(argv: list[str] | None = None) -> int:
         help="RL steps per arm (default: the task's, 40 for the regime tasks)",
     )
     parser.add_argument("--worker", nargs=2, metavar=("SEED", "ARM"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run_missing(args: argparse.Namespace, root: Path, command: str) -> None:
+    """Every (seed, arm) of ``args`` without a record, each in its own process, seed-major (a partial run still
+    gives complete seeds to compare), reporting after each."""
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+    # Seed-major order: a partial run still gives complete seeds to compare.
+    for seed in args.seeds:
+        for arm in ["warmup", *args.arms]:
+            if has_run(
+                root, run_key(args.task, seed, "warmup.json" if arm == "warmup" else f"{arm}.done.json")
+            ):
+                continue
+            cmd = [
+                sys.executable,
+                __file__,
+                "--task",
+                args.task,
+                "--root",
+                str(root),
+                "--eval_every",
+                str(args.eval_every),
+                "--sft_steps",
+                str(args.sft_steps),
+                "--threads",
+                str(args.threads),
+                "--kl_prompts",
+                str(args.kl_prompts),
+                *(["--rl_steps", str(args.rl_steps)] if args.rl_steps is not None else []),
+                "--worker",
+                str(seed),
+                arm,
+            ]
+            print(f"[learning_efficiency] task {args.task} seed {seed}: {arm}", flush=True)
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, env=env)
+            if proc.returncode != 0:
+                raise SystemExit(
+                    f"arm {arm} (task {args.task}, seed {seed}) failed with exit code {proc.returncode}"
+                )
+            print(f"[learning_efficiency] {arm} took {time.perf_counter() - t0:.0f} s", flush=True)
+            report(root, Path(args.json), command, tasks=args.report_tasks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     root = Path(args.root)
     if args.worker:
         run_arm_process(
@@ -976,44 +1077,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         if args.task in SHARED_START_TASKS:
             shared_start_dir(args.task)  # refuses a missing or non-plateaued start before any process starts
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
-        # Seed-major order: a partial run still gives complete seeds to compare.
-        for seed in args.seeds:
-            for arm in ["warmup", *args.arms]:
-                seed_dir = root / args.task / f"seed{seed}"
-                if arm == "warmup" and (seed_dir / "warmup.json").exists():
-                    continue
-                if arm != "warmup" and (seed_dir / f"{arm}.done.json").exists():
-                    continue
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--task",
-                    args.task,
-                    "--root",
-                    str(root),
-                    "--eval_every",
-                    str(args.eval_every),
-                    "--sft_steps",
-                    str(args.sft_steps),
-                    "--threads",
-                    str(args.threads),
-                    "--kl_prompts",
-                    str(args.kl_prompts),
-                    *(["--rl_steps", str(args.rl_steps)] if args.rl_steps is not None else []),
-                    "--worker",
-                    str(seed),
-                    arm,
-                ]
-                print(f"[learning_efficiency] task {args.task} seed {seed}: {arm}", flush=True)
-                t0 = time.perf_counter()
-                proc = subprocess.run(cmd, env=env)
-                if proc.returncode != 0:
-                    raise SystemExit(
-                        f"arm {arm} (task {args.task}, seed {seed}) failed with exit code {proc.returncode}"
-                    )
-                print(f"[learning_efficiency] {arm} took {time.perf_counter() - t0:.0f} s", flush=True)
-                report(root, Path(args.json), command, tasks=args.report_tasks)
+        _run_missing(args, root, command)
     doc = Path(args.doc) if args.doc else None
     report(root, Path(args.json), command, doc, tasks=args.report_tasks, doc_marker=args.doc_marker)
     return 0

@@ -15,8 +15,9 @@ half and the whole of its budget (one run gives the three budget fractions: the 
 constant). Each arm chooses its (learning rate, prompts per step) from :data:`GRID` by the mean full-budget success
 of :data:`TUNING_SEEDS`, then runs :data:`EVAL_SEEDS` (the oracle is not tuned: it runs at tuned GRPO's point).
 
-Records: one JSON file per run under ``benchmarks/results/lm_agent_map_runs/<setting>/<phase>/`` (written when the
-run finishes; a run whose file exists is skipped, an interrupted one restarts from its start), each naming the
+Records: one record per run, named ``<setting>/<phase>/<run>.json``, in ``benchmarks/results/lm_agent_map_runs``'s
+archive (``benchmarks/_runs.py``; appended when the run finishes; a run whose record exists is skipped, an
+interrupted one restarts from its start), each naming the
 commit, library versions, CPU and threads; the summary ``benchmarks/results/lm_agent_map.json`` has one record per
 (setting, budget fraction, arm).
 """
@@ -40,6 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at the repository's root
     sys.path.insert(0, str(ROOT))
+
+from benchmarks._runs import append_run, read_run  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 RUNS = RESULTS / "lm_agent_map_runs"
@@ -216,8 +219,10 @@ class RunSpec:
     def name(self) -> str:
         return f"{self.arm}_lr{self.lr:g}_p{self.prompts}_s{self.seed}"
 
-    def path(self, root: Path = RUNS) -> Path:
-        return root / self.setting / self.phase / f"{self.name}.json"
+    @property
+    def key(self) -> str:
+        """The run's record's name in the run directory's archive (``benchmarks/_runs.py``)."""
+        return f"{self.setting}/{self.phase}/{self.name}.json"
 
 
 def tuning_specs(setting: str, arms: Sequence[str]) -> list[RunSpec]:
@@ -231,16 +236,13 @@ def tuning_specs(setting: str, arms: Sequence[str]) -> list[RunSpec]:
     ]
 
 
-def read_record(path: Path) -> dict[str, Any] | None:
-    """A finished run's record, or None when the run has not finished (no file, or a file cut short)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+def read_record(spec: RunSpec, root: Path = RUNS) -> dict[str, Any] | None:
+    """A finished run's record, or None when the run has not finished."""
+    return read_run(root, spec.key, None)
 
 
 def write_record(path: Path, record: dict[str, Any]) -> None:
-    """Write atomically (a temporary file renamed), so a killed run leaves no half record that reads as done."""
+    """Write a summary atomically (a temporary file renamed), so a killed write leaves no half file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
@@ -305,7 +307,7 @@ def chosen_points(setting: str, arm: str, root: Path = RUNS) -> dict[float, tupl
         ValueError: when the tuning runs it needs are not all there.
     """
     source = arm if ARMS[arm].tuned else "grpo"
-    records = [read_record(spec.path(root)) for spec in tuning_specs(setting, [source])]
+    records = [read_record(spec, root) for spec in tuning_specs(setting, [source])]
     if any(r is None for r in records):
         raise ValueError(f"{setting}/{source}: tuning is incomplete; run --phase tune first.")
     point = choose(records, FRACTIONS[-1])
@@ -527,8 +529,8 @@ def provenance() -> dict[str, Any]:
 
 def start_success(setting: Setting, warmup_dir: Path | None = None) -> float:
     """The start's success on the held-out set (the same for every run of the setting), cached in the runs' folder."""
-    path = RUNS / setting.name / "start.json"
-    cached = read_record(path)
+    key = f"{setting.name}/start.json"
+    cached = read_run(RUNS, key, None)
     if cached is not None:
         return cached["success"]
     from testbed.lm_agent import make_tool_trainer
@@ -546,8 +548,8 @@ def start_success(setting: Setting, warmup_dir: Path | None = None) -> float:
             max_completion_length=parts.max_completion_length,
         )
         success = _success(trainer, parts.eval_rows, parts)
-    write_record(
-        path, {"setting": setting.name, "success": success, "episodes": EVAL_EPISODES, "seed": EVAL_SEED}
+    append_run(
+        RUNS, key, {"setting": setting.name, "success": success, "episodes": EVAL_EPISODES, "seed": EVAL_SEED}
     )
     return success
 
@@ -558,7 +560,7 @@ def run_all(
     """Run every spec whose record is missing (in order), writing each record as it finishes; returns how many ran."""
     from tqdm.auto import tqdm
 
-    todo = [s for s in specs if read_record(s.path(root)) is None]
+    todo = [s for s in specs if read_record(s, root) is None]
     print(f"{len(specs) - len(todo)} of {len(specs)} runs already done; {len(todo)} to run", flush=True)
     meta = provenance() if todo else {}
     with tqdm(todo, desc="lm agent map", unit="run", mininterval=5) as bar:
@@ -568,7 +570,7 @@ def run_all(
             record = runner(spec, start_success=start_success(SETTINGS[spec.setting]))
             record["wall_seconds"] = time.perf_counter() - started
             record["machine"] = meta
-            write_record(spec.path(root), record)
+            append_run(root, spec.key, record)
     return len(todo)
 
 
@@ -626,8 +628,7 @@ def summarize(settings: Sequence[str], arms: Sequence[str], root: Path = RUNS) -
             for fraction in FRACTIONS:
                 lr, prompts = chosen[fraction]
                 runs = [
-                    read_record(RunSpec(name, arm, lr, prompts, seed, "eval").path(root))
-                    for seed in EVAL_SEEDS
+                    read_record(RunSpec(name, arm, lr, prompts, seed, "eval"), root) for seed in EVAL_SEEDS
                 ]
                 if any(r is None for r in runs):
                     continue

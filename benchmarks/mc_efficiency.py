@@ -587,12 +587,8 @@ def plot(options: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
-
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+def _parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["toy", "demo"], choices=list(TASK_ORDER))
     parser.add_argument("--toy_groups", type=int, default=300)
@@ -618,76 +614,79 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--doc", default=None, help="also rewrite the results between the markers of this file"
     )
-    args = parser.parse_args(argv)
+    return parser
 
-    runs = Path(args.runs)
-    runs.mkdir(parents=True, exist_ok=True)
-    png = Path(args.json).with_suffix(".png")
+
+def _run_task(task_name: str, args: argparse.Namespace, runs: Path, machine_info: Any) -> None:
+    """Every (option, K, repeat) of ``task_name`` not yet in ``runs/<task>.jsonl``, appended as it finishes
+    (repeat-major, so an interrupted run leaves whole sweeps behind), and the task's meta file."""
+    path = runs / f"{task_name}.jsonl"
+    done = set()
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            done.add((r["family"], r["k"], r["repeat"]))
+    # Repeat-major, so an interrupted run leaves whole sweeps behind.
+    todo = [
+        (f, k, rep)
+        for rep in range(args.repeats)
+        for f, (_, sweep) in FAMILIES.items()
+        if f in args.families
+        for k in (sweep if args.ks is None else args.ks)
+    ]
+    todo = [x for x in todo if x not in done]
+    meta_path = runs / f"{task_name}.meta.json"
+    settings = (
+        {"toy_groups": args.toy_groups, "seed": args.seed}
+        if task_name.startswith("toy")
+        else {"prompts": args.prompts, "ground_truth_k": args.ground_truth_k, "seed": args.seed}
+    )
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else None
+    same_settings = meta is None or meta.get("settings") == settings
+    nothing_to_run = args.report or not todo
+    if not nothing_to_run and not same_settings:
+        raise SystemExit(
+            f"{path} holds runs with settings {meta.get('settings')}, not {settings}: pass those settings to "
+            "resume, or another --runs directory for a new configuration."
+        )
+    # A meta file written before value_variance existed is completed, for its own settings only.
+    heal = meta is not None and "value_variance" not in meta and same_settings
+    if nothing_to_run and not heal:
+        return  # the aggregation reads the meta file
+    if task_name.startswith("toy"):
+        task = toy_task(args.toy_groups, args.seed, depth=12 if task_name == "toy_long" else 6)
+    else:  # with its cache in place this loads the policy and the stored responses, and samples nothing
+        task = demo_task(args.prompts, args.ground_truth_k, args.seed, args.threads, runs)
+    meta_path.write_text(
+        json.dumps(
+            {
+                "description": task["description"],
+                "truth_variance": task["truth_variance"],
+                "value_variance": task["value_variance"],
+                "settings": settings,
+                "environment": machine_info(threads=args.threads),
+            }
+        ),
+        encoding="utf-8",
+    )
+    if nothing_to_run:
+        return
+    for family, k, rep in todo:
+        record = run_point(task, family, k, rep)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        print(
+            f"[{task_name}] {family} K={k} repeat {rep}: {record['tokens_per_response']:.1f} tokens/response, "
+            f"value MSE {record['value_mse']:.4f}, sign {record['sign_accuracy']:.3f} ({record['seconds']:.1f} s)",
+            flush=True,
+        )
+
+
+def _aggregate(runs: Path) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, float], dict[str, float]]:
+    """Every task's summarized options, descriptions, ground-truth and value variances, from the run files."""
     descriptions: dict[str, str] = {}
     truth_variance: dict[str, float] = {}
     value_variance: dict[str, float] = {}
-    for task_name in args.tasks:
-        path = runs / f"{task_name}.jsonl"
-        done = set()
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                r = json.loads(line)
-                done.add((r["family"], r["k"], r["repeat"]))
-        # Repeat-major, so an interrupted run leaves whole sweeps behind.
-        todo = [
-            (f, k, rep)
-            for rep in range(args.repeats)
-            for f, (_, sweep) in FAMILIES.items()
-            if f in args.families
-            for k in (sweep if args.ks is None else args.ks)
-        ]
-        todo = [x for x in todo if x not in done]
-        meta_path = runs / f"{task_name}.meta.json"
-        settings = (
-            {"toy_groups": args.toy_groups, "seed": args.seed}
-            if task_name.startswith("toy")
-            else {"prompts": args.prompts, "ground_truth_k": args.ground_truth_k, "seed": args.seed}
-        )
-        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else None
-        same_settings = meta is None or meta.get("settings") == settings
-        nothing_to_run = args.report or not todo
-        if not nothing_to_run and not same_settings:
-            raise SystemExit(
-                f"{path} holds runs with settings {meta.get('settings')}, not {settings}: pass those settings to "
-                "resume, or another --runs directory for a new configuration."
-            )
-        # A meta file written before value_variance existed is completed, for its own settings only.
-        heal = meta is not None and "value_variance" not in meta and same_settings
-        if nothing_to_run and not heal:
-            continue  # the aggregation below reads the meta file
-        if task_name.startswith("toy"):
-            task = toy_task(args.toy_groups, args.seed, depth=12 if task_name == "toy_long" else 6)
-        else:  # with its cache in place this loads the policy and the stored responses, and samples nothing
-            task = demo_task(args.prompts, args.ground_truth_k, args.seed, args.threads, runs)
-        meta_path.write_text(
-            json.dumps(
-                {
-                    "description": task["description"],
-                    "truth_variance": task["truth_variance"],
-                    "value_variance": task["value_variance"],
-                    "settings": settings,
-                    "environment": machine_info(threads=args.threads),
-                }
-            ),
-            encoding="utf-8",
-        )
-        if nothing_to_run:
-            continue
-        for family, k, rep in todo:
-            record = run_point(task, family, k, rep)
-            with path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-            print(
-                f"[{task_name}] {family} K={k} repeat {rep}: {record['tokens_per_response']:.1f} tokens/response, "
-                f"value MSE {record['value_mse']:.4f}, sign {record['sign_accuracy']:.3f} ({record['seconds']:.1f} s)",
-                flush=True,
-            )
-
     options: list[dict[str, Any]] = []
     for task_name in TASK_ORDER:
         path = runs / f"{task_name}.jsonl"
@@ -700,6 +699,24 @@ def main(argv: list[str] | None = None) -> int:
             if "value_variance" in meta:
                 value_variance[task_name] = meta["value_variance"]
             options += summarize(task_name, records, value_variance.get(task_name), truth_variance[task_name])
+    return options, descriptions, truth_variance, value_variance
+
+
+def main(argv: list[str] | None = None) -> int:
+    if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module, not run: its sibling
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _machine import machine_info  # where the record was made (commit, versions, CPU, threads)
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    args = _parser().parse_args(argv)
+
+    runs = Path(args.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    png = Path(args.json).with_suffix(".png")
+    for task_name in args.tasks:
+        _run_task(task_name, args, runs, machine_info)
+
+    options, descriptions, truth_variance, value_variance = _aggregate(runs)
     if not options:
         print("no finished runs yet")
         return 0

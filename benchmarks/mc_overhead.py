@@ -397,7 +397,8 @@ def machine() -> dict:
     return info
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--engines", default="transformers,vllm", help="comma-separated: transformers, vllm")
     parser.add_argument("--repeats", type=int, default=15)
@@ -423,6 +424,89 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="also cProfile one estimator call per engine")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "mc_overhead.json")
+    return parser
+
+
+def _start_engines(names: list[str], model_dir: Path, tokenizer: Any, args: Any, rollouts: int) -> list[Any]:
+    """The engines ``names`` asks for (vLLM twice: prefix caching off and on), on the saved tiny model."""
+    engines: list[Any] = []
+    t0 = time.perf_counter()
+    if "transformers" in names:
+        engines.append(TransformersEngine(model_dir, tokenizer, args, rollouts))
+    if "vllm" in names:
+        engines.append(VLLMEngine(model_dir, args, prefix_caching=False))
+        engines.append(VLLMEngine(model_dir, args, prefix_caching=True))
+    print(f"engines ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    return engines
+
+
+def _repeat(engines: list[Any], estimators: dict[str, Any], batch: Any, requests: Any, repeats: int) -> dict:
+    """``repeats`` timings of the raw engine call and of the estimator per engine, in rotating order."""
+    runs: dict[str, dict[str, list[dict]]] = {e.name: {"raw": [], "estimator": []} for e in engines}
+    for rep in range(repeats):
+        # Rotate the engine order and alternate raw/estimator order so that drifts in machine load
+        # hit every configuration and both kinds alike.
+        order = engines[rep % len(engines) :] + engines[: rep % len(engines)]
+        kinds = ("raw", "estimator") if rep % 2 == 0 else ("estimator", "raw")
+        for e in order:
+            for kind in kinds:
+                runs[e.name][kind].append(measure(e, estimators[e.name], batch, requests, kind))
+        print(
+            f"repeat {rep + 1}/{repeats}: "
+            + "; ".join(
+                f"{name}: raw {r['raw'][-1]['seconds']:.2f} s, estimator {r['estimator'][-1]['seconds']:.2f} s"
+                for name, r in runs.items()
+            ),
+            flush=True,
+        )
+    return runs
+
+
+def _profile(engines: list[Any], estimators: dict[str, Any], batch: Any, out_dir: Path) -> None:
+    """cProfile one estimator call per engine into ``out_dir/mc_overhead_<engine>.prof``."""
+    import cProfile
+
+    for e in engines:
+        slug = "".join(c if c.isalnum() else "_" for c in e.name)
+        path = out_dir / f"mc_overhead_{slug}.prof"
+        e.reset()
+        profiler = cProfile.Profile()
+        profiler.runcall(estimators[e.name].estimate, batch)
+        profiler.dump_stats(path)
+        print(f"profile: {path}")
+
+
+def _print_summary(
+    summary: dict[str, dict], caching: dict | None, replay: dict, load_before: Any, load_after: Any
+) -> None:
+    """The table of every engine, prefix caching's speed-up, the engine-free cost and the machine's load."""
+    header = (
+        f"{'engine':<26} {'raw s':>6} {'estim. s':>8} {'ratio':>6} {'ratio/tok':>9} {'paired IQR':>11} {'CPU ratio':>9} "
+        f"{'outside engine':>14} {'MC tok/ep':>9} {'raw tok/s':>9}"
+    )
+    print("\n" + header + "\n" + "-" * len(header))
+    for name, s in summary.items():
+        outside = f"{1000 * s['outside_engine_seconds']:.0f} ms {100 * s['outside_engine_fraction']:.1f}%"
+        iqr = "{:.2f}-{:.2f}".format(*s["paired_ratio_quartiles"])
+        print(
+            f"{name:<26} {s['raw_seconds']:>6.2f} {s['estimator_seconds']:>8.2f} {s['ratio']:>6.3f} "
+            f"{s['ratio_per_token']:>9.3f} {iqr:>11} {s['cpu_ratio']:>9.3f} {outside:>14} {s['mc_tokens_per_episode']:>9.0f} "
+            f"{s['raw_tokens_per_second']:>9.0f}"
+        )
+    if caching:
+        print(
+            f"\nvLLM prefix caching on vs off: raw call {caching['raw_speedup']:.2f}x, "
+            f"estimator {caching['estimator_speedup']:.2f}x (>1: caching is faster)"
+        )
+    print(
+        f"engine-free estimator cost ({replay['trajectories']} episodes, {replay['rollouts']} rollouts): "
+        f"{replay['seconds']:.3f} s, {replay['microseconds_per_generated_token']:.3f} us per generated token"
+    )
+    print(f"load average (1 min) before/after the repeats: {load_before[0]:.2f} / {load_after[0]:.2f}")
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
 
     import torch
@@ -465,15 +549,7 @@ def main() -> None:
         "max_tokens_total": sum(r.n * r.max_tokens for r in requests),
     }
     print(f"workload: {workload}", flush=True)
-
-    engines: list[Any] = []
-    t0 = time.perf_counter()
-    if "transformers" in names:
-        engines.append(TransformersEngine(model_dir, tokenizer, args, workload["rollouts"]))
-    if "vllm" in names:
-        engines.append(VLLMEngine(model_dir, args, prefix_caching=False))
-        engines.append(VLLMEngine(model_dir, args, prefix_caching=True))
-    print(f"engines ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    engines = _start_engines(names, model_dir, tokenizer, args, workload["rollouts"])
 
     estimators = {
         e.name: MCValueEstimator(
@@ -491,37 +567,12 @@ def main() -> None:
         measure(e, estimators[e.name], batch, requests, "estimator")
 
     load_before = os.getloadavg()
-    runs: dict[str, dict[str, list[dict]]] = {e.name: {"raw": [], "estimator": []} for e in engines}
-    for rep in range(args.repeats):
-        # Rotate the engine order and alternate raw/estimator order so that drifts in machine load
-        # hit every configuration and both kinds alike.
-        order = engines[rep % len(engines) :] + engines[: rep % len(engines)]
-        kinds = ("raw", "estimator") if rep % 2 == 0 else ("estimator", "raw")
-        for e in order:
-            for kind in kinds:
-                runs[e.name][kind].append(measure(e, estimators[e.name], batch, requests, kind))
-        print(
-            f"repeat {rep + 1}/{args.repeats}: "
-            + "; ".join(
-                f"{name}: raw {r['raw'][-1]['seconds']:.2f} s, estimator {r['estimator'][-1]['seconds']:.2f} s"
-                for name, r in runs.items()
-            ),
-            flush=True,
-        )
+    runs = _repeat(engines, estimators, batch, requests, args.repeats)
     load_after = os.getloadavg()
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.profile:
-        import cProfile
-
-        for e in engines:
-            slug = "".join(c if c.isalnum() else "_" for c in e.name)
-            path = args.out.parent / f"mc_overhead_{slug}.prof"
-            e.reset()
-            profiler = cProfile.Profile()
-            profiler.runcall(estimators[e.name].estimate, batch)
-            profiler.dump_stats(path)
-            print(f"profile: {path}")
+        _profile(engines, estimators, batch, args.out.parent)
 
     summary = {name: summarize(r, len(batch)) for name, r in runs.items()}
     off, on = "vllm, prefix caching off", "vllm, prefix caching on"
@@ -532,29 +583,7 @@ def main() -> None:
             "estimator_speedup": summary[off]["estimator_seconds"] / summary[on]["estimator_seconds"],
         }
 
-    header = (
-        f"{'engine':<26} {'raw s':>6} {'estim. s':>8} {'ratio':>6} {'ratio/tok':>9} {'paired IQR':>11} {'CPU ratio':>9} "
-        f"{'outside engine':>14} {'MC tok/ep':>9} {'raw tok/s':>9}"
-    )
-    print("\n" + header + "\n" + "-" * len(header))
-    for name, s in summary.items():
-        outside = f"{1000 * s['outside_engine_seconds']:.0f} ms {100 * s['outside_engine_fraction']:.1f}%"
-        iqr = "{:.2f}-{:.2f}".format(*s["paired_ratio_quartiles"])
-        print(
-            f"{name:<26} {s['raw_seconds']:>6.2f} {s['estimator_seconds']:>8.2f} {s['ratio']:>6.3f} "
-            f"{s['ratio_per_token']:>9.3f} {iqr:>11} {s['cpu_ratio']:>9.3f} {outside:>14} {s['mc_tokens_per_episode']:>9.0f} "
-            f"{s['raw_tokens_per_second']:>9.0f}"
-        )
-    if caching:
-        print(
-            f"\nvLLM prefix caching on vs off: raw call {caching['raw_speedup']:.2f}x, "
-            f"estimator {caching['estimator_speedup']:.2f}x (>1: caching is faster)"
-        )
-    print(
-        f"engine-free estimator cost ({replay['trajectories']} episodes, {replay['rollouts']} rollouts): "
-        f"{replay['seconds']:.3f} s, {replay['microseconds_per_generated_token']:.3f} us per generated token"
-    )
-    print(f"load average (1 min) before/after the repeats: {load_before[0]:.2f} / {load_after[0]:.2f}")
+    _print_summary(summary, caching, replay, load_before, load_after)
 
     result = {
         "command": " ".join(["python", *sys.argv]),

@@ -27,13 +27,17 @@ import itertools
 import json
 import math
 import os
-import re
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "benchmarks") not in sys.path:  # loaded by path (tests) or run as a script: its siblings
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _runs import has_run, read_run, runs_file  # noqa: E402  (beside this file: the one reader of run records)
+
 RESULTS = ROOT / "benchmarks" / "results"
 RUNS = RESULTS / "paper_claims_runs"
 REGIME_RUNS = RESULTS / "learning_efficiency_runs"
@@ -230,28 +234,24 @@ def load_curves(root: Path, task: str, arm: str, seeds: list[int]) -> dict[int, 
     """``{seed: records by step}`` of the finished runs of ``arm`` (a run counts once its ``done.json`` exists)."""
     out = {}
     for seed in seeds:
-        seed_dir = root / task / f"seed{seed}"
-        if not (seed_dir / f"{arm}.done.json").exists():
+        if not has_run(root, f"{task}/seed{seed}/{arm}.done.json"):
             continue
-        rows = [
-            json.loads(line) for line in (seed_dir / f"{arm}.jsonl").read_text().splitlines() if line.strip()
-        ]
-        out[seed] = sorted(rows, key=lambda r: r["step"])
+        out[seed] = sorted(read_run(root, f"{task}/seed{seed}/{arm}.jsonl"), key=lambda r: r["step"])
     return out
 
 
 def load_logs(root: Path, task: str, arm: str, seed: int) -> list[dict]:
-    """A finished run's training logs (read once per file version: stage 1 alone asks for each run's logs at every
-    evaluation)."""
-    path = root / task / f"seed{seed}" / f"{arm}.done.json"
-    stat = path.stat()
-    return _read_logs(path, stat.st_mtime_ns, stat.st_size)
+    """A finished run's training logs (read once per version of the archive: stage 1 alone asks for each run's logs at
+    every evaluation)."""
+    stat = runs_file(root).stat()
+    return _read_logs(root, f"{task}/seed{seed}/{arm}.done.json", stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=512)
-def _read_logs(path: Path, mtime_ns: int, size: int) -> list[dict]:
-    """The logs of ``path`` as they were at ``mtime_ns`` and ``size`` (the cache key; callers must not mutate)."""
-    return json.loads(path.read_text()).get("logs", [])
+def _read_logs(root: Path, key: str, mtime_ns: int, size: int) -> list[dict]:
+    """The logs of the record ``key`` as they were at ``mtime_ns`` and ``size`` of the archive (the cache key;
+    callers must not mutate)."""
+    return read_run(root, key).get("logs", [])
 
 
 def first_reaching(curve: list[dict], target: float) -> dict | None:
@@ -384,10 +384,10 @@ def regime_reproduction(curves: dict[str, dict[int, list[dict]]]) -> dict:
     mismatches = []
     for arm in ("grpo", "vineppo_k4"):
         for seed, curve in curves[arm].items():
-            path = REGIME_RUNS / TASK / f"seed{seed}" / f"{arm}.jsonl"
-            if not path.exists():
+            rows = read_run(REGIME_RUNS, f"{TASK}/seed{seed}/{arm}.jsonl", None)
+            if rows is None:
                 continue
-            old = {r["step"]: r for r in map(json.loads, path.read_text().splitlines()) if r}
+            old = {r["step"]: r for r in rows if r}
             for step in (20, 40):
                 checked += 1
                 if same_fields(at_step(curve, step), old[step], ("accuracy", "sampled_tokens")):
@@ -572,7 +572,7 @@ def cost_model_estimate(root: Path) -> dict:
     for arm in STAGE1_ARMS:
         costs = []
         for seed in SEEDS:
-            info = json.loads((root / TASK / f"seed{seed}" / f"{arm}.done.json").read_text())
+            info = read_run(root, f"{TASK}/seed{seed}/{arm}.done.json")
             sampled, trained = _tokens_per_step(info)
             trained *= 2 if arm == "ppo" else 1
             costs.append(info["steps"] * cost_model_tokens(sampled, trained, GPU_COST_RATIO))
@@ -722,9 +722,9 @@ def stage4(studies: dict, root: Path = RUNS, retime_root: Path = RETIME) -> dict
         "complete": all(len(c) == len(SEEDS) for c in curves.values()),
         "command": STAGE4_COMMAND,
     }
-    start_file = root / STAGE4_TASK / "start.json"  # written when the first run starts
-    if start_file.exists():
-        out["start_accuracy"] = json.loads(start_file.read_text())["accuracy"]
+    start = read_run(root, f"{STAGE4_TASK}/start.json", None)  # written when the first run starts
+    if start is not None:
+        out["start_accuracy"] = start["accuracy"]
     if not out["complete"]:
         return out
     last = max(r["step"] for r in curves["ppo"][SEEDS[0]])
@@ -880,28 +880,28 @@ def _paired_by_state(a: list[dict], b: list[dict], f: Any) -> list[float]:
     return _by_prompt([(x["prompt"], f(x, y)) for x, y in zip(a, b, strict=True)])
 
 
-def step_advantages(report: Path, states: list[dict]) -> list[dict]:
-    """Each response of a credit-diagnostics report (``report.html``): its prompt, reward and ground-truth step
-    advantages (``data-advantage``). Checked against ``states`` (the ground truth of ``value_states``): every step's
-    ``data-value-before`` must be that state's truth, so the two files describe the same responses."""
-    html = report.read_text()
-    responses = html.split('<div class="response')[1:]
+def step_advantages(responses_file: Path, states: list[dict]) -> list[dict]:
+    """Each response of a credit-diagnostics run (``responses.json``, the data of its ``report.html``): its prompt,
+    reward and ground-truth step advantages. Checked against ``states`` (the ground truth of ``value_states``): every
+    step's value before it must be that state's truth, so the two files describe the same responses."""
+    responses = json.loads(responses_file.read_text())["responses"]
     out = []
     truths = [s["truth"] for s in states]
     i = 0
-    for k, block in enumerate(responses):
-        reward = float(re.search(r"reward ([0-9.]+) &middot;", block).group(1))
-        advantages = [float(a) for a in re.findall(r'data-advantage="([-0-9.]+)"', block)]
-        before = [float(v) for v in re.findall(r'data-value-before="([-0-9.]+)"', block)]
+    for k, r in enumerate(responses):
+        advantages = [float(a) for a in r["advantages"]]
+        before = [float(v) for v in r["values"][: len(advantages)]]
         if any(abs(v - t) > 5e-5 for v, t in zip(before, truths[i : i + len(before)], strict=True)):
             raise ValueError(
-                f"step_advantages: {report} response {k + 1} does not match the metrics' ground truth."
+                f"step_advantages: {responses_file} response {k + 1} does not match the metrics' ground truth."
             )
-        out.append({"prompt": states[i]["prompt"], "reward": reward, "advantages": advantages,
+        out.append({"prompt": states[i]["prompt"], "reward": float(r["reward"]), "advantages": advantages,
                     "first_state": i})  # fmt: skip
         i += len(before)
     if i != len(states):
-        raise ValueError(f"step_advantages: {report} has {i} steps, the metrics {len(states)} states.")
+        raise ValueError(
+            f"step_advantages: {responses_file} has {i} steps, the metrics {len(states)} states."
+        )
     return out
 
 
@@ -910,48 +910,8 @@ def value_analysis(diagnostics: Path = DIAGNOSTICS_PPO, warmup: Path = DIAGNOSTI
     (the 40-step PPO critic, Monte Carlo K = 1, 3, 9, GRPO's and RLOO's implied values; K = 128 ground truth). Every
     test is over prompts: a mean per prompt, t over the prompts."""
     states = value_states(diagnostics / "metrics.json")
-    critic, mc = states["ppo critic"], states["vineppo_k9"]
-
-    def err(x: dict) -> float:
-        return x["estimate"] - x["truth"]
-
-    def within(x: dict) -> float:
-        return float(abs(err(x)) <= WITHIN + 1e-12)
-
-    def share_within(rows: list[dict]) -> list[float]:
-        return _by_prompt([(x["prompt"], within(x)) for x in rows])
-
-    def last_minus_first(rows: list[dict]) -> list[float]:
-        by_response: dict[int, list[dict]] = {}
-        for x in rows:
-            by_response.setdefault(x["response"], []).append(x)
-        return _by_prompt(
-            [(r[0]["prompt"], abs(err(r[-1])) - abs(err(r[0]))) for r in by_response.values() if len(r) > 1]
-        )
-
-    def extreme(x: dict) -> bool:
-        return x["truth"] <= EXTREME[0] or x["truth"] >= EXTREME[1]
-
-    spread = []  # per prompt with both kinds of state: K = 9's |error| in the middle minus near 0 or 1
-    for prompt in sorted({x["prompt"] for x in mc}):
-        mid = [abs(err(x)) for x in mc if x["prompt"] == prompt and MIDDLE[0] <= x["truth"] <= MIDDLE[1]]
-        ends = [abs(err(x)) for x in mc if x["prompt"] == prompt and extreme(x)]
-        if mid and ends:
-            spread.append(statistics.fmean(mid) - statistics.fmean(ends))
-    # Separation of bad (truth near 0) from good (near 1) states: the critic's estimate minus K = 9's, signed so that
-    # a negative mean is the critic separating them less.
-    separation = _by_prompt(
-        [
-            (c["prompt"], (c["estimate"] - m["estimate"]) * (1 if c["truth"] >= EXTREME[1] else -1))
-            for c, m in zip(critic, mc, strict=True)
-            if extreme(c)
-        ]  # fmt: skip
-    )
-    prompt_states = {name: [x for x in rows if x["position"] == 0] for name, rows in states.items()}
-    grpo = states["grpo (implied)"]
-    mc_prompt = [x for x in mc if x["position"] == 0]
-    critic_prompt = [x for x in critic if x["position"] == 0]
-    responses = step_advantages(diagnostics / "report.html", mc)
+    mc = states["vineppo_k9"]
+    responses = step_advantages(diagnostics / "responses.json", mc)
     small = [(r["prompt"], float(abs(a) <= WITHIN + 1e-12)) for r in responses for a in r["advantages"]]
     true_zero = [float(a == 0) for r in responses for a in r["advantages"]]
     mc_advantages = []  # K = 9's step advantages on the same responses: differences of its values, the last to reward
@@ -959,80 +919,149 @@ def value_analysis(diagnostics: Path = DIAGNOSTICS_PPO, warmup: Path = DIAGNOSTI
         values = [mc[r["first_state"] + j]["estimate"] for j in range(len(r["advantages"]))] + [r["reward"]]
         mc_advantages += [values[j + 1] - values[j] for j in range(len(r["advantages"]))]
     warm = value_states(warmup / "metrics.json")["vineppo_k9"]
-    ranking = json.loads((diagnostics / "metrics.json").read_text())["estimators"]
-    pairs = int(ranking["ppo critic"]["ranking_pairs"])
-    groups = int(ranking["vineppo_k9"]["ranking_groups"])
-    critic_agree = round(ranking["ppo critic"]["ranking_pairwise"] * pairs)
-    mc_top1 = round(ranking["vineppo_k9"]["ranking_top1"] * groups)
-    alternatives = json.loads((diagnostics / "metrics.json").read_text())["settings"]["alternatives"]
     return {
         "source": str(diagnostics.relative_to(ROOT)),
         "states": len(mc),
         "prompts": len({x["prompt"] for x in mc}),
         "responses": len(responses),
-        "share_within": {
-            "vineppo_k9": statistics.fmean(within(x) for x in mc),
-            "critic": statistics.fmean(within(x) for x in critic),
-        },  # fmt: skip
-        "within_mc_minus_critic": _stats().paired_t_test(
-            [a - b for a, b in zip(share_within(mc), share_within(critic), strict=True)]
-        ),
-        "within_mc_level": one_sample(share_within(mc), PAPER_WITHIN_SHARE),
-        "mae": {name: statistics.fmean(abs(err(x)) for x in rows) for name, rows in states.items()},
-        "mae_critic_minus_mc": _stats().paired_t_test(
-            _paired_by_state(critic, mc, lambda c, m: abs(err(c)) - abs(err(m)))
-        ),
-        "mae_by_position": {
-            name: {
-                str(pos): statistics.fmean(abs(err(x)) for x in rows if x["position"] == pos)
-                for pos in sorted({x["position"] for x in rows})
-            }  # fmt: skip
-            for name, rows in (("critic", critic), ("vineppo_k9", mc))
-        },
-        "last_minus_first": {
-            "critic": one_sample(last_minus_first(critic)),
-            "vineppo_k9": one_sample(last_minus_first(mc)),
-        },  # fmt: skip
-        "mc_signed_error": one_sample(_by_prompt([(x["prompt"], err(x)) for x in mc])),
-        "critic_signed_error": one_sample(_by_prompt([(x["prompt"], err(x)) for x in critic])),
-        "mc_spread_middle_minus_ends": one_sample(spread),
-        "critic_separation_minus_mc": one_sample(separation),
-        "extreme_states": sum(extreme(x) for x in mc),
-        "critic_mean_estimate": {
-            "truth_near_0": statistics.fmean(x["estimate"] for x in critic if x["truth"] <= EXTREME[0]),
-            "truth_near_1": statistics.fmean(x["estimate"] for x in critic if x["truth"] >= EXTREME[1]),
-        },
-        "prompt_state_grpo_minus_mc": _stats().paired_t_test(
-            _paired_by_state(grpo, mc_prompt, lambda g, m: abs(err(g)) - abs(err(m)))
-        ),
-        "prompt_state_critic_minus_grpo": _stats().paired_t_test(
-            _paired_by_state(critic_prompt, grpo, lambda c, g: abs(err(c)) - abs(err(g)))
-        ),
-        "prompt_state_mae": {
-            name: statistics.fmean(abs(err(x)) for x in rows) for name, rows in prompt_states.items()
-        },  # fmt: skip
+        **_value_errors(states),
         "steps": len(small),
         "share_small_advantage": one_sample(_by_prompt(small), 0.5),
         "share_zero_advantage": {
             "truth": statistics.fmean(true_zero),
             "vineppo_k9": statistics.fmean(float(a == 0) for a in mc_advantages),
         },  # fmt: skip
-        "warmup_mc_mae": one_sample(_by_prompt([(x["prompt"], abs(err(x))) for x in warm]), WITHIN),
+        "warmup_mc_mae": one_sample(_by_prompt([(x["prompt"], abs(_err(x))) for x in warm]), WITHIN),
         "warmup_states": len(warm),
-        "ranking": {
-            "pairs": pairs,
-            "critic_agree": critic_agree,
-            "critic_pairwise": critic_agree / pairs,
-            "critic_pairwise_ci95": clopper_pearson(critic_agree, pairs),
-            "groups": groups,
-            "alternatives": alternatives,
-            "mc_top1": mc_top1,
-            "mc_top1_share": mc_top1 / groups,
-            "mc_top1_ci95": clopper_pearson(mc_top1, groups),
-            "mc_top1_p": binomial_test(mc_top1, groups, 1 / alternatives),
-            "critic_top1": ranking["ppo critic"]["ranking_top1"],
-            "mc_pairwise": {str(k): ranking[f"vineppo_k{k}"]["ranking_pairwise"] for k in (1, 3, 9)},
+        "ranking": _ranking_record(json.loads((diagnostics / "metrics.json").read_text())),
+    }
+
+
+def _err(x: dict) -> float:
+    """A state's estimate minus its ground truth."""
+    return x["estimate"] - x["truth"]
+
+
+def _within(x: dict) -> float:
+    """1.0 when a state's estimate is within ``WITHIN`` of the truth."""
+    return float(abs(_err(x)) <= WITHIN + 1e-12)
+
+
+def _share_within(rows: list[dict]) -> list[float]:
+    """Per prompt, the share of its states estimated within ``WITHIN``."""
+    return _by_prompt([(x["prompt"], _within(x)) for x in rows])
+
+
+def _last_minus_first(rows: list[dict]) -> list[float]:
+    """Per prompt, the mean over its responses of the last state's absolute error minus the first's."""
+    by_response: dict[int, list[dict]] = {}
+    for x in rows:
+        by_response.setdefault(x["response"], []).append(x)
+    return _by_prompt(
+        [(r[0]["prompt"], abs(_err(r[-1])) - abs(_err(r[0]))) for r in by_response.values() if len(r) > 1]
+    )
+
+
+def _extreme(x: dict) -> bool:
+    """A state whose truth is near 0 or near 1 (``EXTREME``)."""
+    return x["truth"] <= EXTREME[0] or x["truth"] >= EXTREME[1]
+
+
+def _mc_spread(mc: list[dict]) -> list[float]:
+    """Per prompt with both kinds of state: K = 9's |error| in the middle (``MIDDLE``) minus near 0 or 1."""
+    spread = []
+    for prompt in sorted({x["prompt"] for x in mc}):
+        mid = [abs(_err(x)) for x in mc if x["prompt"] == prompt and MIDDLE[0] <= x["truth"] <= MIDDLE[1]]
+        ends = [abs(_err(x)) for x in mc if x["prompt"] == prompt and _extreme(x)]
+        if mid and ends:
+            spread.append(statistics.fmean(mid) - statistics.fmean(ends))
+    return spread
+
+
+def _value_errors(states: dict[str, list[dict]]) -> dict:
+    """The value-error measures of :func:`value_analysis`: shares within ``WITHIN``, MAEs (by position, at the
+    prompt state), the errors' drift along a response, signed errors and the separation of extreme states."""
+    critic, mc = states["ppo critic"], states["vineppo_k9"]
+    # Separation of bad (truth near 0) from good (near 1) states: the critic's estimate minus K = 9's, signed so that
+    # a negative mean is the critic separating them less.
+    separation = _by_prompt(
+        [
+            (c["prompt"], (c["estimate"] - m["estimate"]) * (1 if c["truth"] >= EXTREME[1] else -1))
+            for c, m in zip(critic, mc, strict=True)
+            if _extreme(c)
+        ]  # fmt: skip
+    )
+    prompt_states = {name: [x for x in rows if x["position"] == 0] for name, rows in states.items()}
+    grpo = states["grpo (implied)"]
+    mc_prompt = [x for x in mc if x["position"] == 0]
+    critic_prompt = [x for x in critic if x["position"] == 0]
+    return {
+        "share_within": {
+            "vineppo_k9": statistics.fmean(_within(x) for x in mc),
+            "critic": statistics.fmean(_within(x) for x in critic),
+        },  # fmt: skip
+        "within_mc_minus_critic": _stats().paired_t_test(
+            [a - b for a, b in zip(_share_within(mc), _share_within(critic), strict=True)]
+        ),
+        "within_mc_level": one_sample(_share_within(mc), PAPER_WITHIN_SHARE),
+        "mae": {name: statistics.fmean(abs(_err(x)) for x in rows) for name, rows in states.items()},
+        "mae_critic_minus_mc": _stats().paired_t_test(
+            _paired_by_state(critic, mc, lambda c, m: abs(_err(c)) - abs(_err(m)))
+        ),
+        "mae_by_position": {
+            name: {
+                str(pos): statistics.fmean(abs(_err(x)) for x in rows if x["position"] == pos)
+                for pos in sorted({x["position"] for x in rows})
+            }  # fmt: skip
+            for name, rows in (("critic", critic), ("vineppo_k9", mc))
         },
+        "last_minus_first": {
+            "critic": one_sample(_last_minus_first(critic)),
+            "vineppo_k9": one_sample(_last_minus_first(mc)),
+        },  # fmt: skip
+        "mc_signed_error": one_sample(_by_prompt([(x["prompt"], _err(x)) for x in mc])),
+        "critic_signed_error": one_sample(_by_prompt([(x["prompt"], _err(x)) for x in critic])),
+        "mc_spread_middle_minus_ends": one_sample(_mc_spread(mc)),
+        "critic_separation_minus_mc": one_sample(separation),
+        "extreme_states": sum(_extreme(x) for x in mc),
+        "critic_mean_estimate": {
+            "truth_near_0": statistics.fmean(x["estimate"] for x in critic if x["truth"] <= EXTREME[0]),
+            "truth_near_1": statistics.fmean(x["estimate"] for x in critic if x["truth"] >= EXTREME[1]),
+        },
+        "prompt_state_grpo_minus_mc": _stats().paired_t_test(
+            _paired_by_state(grpo, mc_prompt, lambda g, m: abs(_err(g)) - abs(_err(m)))
+        ),
+        "prompt_state_critic_minus_grpo": _stats().paired_t_test(
+            _paired_by_state(critic_prompt, grpo, lambda c, g: abs(_err(c)) - abs(_err(g)))
+        ),
+        "prompt_state_mae": {
+            name: statistics.fmean(abs(_err(x)) for x in rows) for name, rows in prompt_states.items()
+        },  # fmt: skip
+    }
+
+
+def _ranking_record(metrics: dict) -> dict:
+    """The ranking test of a credit-diagnostics run's ``metrics.json``: the critic's pairwise agreement and K = 9's
+    top-1 picks with their intervals, K = 1, 3, 9's pairwise ranking."""
+    ranking = metrics["estimators"]
+    pairs = int(ranking["ppo critic"]["ranking_pairs"])
+    groups = int(ranking["vineppo_k9"]["ranking_groups"])
+    critic_agree = round(ranking["ppo critic"]["ranking_pairwise"] * pairs)
+    mc_top1 = round(ranking["vineppo_k9"]["ranking_top1"] * groups)
+    alternatives = metrics["settings"]["alternatives"]
+    return {
+        "pairs": pairs,
+        "critic_agree": critic_agree,
+        "critic_pairwise": critic_agree / pairs,
+        "critic_pairwise_ci95": clopper_pearson(critic_agree, pairs),
+        "groups": groups,
+        "alternatives": alternatives,
+        "mc_top1": mc_top1,
+        "mc_top1_share": mc_top1 / groups,
+        "mc_top1_ci95": clopper_pearson(mc_top1, groups),
+        "mc_top1_p": binomial_test(mc_top1, groups, 1 / alternatives),
+        "critic_top1": ranking["ppo critic"]["ranking_top1"],
+        "mc_pairwise": {str(k): ranking[f"vineppo_k{k}"]["ranking_pairwise"] for k in (1, 3, 9)},
     }
 
 
@@ -1893,6 +1922,15 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             **row,
             "why": row["why"] + f", from the paper's supervised start (`{STAGE4_TASK}`){resolution}",
         }
+    for rows in STAGE_ROWS.get(stage, ()):
+        row = rows(kind, study)
+        if row is not None:
+            return row
+    raise ValueError(f"unknown measure {kind!r} in {CATALOGUE}")
+
+
+def _stage3_row(kind: str, study: dict) -> dict | None:
+    """Stage 3's rows: M1 on the third task (or why it is not measurable) and PPO against GRPO there. None for another ``kind``."""
     if kind == "stage3:accuracy":
         fa = study["final_accuracy"]
         if not study["start_is_the_regimes"]:
@@ -1921,6 +1959,11 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             1,
             "post hoc; the paper's GRPO and RLOO ran with a KL penalty, ours at beta = 0",
         )
+    return None
+
+
+def _stage4_row(kind: str, study: dict) -> dict | None:
+    """Stage 4's own rows: the regime rule from the paper's supervised start and PPO against GRPO there. None for another ``kind``."""
     if kind == "stage4:regime":
         tests = {(r["arm"], r["base"]): r["test"] for r in study["regime"]}
         t = tests[("vineppo_k4", "grpo_matched")]
@@ -1949,6 +1992,11 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "stage 4, the regime rule (Holm over the tasks where PPO ran); GRPO at beta = 0 here",
             family="stage 4 regime rule (Holm over the regime tasks)",
         )
+    return None
+
+
+def _kl_at_peak_row(kind: str, study: dict) -> dict | None:
+    """Stages 1 and 4: which arm reached PPO's peak with less KL to the start (post hoc). None for another ``kind``."""
     if kind in ("stage1:kl_at_peak", "stage4:kl_at_peak"):
         r = study["kl_at_ppo_peak"]
         untied = r["fast_first"] + r["slow_first"]
@@ -1964,6 +2012,11 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "post hoc, paired by seed; a seed where VinePPO never reaches PPO's peak counts for PPO",
             evidence,
         )
+    return None
+
+
+def _stage1_difference_row(kind: str, study: dict) -> dict | None:
+    """Stage 1's paired differences: M1, M4, the generalization gap, the difference throughout and PPO against GRPO. None for another ``kind``."""
     if kind == "stage1:accuracy":
         t = study["m1_accuracy"]
         fa = study["final_accuracy"]
@@ -1974,15 +2027,6 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "M1, paired by seed, 12 seeds",
             family=STAGE1_FAMILY,
         )
-    if kind in ("stage1:steps", "stage1:seconds"):
-        steps = kind == "stage1:steps"
-        r = study["m2_steps_to_ppo_peak" if steps else "m3_seconds_to_ppo_peak"]
-        row = _race_row(r, "steps" if steps else "s",
-                        "M2" if steps else "M3 (1 CPU thread per run)" + study.get("load_note", UNDER_LOAD),
-                        STAGE1_FAMILY)  # fmt: skip
-        if not steps:
-            row["ours"] += _retime_text(study.get("retime", {}))
-        return row
     if kind == "stage1:kl":
         t = study["m4_kl"]
         kl = study["final_kl"]
@@ -1994,14 +2038,6 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "M4: the paper's frontier claim read as less KL for the accuracy reached; accuracy is M1",
             family=STAGE1_FAMILY,
         )
-    if kind in ("stage1:grpo_peak_steps", "stage1:grpo_peak_seconds"):
-        steps = kind.endswith("steps")
-        r = study["steps_to_grpo_peak" if steps else "seconds_to_grpo_peak"]
-        return _race_row(r, "steps" if steps else "s", "post hoc (described beside the protocol's tests)"
-                         + ("" if steps else GRPO_UNDER_LOAD), POSTHOC_FAMILY, slow_name="GRPO")  # fmt: skip
-    if kind == "stage1:ppo_grpo_peak_seconds":
-        return _race_row(study["ppo_to_grpo_peak_seconds"], "s", "post hoc" + GRPO_UNDER_LOAD, POSTHOC_FAMILY,
-                         slow_name="GRPO", fast_name="PPO")  # fmt: skip
     if kind in ("stage1:generalization", "stage1:generalization_grpo"):
         base = "grpo" if kind.endswith("grpo") else "ppo"
         name = {"grpo": "GRPO", "ppo": "PPO"}[base]
@@ -2034,6 +2070,38 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "records were read)",
             spec="+.4f",
         )
+    if kind == "stage1:ppo_vs_grpo":
+        t = study["ppo_minus_grpo"]
+        fa = study["final_accuracy"]
+        return _test_row(
+            f"`{TASK}` (GSM8K format), step {study['last_step']}: PPO {fa['ppo'][0]:.3f}, GRPO "
+            f"{fa['grpo'][0]:.3f}: {t['mean']:+.3f} ({_p(t)}), 12 paired seeds",
+            t,
+            1,
+            "paired by seed; the paper's GRPO and RLOO ran with a KL penalty, ours at beta = 0",
+        )
+    return None
+
+
+def _stage1_cost_row(kind: str, study: dict) -> dict | None:
+    """Stage 1's races and costs: M2, M3, the races to GRPO's peak, the cost per run and the training ceiling. None for another ``kind``."""
+    if kind in ("stage1:steps", "stage1:seconds"):
+        steps = kind == "stage1:steps"
+        r = study["m2_steps_to_ppo_peak" if steps else "m3_seconds_to_ppo_peak"]
+        row = _race_row(r, "steps" if steps else "s",
+                        "M2" if steps else "M3 (1 CPU thread per run)" + study.get("load_note", UNDER_LOAD),
+                        STAGE1_FAMILY)  # fmt: skip
+        if not steps:
+            row["ours"] += _retime_text(study.get("retime", {}))
+        return row
+    if kind in ("stage1:grpo_peak_steps", "stage1:grpo_peak_seconds"):
+        steps = kind.endswith("steps")
+        r = study["steps_to_grpo_peak" if steps else "seconds_to_grpo_peak"]
+        return _race_row(r, "steps" if steps else "s", "post hoc (described beside the protocol's tests)"
+                         + ("" if steps else GRPO_UNDER_LOAD), POSTHOC_FAMILY, slow_name="GRPO")  # fmt: skip
+    if kind == "stage1:ppo_grpo_peak_seconds":
+        return _race_row(study["ppo_to_grpo_peak_seconds"], "s", "post hoc" + GRPO_UNDER_LOAD, POSTHOC_FAMILY,
+                         slow_name="GRPO", fast_name="PPO")  # fmt: skip
     if kind == "stage1:cost":
         ratio = study["seconds_per_run_ratio"]
         cm = study["cost_model"]
@@ -2052,16 +2120,6 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "geometric mean of the per-seed ratio, 12 seeds" + study.get("load_note", UNDER_LOAD),
             evidence,
         )
-    if kind == "stage1:ppo_vs_grpo":
-        t = study["ppo_minus_grpo"]
-        fa = study["final_accuracy"]
-        return _test_row(
-            f"`{TASK}` (GSM8K format), step {study['last_step']}: PPO {fa['ppo'][0]:.3f}, GRPO "
-            f"{fa['grpo'][0]:.3f}: {t['mean']:+.3f} ({_p(t)}), 12 paired seeds",
-            t,
-            1,
-            "paired by seed; the paper's GRPO and RLOO ran with a KL penalty, ours at beta = 0",
-        )
     if kind == "stage1:training_ceiling":
         pts = {arm: study["curves"][arm][-1] for arm in STAGE1_ARMS}
         best = max(pt["training_accuracy"] for arm in STAGE1_ARMS for pt in study["curves"][arm][1:])
@@ -2073,6 +2131,11 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             "no KL penalty here (beta = 0), so what keeps training accuracy below 1 is sampling at "
             "T = 0.6 and problems the policy cannot solve, not the paper's KL penalty",
         )
+    return None
+
+
+def _stage2_row(kind: str, study: dict) -> dict | None:
+    """Stage 2's rows: the temperature claim and each arm's change at the hotter temperature. None for another ``kind``."""
     if kind == "stage2:temperature":
         return temperature_row(study)
     if kind in ("stage2:vineppo_hotter", "stage2:ppo_hotter", "stage2:hotter_gain"):
@@ -2088,7 +2151,16 @@ def stage_row(kind: str, studies: dict[str, dict]) -> dict:
             -1 if key == "ppo" else 1,
             "post hoc; held-out accuracy is greedy at every temperature",
         )
-    raise ValueError(f"unknown measure {kind!r} in {CATALOGUE}")
+    return None
+
+
+#: The row builders of each stage's measures (:func:`stage_row` asks them in order; each answers its own kinds).
+STAGE_ROWS: dict[str, tuple[Any, ...]] = {
+    "stage1": (_stage1_difference_row, _stage1_cost_row, _kl_at_peak_row),
+    "stage2": (_stage2_row,),
+    "stage3": (_stage3_row,),
+    "stage4": (_stage4_row, _kl_at_peak_row),
+}
 
 
 def temperature_row(study: dict) -> dict:
@@ -2115,10 +2187,36 @@ def temperature_row(study: dict) -> dict:
 
 
 def value_row(measure: str, v: dict, studies: dict) -> dict:
-    """A row read from the committed credit diagnostics (``value_analysis``)."""
+    """A row read from the committed credit diagnostics (``value_analysis``): a ranking row, a descriptive row, or
+    a test of :func:`_value_tests`."""
+    row = _ranking_value_row(measure, v["ranking"])
+    if row is None:
+        row = _descriptive_value_row(measure, v, studies)
+    if row is not None:
+        return row
     units = f"{v['states']} states of {v['responses']} responses, t over {v['prompts']} prompts"
     truth = "K=128 ground truth"
-    rk = v["ranking"]
+    key, direction, what = _value_tests()[measure]
+    t = v[key[0]][key[1]] if isinstance(key, tuple) else v[key]
+    null = t.get("null", 0.0)
+    extra = _value_context(measure, v, t, truth)
+    margin = BIAS_MARGIN if direction == 0 else None
+    value = f"{t['mean']:+.3f}" if null == 0 else f"{t['mean']:.3f} against {null}"
+    return _test_row(
+        f"{extra}. Test: {what}, mean over prompts {value} (p {t['p']:.3g})",
+        t,
+        direction,
+        f"{units}; {truth}"
+        if key != "warmup_mc_mae"
+        else f"{v['warmup_states']} states of the warm-up's responses",
+        null=null,
+        margin=margin,
+        family=None if direction == 0 else POSTHOC_FAMILY,
+    )
+
+
+def _ranking_value_row(measure: str, rk: dict) -> dict | None:
+    """The ranking rows: the critic's pairwise ranking against chance, K=9's top-1 pick; None for another measure."""
     if measure == "ranking_critic":
         evidence = tested_evidence(rk["critic_pairwise"], rk["critic_pairwise_ci95"], 0.5, 0, margin=CHANCE_MARGIN,
                                    scale="pairwise ranking accuracy")  # fmt: skip
@@ -2143,7 +2241,36 @@ def value_row(measure: str, v: dict, studies: dict) -> dict:
             "exact binomial test against chance",
             evidence,
         )
-    tests = {
+    return None
+
+
+def _descriptive_value_row(measure: str, v: dict, studies: dict) -> dict | None:
+    """The descriptive value rows (explained variance, zero advantages); None for another measure."""
+    if measure == "explained_variance":
+        ev = json.loads((ROOT / v["source"] / "metrics.json").read_text())["estimators"]
+        return _descriptive(
+            f"explained variance against the truth: critic {ev['ppo critic']['value_explained_variance']:.2f}, "
+            f"K=9 {ev['vineppo_k9']['value_explained_variance']:.2f}",
+            "one snapshot with no interval; the training-log rows below test the critic's explained variance over "
+            "12 seeds",
+        )
+    if measure == "zero_advantages":
+        z = v["share_zero_advantage"]
+        ts = studies["training_signals"]
+        return _descriptive(
+            f"{v['steps']} steps of {v['responses']} responses (the 40-step PPO policy): ground-truth advantage "
+            f"exactly 0 at {z['truth']:.2f} of steps, K=9's estimate exactly 0 at {z['vineppo_k9']:.2f} (those steps "
+            f"get no gradient); GRPO's groups with every reward equal (every advantage 0) in stage 1's training: "
+            f"{ts['grpo_zero_std_group_share']:.2f}",
+            "'many' is not a number; the row above tests the share of steps with little advantage",
+        )
+    return None
+
+
+def _value_tests() -> dict[str, tuple[Any, Any, str]]:
+    """Each tested value measure: its key in ``value_analysis`` (a pair for a nested one), the direction that holds
+    the claim (0: equivalence, "nonzero": a difference either way) and what is tested."""
+    return {
         "mae": ("mae_critic_minus_mc", 1, "the critic's absolute error minus K=9's, per state"),
         "mae_warmup": ("warmup_mc_mae", -1, "K=9's mean absolute error against the paper's 0.05"),
         "grpo_rloo": ("prompt_state_grpo_minus_mc", 1, "GRPO's implied value's absolute error minus K=9's, at "
@@ -2167,28 +2294,11 @@ def value_row(measure: str, v: dict, studies: dict) -> dict:
         "small_advantages": ("share_small_advantage", 1, f"share of steps whose ground-truth advantage is within "
                              f"{WITHIN} of 0, against one half"),
     }  # fmt: skip
-    if measure == "explained_variance":
-        ev = json.loads((ROOT / v["source"] / "metrics.json").read_text())["estimators"]
-        return _descriptive(
-            f"explained variance against the truth: critic {ev['ppo critic']['value_explained_variance']:.2f}, "
-            f"K=9 {ev['vineppo_k9']['value_explained_variance']:.2f}",
-            "one snapshot with no interval; the training-log rows below test the critic's explained variance over "
-            "12 seeds",
-        )
-    if measure == "zero_advantages":
-        z = v["share_zero_advantage"]
-        ts = studies["training_signals"]
-        return _descriptive(
-            f"{v['steps']} steps of {v['responses']} responses (the 40-step PPO policy): ground-truth advantage "
-            f"exactly 0 at {z['truth']:.2f} of steps, K=9's estimate exactly 0 at {z['vineppo_k9']:.2f} (those steps "
-            f"get no gradient); GRPO's groups with every reward equal (every advantage 0) in stage 1's training: "
-            f"{ts['grpo_zero_std_group_share']:.2f}",
-            "'many' is not a number; the row above tests the share of steps with little advantage",
-        )
-    key, direction, what = tests[measure]
-    t = v[key[0]][key[1]] if isinstance(key, tuple) else v[key]
-    null = t.get("null", 0.0)
-    extra = {
+
+
+def _value_context(measure: str, v: dict, t: dict, truth: str) -> str:
+    """What a tested value row shows beside its test."""
+    return {
         "mae": f"MAE against {truth}: critic {v['mae']['ppo critic']:.3f}, K=9 {v['mae']['vineppo_k9']:.3f}, K=1 "
         f"{v['mae']['vineppo_k1']:.3f}",
         "mae_warmup": f"K=9 on the demo warm-up: MAE {t['mean']:.3f} (mean over prompts), {v['warmup_states']} states",
@@ -2213,19 +2323,6 @@ def value_row(measure: str, v: dict, studies: dict) -> dict:
         "small_advantages": f"{v['steps']} steps: ground-truth advantage within {WITHIN} of 0 in {t['mean']:.2f} of "
         "steps (mean over prompts)",
     }[measure]
-    margin = BIAS_MARGIN if direction == 0 else None
-    value = f"{t['mean']:+.3f}" if null == 0 else f"{t['mean']:.3f} against {null}"
-    return _test_row(
-        f"{extra}. Test: {what}, mean over prompts {value} (p {t['p']:.3g})",
-        t,
-        direction,
-        f"{units}; {truth}"
-        if key != "warmup_mc_mae"
-        else f"{v['warmup_states']} states of the warm-up's responses",
-        null=null,
-        margin=margin,
-        family=None if direction == 0 else POSTHOC_FAMILY,
-    )
 
 
 def logs_row(measure: str, logs: dict) -> dict:

@@ -1,4 +1,4 @@
-"""What the paper-scale example (``vineppo.py --task math|gsm8k``) uses besides the library: the tasks
+"""What the paper-scale example (``math.py``: MATH, or GSM8K with ``--task gsm8k``) uses besides the library: the tasks
 (:data:`TASKS`: checkpoint, data, verifier), the command line (TRL's ``TrlParser`` over :class:`ExampleArguments`,
 :class:`mcadvantage.VinePPOConfig` and ``trl.ModelConfig``, with ``VinePPOConfig.from_paper(task)`` as defaults),
 and the problems' loading and prompt formatting. Training, prompt-length filtering and Pass@1 are the library's

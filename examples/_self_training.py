@@ -1,5 +1,5 @@
 """What the RestEM and DPO+ examples (``restem.py``, ``dpo_plus.py``) share besides the library: their arguments
-(the task's data as in ``vineppo.py``, plus sampling), and sampling graded responses from a checkpoint with the
+(the task's data as in ``math.py``, plus sampling), and sampling graded responses from a checkpoint with the
 library's samplers and the task's verifier (:func:`mcadvantage.trainer.self_training.sample_and_grade`)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ __all__ = ["SelfTrainingArguments", "sample_graded", "task_defaults"]
 
 @dataclass
 class SelfTrainingArguments:
-    """The task, its problems (the same flags and loading as ``vineppo.py``) and how responses are sampled."""
+    """The task, its problems (the same flags and loading as ``math.py``) and how responses are sampled."""
 
     task: str = field(default="math", metadata={"help": "'math' or 'gsm8k'.", "choices": sorted(TASKS)})
     model_name_or_path: str | None = field(
@@ -24,7 +24,7 @@ class SelfTrainingArguments:
     dataset_config: str | None = field(default=None, metadata={"help": "Configuration of --dataset_name."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split of --dataset_name."})
     train_file: str | None = field(default=None, metadata={"help": "Local JSONL of training problems."})
-    eval_file: str | None = field(default=None, metadata={"help": "Unused; accepted like vineppo.py's."})
+    eval_file: str | None = field(default=None, metadata={"help": "Unused; accepted like math.py's."})
     problem_column: str | None = field(default=None, metadata={"help": "Column with the problem text."})
     prompt_template: str = field(default=PAPER_PROMPT_TEMPLATE, metadata={"help": "'{problem}' is replaced."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N problems."})

@@ -420,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         100 * summary["tool_failure_rate"],
         training_args.output_dir,
     )
-    # End trackers and the process group now, as examples/vineppo.py does (not with a colocated vLLM engine, whose
+    # End trackers and the process group now, as examples/math.py does (not with a colocated vLLM engine, whose
     # shutdown still needs the group).
     if not (trainer.use_vllm and trainer.vllm_mode == "colocate"):
         trainer.accelerator.end_training()

@@ -9,7 +9,7 @@ temperature 0.6, 8 epochs, AdamW lr 1e-6, polynomial schedule with 3% warm-up).
 Every ``trl.SFTConfig`` field is a flag, as are ``SelfTrainingArguments``' (``examples/_self_training.py``);
 ``--config recipe.yaml`` sets any of them. Iteration ``i`` is saved in ``<output_dir>/iteration-<i>`` and samples
 from iteration ``i - 1`` (the paper picks each iteration's checkpoint on a validation split; pick yours from the
-saved iterations with ``python examples/vineppo.py --evaluate_only --model_name_or_path DIR``).
+saved iterations with ``python examples/math.py --evaluate_only --model_name_or_path DIR``).
 """
 
 from __future__ import annotations

@@ -400,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for horizon in config.horizons:
             trainer = make_tool_trainer(model, tokenizer, horizon, tmp)
             checks.append(success_check(trainer, horizon, n=args.check_episodes, seed=10_000 + horizon))
-    from benchmarks._machine import machine_info
+    from testbed.machine import machine_info
 
     meta = {
         "config": asdict(config),

@@ -382,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check = frozenlake_check(
             make_frozenlake_trainer(model, tokenizer, tmp), n=args.check_episodes, seed=10_000
         )
-    from benchmarks._machine import machine_info
+    from testbed.machine import machine_info
 
     meta = {
         "config": asdict(config),

@@ -32,22 +32,8 @@ from typing import Any
 
 from mcadvantage.demo.config import DemoConfig, validate_config, warmup_settings
 from mcadvantage.demo.run import _quiet_libraries
+from testbed.machine import machine_info  # where the warm-up was made: commit, versions, CPU, threads
 from testbed.tasks import FLAWS, TASK_PRESETS, StudyConfig, build_data
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _machine_info() -> dict[str, Any]:
-    """Where the warm-up was made (commit, versions, CPU and its instruction sets, threads): the one function every
-    record writer uses, ``benchmarks/_machine.py``'s ``machine_info``."""
-    import sys
-
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
-    from _machine import machine_info
-
-    return machine_info()
-
 
 __all__ = [
     "COMMAND",
@@ -176,7 +162,7 @@ def make_warmup(
         "eval_problems": len(data.eval_set),
         "seconds": seconds,
         "torch": torch.__version__,
-        "machine": _machine_info(),
+        "machine": machine_info(),
         "command": f"{COMMAND} --seed {config.seed} --output_dir {output_dir}"
         + (f" --warmup_schedule plateau --warmup_patience {config.warmup_patience}" if plateau else "")
         + (

@@ -1,4 +1,4 @@
-"""The paper-scale example (``examples/vineppo.py --task math|gsm8k``) and its accelerate configs.
+"""The paper-scale example (``examples/math.py``: MATH, or GSM8K with ``--task gsm8k``) and its accelerate configs.
 
 Its arguments are parsed in-process (the defaults must be the paper's settings, from
 ``VinePPOConfig.from_paper``), its data loading is checked on small inputs, and each task runs end to end for one
@@ -33,13 +33,13 @@ CONFIGS = EXAMPLES / "accelerate_configs"
 
 @pytest.fixture(scope="module")
 def examples():
-    """``examples/vineppo.py`` and its ``_common``, imported as the script imports them (a script's folder is
+    """``examples/math.py`` and its ``_common``, imported as the script imports them (a script's folder is
     first on sys.path when Python runs it)."""
     sys.path.insert(0, str(EXAMPLES))
     try:
         import _common
 
-        spec = importlib.util.spec_from_file_location("vineppo_example", EXAMPLES / "vineppo.py")
+        spec = importlib.util.spec_from_file_location("math_example", EXAMPLES / "math.py")
         script = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(script)
         yield SimpleNamespace(script=script, common=_common)
@@ -47,16 +47,40 @@ def examples():
         sys.path.remove(str(EXAMPLES))
 
 
+#: The one example named like a standard library module, as the project's card runs it (``accelerate launch
+#: examples/math.py``): run as a script it moves its folder behind the standard library on sys.path before importing
+#: anything that could import ``math``; imported *as* ``math`` (its folder ahead of the standard library on a path)
+#: it puts the standard library's module in its place.
+MOVES_ITS_FOLDER = "sys.path[:] = [*_ELSEWHERE, _HERE]"
+
+
 def test_no_example_shadows_a_standard_library_module():
-    """Python puts a script's folder first on sys.path, so an example named like a standard library module
-    (the old ``math.py``) would replace that module for everything the script imports."""
+    """Python puts a script's folder first on sys.path, so an example named like a standard library module would
+    replace that module for everything the script imports; ``math.py`` moves its folder behind the standard library
+    first, and hands ``import math`` to the standard library where its folder is ahead of it anyway."""
     names = {p.stem for p in EXAMPLES.glob("*.py")}
-    # one script per method, each for both tasks, the agent example, and their shared helpers
-    assert names == {"vineppo", "restem", "dpo_plus", "agent", "_common", "_self_training"}
-    assert not names & set(sys.stdlib_module_names)
+    # the paper-scale script (both tasks), one script per RL-free method, the agent example, and their helpers
+    assert names == {"math", "restem", "dpo_plus", "agent", "_common", "_self_training"}
+    assert names & set(sys.stdlib_module_names) == {"math"}
+    text = (EXAMPLES / "math.py").read_text(encoding="utf-8")
+    before = text[: text.index(MOVES_ITS_FOLDER)]
+    imports = [line for line in before.splitlines() if line.startswith(("import ", "from "))]
+    assert imports == [
+        "from __future__ import annotations", "import os", "import sys", "from collections.abc import Sequence",
+        "from typing import Any",
+    ], imports  # fmt: skip
+    assert 'if __name__ == "math":' in before
+    # Its folder ahead of the standard library (a PYTHONPATH holding it): every import of math is the real one.
+    probe = (
+        "import random, math, numpy; assert 'examples' not in (math.__file__ or ''); print(math.sqrt(4.0))"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(EXAMPLES), str(ROOT / "src")]))
+    for cwd in (ROOT, EXAMPLES):  # and `python -c` run from the folder itself
+        proc = subprocess.run([sys.executable, "-c", probe], cwd=cwd, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0 and proc.stdout.strip() == "2.0", proc.stderr[-2000:]
     for path in EXAMPLES.glob("*.py"):
         text = path.read_text(encoding="utf-8")
-        if "sys.path" not in text:
+        if "sys.path" not in text or path.name == "math.py":
             continue
         # The one edit allowed, as in benchmarks/: a script that imports the research testbed (a package at the
         # repository's root, not installed) puts the root on sys.path, and nothing else, before that import.
@@ -473,13 +497,25 @@ TASK_ROWS = {
 }
 
 
+def test_the_cards_script_runs_and_imports_the_standard_librarys_math():
+    """``python examples/math.py --help``: the script runs with its folder on sys.path, and every library it loads
+    (numpy, torch, TRL: all ``import math``) gets the standard library's module, not the script."""
+    env = dict(os.environ, **OFFLINE_ONE_THREAD)
+    proc = subprocess.run([sys.executable, "examples/math.py", "--help"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=280)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (
+        "--task" in proc.stdout and "--num_mc_rollouts" in proc.stdout
+    )  # (a shadowed math breaks numpy first)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name, launcher", [("gsm8k", "accelerate"), ("math", "python")])
 def test_example_trains_one_step_and_evaluates(tmp_path, tiny_model_dir, name, launcher):
     data = _write_jsonl(tmp_path / f"{name}.jsonl", TASK_ROWS[name])
     out = tmp_path / "out"
-    script = str(EXAMPLES / "vineppo.py")
+    script = str(EXAMPLES / "math.py")
     if launcher == "accelerate":
         # The shipped single-GPU config, forced onto the CPU.
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",

@@ -23,7 +23,7 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from mcadvantage import VinePPOEstimator
+from mcadvantage import MCSettings, VinePPOEstimator
 from mcadvantage.integrations.verl import VerlRolloutSampler, compute_vineppo_advantage, verl_reward_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # prefix_agent_loop for the rollout workers
@@ -68,8 +68,8 @@ class VinePPORayTrainer(RayPPOTrainer):
             agent_name=PREFIX_AGENT_LOOP,
         )
         estimator = VinePPOEstimator(
-            num_rollouts=int(cfg.get("num_mc_rollouts", 9)),
-            max_estimated_steps=cfg.get("max_estimated_steps", None),
+            # the Monte Carlo keys under VinePPOConfig's names, each missing one at the library's default
+            settings=MCSettings.from_mapping(cfg),
             step_segmenter=cfg.get("step_segmenter", "gsm8k"),
         )
         self.checkpoint_manager.wake_up_replicas()  # fit sleeps them after generation; weights are unchanged

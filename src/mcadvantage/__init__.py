@@ -30,15 +30,19 @@ _LAZY: dict[str, str] = {
     "GSM8KVerifier": "tasks.gsm8k",
     "MathVerifier": "tasks.math",
     "get_verifier": "tasks.verifier",
+    "completion_text": "tasks.verifier",
     "RewardFunctionError": "rewards.errors",
     # checkpoints: checked before a resume
     "CheckpointError": "trainer.checkpoints",
     "verify_checkpoint": "trainer.checkpoints",
+    "complete_checkpoints": "trainer.checkpoints",
     # advantage math
     "step_advantages": "core.advantages",
     "token_advantages": "core.advantages",
     "masked_whiten": "core.advantages",
     "gae_advantages": "core.advantages",
+    "loss_token_mask": "core.advantages",
+    "pooled_anchor_advantages": "core.anchors",
     # sampling
     "Sampler": "samplers",
     "RolloutRequest": "samplers",
@@ -59,6 +63,8 @@ _LAZY: dict[str, str] = {
     "RLOOEstimator": "estimators",
     "CriticEstimator": "estimators",
     "HybridEstimator": "estimators",
+    "TreeEstimator": "estimators",
+    "AnchorEstimator": "estimators",
     # sampling from a trainer's current policy (imports TRL)
     "policy_sampler": "trainer.policy",
     # Pass@1 evaluation (the trainer's engine through policy_sampler, or a saved checkpoint)
@@ -67,14 +73,31 @@ _LAZY: dict[str, str] = {
     "score_samples": "evaluation.pass_at_1",
     "evaluate_pass_at_1": "evaluation.pass_at_1",
     "evaluate_checkpoint": "evaluation.pass_at_1",
-    # estimation
+    # estimation: the Monte Carlo settings (one definition behind the config, the estimator and verl's section)
+    "MCSettings": "core.settings",
     "MCValueEstimator": "mc.estimator",
     "Trajectory": "mc.estimator",
     "MCEstimate": "mc.estimator",
-    # agent episodes: an environment that cannot be rebuilt at an episode's state
+    # agent episodes: what a continuation_func is asked, the episodes, their sampler and the environment's replay
+    "ContinuationRequest": "trainer.continuation",
+    "Episode": "agents.tool_loop",
+    "AgentEpisodes": "agents.tool_loop",
+    "EpisodeSampler": "agents.episode_sampler",
+    "ToolTurn": "agents.rebuild",
+    "execute_tool_calls": "agents.rebuild",
+    "replay_environment": "agents.rebuild",
     "EnvironmentReplayError": "agents.rebuild",
+    "episode_step_boundaries": "agents.turns",
     # credit-assignment diagnostics (estimators against a large-K ground truth)
     "diagnose_credit": "evaluation.diagnostics",
+    # the gradient-quality instrument (an estimator's gradient against the exact one)
+    "GradientTask": "evaluation.gradient_instrument",
+    "estimator_gradient": "evaluation.gradient_instrument",
+    "gradient_metrics": "evaluation.gradient_instrument",
+    # training data for the RL-free baselines (ReST-EM, DPO+)
+    "GradedPrompt": "trainer.self_training",
+    "restem_examples": "trainer.self_training",
+    "preference_pairs": "trainer.self_training",
     # TRL trainer (imports TRL)
     "VinePPOConfig": "trainer.config",
     "VinePPOTrainer": "trainer.vineppo_trainer",
@@ -97,22 +120,33 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see the real names
-    from mcadvantage.agents.rebuild import EnvironmentReplayError
-    from mcadvantage.core.advantages import gae_advantages, masked_whiten, step_advantages, token_advantages
+    from mcadvantage.core.advantages import (
+        gae_advantages,
+        loss_token_mask,
+        masked_whiten,
+        step_advantages,
+        token_advantages,
+    )
+    from mcadvantage.core.anchors import pooled_anchor_advantages
+    from mcadvantage.core.settings import MCSettings
     from mcadvantage.estimators import (
         AdvantageBatch,
         AdvantageEstimator,
         AdvantageResult,
+        AnchorEstimator,
         CriticEstimator,
         EstimatorContext,
         GRPOEstimator,
+        HybridEstimator,
         RLOOEstimator,
+        TreeEstimator,
         VinePPOEstimator,
         available_advantage_estimators,
         get_advantage_estimator,
         register_advantage_estimator,
     )
     from mcadvantage.evaluation.diagnostics import diagnose_credit
+    from mcadvantage.evaluation.gradient_instrument import GradientTask, estimator_gradient, gradient_metrics
     from mcadvantage.evaluation.pass_at_1 import (
         PassAt1Result,
         PassAt1Settings,
@@ -120,6 +154,7 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         evaluate_pass_at_1,
         score_samples,
     )
+    from mcadvantage.agents.turns import episode_step_boundaries
     from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
     from mcadvantage.samplers import (
         Continuation,
@@ -128,6 +163,14 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         TransformersSampler,
         VLLMSampler,
         VLLMServerSampler,
+    )
+    from mcadvantage.agents.episode_sampler import EpisodeSampler
+    from mcadvantage.agents.tool_loop import AgentEpisodes, Episode
+    from mcadvantage.agents.rebuild import (
+        EnvironmentReplayError,
+        ToolTurn,
+        execute_tool_calls,
+        replay_environment,
     )
     from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
     from mcadvantage.tasks.math import MathSegmenter, MathVerifier
@@ -138,7 +181,10 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         segment_completion,
         step_token_boundaries,
     )
-    from mcadvantage.tasks.verifier import Verifier, get_verifier
+    from mcadvantage.tasks.verifier import Verifier, completion_text, get_verifier
+    from mcadvantage.trainer.checkpoints import CheckpointError, complete_checkpoints, verify_checkpoint
     from mcadvantage.trainer.config import VinePPOConfig
+    from mcadvantage.trainer.continuation import ContinuationRequest
     from mcadvantage.trainer.policy import policy_sampler
+    from mcadvantage.trainer.self_training import GradedPrompt, preference_pairs, restem_examples
     from mcadvantage.trainer.vineppo_trainer import VinePPOTrainer

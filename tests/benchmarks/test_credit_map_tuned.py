@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import credit_map_tuned as cmt  # noqa: E402
+from _runs import append_run, append_runs, load_runs, read_run, run_keys  # noqa: E402
 
 
 def _rec(success: float, steps: int = 3) -> dict:
@@ -36,7 +37,7 @@ def test_the_rule_takes_the_best_tuning_mean_ties_to_the_smaller_lr_and_skips_po
     assert cmt.choose(records, 1.0) is None  # tuning not finished: no choice yet
 
 
-def test_runner_resumes_and_reruns_a_torn_line(tmp_path, monkeypatch):
+def test_runner_resumes_and_reruns_a_foreign_record(tmp_path, monkeypatch):
     monkeypatch.setattr(cmt, "GRID", ((1.0, 1), (0.1, 2)))
     monkeypatch.setattr(cmt, "TUNING_SEEDS", (1000,))
     monkeypatch.setattr(cmt, "EVAL_SEEDS", (0, 1))
@@ -47,15 +48,14 @@ def test_runner_resumes_and_reruns_a_torn_line(tmp_path, monkeypatch):
         2 + 2 * len(cmt.tuned_points(cmt.load_arm(tmp_path, "tiny", a))) for a in ("grpo", "oracle")
     )
     assert runner.ran == expected  # 2 grid points x 1 tuning seed, then 2 seeds at each chosen point
-    line = json.loads(cmt.arm_file(tmp_path, "tiny", "grpo").read_text().splitlines()[0])
+    line = next(iter(load_runs(tmp_path, "tiny/grpo/*.json").values()))
     assert set(line["budgets"]) == {"0.25", "0.5", "1"} and line["machine"]["torch_threads"] >= 1
     assert line["budgets"]["1"]["steps"] >= line["budgets"]["0.25"]["steps"]
     again = cmt.Runner(tmp_path, 10, quiet=True)
     cmt.run_cell(again, cell, ["grpo", "oracle"])
     assert again.ran == 0
-    path = cmt.arm_file(tmp_path, "tiny", "oracle")
-    lines = path.read_text().splitlines()
-    path.write_text("\n".join(["{torn", *lines[1:]]) + "\n")
+    key = run_keys(tmp_path, "tiny/oracle/*.json")[0]
+    append_run(tmp_path, key, {"settings": None})  # a foreign record: run again
     third = cmt.Runner(tmp_path, 10, quiet=True)
     cmt.run_cell(third, cell, ["grpo", "oracle"])
     assert third.ran == 1
@@ -113,18 +113,16 @@ def test_committed_anchor_runs_reproduce_through_the_librarys_estimator():
 
 @pytest.mark.record
 def test_compare_runs_and_summaries_see_a_changed_run(tmp_path):
-    import shutil
 
     cell = "shared_delayed_H2_r0.15"
-    shutil.copytree(cmt.RUNS / cell, tmp_path / cell)
+    append_runs(tmp_path, list(load_runs(cmt.RUNS, f"{cell}/*/*.json").items()))
     same = cmt.compare_runs(tmp_path, cmt.RUNS, ["anchor_pool_state"])
     assert same["runs"] == same["identical"] == same["within"] > 0 and same["counts_equal"]
-    path = cmt.arm_file(tmp_path, cell, "anchor_pool_state")
-    lines = path.read_text().splitlines()
-    first = json.loads(lines[0])
+    key = run_keys(tmp_path, f"{cell}/anchor_pool_state/*.json")[0]
+    first = read_run(tmp_path, key)
     first["budgets"]["1"]["success"] += 0.01
     first["budgets"]["1"]["steps"] += 1
-    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    append_run(tmp_path, key, first)
     moved = cmt.compare_runs(tmp_path, cmt.RUNS, ["anchor_pool_state"])
     assert moved["within"] == moved["runs"] - 1 and not moved["counts_equal"]
     assert moved["largest"] == pytest.approx(1.0)  # the step count's difference is the largest
@@ -136,16 +134,14 @@ def test_a_last_bit_difference_is_within_the_rule_though_not_identical(tmp_path)
     our CPU): one run's success moved by one unit in the last place is within the toy rule, and only the count of
     identical runs, which is reported and never asserted across machines, sees it."""
     import math
-    import shutil
 
     cell = "shared_delayed_H2_r0.15"
-    shutil.copytree(cmt.RUNS / cell, tmp_path / cell)
-    path = cmt.arm_file(tmp_path, cell, "anchor_pool_state")
-    lines = path.read_text().splitlines()
-    first = json.loads(lines[0])
+    append_runs(tmp_path, list(load_runs(cmt.RUNS, f"{cell}/*/*.json").items()))
+    key = run_keys(tmp_path, f"{cell}/anchor_pool_state/*.json")[0]
+    first = read_run(tmp_path, key)
     success = first["budgets"]["1"]["success"]
     first["budgets"]["1"]["success"] = math.nextafter(success, -math.inf if success > 0 else math.inf)
-    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    append_run(tmp_path, key, first)
     nudged = cmt.compare_runs(tmp_path, cmt.RUNS, ["anchor_pool_state"])
     assert nudged["within"] == nudged["runs"] > 0 and nudged["counts_equal"]
     assert nudged["identical"] == nudged["runs"] - 1

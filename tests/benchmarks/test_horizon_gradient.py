@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import horizon_gradient as hg  # noqa: E402
 import horizon_sweep as hs  # noqa: E402
+from _runs import read_run  # noqa: E402
 
 
 def test_equal_token_error_by_hand():
@@ -41,7 +42,7 @@ def test_records_resume_and_the_sweep_report_folds_them_into_json_and_page(tmp_p
     assert capsys.readouterr().out.strip().endswith("measured 3 records")
     assert hg.main(tiny) == 0
     assert capsys.readouterr().out.strip().endswith("measured 0 records")  # resumed: nothing measured again
-    record = json.loads((hg.cell_dir(root, ("turn", "delayed", 2, 0.5)) / "vineppo_k1.json").read_text())
+    record = read_run(root, f"{hg.cell_name(('turn', 'delayed', 2, 0.5))}/vineppo_k1.json")
     assert record["per_batch"]["repeats"] == 4 and record["equal_tokens"]["budget_tokens"] == 4 * 3 * 4 * 2
     assert record["sampled_tokens_per_batch"] > 16 * 2  # episodes plus Monte Carlo rollouts
     # the sweep's summary and page (no sweep records here: only the gradient section has content)

@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import horizon_sweep as hs  # noqa: E402
 from _records import compare_tree  # noqa: E402
+from _runs import RUNS_FILE, append_run, read_run  # noqa: E402
 
 TINY = ["--params", "shared", "--structures", "delayed", "--horizons", "2", "--rates", "0.5",
         "--arms", "grpo", "oracle", "vineppo_k1", "--budget", "32"]  # fmt: skip
@@ -29,16 +30,16 @@ def test_runs_resume_per_record_and_rerun_torn_or_changed_ones(tmp_path, capsys)
     assert hs.main(["run", "--root", str(root), "--seeds", "0", "1", *TINY]) == 0
     assert _ran(capsys) == 6
     cell = ("shared", "delayed", 2, 0.5)
-    path = hs.record_path(root, cell, "oracle", 1)
-    first = json.loads(path.read_text())
+    key = hs.record_key(cell, "oracle", 1)
+    first = read_run(root, key)
     assert first["settings"]["seed"] == 1 and first["steps"] >= 1
     assert hs.main(["run", "--root", str(root), "--seeds", "0", "1", *TINY]) == 0
     assert _ran(capsys) == 0  # everything recorded: nothing runs again
-    path.write_text("{torn")
+    append_run(root, key, {"settings": {**first["settings"], "budget_episodes": 33}})  # a foreign record
     assert hs.main(["run", "--root", str(root), "--seeds", "0", "1", "2", *TINY]) == 0
-    assert _ran(capsys) == 1 + 3  # the torn record and seed 2 of each arm
-    assert json.loads(path.read_text()) == {**first, "seconds": json.loads(path.read_text())["seconds"]}
-    assert not list(root.rglob("*.tmp"))
+    assert _ran(capsys) == 1 + 3  # the foreign record and seed 2 of each arm
+    assert read_run(root, key) == {**first, "seconds": read_run(root, key)["seconds"]}
+    assert [p.name for p in root.iterdir()] == [RUNS_FILE]  # the records are one archive, nothing else
     # the report reads the records back: one row per arm, paired against the best GRPO arm
     summary = hs.report(root, tmp_path / "s.json", tmp_path / "page.md", tmp_path / "fig.png", budget=32)
     assert [r["arm"] for r in summary["records"]] == ["grpo", "vineppo_k1", "oracle"]

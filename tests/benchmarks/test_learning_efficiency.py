@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from _helpers import load_benchmark
 
+from benchmarks._runs import append_run, read_run, runs_file
 from mcadvantage.demo.config import ArmSpec, DemoConfig, shipped_warmup_dir, usable_shipped_warmup
 from testbed.arms import RLFreeArm, parse_arm
 from testbed.tasks import StudyConfig
@@ -243,12 +244,13 @@ def test_quick_benchmark_runs_resumes_and_writes_the_records(tmp_path):
     assert result["summary"]["quick"]["vineppo_k2"]["tokens_ratio_to_grpo"][0] > 1
     assert (tmp_path / "learning_efficiency_quick.png").read_bytes()[:4] == b"\x89PNG"
     # Resuming: finished arms are not rerun, and the report still holds every finished arm.
-    marker = root / "quick" / "seed0" / "grpo.done.json"
-    stamp = marker.stat().st_mtime_ns
+    # the records are the run directory's archive: no loose log or marker is left beside the checkpoints
+    assert not [p for p in root.rglob("*") if p.name.endswith((".jsonl", ".done.json"))]
+    stamp = runs_file(root).stat().st_mtime_ns
     proc = subprocess.run([*cmd, "--arms", "grpo", "sft"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (
-        marker.stat().st_mtime_ns == stamp
+        runs_file(root).stat().st_mtime_ns == stamp
         and "seed 0: grpo\n" not in proc.stdout
         and "seed 0: sft\n" not in proc.stdout
     )
@@ -353,23 +355,24 @@ def test_matched_arms_scale_prompts_by_sampled_tokens_or_by_the_cost_model(tmp_p
     le = _benchmark()
 
     # GRPO: 400 sampled tokens per step, all trained; VinePPO: 1,000 sampled per step, of which 400 trained.
-    (tmp_path / "grpo.done.json").write_text(json.dumps({"sampled_tokens": 4000.0, "steps": 10, "logs": []}))
+    seed_dir = tmp_path / "demo" / "seed0"
+    append_run(tmp_path, "demo/seed0/grpo.done.json", {"sampled_tokens": 4000.0, "steps": 10, "logs": []})
     logs = [{"mc/generated_tokens": 600.0}] * 10
-    (tmp_path / "vineppo_k4.done.json").write_text(
-        json.dumps({"sampled_tokens": 10000.0, "steps": 10, "logs": logs})
+    append_run(
+        tmp_path, "demo/seed0/vineppo_k4.done.json", {"sampled_tokens": 10000.0, "steps": 10, "logs": logs}
     )
     config = DemoConfig()  # 4 prompts per step
-    assert le.resolve_arm("grpo_matched", tmp_path, config) == ("grpo_p10", {"matched_to": "vineppo_k4"})
+    assert le.resolve_arm("grpo_matched", seed_dir, config) == ("grpo_p10", {"matched_to": "vineppo_k4"})
     # Cost model with r = 1.5: VinePPO 1000 + 1.5 x 400 = 1600, GRPO 400 + 1.5 x 400 = 1000 -> 4 x 1.6 = 6.4 -> 6.
     monkeypatch.setattr(le, "measured_cost_ratio", lambda: 1.5)
-    assert le.resolve_arm("grpo_matched_cost", tmp_path, config) == (
+    assert le.resolve_arm("grpo_matched_cost", seed_dir, config) == (
         "grpo_p6",
         {"matched_to": "vineppo_k4", "cost_ratio": 1.5},
     )
-    assert le.resolve_arm("tree_d12", tmp_path, config) == ("tree_d12", {})
-    (tmp_path / "grpo.done.json").unlink()
+    assert le.resolve_arm("tree_d12", seed_dir, config) == ("tree_d12", {})
+    append_run(tmp_path / "other", "demo/seed0/vineppo_k4.done.json", {"sampled_tokens": 1.0, "steps": 1})
     with pytest.raises(SystemExit, match="finished arms grpo and vineppo_k4"):
-        le.resolve_arm("grpo_matched", tmp_path, config)
+        le.resolve_arm("grpo_matched", tmp_path / "other" / "demo" / "seed0", config)
 
 
 def test_shared_start_tasks_use_seed_0_problems_for_every_seed():
@@ -444,15 +447,15 @@ def test_a_clone_resumes_a_shared_start_seed_by_copying_the_ignored_weights_agai
     seed_dir = tmp_path / "runs" / "sign_plateau" / "seed3"
     seed_dir.mkdir(parents=True)
     # What a clone holds: the task's start.json and the seed's warmup.json are committed, the copied weights are not.
-    (seed_dir.parent / "start.json").write_text(
-        json.dumps({"accuracy": 0.585, "policy": "warmup_sign_plateau"})
+    append_run(
+        tmp_path / "runs", "sign_plateau/start.json", {"accuracy": 0.585, "policy": "warmup_sign_plateau"}
     )
     committed = {"task": "sign_plateau", "seed": 3, "accuracy": 0.585, "shared_start": "warmup_sign_plateau"}
-    (seed_dir / "warmup.json").write_text(json.dumps(committed))
+    append_run(tmp_path / "runs", "sign_plateau/seed3/warmup.json", committed)
     assert le.ensure_warmup("sign_plateau", 3, seed_dir) == committed
     assert (seed_dir / "warmup_policy" / "model.safetensors").read_bytes() == b"weights"
     # The record is rewritten unchanged.
-    assert json.loads((seed_dir / "warmup.json").read_text()) == committed
+    assert read_run(tmp_path / "runs", "sign_plateau/seed3/warmup.json") == committed
 
 
 def test_the_supervised_start_task_is_the_demo_task_without_the_final_decay():

@@ -16,6 +16,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import lm_agent_map as lm  # noqa: E402
+from benchmarks._runs import append_run  # noqa: E402
 
 
 def test_ledger_evaluates_each_fraction_before_the_predicted_next_step_would_pass_it():
@@ -79,9 +80,7 @@ def test_run_all_skips_finished_runs_and_reruns_interrupted_ones(tmp_path, monke
     monkeypatch.setattr(lm, "start_success", lambda setting: 0.2)
     monkeypatch.setattr(lm, "provenance", lambda: {"commit": "abc"})
     specs = [lm.RunSpec("chain_H2", "grpo", 1e-3, 2, seed, "tune") for seed in (1000, 1001, 1002)]
-    lm.write_record(specs[0].path(tmp_path), {"run": "done before"})
-    interrupted = specs[1].path(tmp_path)
-    interrupted.write_text('{"run": "cut sh', encoding="utf-8")  # a half-written record reads as not finished
+    append_run(tmp_path, specs[0].key, {"run": "done before"})  # specs[1] was interrupted: no record
     ran = []
 
     def runner(spec, *, start_success):
@@ -90,8 +89,8 @@ def test_run_all_skips_finished_runs_and_reruns_interrupted_ones(tmp_path, monke
 
     assert lm.run_all(specs, root=tmp_path, runner=runner) == 2
     assert ran == [1001, 1002]
-    assert json.loads(specs[0].path(tmp_path).read_text())["run"] == "done before"
-    rerun = json.loads(interrupted.read_text())
+    assert lm.read_record(specs[0], tmp_path)["run"] == "done before"
+    rerun = lm.read_record(specs[1], tmp_path)
     assert (
         rerun["run"] == specs[1].name and rerun["machine"] == {"commit": "abc"} and rerun["wall_seconds"] >= 0
     )
@@ -101,8 +100,9 @@ def test_run_all_skips_finished_runs_and_reruns_interrupted_ones(tmp_path, monke
 def _write_eval(root: Path, arm: str, lr: float, prompts: int, successes: list[float], start: float) -> None:
     for seed, s in zip(lm.EVAL_SEEDS, successes, strict=True):
         spec = lm.RunSpec("chain_H2", arm, lr, prompts, seed, "eval")
-        lm.write_record(
-            spec.path(root),
+        append_run(
+            root,
+            spec.key,
             {
                 "start_success": start,
                 "checkpoints": [
@@ -119,8 +119,9 @@ def test_summary_pairs_each_arm_with_tuned_grpo_and_adjusts_with_holm(tmp_path):
             for seed in lm.TUNING_SEEDS:
                 good = (lr, prompts) == (1e-3, 2)
                 spec = lm.RunSpec("chain_H2", arm, lr, prompts, seed, "tune")
-                lm.write_record(
-                    spec.path(tmp_path),
+                append_run(
+                    tmp_path,
+                    spec.key,
                     _tuning_record(lr, prompts, seed, {f: 0.5 if good else 0.1 for f in lm.FRACTIONS}),
                 )
     grpo = [0.30 + 0.01 * (i % 3) for i in range(12)]

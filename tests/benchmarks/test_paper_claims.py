@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from _helpers import load_benchmark
 
+from benchmarks._runs import append_run, append_runs, has_run, read_run
+
 ROOT = Path(__file__).resolve().parents[2]
 VERDICTS = {"holds", "does not hold", "holds partly", "inconclusive", "not measurable here", "not measured yet",
             "descriptive"}  # fmt: skip
@@ -110,18 +112,17 @@ def test_sign_test_is_exact():
 def _write_run(
     root: Path, seed: int, arm: str, curve: list[tuple[int, float, float, float]], task: str = "demo_plateau"
 ) -> None:
-    seed_dir = root / task / f"seed{seed}"
-    seed_dir.mkdir(parents=True, exist_ok=True)
     rows = [
         {"arm": arm, "seed": seed, "step": s, "accuracy": a, "sampled_tokens": 100.0 * s, "train_seconds": t,
          "task": task, "kl_to_start": kl}
         for s, a, t, kl in curve
     ]  # fmt: skip
-    (seed_dir / f"{arm}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     logs = [{"step": float(s), "reward": 0.5, "completions/mean_length": 10.0} for s in range(1, 11)]
     done = {"task": task, "seed": seed, "arm": arm, "steps": 10, "sampled_tokens": 1000.0,
             "prompts_per_step": 4, "logs": logs}  # fmt: skip
-    (seed_dir / f"{arm}.done.json").write_text(json.dumps(done))
+    append_runs(
+        root, [(f"{task}/seed{seed}/{arm}.jsonl", rows), (f"{task}/seed{seed}/{arm}.done.json", done)]
+    )
 
 
 def test_stage1_reads_nothing_until_complete_and_then_decides_by_the_protocol(tmp_path, monkeypatch):
@@ -301,7 +302,7 @@ def test_stage4_applies_the_regime_rule_and_stage1s_measures(tmp_path, monkeypat
     _write_run(
         tmp_path, 11, "ppo", [(0, 0.6, 0, 0), (20, 0.65, 9, 0.1), (40, 0.69 + 0.002, 18, 0.2)], "demo_sft"
     )
-    (tmp_path / "demo_sft" / "start.json").write_text(json.dumps({"accuracy": 0.6}))
+    append_run(tmp_path, "demo_sft/start.json", {"accuracy": 0.6})
     for seed in range(12):  # the quiet re-timing of VinePPO and PPO: the same runs, in fewer seconds
         for arm in bench.RETIME_ARMS:
             curve = bench.load_curves(tmp_path, "demo_sft", arm, [seed])[seed]
@@ -537,11 +538,11 @@ def test_a_further_ppo_arm_is_read_with_stage_1s_measures(tmp_path, monkeypatch)
         _write_run(
             tmp_path, seed, "ppo_warm", [(0, 0.5, 0, 0), (5, 0.6, 8, 0.2), (10, 0.7 + 0.001 * seed, 16, 0.3)]
         )
-        done = tmp_path / "demo_plateau" / f"seed{seed}" / "ppo_warm.done.json"
-        info = json.loads(done.read_text())
+        done = f"demo_plateau/seed{seed}/ppo_warm.done.json"
+        info = read_run(tmp_path, done)
         for i, log in enumerate(info["logs"]):
             log.update({"critic/explained_variance": 0.3 + 0.01 * ((seed + i) % 3), "critic/mean_value": 0.5})
-        done.write_text(json.dumps(info))
+        append_run(tmp_path, done, info)
     spec = ("demo_plateau", "ppo_warm", tmp_path, tmp_path, "the command")
     monkeypatch.setattr(bench, "PPO_ARM_STUDIES", {"warm": spec})
     retimed = tmp_path / "retime"  # its quiet re-timing's records (none yet)
@@ -586,8 +587,8 @@ def test_a_warmed_up_arm_reads_running_until_its_12_seeds_are_in_then_stage_3s_r
         """A ppo_warm run: two warm-up logs (steps -1 and 0) that must not count, then the policy's 10 steps."""
         _write_run(tmp_path, seed, "ppo_warm", [(0, 0.5, 0, 0), (20, 0.6, 8, 0), (40, 0.7 + 0.001 * seed, 16, 0)],
                    task)  # fmt: skip
-        done = tmp_path / task / f"seed{seed}" / "ppo_warm.done.json"
-        info = json.loads(done.read_text())
+        done = f"{task}/seed{seed}/ppo_warm.done.json"
+        info = read_run(tmp_path, done)
         warmup = [{"step": float(s), "reward": 0.5, "critic/explained_variance": -9.0,
                    "critic/explained_variance_fresh": -9.0, "critic/mean_value": 0.5} for s in (-1, 0)]  # fmt: skip
         for log in info["logs"]:
@@ -595,7 +596,7 @@ def test_a_warmed_up_arm_reads_running_until_its_12_seeds_are_in_then_stage_3s_r
                         "critic/mean_value": 0.5, "critic/value_error_fresh": 0.1,
                         "critic/value_error_constant": 0.2 if seed < 8 else 0.05})  # fmt: skip
         info["logs"] = warmup + info["logs"]
-        done.write_text(json.dumps(info))
+        append_run(tmp_path, done, info)
 
     for seed in range(12):
         for task in ("demo_plateau", "sign_plateau"):
@@ -614,10 +615,12 @@ def test_a_warmed_up_arm_reads_running_until_its_12_seeds_are_in_then_stage_3s_r
     critic = bench.catalogue_row({"measure": "ppo_arm:warm_stage1:critic"}, studies)[0]
     assert critic["verdict"] == "descriptive" and "+0.21 over 12 seeds" in critic["ours"]
     assert "below the running mean's in 8 of 12 seeds" in critic["ours"]
-    seed_dir = tmp_path / "sign_plateau" / "seed11"
     write_warm(11, "sign_plateau")
     arms["warm_stage3"] = bench.ppo_arm_study(*specs["warm_stage3"], retime_root=tmp_path / "none")
-    assert (seed_dir / "ppo_warm.done.json").exists() and "m2_steps_to_ppo_peak" not in arms["warm_stage3"]
+    assert (
+        has_run(tmp_path, "sign_plateau/seed11/ppo_warm.done.json")
+        and "m2_steps_to_ppo_peak" not in arms["warm_stage3"]
+    )
     bench.holm_arms_over_two_tasks(arms)
     m1, first = arms["warm_stage3"]["m1_accuracy"], arms["warm_stage1"]["m1_accuracy"]
     assert m1["holm_family"] == ["demo_plateau", "sign_plateau"]
@@ -660,22 +663,18 @@ def test_value_states_group_by_prompt_and_the_report_must_describe_the_same_resp
     assert [x["prompt"] for x in states["grpo (implied)"]] == [0, 0, 1, 1]
 
     def report(values_before: list[list[float]], rewards: list[int]) -> str:
-        blocks = [
-            f'<div class="response"><div class="meta">#{i} &middot; reward {r} &middot; V</div>'
-            + "".join(f'<span data-advantage="0.1000" data-value-before="{v:.4f}">s</span>' for v in vs)
-            + "</div>"
-            for i, (vs, r) in enumerate(zip(values_before, rewards, strict=True))
-        ]
-        return "<html>" + "".join(blocks)
+        responses = [{"values": [*vs, float(r)], "advantages": [0.1] * len(vs), "reward": r}
+                     for vs, r in zip(values_before, rewards, strict=True)]  # fmt: skip
+        return json.dumps({"responses": responses})
 
-    (tmp_path / "report.html").write_text(report([[0.4, 1.0], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
-    responses = bench.step_advantages(tmp_path / "report.html", k9)
+    (tmp_path / "responses.json").write_text(report([[0.4, 1.0], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
+    responses = bench.step_advantages(tmp_path / "responses.json", k9)
     assert [(r["prompt"], r["reward"], r["first_state"]) for r in responses] == [
         (0, 1, 0), (0, 0, 2), (1, 0, 3), (1, 0, 5)
     ]  # fmt: skip
-    (tmp_path / "report.html").write_text(report([[0.4, 0.9], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
+    (tmp_path / "responses.json").write_text(report([[0.4, 0.9], [0.4], [0.0, 0.0], [0.0]], [1, 0, 0, 0]))
     with pytest.raises(ValueError, match="does not match the metrics' ground truth"):
-        bench.step_advantages(tmp_path / "report.html", k9)
+        bench.step_advantages(tmp_path / "responses.json", k9)
     with pytest.raises(ValueError, match="paper_effect"):
         bench.tested_evidence(0.1, [0.0, 0.2], 0.0, "nonzero", paper_effect=0.3)
 

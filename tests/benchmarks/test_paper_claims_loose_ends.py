@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from _helpers import load_benchmark
 
+from benchmarks._runs import read_run
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 SEEDS = range(12)
@@ -30,13 +32,11 @@ def _claims() -> dict[str, dict]:
 
 
 def _logs(root: str, task: str, arm: str, seed: int) -> list[dict]:
-    done = json.loads((RESULTS / root / task / f"seed{seed}" / f"{arm}.done.json").read_text())
-    return done["logs"]
+    return read_run(RESULTS / root, f"{task}/seed{seed}/{arm}.done.json")["logs"]
 
 
 def _curve(root: str, task: str, arm: str, seed: int) -> list[dict]:
-    path = RESULTS / root / task / f"seed{seed}" / f"{arm}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_run(RESULTS / root, f"{task}/seed{seed}/{arm}.jsonl")
 
 
 T_975 = {

@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import horizon_sweep as hs  # noqa: E402
 import where_credit_pays_demo as demo  # noqa: E402
 from _records import FLOAT64  # noqa: E402
+from _runs import read_run  # noqa: E402
 
 from mcadvantage.evaluation.stats import paired_t_test  # noqa: E402
 
@@ -74,8 +75,7 @@ def test_demo_runs_equal_the_committed_records_and_print_their_paired_gaps(tmp_p
             assert f"{arm:<18}" in printed and a["committed_summary"] in printed
             assert a["committed_summary"].startswith("3/3 within tolerance (largest difference ")
             committed = [
-                json.loads(hs.record_path(hs.RUNS, cell, arm, s).read_text())["success_at_budget"]
-                for s in range(3)
+                read_run(hs.RUNS, hs.record_key(cell, arm, s))["success_at_budget"] for s in range(3)
             ]
             assert all(FLOAT64.allows(x, y) for x, y in zip(a["success"], committed, strict=True))
         base = res["arms"][names[0]]["success"]

@@ -160,3 +160,28 @@ def test_a_setting_set_on_the_estimator_alone_is_refused():
         estimator.reuse_samples = True
     with pytest.raises(TypeError, match=r"reuse_sample is not a Monte Carlo setting"):
         VinePPOEstimator(reuse_sample=True)
+
+
+def test_a_mapping_gives_every_setting_under_the_config_names_with_the_one_definitions_defaults():
+    """verl's ``vineppo`` section (and any YAML) reads the settings through ``MCSettings.from_mapping``: the same
+    names and defaults as ``VinePPOConfig``, one spelling, other keys left to the caller."""
+    from mcadvantage import MCSettings as Public
+
+    assert Public is MCSettings
+    assert (
+        MCSettings.from_mapping({})
+        == MCSettings()
+        == MCSettings.from_config(VinePPOConfig(output_dir="/tmp/x"))
+    )
+    given = {
+        "num_mc_rollouts": 4,
+        "mc_max_estimated_steps": 3,
+        "step_segmenter": "gsm8k",
+        "whiten_advantages": 1,
+    }
+    assert MCSettings.from_mapping(given) == MCSettings(num_rollouts=4, max_estimated_steps=3)
+    assert set(mc_config_names().values()) <= {f.name for f in dataclasses.fields(VinePPOConfig)}
+    with pytest.raises(TypeError, match=r"max_estimated_steps \(use mc_max_estimated_steps\)"):
+        MCSettings.from_mapping({"max_estimated_steps": 3})
+    with pytest.raises(ValueError, match="num_mc_rollouts=0"):
+        MCSettings.from_mapping({"num_mc_rollouts": 0})

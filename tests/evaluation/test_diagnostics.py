@@ -196,6 +196,9 @@ def test_command_line_on_a_saved_model(tmp_path):
     for name in ("value_scatter.png", "error_by_position.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert 'class="step"' in (out / "report.html").read_text()
+    responses = json.loads((out / "responses.json").read_text())["responses"]  # the report's data
+    assert len(responses) == 6
+    assert all(len(r["values"]) == len(r["steps"]) + 1 == len(r["advantages"]) + 1 for r in responses)
     bad = subprocess.run(
         [*cmd[:5], "--data", str(tmp_path / "missing.jsonl"), "--output_dir", str(out)],
         capture_output=True,

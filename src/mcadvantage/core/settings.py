@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -191,6 +191,28 @@ class MCSettings:
         return settings
 
     @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> MCSettings:
+        """The settings a mapping gives under their ``VinePPOConfig`` names (verl's ``vineppo`` config section, a YAML
+        or JSON file), each missing one at its default from this definition, validated with those names; keys that
+        are not Monte Carlo settings are left to the caller. One spelling everywhere: a key spelled as the
+        estimator's argument where the config spells it otherwise (``num_rollouts`` for ``num_mc_rollouts``,
+        ``max_estimated_steps`` for ``mc_max_estimated_steps``) is refused with the spelling to use.
+
+        Raises:
+            TypeError: a setting under its estimator spelling, or a value of the wrong type.
+            ValueError: an invalid value (:func:`validate_mc_settings`).
+        """
+        config_names = mc_config_names()
+        misspelled = [f"{name} (use {config_names[name]})" for name in values if name in config_names]
+        if misspelled:
+            raise TypeError(
+                f"Monte Carlo settings are given under their VinePPOConfig names: {', '.join(sorted(misspelled))}."
+            )
+        chosen = {name: values[config] for name, config in config_names.items() if config in values}
+        validate_mc_settings(**chosen, names="config")
+        return cls(**chosen)
+
+    @classmethod
     def config_field(cls, name: str) -> Any:
         """The ``VinePPOConfig`` dataclass field of setting ``name``: its default and help from this definition."""
         spec = _FIELDS[name]
@@ -267,17 +289,16 @@ def validate_mc_settings(
             f"{', '.join(n(k) for k in _FIELD_NAMES)}."
         )
     values = {name: settings.get(name, f.default) for name, f in _FIELDS.items()}
-    num_rollouts = values["num_rollouts"]
-    rollout_budget = values["rollout_budget"]
-    fixed_rollout_budget = values["fixed_rollout_budget"]
-    max_estimated_steps = values["max_estimated_steps"]
-    truncated_reward = values["truncated_reward"]
-    steps_after_cap = values["steps_after_cap"]
-    reuse_samples = values["reuse_samples"]
-    allocation = values["allocation"]
-    min_rollouts = values["min_rollouts"]
-    min_step_tokens = values["min_step_tokens"]
+    _check_rollouts(values, n)
+    _check_budget(values, n, max_completion_length)
+    _check_cap(values, n)
+    _check_allocation(values, n)
+    _check_samples_and_steps(values, n)
 
+
+def _check_rollouts(values: dict[str, Any], n: Callable[[str], str]) -> None:
+    """``num_rollouts``: an int >= 1 (``n`` gives the caller's name of a setting)."""
+    num_rollouts = values["num_rollouts"]
     if isinstance(num_rollouts, bool) or not isinstance(num_rollouts, int):
         raise TypeError(
             f"{n('num_rollouts')} must be an int, got {num_rollouts!r}. Set it to the number of continuations "
@@ -288,6 +309,12 @@ def validate_mc_settings(
             f"{n('num_rollouts')}={num_rollouts} is invalid: every state needs at least one Monte Carlo "
             f"continuation. Set {n('num_rollouts')} >= 1 (the paper uses 9)."
         )
+
+
+def _check_budget(values: dict[str, Any], n: Callable[[str], str], max_completion_length: Any) -> None:
+    """``rollout_budget`` and ``fixed_rollout_budget`` (and, for ``"remaining"``, ``max_completion_length``)."""
+    rollout_budget = values["rollout_budget"]
+    fixed_rollout_budget = values["fixed_rollout_budget"]
     if rollout_budget not in ROLLOUT_BUDGETS:
         raise ValueError(
             f"{n('rollout_budget')}={rollout_budget!r} is invalid. Use 'remaining' (continuations get what is "
@@ -320,6 +347,12 @@ def validate_mc_settings(
                 f"continuations share with the response), got {max_completion_length!r}. Set it, or use "
                 f"{n('rollout_budget')}='fixed'."
             )
+
+
+def _check_cap(values: dict[str, Any], n: Callable[[str], str]) -> None:
+    """``max_estimated_steps`` and ``steps_after_cap``."""
+    max_estimated_steps = values["max_estimated_steps"]
+    steps_after_cap = values["steps_after_cap"]
     if max_estimated_steps is not None and max_estimated_steps < 1:
         raise ValueError(
             f"{n('max_estimated_steps')}={max_estimated_steps} is invalid: at least the prompt state S_0 must be "
@@ -344,6 +377,13 @@ def validate_mc_settings(
             f"{n('steps_after_cap')}='merge' (the default), or set {n('max_estimated_steps')} (the official code: 26 "
             "on GSM8K)."
         )
+
+
+def _check_allocation(values: dict[str, Any], n: Callable[[str], str]) -> None:
+    """``allocation`` and ``min_rollouts`` (against ``num_rollouts``)."""
+    allocation = values["allocation"]
+    min_rollouts = values["min_rollouts"]
+    num_rollouts = values["num_rollouts"]
     if allocation not in ALLOCATIONS:
         raise ValueError(
             f"{n('allocation')}={allocation!r} is invalid. Use 'uniform' ({n('num_rollouts')} samples per state) "
@@ -365,6 +405,14 @@ def validate_mc_settings(
             f"the first wave of {n('allocation')}='variance'). Set {n('allocation')}='variance' to use it, or "
             f"drop {n('min_rollouts')}."
         )
+
+
+def _check_samples_and_steps(values: dict[str, Any], n: Callable[[str], str]) -> None:
+    """``reuse_samples`` (against ``rollout_budget``), ``min_step_tokens`` and ``truncated_reward``."""
+    reuse_samples = values["reuse_samples"]
+    rollout_budget = values["rollout_budget"]
+    min_step_tokens = values["min_step_tokens"]
+    truncated_reward = values["truncated_reward"]
     if reuse_samples and rollout_budget != "remaining":
         raise ValueError(
             f"{n('reuse_samples')}=True needs {n('rollout_budget')}='remaining', got {rollout_budget!r}: a "

@@ -94,9 +94,11 @@ def train_warmup_policy(
     (:data:`RESUME_FILE`; removed once the policy is saved, unless ``keep_resume_state``: a caller with more to do
     before the run counts as done removes it then); with ``resume=True`` a run killed in its constant phase
     continues from its last evaluation, exactly as if it had not stopped (same batches, optimizer and record)."""
+    from mcadvantage.demo.warmup import train_to_plateau
+
     model, tokenizer = initial_policy(config)
     if config.warmup_schedule == "plateau":
-        record = _train_to_plateau(
+        record = train_to_plateau(
             config,
             data,
             model,
@@ -168,160 +170,6 @@ def _train_fixed(
 RESUME_FILE = "resume_state.pt"
 
 
-def _train_to_plateau(
-    config: DemoConfig,
-    data: DemoData,
-    model: Any,
-    tokenizer: Any,
-    *,
-    evaluate: Callable[[Any], float] | None,
-    on_step: Callable[[int, float], None] | None,
-    log_path: Path | None = None,
-    state_path: Path | None = None,
-    resume: bool = False,
-) -> dict[str, Any]:
-    """The regime protocol's warm-up (docs/regime-protocol.md): a constant learning rate after the fixed recipe's
-    40-step linear warm-up, greedy accuracy on ``data.validation_set`` every ``config.warmup_eval_every`` steps, stop
-    by :func:`~mcadvantage.demo.warmup.plateau_reached` from ``config.warmup_min_steps`` on (or at
-    ``config.warmup_max_steps``), back to the best
-    checkpoint, then ``config.warmup_decay_steps`` steps with the learning rate decaying linearly to a tenth (a fresh
-    AdamW: the decay is short and the moments of the constant phase would be from a later policy than the best one).
-
-    Returns the record ``warmup.json`` keeps: the validation curve, the held-out curve (``evaluate``, at the same
-    points, when given), the best step and the stop step. ``log_path`` gets the curves so far after every
-    evaluation (an hour-long run shows where it is, and a killed one what it had reached). ``state_path`` gets what
-    resuming needs after every evaluation of the constant phase, and ``resume=True`` continues from it (see
-    :func:`train_warmup_policy`)."""
-    import copy
-    import json
-
-    import torch
-
-    from mcadvantage.demo.config import warmup_settings
-    from mcadvantage.demo.evaluation import evaluate_accuracy
-    from mcadvantage.demo.warmup import plateau_reached, supervised_warmup
-    from mcadvantage.tasks.gsm8k import GSM8KVerifier
-
-    if not data.validation_set:
-        raise ValueError("warmup_schedule='plateau' needs a validation set: set validation_problems >= 1.")
-    grade = GSM8KVerifier().score
-
-    def validation_accuracy() -> float:
-        acc, _, _ = evaluate_accuracy(
-            model, tokenizer, data.validation_set, grade, max_new_tokens=config.max_completion_length
-        )
-        model.train()
-        return acc
-
-    record: dict[str, Any] = {"validation": [], "held_out": [], "best_step": 0, "stop_step": 0}
-    best: dict[str, Any] = {"score": -1.0, "state": None}  # the best step itself is record["best_step"]
-
-    def checkpoint(step: int) -> None:
-        score = validation_accuracy()
-        record["validation"].append((float(step), score))
-        if evaluate is not None:
-            record["held_out"].append((float(step), evaluate(model)))
-            model.train()
-        if score > best["score"]:
-            best.update(score=score, state=copy.deepcopy(model.state_dict()))
-            record["best_step"] = step
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_path.write_text(json.dumps(record), encoding="utf-8")
-
-    # Thread counts change kernels' summation order, hence the weights: a resumed run must keep its own.
-    settings = {**warmup_settings(config), "threads": config.threads}
-    resumed = None
-    if resume and state_path is not None and state_path.exists():
-        # Our own file (written below), so a full unpickle is safe; it holds the data generator's state.
-        saved = torch.load(state_path, weights_only=False)
-        # (A state saved before "threads" was recorded does not hold it.)
-        changed = sorted(k for k in settings if saved["settings"].get(k, settings[k]) != settings[k])
-        if changed:
-            raise ValueError(
-                f"{state_path} was written by a warm-up with other settings ({', '.join(changed)} differ); resume "
-                "it with the settings it was started with, or delete the file to start afresh."
-            )
-        model.load_state_dict(saved["model"])
-        record, resumed = saved["record"], saved["training"]
-        best.update(score=saved["best_score"], state=saved["best_state"])
-    else:
-        checkpoint(0)
-
-    def save_state(state: Any) -> None:
-        # Written beside, then renamed: a run killed while saving keeps its previous state.
-        partial = state_path.with_name(state_path.name + ".partial")
-        torch.save(
-            {
-                "settings": settings,
-                "model": model.state_dict(),
-                "record": record,
-                "best_score": best["score"],
-                "best_state": best["state"],
-                "training": state,
-            },
-            partial,
-        )
-        partial.replace(state_path)
-
-    def progress(step: int, loss: float) -> None:
-        if step % config.warmup_eval_every == 0:
-            checkpoint(step)
-        if on_step is not None:
-            on_step(step, loss)
-
-    def stop(step: int) -> bool:
-        if step % config.warmup_eval_every or step < config.warmup_min_steps:
-            return False
-        scores = [score for _, score in record["validation"]]
-        return plateau_reached(scores, patience=config.warmup_patience, num_problems=len(data.validation_set))
-
-    stop_step = resumed.step if resumed is not None else 0
-    # A run resumed exactly where the rule had stopped has nothing left to train.
-    if resumed is None or not stop(resumed.step):
-        log = supervised_warmup(
-            model,
-            tokenizer,
-            data.warmup,
-            steps=config.warmup_max_steps,
-            batch_size=config.warmup_batch_size,
-            learning_rate=config.warmup_lr,
-            warmup_ratio=min(1.0, 40 / config.warmup_max_steps),
-            decay_ratio=0.0,
-            seed=config.seed,
-            progress=progress,
-            stop=stop,
-            resume_from=resumed,
-            save_state=save_state if state_path is not None else None,
-            save_every=config.warmup_eval_every,
-        )
-        stop_step = int(log[-1]["step"]) if log else stop_step
-    record["stop_step"] = stop_step
-    model.load_state_dict(best["state"])
-    if config.warmup_decay_steps:
-        supervised_warmup(
-            model,
-            tokenizer,
-            data.warmup,
-            steps=config.warmup_decay_steps,
-            batch_size=config.warmup_batch_size,
-            learning_rate=config.warmup_lr,
-            warmup_ratio=0.0,
-            decay_ratio=1.0,
-            seed=config.seed + 1,
-            progress=(lambda step, loss: on_step(record["stop_step"] + step, loss)) if on_step else None,
-        )
-    # The final policy is the best checkpoint plus the decay, reported apart from the curves (whose steps count the
-    # constant phase).
-    record["final_validation"] = validation_accuracy()
-    if evaluate is not None:
-        record["final_held_out"] = evaluate(model)
-    model.eval()
-    if resumed is not None:
-        record["resumed_from_step"] = resumed.step
-    return record
-
-
 def step_sampled_tokens(logs: dict[str, Any], responses_per_step: int) -> float:
     """Tokens one RL step sampled, from its logs: the responses (mean completion length x responses; a tree's
     generated tokens instead, which count its shared prefixes once) plus every estimator's rollouts."""
@@ -381,6 +229,60 @@ def rl_training_args(config: DemoConfig, arm: ArmSpec, output_dir: str | Path) -
     )
 
 
+def _recorder(
+    config: DemoConfig,
+    arm: ArmSpec,
+    batch: int,
+    evaluate: Callable[[Any], float],
+    eval_every: int,
+    on_record: Callable[[ArmRecord], None] | None,
+    on_step: Callable[[int, dict[str, float]], None] | None,
+    records: list[ArmRecord],
+    logs_out: list[dict[str, float]],
+) -> Any:
+    """:func:`run_rl_arm`'s callback: every step's logs into ``logs_out`` and, every ``eval_every`` policy steps and
+    at the last, an evaluation into ``records`` (its time left out of the training seconds). Set its ``trainer``
+    before training."""
+    from transformers import TrainerCallback
+
+    warmup = arm.critic_warmup_steps
+
+    class Recorder(TrainerCallback):
+        # Evaluates in on_log, not on_step_end: transformers logs a step after its on_step_end, and the
+        # record must count that step's sampled tokens.
+        trainer: Any = None
+        tokens, eval_seconds, start = 0.0, 0.0, 0.0
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.start = time.perf_counter()
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            if not logs or "reward" not in logs:
+                return
+            step = int(state.global_step) - warmup  # the policy's steps (<= 0 while only the critic trains)
+            tokens = step_sampled_tokens(logs, batch)
+            self.tokens += tokens
+            kept = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
+            kept.update(step=float(step), sampled_tokens=tokens)
+            if warmup:
+                kept.update(trainer_step=float(state.global_step), critic_warmup=float(step <= 0))
+            logs_out.append(kept)
+            if on_step is not None:
+                on_step(step, kept)
+            if step > 0 and (step % eval_every == 0 or step == config.rl_steps):
+                train_seconds = time.perf_counter() - self.start - self.eval_seconds
+                t0 = time.perf_counter()
+                accuracy = evaluate(self.trainer.model)
+                self.trainer.model.train()
+                self.eval_seconds += time.perf_counter() - t0
+                record = ArmRecord(arm.name, config.seed, step, accuracy, self.tokens, train_seconds)
+                records.append(record)
+                if on_record is not None:
+                    on_record(record)
+
+    return Recorder()
+
+
 def run_rl_arm(
     config: DemoConfig,
     arm: ArmSpec,
@@ -409,7 +311,7 @@ def run_rl_arm(
     evaluation) and the per-step logs.
     """
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from transformers.trainer_callback import PrinterCallback
 
     from mcadvantage import GSM8KVerifier, VinePPOTrainer
@@ -422,46 +324,16 @@ def run_rl_arm(
     batch = args.per_device_train_batch_size
     records: list[ArmRecord] = []
     logs_out: list[dict[str, float]] = []
-    state_box: dict[str, Any] = {"tokens": 0.0, "eval_seconds": 0.0, "start": None}
-
-    class Recorder(TrainerCallback):
-        # Evaluates in on_log, not on_step_end: transformers logs a step after its on_step_end, and the
-        # record must count that step's sampled tokens.
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            state_box["start"] = time.perf_counter()
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-            if not logs or "reward" not in logs:
-                return
-            step = int(state.global_step) - warmup  # the policy's steps (<= 0 while only the critic trains)
-            tokens = step_sampled_tokens(logs, batch)
-            state_box["tokens"] += tokens
-            kept = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
-            kept.update(step=float(step), sampled_tokens=tokens)
-            if warmup:
-                kept.update(trainer_step=float(state.global_step), critic_warmup=float(step <= 0))
-            logs_out.append(kept)
-            if on_step is not None:
-                on_step(step, kept)
-            if step > 0 and (step % eval_every == 0 or step == config.rl_steps):
-                train_seconds = time.perf_counter() - state_box["start"] - state_box["eval_seconds"]
-                t0 = time.perf_counter()
-                accuracy = evaluate(trainer.model)
-                trainer.model.train()
-                state_box["eval_seconds"] += time.perf_counter() - t0
-                record = ArmRecord(arm.name, config.seed, step, accuracy, state_box["tokens"], train_seconds)
-                records.append(record)
-                if on_record is not None:
-                    on_record(record)
-
+    recorder = _recorder(config, arm, batch, evaluate, eval_every, on_record, on_step, records, logs_out)
     trainer = VinePPOTrainer(
         model=str(policy_dir),
         reward_funcs=GSM8KVerifier(),
         args=args,
         train_dataset=Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in data.rl_set]),
         processing_class=AutoTokenizer.from_pretrained(policy_dir),
-        callbacks=[Recorder()],
+        callbacks=[recorder],
     )
+    recorder.trainer = trainer  # its evaluations read the trainer's model
     trainer.remove_callback(PrinterCallback)  # with disable_tqdm, transformers prints every log dict
     trainer.train()
     model = trainer.model

@@ -201,24 +201,18 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoConfig:
     return config
 
 
+#: The demo's flags that must be >= 1.
+_POSITIVE = (
+    "warmup_steps", "warmup_batch_size", "rl_steps", "num_mc_rollouts", "prompts_per_step", "eval_problems",
+    "curve_problems", "threads", "max_completion_length", "warmup_evals", "rl_evals", "validation_problems",
+    "warmup_eval_every", "warmup_patience", "warmup_max_steps", "warmup_min_steps", "warmup_problems", "rl_problems",
+    "num_iterations",
+)  # fmt: skip
+
+
 def validate_config(config: DemoConfig) -> None:
     """Reject inconsistent settings with a message naming the flag, its value and the fix."""
-    positive = ["warmup_steps", "warmup_batch_size", "rl_steps", "num_mc_rollouts", "prompts_per_step"]
-    positive += [
-        "eval_problems",
-        "curve_problems",
-        "threads",
-        "max_completion_length",
-        "warmup_evals",
-        "rl_evals",
-        "validation_problems",
-        "warmup_eval_every",
-        "warmup_patience",
-        "warmup_max_steps",
-        "warmup_min_steps",
-    ]
-    positive += ["warmup_problems", "rl_problems", "num_iterations"]
-    for name in positive:
+    for name in _POSITIVE:
         if getattr(config, name) < 1:
             raise SystemExit(f"--{name} must be >= 1, got {getattr(config, name)}.")
     if config.warmup_schedule not in ("fixed", "plateau"):

@@ -42,7 +42,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,19 +102,47 @@ def _arm_label(name: str) -> str:
     return name.upper() if name in ("grpo", "rloo") else name
 
 
+@dataclass
+class _Evaluator:
+    """Greedy held-out accuracy on the demo's problems (``tokenizer`` is set once the starting policy has one)."""
+
+    config: DemoConfig
+    eval_set: Sequence[ArithmeticProblem]
+    curve_set: Sequence[ArithmeticProblem]
+    verifier: Any
+    tokenizer: Any = None
+
+    def accuracy(self, policy: Any, problems: Sequence[ArithmeticProblem]) -> tuple[float, list[float]]:
+        """Accuracy on ``problems`` and each problem's score."""
+        from mcadvantage.demo.evaluation import evaluate_accuracy
+
+        acc, _, scores = evaluate_accuracy(
+            policy,
+            self.tokenizer,
+            problems,
+            self.verifier.score,
+            max_new_tokens=self.config.max_completion_length,
+        )
+        return acc, scores
+
+    def curve(self, policy: Any) -> float:
+        """Accuracy on the learning curve's first problems."""
+        return self.accuracy(policy, self.curve_set)[0]
+
+    def full(self, policy: Any) -> tuple[float, dict[str, float]]:
+        """Accuracy on the whole held-out set, and by number of operations."""
+        acc, scores = self.accuracy(policy, self.eval_set)
+        return acc, accuracy_by_num_steps(self.eval_set, scores)
+
+
 def run_demo(config: DemoConfig) -> dict[str, Any]:
-    """Run the whole demo and return the metrics written to ``metrics.json``."""
+    """Run the whole demo and return the metrics written to ``metrics.json``: the starting policy
+    (:func:`_starting_policy`), the arms from it (:func:`_run_arm`), then the report (:func:`_report`)."""
     validate_config(config)
     _quiet_libraries()
-    import shutil
-
     import torch
-    from tqdm.auto import tqdm
 
     from mcadvantage import GSM8KVerifier
-    from mcadvantage.demo.arms import load_policy, run_rl_arm, train_warmup_policy
-    from mcadvantage.demo.evaluation import evaluate_accuracy
-    from mcadvantage.demo.report import plot_learning_curve, render_responses_html
 
     t_start = time.perf_counter()
     torch.set_num_threads(max(1, min(config.threads, os.cpu_count() or 1)))
@@ -123,138 +151,178 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     arms = [parse_arm(name) for name in arm_names(config)]
-
     data = build_data(config)
-    eval_set = data.eval_set
-    curve_set = eval_set[: config.curve_problems]
-    verifier = GSM8KVerifier()
+    ev = _Evaluator(config, data.eval_set, data.eval_set[: config.curve_problems], GSM8KVerifier())
 
-    def greedy_accuracy(policy: Any, problems: Sequence[ArithmeticProblem]) -> tuple[float, list[float]]:
-        acc, _, scores = evaluate_accuracy(
-            policy, tokenizer, problems, verifier.score, max_new_tokens=config.max_completion_length
-        )
-        return acc, scores
-
-    def full_eval(policy: Any) -> tuple[float, dict[str, float]]:
-        acc, scores = greedy_accuracy(policy, eval_set)
-        return acc, accuracy_by_num_steps(eval_set, scores)
-
-    # ---- 1. the starting policy: the shipped warm-up checkpoint, or a warm-up trained now -----------------
-    policy_dir = out / "warmup_policy"
-    shipped = usable_shipped_warmup(config)
     t0 = time.perf_counter()
+    model, warmup_curve, shipped = _starting_policy(config, data, out / "warmup_policy", ev)
+    warmup_seconds = time.perf_counter() - t0
+    n_params = sum(p.numel() for p in model.parameters())
+    _print_start(config, data, n_params, len(ev.eval_set))
+    acc_before, by_steps_before = ev.full(model)
+    print(
+        f"[demo] held-out greedy accuracy of the starting policy: {acc_before:.3f} ({_fmt_by_steps(by_steps_before)})",
+        flush=True,
+    )
+    # the arms, one after another from the same starting policy
+    results: dict[str, dict[str, Any]] = {}
+    policies: dict[str, Any] = {}
+    for arm in arms:
+        policies[arm.name], results[arm.name] = _run_arm(config, arm, data, out, ev, acc_before, warmup_curve)
+
+    t0 = time.perf_counter()
+    _print_table(results, acc_before, len(ev.eval_set))
+    _report(config, out, data, ev, model, policies, results, acc_before, warmup_curve, shipped)
+    n_eval = len(ev.eval_set)
+    metrics = {
+        "seed": config.seed,
+        "starting_policy": "shipped checkpoint" if shipped is not None else "trained warm-up",
+        "accuracy_before": acc_before,
+        "stderr_before": _binomial_stderr(acc_before, n_eval),
+        "eval_problems": n_eval,
+        "accuracy_before_by_num_steps": by_steps_before,
+        "warmup_curve": warmup_curve,
+        "arms": results,
+        "warmup_seconds": warmup_seconds,
+        "report_seconds": time.perf_counter() - t0,
+        "total_seconds": time.perf_counter() - t_start,
+        "parameters": n_params,
+        "threads": torch.get_num_threads(),
+        "flawed_demonstrations": data.flawed,
+        "config": asdict(config),
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    print(
+        f"[demo] total {metrics['total_seconds']:.0f}s. Wrote {out / 'learning_curve.png'}, "
+        f"{out / 'responses.html'}, {out / 'metrics.json'}",
+        flush=True,
+    )
+    return metrics
+
+
+def _print_start(config: DemoConfig, data: Any, n_params: int, n_eval: int) -> None:
+    """What the demo trains: the model, the threads and the data."""
+    import torch
+
+    print(
+        f"[demo] tiny Llama: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} CPU threads. "
+        f"{len(data.warmup)} warm-up demonstrations ({data.flawed} of them flawed, in "
+        f"{config.flawed_demo_min_steps}+ operation problems: {FLAW_DESCRIPTION}), "
+        f"{len(data.rl_set)} RL prompts, "
+        f"{n_eval} held-out problems ({config.min_steps}-{config.max_steps} operations)",
+        flush=True,
+    )
+
+
+def _starting_policy(
+    config: DemoConfig, data: Any, policy_dir: Path, ev: _Evaluator
+) -> tuple[Any, list[tuple[float, float]], dict[str, Any] | None]:
+    """The starting policy in ``policy_dir``: the shipped warm-up checkpoint, or a warm-up trained now. Returns the
+    model, its warm-up curve and the shipped checkpoint's metadata (None when trained here); sets ``ev``'s
+    tokenizer."""
+    import shutil
+
+    from tqdm.auto import tqdm
+
+    from mcadvantage.demo.arms import load_policy, train_warmup_policy
+
+    shipped = usable_shipped_warmup(config)
     if shipped is not None:
         if policy_dir.exists():
             shutil.rmtree(policy_dir)
         shutil.copytree(shipped_warmup_dir(config.warmup_schedule), policy_dir)
-        model, tokenizer = load_policy(policy_dir)
-        warmup_curve = [tuple(point) for point in shipped["curve_on_first_problems"]]
+        model, ev.tokenizer = load_policy(policy_dir)
         print(
             f"[demo] starting policy: the shipped warm-up checkpoint ({_warmup_length(shipped)}, seed "
             f"{shipped['config']['seed']}; retrain it with --train_warmup, or python -m testbed.make_warmup in a "
             "repository checkout)",
             flush=True,
         )
-    else:
-        from mcadvantage.testing import build_char_tokenizer
+        return model, [tuple(point) for point in shipped["curve_on_first_problems"]], shipped
+    from mcadvantage.testing import build_char_tokenizer
 
-        if not (config.train_warmup or config.quick or shipped_warmup_dir(config.warmup_schedule).exists()):
-            print(
-                f"[demo] no {config.warmup_schedule}-schedule warm-up checkpoint at "
-                f"{shipped_warmup_dir(config.warmup_schedule)} (the fixed one is kept in a repository checkout's "
-                "testbed/, not in the installed package): training the warm-up here",
-                flush=True,
-            )
-
-        tokenizer = build_char_tokenizer()
-        with tqdm(
-            total=config.warmup_total_steps(),
-            desc="warm-up (SFT)",
-            unit="step",
-            file=sys.stdout,
-            mininterval=1,
-        ) as bar:
-
-            def on_warmup_step(step: int, loss: float) -> None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-
-            model, tokenizer, warmup_curve = train_warmup_policy(
-                config,
-                data,
-                policy_dir,
-                evaluate=lambda m: greedy_accuracy(m, curve_set)[0],
-                on_step=on_warmup_step,
-            )
-    warmup_seconds = time.perf_counter() - t0
-    n_params = sum(p.numel() for p in model.parameters())
-    print(
-        f"[demo] tiny Llama: {n_params / 1e6:.2f}M parameters, {torch.get_num_threads()} CPU threads. "
-        f"{len(data.warmup)} warm-up demonstrations ({data.flawed} of them flawed, in "
-        f"{config.flawed_demo_min_steps}+ operation problems: {FLAW_DESCRIPTION}), "
-        f"{len(data.rl_set)} RL prompts, "
-        f"{len(eval_set)} held-out problems ({config.min_steps}-{config.max_steps} operations)",
-        flush=True,
-    )
-    acc_before, by_steps_before = full_eval(model)
-    print(
-        f"[demo] held-out greedy accuracy of the starting policy: {acc_before:.3f} ({_fmt_by_steps(by_steps_before)})",
-        flush=True,
-    )
-
-    # ---- 2. the arms, one after another from the same starting policy -------------------------------------
-    rl_eval_every = max(1, config.rl_steps // config.rl_evals)
-    batch = config.prompts_per_step * config.num_generations
-    results: dict[str, dict[str, Any]] = {}
-    policies: dict[str, Any] = {}
-    for arm in arms:
-        label = _arm_label(arm.name)
-        # A critic warm-up's steps come on top of the policy's (run_rl_arm).
-        total_steps = config.rl_steps + arm.critic_warmup_steps
-        with tqdm(total=total_steps, desc=label, unit="step", file=sys.stdout, mininterval=1) as bar:
-
-            def on_rl_step(step: int, logs: dict[str, float]) -> None:
-                bar.update(1)
-                bar.set_postfix(reward=f"{logs.get('reward', 0.0):.2f}", refresh=False)
-
-            policy, records, logs = run_rl_arm(
-                config,
-                arm,
-                policy_dir,
-                data,
-                out / f"{arm.name}_trainer",
-                evaluate=lambda m: greedy_accuracy(m, curve_set)[0],
-                eval_every=rl_eval_every,
-                on_step=on_rl_step,
-            )
-        acc_after, by_steps_after = full_eval(policy)
+    if not (config.train_warmup or config.quick or shipped_warmup_dir(config.warmup_schedule).exists()):
         print(
-            f"[demo] {label}: held-out greedy accuracy {acc_before:.3f} -> {acc_after:.3f} "
-            f"({_fmt_by_steps(by_steps_after)})",
+            f"[demo] no {config.warmup_schedule}-schedule warm-up checkpoint at "
+            f"{shipped_warmup_dir(config.warmup_schedule)} (the fixed one is kept in a repository checkout's "
+            "testbed/, not in the installed package): training the warm-up here",
             flush=True,
         )
-        policy.save_pretrained(out / f"{arm.name}_policy")
-        tokenizer.save_pretrained(out / f"{arm.name}_policy")
-        policies[arm.name] = policy
-        results[arm.name] = {
-            "label": label,
-            "accuracy_after": acc_after,
-            "improvement": acc_after - acc_before,
-            "stderr_after": _binomial_stderr(acc_after, len(eval_set)),
-            "accuracy_after_by_num_steps": by_steps_after,
-            "curve": [(0.0, warmup_curve[-1][1])] + [(float(r.step), r.accuracy) for r in records],
-            "train_seconds": records[-1].train_seconds,
-            "sampled_tokens": records[-1].sampled_tokens,
-            "mean_rollouts_per_step": sum(r.get("mc/rollouts", 0.0) for r in logs) / max(1, len(logs)),
-            "logs": [
-                {k: r[k] for k in ("step", "reward", "sampled_tokens", "mc/rollouts", "mc/seconds") if k in r}
-                for r in logs
-            ],
-        }
+    ev.tokenizer = build_char_tokenizer()
+    with tqdm(
+        total=config.warmup_total_steps(), desc="warm-up (SFT)", unit="step", file=sys.stdout, mininterval=1
+    ) as bar:
 
-    # ---- 3. report ------------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    n_eval = len(eval_set)
+        def on_warmup_step(step: int, loss: float) -> None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+        model, ev.tokenizer, warmup_curve = train_warmup_policy(
+            config, data, policy_dir, evaluate=ev.curve, on_step=on_warmup_step
+        )
+    return model, warmup_curve, None
+
+
+def _run_arm(
+    config: DemoConfig,
+    arm: Any,
+    data: Any,
+    out: Path,
+    ev: _Evaluator,
+    acc_before: float,
+    warmup_curve: list[tuple[float, float]],
+) -> tuple[Any, dict[str, Any]]:
+    """Train one arm from the starting policy, evaluate and save it; its policy and its record in ``metrics.json``."""
+    from tqdm.auto import tqdm
+
+    from mcadvantage.demo.arms import run_rl_arm
+
+    label = _arm_label(arm.name)
+    # A critic warm-up's steps come on top of the policy's (run_rl_arm).
+    total_steps = config.rl_steps + arm.critic_warmup_steps
+    with tqdm(total=total_steps, desc=label, unit="step", file=sys.stdout, mininterval=1) as bar:
+
+        def on_rl_step(step: int, logs: dict[str, float]) -> None:
+            bar.update(1)
+            bar.set_postfix(reward=f"{logs.get('reward', 0.0):.2f}", refresh=False)
+
+        policy, records, logs = run_rl_arm(
+            config,
+            arm,
+            out / "warmup_policy",
+            data,
+            out / f"{arm.name}_trainer",
+            evaluate=ev.curve,
+            eval_every=max(1, config.rl_steps // config.rl_evals),
+            on_step=on_rl_step,
+        )
+    acc_after, by_steps_after = ev.full(policy)
+    print(
+        f"[demo] {label}: held-out greedy accuracy {acc_before:.3f} -> {acc_after:.3f} "
+        f"({_fmt_by_steps(by_steps_after)})",
+        flush=True,
+    )
+    policy.save_pretrained(out / f"{arm.name}_policy")
+    ev.tokenizer.save_pretrained(out / f"{arm.name}_policy")
+    return policy, {
+        "label": label,
+        "accuracy_after": acc_after,
+        "improvement": acc_after - acc_before,
+        "stderr_after": _binomial_stderr(acc_after, len(ev.eval_set)),
+        "accuracy_after_by_num_steps": by_steps_after,
+        "curve": [(0.0, warmup_curve[-1][1])] + [(float(r.step), r.accuracy) for r in records],
+        "train_seconds": records[-1].train_seconds,
+        "sampled_tokens": records[-1].sampled_tokens,
+        "mean_rollouts_per_step": sum(r.get("mc/rollouts", 0.0) for r in logs) / max(1, len(logs)),
+        "logs": [
+            {k: r[k] for k in ("step", "reward", "sampled_tokens", "mc/rollouts", "mc/seconds") if k in r}
+            for r in logs
+        ],
+    }
+
+
+def _print_table(results: dict[str, dict[str, Any]], acc_before: float, n_eval: int) -> None:
+    """The held-out accuracy of the starting policy and of each arm, with its cost."""
     header = f"{'arm':<16} {'held-out accuracy':>22} {'change':>8} {'train s':>8} {'sampled tokens':>15}"
     print("[demo] " + header + "\n[demo] " + "-" * len(header))
     print(f"[demo] {'starting policy':<16} {acc_before:>14.3f} ± {_binomial_stderr(acc_before, n_eval):.3f}")
@@ -268,6 +336,23 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         "binomial error); docs/learning-efficiency.md has the multi-seed comparison.",
         flush=True,
     )
+
+
+def _report(
+    config: DemoConfig,
+    out: Path,
+    data: Any,
+    ev: _Evaluator,
+    model: Any,
+    policies: dict[str, Any],
+    results: dict[str, dict[str, Any]],
+    acc_before: float,
+    warmup_curve: list[tuple[float, float]],
+    shipped: dict[str, Any] | None,
+) -> None:
+    """The equal-cost answer for a shipped start, the learning curve and the responses page."""
+    from mcadvantage.demo.report import plot_learning_curve, render_responses_html
+
     equal_cost = load_equal_cost(shipped_warmup_dir(config.warmup_schedule)) if shipped is not None else None
     if equal_cost is not None:  # what one seed cannot say: the regime study's answer for this starting policy
         for line in equal_cost_lines(equal_cost):
@@ -277,21 +362,24 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             f"[demo] Plotted as {out / 'gradient_quality.png'}; docs/gradient-quality.md explains it.",
             flush=True,
         )
-    shown = _html_problems(eval_set, config.html_responses)
+    shown = _html_problems(ev.eval_set, config.html_responses)
     sections = {
         "The starting policy (after the supervised warm-up)": _score_responses(
-            model, tokenizer, shown, config, verifier
+            model, ev.tokenizer, shown, config, ev.verifier
         )
     }
     for name, r in results.items():
-        sections[f"After {r['label']}"] = _score_responses(policies[name], tokenizer, shown, config, verifier)
+        sections[f"After {r['label']}"] = _score_responses(
+            policies[name], ev.tokenizer, shown, config, ev.verifier
+        )
     plot_learning_curve(
         out / "learning_curve.png",
         warmup=warmup_curve,
         arms={r["label"]: r["curve"] for r in results.values()},
-        noise_problems=len(curve_set),
-        title=f"Held-out greedy accuracy ({len(curve_set)} problems), seed {config.seed}",
+        noise_problems=len(ev.curve_set),
+        title=f"Held-out greedy accuracy ({len(ev.curve_set)} problems), seed {config.seed}",
     )
+    n_eval, batch = len(ev.eval_set), config.prompts_per_step * config.num_generations
     summary = {
         "held-out greedy accuracy": f"{acc_before:.3f} for the starting policy; "
         + "; ".join(f"{r['accuracy_after']:.3f} after {r['label']}" for r in results.values())
@@ -307,31 +395,6 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         ),
         encoding="utf-8",
     )
-    report_seconds = time.perf_counter() - t0
-    metrics = {
-        "seed": config.seed,
-        "starting_policy": "shipped checkpoint" if shipped is not None else "trained warm-up",
-        "accuracy_before": acc_before,
-        "stderr_before": _binomial_stderr(acc_before, n_eval),
-        "eval_problems": n_eval,
-        "accuracy_before_by_num_steps": by_steps_before,
-        "warmup_curve": warmup_curve,
-        "arms": results,
-        "warmup_seconds": warmup_seconds,
-        "report_seconds": report_seconds,
-        "total_seconds": time.perf_counter() - t_start,
-        "parameters": n_params,
-        "threads": torch.get_num_threads(),
-        "flawed_demonstrations": data.flawed,
-        "config": asdict(config),
-    }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
-    print(
-        f"[demo] total {metrics['total_seconds']:.0f}s. Wrote {out / 'learning_curve.png'}, "
-        f"{out / 'responses.html'}, {out / 'metrics.json'}",
-        flush=True,
-    )
-    return metrics
 
 
 def _warmup_length(meta: dict[str, Any]) -> str:

@@ -157,7 +157,9 @@ class CreditDiagnostics:
         return "\n".join(lines)
 
     def save(self, output_dir: str | Path) -> dict[str, Path]:
-        """Write ``metrics.json``, ``value_scatter.png``, ``error_by_position.png`` and ``report.html``."""
+        """Write ``metrics.json``, ``responses.json`` (the responses with their ground-truth values and step
+        advantages: the report's data), ``value_scatter.png``, ``error_by_position.png`` and ``report.html`` (a view
+        of the two JSON files)."""
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {"metrics": out / "metrics.json"}
@@ -168,6 +170,8 @@ class CreditDiagnostics:
             ),
             encoding="utf-8",
         )
+        paths["responses"] = out / "responses.json"
+        paths["responses"].write_text(json.dumps({"responses": self.responses}, indent=1), encoding="utf-8")
         paths.update(_plot(self, out))
         paths["report"] = out / "report.html"
         paths["report"].write_text(_render_report(self), encoding="utf-8")
@@ -217,12 +221,74 @@ def diagnose_credit(
     import torch
     from tqdm.auto import tqdm
 
-    from mcadvantage.core.text import decode_batch
-    from mcadvantage.mc.estimator import MCValueEstimator, Trajectory
-    from mcadvantage.samplers.base import RolloutRequest
-    from mcadvantage.tasks.segmentation import segment_completion
-    from mcadvantage.trainer.self_training import grade_completions
+    from mcadvantage.mc.estimator import MCValueEstimator
 
+    _check_arguments(responses_per_prompt, ground_truth_k, alternatives, max_new_tokens, ks, rows)
+    torch.manual_seed(seed)
+    # Stages: responses, ground truth, each K; alternatives, their ground truth, each K on them.
+    bar = tqdm(total=4 + 2 * len(ks), desc="credit diagnostics", disable=not progress)
+
+    def estimator(k: int) -> Any:
+        return MCValueEstimator(
+            sampler, reward_func, tokenizer, num_rollouts=k, max_completion_length=max_new_tokens
+        )
+
+    # 1. responses, 2. ground truth, 3. VinePPO at each K (fresh rollouts)
+    grade = _Grader(tokenizer, reward_func, segmenter)
+    trajectories, group_of = grade.responses(sampler, rows, responses_per_prompt, max_new_tokens)
+    bar.update(1)
+    truth = estimator(ground_truth_k).estimate(trajectories)
+    bar.update(1)
+    estimates = {}
+    for k in ks:
+        estimates[f"vineppo_k{k}"] = estimator(k).estimate(trajectories)
+        bar.update(1)
+    learned = dict(value_functions or {})  # 3. and 6. against the truth, then 4. GRPO's and RLOO's
+    value_points, metrics = _scored_values(estimates, learned, trajectories, truth)
+    _implied_credit(trajectories, group_of, truth, value_points, metrics)
+
+    # 5. ranking test, from up to ranking_states states spread over the responses
+    states = [(i, j) for i, t in enumerate(trajectories) for j in range(len(t.step_boundaries) - 1)]
+    chosen = states[:: max(1, len(states) // ranking_states)][:ranking_states]
+    alt_trajs, alt_index = grade.alternatives(sampler, trajectories, chosen, alternatives, max_new_tokens)
+    bar.update(1)
+    ranking: dict[str, dict[str, float]] = {}
+    if alt_trajs:
+        scored = {"truth": estimator(ground_truth_k).estimate(alt_trajs).values}
+        bar.update(1)
+        for name in estimates:
+            scored[name] = estimator(int(name.removeprefix("vineppo_k"))).estimate(alt_trajs).values
+            bar.update(1)
+        scored |= {name: _learned_values(fn, alt_trajs) for name, fn in learned.items()}
+        ranking = _rankings(scored, alt_index, len(chosen), [*estimates, *learned])
+    for name, r in ranking.items():
+        metrics[name] |= {f"ranking_{key}": r[key] for key in ("pairwise", "top1", "groups", "pairs")}
+    bar.close()
+    settings = {
+        "prompts": len(rows),
+        "responses_per_prompt": responses_per_prompt,
+        "ground_truth_k": ground_truth_k,
+        "ks": list(ks),
+        "alternatives": alternatives,
+        "ranking_states": len(chosen),
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "sign_tolerance": SIGN_TOLERANCE,
+        "responses": len(trajectories),
+        "states": len(states),
+    }
+    return CreditDiagnostics(metrics, value_points, _responses(tokenizer, trajectories, truth), settings)
+
+
+def _check_arguments(
+    responses_per_prompt: int,
+    ground_truth_k: int,
+    alternatives: int,
+    max_new_tokens: int,
+    ks: Sequence[int],
+    rows: Sequence[Mapping[str, Any]],
+) -> None:
+    """:func:`diagnose_credit`'s arguments, refused with the fix before anything is sampled."""
     for name, value in (
         ("responses_per_prompt", responses_per_prompt),
         ("ground_truth_k", ground_truth_k),
@@ -239,82 +305,139 @@ def diagnose_credit(
         raise ValueError(
             "diagnose_credit: rows is empty; pass at least one {'prompt': ..., 'answer': ...} row."
         )
-    torch.manual_seed(seed)
-    # Stages: responses, ground truth, each K; alternatives, their ground truth, each K on them.
-    bar = tqdm(total=4 + 2 * len(ks), desc="credit diagnostics", disable=not progress)
 
-    # 1. responses
-    prompt_ids = [list(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows]
-    conts = sampler.sample(
-        [RolloutRequest(tuple(p), responses_per_prompt, max_new_tokens) for p in prompt_ids]
-    )
-    trajectories: list[Trajectory] = []
-    group_of: list[int] = []
-    for g, (row, pids, group) in enumerate(zip(rows, prompt_ids, conts, strict=True)):
-        fields = {k: v for k, v in row.items() if k != "prompt"}
-        texts = decode_batch(tokenizer, [list(c.token_ids) for c in group])
-        for c, reward in zip(
-            group, grade_completions(reward_func, row["prompt"], texts, fields), strict=True
-        ):
-            ids = list(c.token_ids)
-            trajectories.append(
-                Trajectory(
-                    pids, ids, segment_completion(segmenter, tokenizer, ids), reward, row["prompt"], fields
-                )
+
+@dataclass
+class _Grader:
+    """Samples responses or continuations, grades them with ``reward_func`` and cuts them into steps."""
+
+    tokenizer: Any
+    reward_func: Callable[..., list[float]]
+    segmenter: Any
+
+    def responses(
+        self, sampler: Any, rows: Sequence[Mapping[str, Any]], per_prompt: int, max_new_tokens: int
+    ) -> tuple[list[Any], list[int]]:
+        """``per_prompt`` graded responses per row, and each one's row (its group)."""
+        from mcadvantage.core.text import decode_batch
+        from mcadvantage.mc.estimator import Trajectory
+        from mcadvantage.samplers.base import RolloutRequest
+        from mcadvantage.tasks.segmentation import segment_completion
+        from mcadvantage.trainer.self_training import grade_completions
+
+        prompt_ids = [list(self.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows]
+        conts = sampler.sample([RolloutRequest(tuple(p), per_prompt, max_new_tokens) for p in prompt_ids])
+        trajectories, group_of = [], []
+        for g, (row, pids, group) in enumerate(zip(rows, prompt_ids, conts, strict=True)):
+            fields = {k: v for k, v in row.items() if k != "prompt"}
+            texts = decode_batch(self.tokenizer, [list(c.token_ids) for c in group])
+            for c, reward in zip(
+                group, grade_completions(self.reward_func, row["prompt"], texts, fields), strict=True
+            ):
+                ids = list(c.token_ids)
+                bounds = segment_completion(self.segmenter, self.tokenizer, ids)
+                trajectories.append(Trajectory(pids, ids, bounds, reward, row["prompt"], fields))
+                group_of.append(g)
+        return trajectories, group_of
+
+    def alternatives(
+        self,
+        sampler: Any,
+        trajectories: Sequence[Any],
+        chosen: Sequence[tuple[int, int]],
+        n: int,
+        max_new: int,
+    ) -> tuple[list[Any], list[tuple[int, int]]]:
+        """``n`` graded continuations from each chosen state (response, step), and for each the chosen state's
+        index and the index of the state its first step leads to."""
+        from mcadvantage.core.text import decode_batch
+        from mcadvantage.mc.estimator import Trajectory
+        from mcadvantage.samplers.base import RolloutRequest
+        from mcadvantage.tasks.segmentation import segment_completion
+        from mcadvantage.trainer.self_training import grade_completions
+
+        requests = [
+            RolloutRequest(
+                tuple(
+                    trajectories[i].prompt_ids
+                    + trajectories[i].completion_ids[: trajectories[i].step_boundaries[j]]
+                ),
+                n,
+                max_new - trajectories[i].step_boundaries[j],
             )
-            group_of.append(g)
-    bar.update(1)
-
-    def estimator(k: int) -> Any:
-        return MCValueEstimator(
-            sampler, reward_func, tokenizer, num_rollouts=k, max_completion_length=max_new_tokens
-        )
-
-    # 2. ground truth, 3. VinePPO at each K (fresh rollouts)
-    truth = estimator(ground_truth_k).estimate(trajectories)
-    bar.update(1)
-    estimates = {}
-    for k in ks:
-        estimates[f"vineppo_k{k}"] = estimator(k).estimate(trajectories)
-        bar.update(1)
-
-    def points(values: list[list[float]]) -> list[tuple[int, float, float]]:
-        return [
-            (j, est[j], tru[j])
-            for est, tru in zip(values, truth.values, strict=True)
-            for j in range(len(tru) - 1)
+            for i, j in chosen
         ]
+        alt_trajs, alt_index = [], []
+        for s, ((i, j), group) in enumerate(
+            zip(chosen, sampler.sample(requests) if requests else [], strict=True)
+        ):
+            base = trajectories[i]
+            head = base.completion_ids[: base.step_boundaries[j]]
+            texts = decode_batch(self.tokenizer, [head + list(c.token_ids) for c in group])
+            for c, reward in zip(
+                group, grade_completions(self.reward_func, base.prompt, texts, base.fields), strict=True
+            ):
+                ids = head + list(c.token_ids)
+                bounds = segment_completion(self.segmenter, self.tokenizer, ids)
+                k = next((m for m, b in enumerate(bounds) if b > len(head)), len(bounds) - 1)
+                alt_trajs.append(Trajectory(base.prompt_ids, ids, bounds, reward, base.prompt, base.fields))
+                alt_index.append((s, k))
+        return alt_trajs, alt_index
 
+
+def _points(values: list[list[float]], truth: list[list[float]]) -> list[tuple[int, float, float]]:
+    """``(position, estimate, truth)`` of every state but each response's last (its reward)."""
+    return [(j, est[j], tru[j]) for est, tru in zip(values, truth, strict=True) for j in range(len(tru) - 1)]
+
+
+def _learned_values(fn: Callable[..., list[float]], trajs: Sequence[Any]) -> list[list[float]]:
+    """A learned value function's values of every state of ``trajs``, each response's reward last."""
+    flat = [(t.prompt_ids, t.completion_ids[:b]) for t in trajs for b in t.step_boundaries[:-1]]
+    preds = list(fn([p for p, _ in flat], [c for _, c in flat])) if flat else []
+    out, start = [], 0
+    for t in trajs:
+        n = len(t.step_boundaries) - 1
+        out.append([float(v) for v in preds[start : start + n]] + [float(t.reward)])
+        start += n
+    return out
+
+
+def _scored_values(
+    estimates: Mapping[str, Any],
+    learned: Mapping[str, Callable[..., list[float]]],
+    trajectories: Sequence[Any],
+    truth: Any,
+) -> tuple[dict[str, list[tuple[int, float, float]]], dict[str, dict[str, float]]]:
+    """Each Monte Carlo estimate's and learned value function's value points and metrics against the truth."""
     true_advs = [a for advs in truth.step_advantages for a in advs]
     value_points: dict[str, list[tuple[int, float, float]]] = {}
     metrics: dict[str, dict[str, float]] = {}
     for name, est in estimates.items():
-        value_points[name] = points(est.values)
+        value_points[name] = _points(est.values, truth.values)
         metrics[name] = _value_metrics(value_points[name])
         metrics[name]["sign_accuracy"] = sign_accuracy(
             [a for advs in est.step_advantages for a in advs], true_advs, tolerance=SIGN_TOLERANCE
         )
-
-    def learned_values(fn: Callable[..., list[float]], trajs: Sequence[Trajectory]) -> list[list[float]]:
-        flat = [(t.prompt_ids, t.completion_ids[:b]) for t in trajs for b in t.step_boundaries[:-1]]
-        preds = list(fn([p for p, _ in flat], [c for _, c in flat])) if flat else []
-        out, start = [], 0
-        for t in trajs:
-            n = len(t.step_boundaries) - 1
-            out.append([float(v) for v in preds[start : start + n]] + [float(t.reward)])
-            start += n
-        return out
-
-    learned = dict(value_functions or {})
     for name, fn in learned.items():
-        values = learned_values(fn, trajectories)
-        value_points[name] = points(values)
+        values = _learned_values(fn, trajectories)
+        value_points[name] = _points(values, truth.values)
         metrics[name] = _value_metrics(value_points[name])
         metrics[name]["sign_accuracy"] = sign_accuracy(
             [v[i] - v[i - 1] for v in values for i in range(1, len(v))], true_advs, tolerance=SIGN_TOLERANCE
         )
+    return value_points, metrics
 
-    # 4. GRPO / RLOO implied credit
+
+def _implied_credit(
+    trajectories: Sequence[Any],
+    group_of: Sequence[int],
+    truth: Any,
+    value_points: dict[str, list[tuple[int, float, float]]],
+    metrics: dict[str, dict[str, float]],
+) -> None:
+    """GRPO's and RLOO's implied credit, into ``value_points`` and ``metrics``: ``V(S_0)`` is the group's mean
+    (with or without the response), every step's advantage the reward minus it."""
+    true_advs = [a for advs in truth.step_advantages for a in advs]
     rewards = [t.reward for t in trajectories]
     groups: dict[int, list[int]] = {}
     for i, g in enumerate(group_of):
@@ -331,66 +454,33 @@ def diagnose_credit(
         ]
         metrics[name]["sign_accuracy"] = sign_accuracy(per_step, true_advs, tolerance=SIGN_TOLERANCE)
 
-    # 5. ranking test
-    states = [(i, j) for i, t in enumerate(trajectories) for j in range(len(t.step_boundaries) - 1)]
-    stride = max(1, len(states) // ranking_states)
-    chosen = states[::stride][:ranking_states]
-    requests = [
-        RolloutRequest(
-            tuple(
-                trajectories[i].prompt_ids
-                + trajectories[i].completion_ids[: trajectories[i].step_boundaries[j]]
-            ),
-            alternatives,
-            max_new_tokens - trajectories[i].step_boundaries[j],
-        )
-        for i, j in chosen
-    ]
-    alt_trajs: list[Trajectory] = []
-    alt_index: list[tuple[int, int]] = []  # (group of the state, index of the alternative's next state)
-    for s, ((i, j), group) in enumerate(
-        zip(chosen, sampler.sample(requests) if requests else [], strict=True)
-    ):
-        base = trajectories[i]
-        head = base.completion_ids[: base.step_boundaries[j]]
-        texts = decode_batch(tokenizer, [head + list(c.token_ids) for c in group])
-        for c, reward in zip(
-            group, grade_completions(reward_func, base.prompt, texts, base.fields), strict=True
-        ):
-            ids = head + list(c.token_ids)
-            bounds = segment_completion(segmenter, tokenizer, ids)
-            k = next((n for n, b in enumerate(bounds) if b > len(head)), len(bounds) - 1)
-            alt_trajs.append(Trajectory(base.prompt_ids, ids, bounds, reward, base.prompt, base.fields))
-            alt_index.append((s, k))
-    bar.update(1)
-    ranking: dict[str, dict[str, float]] = {}
-    if alt_trajs:
-        scored = {"truth": estimator(ground_truth_k).estimate(alt_trajs).values}
-        bar.update(1)
-        for name in estimates:
-            scored[name] = estimator(int(name.removeprefix("vineppo_k"))).estimate(alt_trajs).values
-            bar.update(1)
 
-        def grouped(values: list[list[float]]) -> list[list[float]]:
-            out: list[list[float]] = [[] for _ in chosen]
-            for (s, k), vals in zip(alt_index, values, strict=True):
-                out[s].append(vals[k])
-            return out
+def _rankings(
+    scored: Mapping[str, list[list[float]]],
+    alt_index: Sequence[tuple[int, int]],
+    states: int,
+    names: Sequence[str],
+) -> dict[str, dict[str, float]]:
+    """The ranking test of each of ``names`` against the truth (``scored["truth"]``), and of GRPO and RLOO, which
+    give every alternative the same value."""
 
-        for name, fn in learned.items():
-            scored[name] = learned_values(fn, alt_trajs)
-        true_groups = grouped(scored["truth"])
-        for name in [*estimates, *learned]:
-            ranking[name] = ranking_accuracy(grouped(scored[name]), true_groups)
-        flat = [[0.0] * len(g) for g in true_groups]  # one value for every alternative
-        for name in ("grpo (implied)", "rloo (implied)"):
-            ranking[name] = ranking_accuracy(flat, true_groups)
-    for name, r in ranking.items():
-        metrics[name]["ranking_pairwise"] = r["pairwise"]
-        metrics[name]["ranking_top1"] = r["top1"]
-        metrics[name]["ranking_groups"] = r["groups"]
-        metrics[name]["ranking_pairs"] = r["pairs"]
-    bar.close()
+    def grouped(values: list[list[float]]) -> list[list[float]]:
+        out: list[list[float]] = [[] for _ in range(states)]
+        for (s, k), vals in zip(alt_index, values, strict=True):
+            out[s].append(vals[k])
+        return out
+
+    true_groups = grouped(scored["truth"])
+    ranking = {name: ranking_accuracy(grouped(scored[name]), true_groups) for name in names}
+    flat = [[0.0] * len(g) for g in true_groups]  # one value for every alternative
+    for name in ("grpo (implied)", "rloo (implied)"):
+        ranking[name] = ranking_accuracy(flat, true_groups)
+    return ranking
+
+
+def _responses(tokenizer: Any, trajectories: Sequence[Any], truth: Any) -> list[dict[str, Any]]:
+    """The responses with their steps' text, ground-truth values and step advantages (the report's data)."""
+    from mcadvantage.core.text import decode_batch
 
     responses = []
     for t, values, advs in zip(trajectories, truth.values, truth.step_advantages, strict=True):
@@ -406,20 +496,7 @@ def diagnose_credit(
                 "gold": str(t.fields.get("answer", "")),
             }
         )
-    settings = {
-        "prompts": len(rows),
-        "responses_per_prompt": responses_per_prompt,
-        "ground_truth_k": ground_truth_k,
-        "ks": list(ks),
-        "alternatives": alternatives,
-        "ranking_states": len(chosen),
-        "max_new_tokens": max_new_tokens,
-        "seed": seed,
-        "sign_tolerance": SIGN_TOLERANCE,
-        "responses": len(trajectories),
-        "states": len(states),
-    }
-    return CreditDiagnostics(metrics, value_points, responses, settings)
+    return responses
 
 
 def _value_metrics(points: Sequence[tuple[int, float, float]]) -> dict[str, float]:
@@ -490,14 +567,10 @@ def _render_report(result: CreditDiagnostics) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mcadvantage.evaluation.diagnostics --model DIR --data FILE.jsonl --output_dir DIR``: credit diagnostics of a
-    saved model on prompts with answers (JSONL rows with ``prompt`` and ``answer``). Loads the model with
-    transformers, samples with :class:`~mcadvantage.TransformersSampler`; nothing is downloaded."""
+def _parser() -> Any:
+    """The command line of :func:`main`."""
     import argparse
-    import os
 
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = argparse.ArgumentParser(
         prog="python -m mcadvantage.evaluation.diagnostics", description=main.__doc__.split("\n\n")[0]
     )
@@ -517,7 +590,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mcadvantage.evaluation.diagnostics --model DIR --data FILE.jsonl --output_dir DIR``: credit diagnostics of a
+    saved model on prompts with answers (JSONL rows with ``prompt`` and ``answer``). Loads the model with
+    transformers, samples with :class:`~mcadvantage.TransformersSampler`; nothing is downloaded."""
+    import os
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    args = _parser().parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mcadvantage.samplers.hf import TransformersSampler

@@ -11,6 +11,10 @@ policy and prompt set, and compared at equal cost; what ``benchmarks/gradient_qu
 What is measured, and how (the reference gradient, an estimator's batch gradient exactly as the trainer computes
 it, the quality metrics): :mod:`mcadvantage.evaluation.gradient_instrument`. The cost model (``generated + r *
 trained`` tokens, and measuring ``r``): :mod:`mcadvantage.evaluation.cost_model`.
+
+Why this module is long: the instrument's user-facing side is one piece, the spec grammar (one builder per
+estimator), the measurement loop over specs, the equal-cost comparison and the command line that ties them, each
+function short; splitting it would scatter one command's parts over modules that nothing else imports.
 """
 
 from __future__ import annotations
@@ -80,95 +84,34 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
     where the levels branch, ``"0-12"``; default: spread over the first half of the response budget).
     E.g. ``"vineppo:k=1,reuse"``, ``"grpo:prompts=16"``, ``"gae:warmup=40"``, ``"hybrid:budget=0.25"``,
     ``"tree:branching=4x2,depths=0-12"``."""
-    from mcadvantage.estimators import (
-        CriticEstimator,
-        GRPOEstimator,
-        HybridEstimator,
-        RLOOEstimator,
-        TreeEstimator,
-        VinePPOEstimator,
-    )
-
     name, _, rest = spec.partition(":")
     options: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, _, value = part.partition("=")
         options[key.strip()] = value.strip() or "1"
-    known = {
-        "k",
-        "reuse",
-        "variance",
-        "min",
-        "prompts",
-        "group",
-        "label",
-        "lr",
-        "warmup",
-        "nowhiten",
-        "budget",
-        "branching",
-        "depths",
-    }
-    if set(options) - known:
+    if set(options) - _SPEC_OPTIONS:
         raise ValueError(
-            f"estimator spec {spec!r}: unknown option(s) {sorted(set(options) - known)}; use {sorted(known)}."
+            f"estimator spec {spec!r}: unknown option(s) {sorted(set(options) - _SPEC_OPTIONS)}; "
+            f"use {sorted(_SPEC_OPTIONS)}."
         )
-    p, g = int(options.get("prompts", prompts)), int(options.get("group", group))
-    key = name.strip().lower()
-    if key == "grpo":
-        estimator: Any = GRPOEstimator()
-        label = f"grpo_p{p}"
-    elif key == "rloo":
-        estimator, label = RLOOEstimator(), f"rloo_p{p}"
-    elif key == "vineppo":
-        k = int(options.get("k", 4))
-        allocation = "variance" if "variance" in options else "uniform"
-        estimator = VinePPOEstimator(
-            num_rollouts=k,
-            reuse_samples="reuse" in options,
-            allocation=allocation,
-            min_rollouts=int(options.get("min", 1)),
-            step_segmenter=segmenter,
-        )
-        label = (
-            f"vineppo_k{k}"
-            + ("_reuse" if "reuse" in options else "")
-            + ("_variance" if allocation == "variance" else "")
-        )
-        label += ("_nowhiten" if "nowhiten" in options else "") + f"_p{p}"
-    elif key == "hybrid":
-        budget = float(options.get("budget", 0.1))
-        estimator = HybridEstimator(
-            budget=budget, num_rollouts=int(options.get("k", 4)), step_segmenter=segmenter
-        )
-        label = f"hybrid_b{budget:g}_k{estimator.monte_carlo.settings.num_rollouts}_p{p}"
-    elif key == "tree":
-        branching = [int(b) for b in options.get("branching", "4x2").split("x")]
-        depths = [int(d) for d in options["depths"].split("-")] if "depths" in options else None
-        estimator = TreeEstimator(branching=branching, depths=depths)
-        g = math.prod(branching)  # a tree's leaves are its group
-        label = (
-            f"tree_{'x'.join(map(str, branching))}"
-            + (f"_d{'-'.join(map(str, depths))}" if depths else "")
-            + ("_nowhiten" if "nowhiten" in options else "")
-            + f"_p{p}"
-        )
-    elif key == "gae":
-        warmup = int(options.get("warmup", 40))
-        estimator = CriticEstimator(
-            learning_rate=float(options.get("lr", 1e-4)), minibatch_size=p * g, step_segmenter=segmenter
-        )
-        return EstimatorSpec(
-            name=options.get("label", f"gae_w{warmup}_p{p}"),
-            estimator=estimator,
-            prompts_per_batch=p,
-            group_size=g,
-            warmup_batches=warmup,
-        )
-    else:
+    build = _SPEC_BUILDERS.get(name.strip().lower())
+    if build is None:
         raise ValueError(
             f"estimator spec {spec!r}: unknown estimator {name!r}; use grpo, rloo, vineppo, hybrid, tree or gae."
         )
+    p, g = int(options.get("prompts", prompts)), int(options.get("group", group))
+    return build(options, segmenter, p, g)
+
+
+#: The options an estimator spec may give (:func:`parse_estimator_spec`).
+_SPEC_OPTIONS = frozenset(
+    {"k", "reuse", "variance", "min", "prompts", "group", "label", "lr", "warmup", "nowhiten", "budget", "branching",
+     "depths"}
+)  # fmt: skip
+
+
+def _spec(options: dict[str, str], estimator: Any, label: str, p: int, g: int) -> EstimatorSpec:
+    """The spec of a sampled-credit estimator: ``label`` unless the options name it, whitened unless ``nowhiten``."""
     return EstimatorSpec(
         name=options.get("label", label),
         estimator=estimator,
@@ -176,6 +119,94 @@ def parse_estimator_spec(spec: str, *, segmenter: Any, prompts: int = 4, group: 
         group_size=g,
         whiten=False if "nowhiten" in options else None,
     )
+
+
+def _grpo_spec(options: dict[str, str], segmenter: Any, p: int, g: int) -> EstimatorSpec:
+    from mcadvantage.estimators import GRPOEstimator
+
+    return _spec(options, GRPOEstimator(), f"grpo_p{p}", p, g)
+
+
+def _rloo_spec(options: dict[str, str], segmenter: Any, p: int, g: int) -> EstimatorSpec:
+    from mcadvantage.estimators import RLOOEstimator
+
+    return _spec(options, RLOOEstimator(), f"rloo_p{p}", p, g)
+
+
+def _vineppo_spec(options: dict[str, str], segmenter: Any, p: int, g: int) -> EstimatorSpec:
+    from mcadvantage.estimators import VinePPOEstimator
+
+    k = int(options.get("k", 4))
+    allocation = "variance" if "variance" in options else "uniform"
+    estimator = VinePPOEstimator(
+        num_rollouts=k,
+        reuse_samples="reuse" in options,
+        allocation=allocation,
+        min_rollouts=int(options.get("min", 1)),
+        step_segmenter=segmenter,
+    )
+    label = (
+        f"vineppo_k{k}"
+        + ("_reuse" if "reuse" in options else "")
+        + ("_variance" if allocation == "variance" else "")
+        + ("_nowhiten" if "nowhiten" in options else "")
+        + f"_p{p}"
+    )
+    return _spec(options, estimator, label, p, g)
+
+
+def _hybrid_spec(options: dict[str, str], segmenter: Any, p: int, g: int) -> EstimatorSpec:
+    from mcadvantage.estimators import HybridEstimator
+
+    budget = float(options.get("budget", 0.1))
+    estimator = HybridEstimator(
+        budget=budget, num_rollouts=int(options.get("k", 4)), step_segmenter=segmenter
+    )
+    return _spec(
+        options, estimator, f"hybrid_b{budget:g}_k{estimator.monte_carlo.settings.num_rollouts}_p{p}", p, g
+    )
+
+
+def _tree_spec(options: dict[str, str], segmenter: Any, p: int, g: int) -> EstimatorSpec:
+    from mcadvantage.estimators import TreeEstimator
+
+    branching = [int(b) for b in options.get("branching", "4x2").split("x")]
+    depths = [int(d) for d in options["depths"].split("-")] if "depths" in options else None
+    label = (
+        f"tree_{'x'.join(map(str, branching))}"
+        + (f"_d{'-'.join(map(str, depths))}" if depths else "")
+        + ("_nowhiten" if "nowhiten" in options else "")
+        + f"_p{p}"
+    )
+    # a tree's leaves are its group
+    return _spec(options, TreeEstimator(branching=branching, depths=depths), label, p, math.prod(branching))
+
+
+def _gae_spec(options: dict[str, str], segmenter: Any, p: int, g: int) -> EstimatorSpec:
+    from mcadvantage.estimators import CriticEstimator
+
+    warmup = int(options.get("warmup", 40))
+    estimator = CriticEstimator(
+        learning_rate=float(options.get("lr", 1e-4)), minibatch_size=p * g, step_segmenter=segmenter
+    )
+    return EstimatorSpec(
+        name=options.get("label", f"gae_w{warmup}_p{p}"),
+        estimator=estimator,
+        prompts_per_batch=p,
+        group_size=g,
+        warmup_batches=warmup,
+    )
+
+
+#: Each estimator name of a spec and what builds its :class:`EstimatorSpec` from the options.
+_SPEC_BUILDERS = {
+    "grpo": _grpo_spec,
+    "rloo": _rloo_spec,
+    "vineppo": _vineppo_spec,
+    "hybrid": _hybrid_spec,
+    "tree": _tree_spec,
+    "gae": _gae_spec,
+}
 
 
 def batch_prompts(num_prompts: int, per_batch: int, repeat: int, seed: int) -> list[int]:
@@ -329,13 +360,9 @@ def plot_records(records: Sequence[dict[str, Any]], path: str, *, title: str = "
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mcadvantage.evaluation.gradient_quality --model PATH --dataset FILE.jsonl --verifier gsm8k``: gradient
-    quality per unit of cost of each estimator on *your* policy and data; writes a JSON, a markdown table and a plot
-    under ``--output_dir``."""
+def _parser() -> Any:
+    """The command line of :func:`main`."""
     import argparse
-    import json
-    from pathlib import Path
 
     parser = argparse.ArgumentParser(
         prog="python -m mcadvantage.evaluation.gradient_quality", description=main.__doc__
@@ -386,39 +413,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output_dir", default="gradient_quality_output")
-    args = parser.parse_args(argv)
+    return parser
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mcadvantage.samplers import TransformersSampler
-    from mcadvantage.tasks.segmentation import get_segmenter
-    from mcadvantage.tasks.verifier import get_verifier
+def _read_rows(path: Any, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` rows of a JSON Lines or JSON file, each with a ``prompt``."""
+    import json
 
-    torch.manual_seed(args.seed)
-    model = AutoModelForCausalLM.from_pretrained(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    path = Path(args.dataset)
     text = path.read_text(encoding="utf-8")
     rows = (
         [json.loads(line) for line in text.splitlines() if line.strip()]
         if path.suffix == ".jsonl"
         else json.loads(text)
-    )
-    rows = rows[: args.prompts]
+    )[:n]
     if not rows or "prompt" not in rows[0]:
         raise SystemExit(
             f"--dataset {path}: needs rows with a 'prompt' column (got {list(rows[0]) if rows else 'no rows'})."
         )
-    if ":" in args.verifier:
+    return rows
+
+
+def _reward_and_segmenter(verifier_name: str, segmenter_name: str | None) -> tuple[Any, Any]:
+    """``--verifier`` (a task's verifier, or ``module:attribute`` of a reward function) and the step segmenter."""
+    from mcadvantage.tasks.segmentation import get_segmenter
+    from mcadvantage.tasks.verifier import get_verifier
+
+    if ":" in verifier_name:
         import importlib
 
-        module, _, attribute = args.verifier.partition(":")
+        module, _, attribute = verifier_name.partition(":")
         verifier = getattr(importlib.import_module(module), attribute)
-        if args.segmenter is None:
+        if segmenter_name is None:
             raise SystemExit("--verifier module:attribute needs --segmenter (gsm8k, math or newline).")
     else:
-        verifier = get_verifier(args.verifier)
-    segmenter = get_segmenter(args.segmenter or args.verifier)
+        verifier = get_verifier(verifier_name)
+    return verifier, get_segmenter(segmenter_name or verifier_name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mcadvantage.evaluation.gradient_quality --model PATH --dataset FILE.jsonl --verifier gsm8k``: gradient
+    quality per unit of cost of each estimator on *your* policy and data; writes a JSON, a markdown table and a plot
+    under ``--output_dir``."""
+    from pathlib import Path
+
+    args = _parser().parse_args(argv)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mcadvantage.samplers import TransformersSampler
+
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    path = Path(args.dataset)
+    rows = _read_rows(path, args.prompts)
+    verifier, segmenter = _reward_and_segmenter(args.verifier, args.segmenter)
     sampler = TransformersSampler(model, tokenizer, temperature=args.temperature, top_p=args.top_p)
     oracle = CausalLMOracle(
         model, parameter_filter=(lambda n: args.parameters in n) if args.parameters else None
@@ -444,8 +493,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     records = measure_estimators(
         task, specs, reference, repeats=args.repeats, cost_ratio=ratio, epochs=args.epochs, seed=args.seed
     )
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     result = {
         "model": args.model,
         "dataset": str(path),
@@ -460,11 +507,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "records": records,
         "at_equal_cost": at_equal_cost(records),
     }
+    _write_outputs(Path(args.output_dir), result, args.model)
+    return 0
+
+
+def _write_outputs(out: Any, result: dict[str, Any], model: str) -> None:
+    """The JSON, the markdown table and the plot under ``out``, and the table and the best estimator printed."""
+    import json
+
+    records, ratio = result["records"], result["cost_ratio"]
+    out.mkdir(parents=True, exist_ok=True)
     (out / "gradient_quality.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     table = markdown_table(records)
     (out / "gradient_quality.md").write_text(table + "\n", encoding="utf-8")
     plot_records(
-        records, str(out / "gradient_quality.png"), title=f"{args.model}: gradient quality per unit of cost"
+        records, str(out / "gradient_quality.png"), title=f"{model}: gradient quality per unit of cost"
     )
     print(table)
     best = max(records, key=lambda r: r["cosine"] / max(r["cost_model"], 1.0))
@@ -474,7 +531,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"Wrote {out / 'gradient_quality.json'}, {out / 'gradient_quality.md'}, {out / 'gradient_quality.png'}"
     )
-    return 0
 
 
 if __name__ == "__main__":

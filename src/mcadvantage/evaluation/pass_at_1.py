@@ -260,7 +260,6 @@ def score_samples(
         show_progress: show a progress bar over the sampler calls.
     """
     from mcadvantage.core.text import decode_batch, is_conversational
-    from mcadvantage.samplers import RolloutRequest
 
     n = settings.num_samples
     measure = tokenize or _plain_tokenize(tokenizer)
@@ -277,19 +276,7 @@ def score_samples(
         part = list(rows[start : start + chunk])
         prompts = [row["prompt"] for row in part]
         prompt_ids = measure(prompts)
-        requests, sampled = [], []
-        for i, ids in enumerate(prompt_ids):
-            budget = settings.max_tokens if context is None else min(settings.max_tokens, context - len(ids))
-            if budget >= 1:
-                requests.append(RolloutRequest(prefix_ids=tuple(int(t) for t in ids), n=n, max_tokens=budget))
-                sampled.append(i)
-            else:
-                logger.warning(
-                    "Evaluation prompt %d has %d tokens and leaves no room for a response (context %s); scored 0.",
-                    start + i,
-                    len(ids),
-                    context,
-                )
+        requests, sampled = _requests(prompt_ids, settings, context, start)
         outputs = sampler.sample(requests) if requests else []
         ids_per_row: list[list[list[int]]] = [[[] for _ in range(n)] for _ in part]
         graded = [False] * len(part)
@@ -303,26 +290,67 @@ def score_samples(
             [{"role": "assistant", "content": text}] if is_conversational(prompts[k // n]) else text
             for k, text in enumerate(texts)
         ]
-        columns = {key: [row[key] for row in part for _ in range(n)] for key in part[0] if key != "prompt"}
-        rewards = list(
-            verifier(
-                prompts=[p for p in prompts for _ in range(n)],
-                completions=completions,
-                completion_ids=flat_ids,
-                **columns,
-                **dict(reward_kwargs or {}),
-            )
-        )
-        if len(rewards) != len(flat_ids):
-            raise RuntimeError(
-                f"verifier {getattr(verifier, '__name__', verifier)!r} returned {len(rewards)} rewards for "
-                f"{len(flat_ids)} completions; it must return one per completion."
-            )
+        rewards = _grade(verifier, part, n, completions, flat_ids, reward_kwargs)
         for i in range(len(part)):
             row_rewards = rewards[i * n : (i + 1) * n]
             scores.append([float(r or 0.0) if graded[i] else 0.0 for r in row_rewards])
             first_responses.append(texts[i * n])
     return ScoredSamples(scores, truncated, first_responses)
+
+
+def _requests(
+    prompt_ids: Sequence[Sequence[int]], settings: PassAt1Settings, context: int | None, start: int
+) -> tuple[list[Any], list[int]]:
+    """The sampler's requests for one chunk of prompts (rows ``start``...), and the rows they are for: each gets
+    ``settings.max_tokens`` capped by the context left after it; a prompt that leaves no room is logged and skipped."""
+    from mcadvantage.samplers import RolloutRequest
+
+    requests, sampled = [], []
+    for i, ids in enumerate(prompt_ids):
+        budget = settings.max_tokens if context is None else min(settings.max_tokens, context - len(ids))
+        if budget >= 1:
+            requests.append(
+                RolloutRequest(
+                    prefix_ids=tuple(int(t) for t in ids), n=settings.num_samples, max_tokens=budget
+                )
+            )
+            sampled.append(i)
+        else:
+            logger.warning(
+                "Evaluation prompt %d has %d tokens and leaves no room for a response (context %s); scored 0.",
+                start + i,
+                len(ids),
+                context,
+            )
+    return requests, sampled
+
+
+def _grade(
+    verifier: RewardFunction,
+    part: list[Any],
+    n: int,
+    completions: list[Any],
+    flat_ids: list[list[int]],
+    reward_kwargs: Mapping[str, Any] | None,
+) -> list[Any]:
+    """``verifier``'s rewards of a chunk's ``n`` completions per row, called TRL-style with the rows' columns; one
+    reward per completion or a ``RuntimeError``."""
+    columns = {key: [row[key] for row in part for _ in range(n)] for key in part[0] if key != "prompt"}
+    rewards = list(
+        verifier(
+            prompts=[row["prompt"] for row in part for _ in range(n)],
+            completions=completions,
+            completion_ids=flat_ids,
+            **columns,
+            **dict(reward_kwargs or {}),
+        )
+    )
+    if len(rewards) != len(flat_ids):
+        raise RuntimeError(
+            f"verifier {getattr(verifier, '__name__', verifier)!r} returned {len(rewards)} rewards for "
+            f"{len(flat_ids)} completions; it must return one per completion."
+        )
+    return rewards
 
 
 @contextlib.contextmanager
@@ -386,33 +414,11 @@ def evaluate_pass_at_1(
     from accelerate.utils import gather_object
 
     from mcadvantage.core.prompts import context_length
-    from mcadvantage.trainer.policy import policy_sampler
 
     settings = settings or PassAt1Settings()
-    _check_engine(engine)
-    if not callable(getattr(trainer, "tokenize_prompt_ids", None)):
-        raise TypeError(
-            f"evaluate_pass_at_1 needs a mcadvantage.VinePPOTrainer (got {type(trainer).__name__}). Evaluate a "
-            "saved checkpoint with evaluate_checkpoint instead."
-        )
-    if engine == "vllm" and not trainer.use_vllm:
-        raise ValueError(
-            "engine='vllm' needs a trainer that uses vLLM (use_vllm=True). Use engine='auto' or 'transformers', "
-            "or evaluate the saved checkpoint with evaluate_checkpoint(..., engine='vllm')."
-        )
-    use_vllm = trainer.use_vllm and engine != "transformers"
-    server = use_vllm and trainer.vllm_mode == "server"
+    use_vllm, server = _trainer_engine(trainer, engine)
     accelerator = trainer.accelerator
     rank, world = accelerator.process_index, accelerator.num_processes
-    if not use_vllm:
-        deepspeed = accelerator.state.deepspeed_plugin
-        if deepspeed is not None and deepspeed.zero_stage == 3 and not trainer.args.ds3_gather_for_generation:
-            # Each process generates for different problems, so sharded ZeRO-3 forward passes would not line up.
-            raise ValueError(
-                "Pass@1 with the transformers engine under DeepSpeed ZeRO-3 needs ds3_gather_for_generation=True "
-                "(each process generates for different problems). Set --ds3_gather_for_generation true, or "
-                "evaluate the saved checkpoint afterwards with evaluate_checkpoint."
-            )
     rows = [dict(row) for row in dataset]
     if not rows:
         raise ValueError("No problems were evaluated: the evaluation dataset is empty.")
@@ -428,38 +434,9 @@ def evaluate_pass_at_1(
         share = -(-len(rows) // world) * settings.num_samples  # the most samples one process draws
         seed = _vllm_seed(settings.seed + rank * share)
     start = time.perf_counter()
-    with (
-        policy_sampler(
-            trainer,
-            engine=engine,
-            seed=seed,
-            max_batch_sequences=settings.batch_size,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            # The evaluation's sampling is the paper's, not the training responses' filters.
-            top_k=None,
-            min_p=None,
-            repetition_penalty=1.0,
-        ) as sampler,
-        contextlib.nullcontext() if use_vllm else _forked_rng(settings.seed + rank),
-    ):
-        local = ScoredSamples([], 0, [])
-        if mine:
-            if sampler is None:
-                raise RuntimeError(
-                    "policy_sampler gave this process no sampler, but it has problems to sample."
-                )
-            local = score_samples(
-                sampler,
-                trainer.processing_class,
-                [rows[i] for i in mine],
-                verifier,
-                settings,
-                context=context,
-                tokenize=trainer.tokenize_prompt_ids,
-                reward_kwargs=trainer.rollout_reward_kwargs(),
-                show_progress=accelerator.is_main_process,
-            )
+    local = _score_share(
+        trainer, [rows[i] for i in mine], verifier, settings, engine, seed, context, use_vllm
+    )
     by_index: dict[int, tuple[list[float], str]] = {}
     truncated = 0
     for indices, part in gather_object([(mine, tuple(local))]):
@@ -475,6 +452,84 @@ def evaluate_pass_at_1(
         settings=settings,
         responses=[by_index[i][1] for i in range(len(rows))],
     )
+
+
+def _score_share(
+    trainer: Any,
+    rows: list[dict[str, Any]],
+    verifier: RewardFunction,
+    settings: PassAt1Settings,
+    engine: str,
+    seed: int | None,
+    context: int | None,
+    use_vllm: bool,
+) -> ScoredSamples:
+    """This process's share of :func:`evaluate_pass_at_1`: ``rows`` sampled through the trainer's engine (torch's
+    generator forked and seeded per process for transformers) and graded as the trainer grades."""
+    from mcadvantage.trainer.policy import policy_sampler
+
+    accelerator = trainer.accelerator
+    with (
+        policy_sampler(
+            trainer,
+            engine=engine,
+            seed=seed,
+            max_batch_sequences=settings.batch_size,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            # The evaluation's sampling is the paper's, not the training responses' filters.
+            top_k=None,
+            min_p=None,
+            repetition_penalty=1.0,
+        ) as sampler,
+        contextlib.nullcontext() if use_vllm else _forked_rng(settings.seed + accelerator.process_index),
+    ):
+        local = ScoredSamples([], 0, [])
+        if rows:
+            if sampler is None:
+                raise RuntimeError(
+                    "policy_sampler gave this process no sampler, but it has problems to sample."
+                )
+            local = score_samples(
+                sampler,
+                trainer.processing_class,
+                rows,
+                verifier,
+                settings,
+                context=context,
+                tokenize=trainer.tokenize_prompt_ids,
+                reward_kwargs=trainer.rollout_reward_kwargs(),
+                show_progress=accelerator.is_main_process,
+            )
+    return local
+
+
+def _trainer_engine(trainer: Any, engine: str) -> tuple[bool, bool]:
+    """Whether :func:`evaluate_pass_at_1` samples with the trainer's vLLM, and whether through its server; refuses
+    what cannot work (not a mcadvantage trainer, ``engine="vllm"`` without vLLM, the transformers engine under
+    ZeRO-3 without gathered weights)."""
+    _check_engine(engine)
+    if not callable(getattr(trainer, "tokenize_prompt_ids", None)):
+        raise TypeError(
+            f"evaluate_pass_at_1 needs a mcadvantage.VinePPOTrainer (got {type(trainer).__name__}). Evaluate a "
+            "saved checkpoint with evaluate_checkpoint instead."
+        )
+    if engine == "vllm" and not trainer.use_vllm:
+        raise ValueError(
+            "engine='vllm' needs a trainer that uses vLLM (use_vllm=True). Use engine='auto' or 'transformers', "
+            "or evaluate the saved checkpoint with evaluate_checkpoint(..., engine='vllm')."
+        )
+    use_vllm = trainer.use_vllm and engine != "transformers"
+    if not use_vllm:
+        deepspeed = trainer.accelerator.state.deepspeed_plugin
+        if deepspeed is not None and deepspeed.zero_stage == 3 and not trainer.args.ds3_gather_for_generation:
+            # Each process generates for different problems, so sharded ZeRO-3 forward passes would not line up.
+            raise ValueError(
+                "Pass@1 with the transformers engine under DeepSpeed ZeRO-3 needs ds3_gather_for_generation=True "
+                "(each process generates for different problems). Set --ds3_gather_for_generation true, or "
+                "evaluate the saved checkpoint afterwards with evaluate_checkpoint."
+            )
+    return use_vllm, use_vllm and trainer.vllm_mode == "server"
 
 
 def _empty_cuda_cache() -> None:
@@ -523,8 +578,6 @@ def evaluate_checkpoint(
 
     from transformers import AutoTokenizer
 
-    from mcadvantage.samplers import TransformersSampler, VLLMSampler
-
     settings = settings or PassAt1Settings()
     _check_engine(engine)
     has_vllm = importlib.util.find_spec("vllm") is not None
@@ -540,43 +593,15 @@ def evaluate_checkpoint(
         model_name_or_path, revision=revision, trust_remote_code=trust_remote_code
     )
     start = time.perf_counter()
-    rng: contextlib.AbstractContextManager[None]
+    load = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype or "auto")
     if use_vllm:
-        from vllm import LLM
-
-        llm = LLM(
-            model=model_name_or_path,
-            revision=revision,
-            trust_remote_code=trust_remote_code,
-            dtype=dtype or "auto",
-            seed=settings.seed,
-            gpu_memory_utilization=vllm_gpu_memory_utilization,
+        sampler, context, engine_name, rng = _vllm_checkpoint_sampler(
+            model_name_or_path, settings, load, vllm_gpu_memory_utilization
         )
-        context: int | None = int(llm.llm_engine.model_config.max_model_len)
-        sampler: Any = VLLMSampler(
-            llm, temperature=settings.temperature, top_p=settings.top_p, seed=_vllm_seed(settings.seed)
-        )
-        engine_name, rng = "vllm", contextlib.nullcontext()
     else:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from mcadvantage.core.prompts import context_length
-
-        model = AutoModelForCausalLM.from_pretrained(
-            model_name_or_path, revision=revision, trust_remote_code=trust_remote_code, dtype=dtype or "auto"
+        sampler, context, engine_name, rng = _transformers_checkpoint_sampler(
+            model_name_or_path, tokenizer, settings, load
         )
-        if torch.cuda.is_available():
-            model = model.to("cuda")
-        context = context_length(model.config)
-        sampler = TransformersSampler(
-            model,
-            tokenizer,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            max_batch_sequences=settings.batch_size,
-        )
-        engine_name, rng = "transformers", _forked_rng(settings.seed)
     with rng:
         scores, truncated, responses = score_samples(
             sampler, tokenizer, rows, verifier, settings, context=context, show_progress=True
@@ -589,3 +614,50 @@ def evaluate_checkpoint(
         settings=settings,
         responses=responses,
     )
+
+
+def _vllm_checkpoint_sampler(
+    model_name_or_path: str, settings: PassAt1Settings, load: dict[str, Any], gpu_memory_utilization: float
+) -> tuple[Any, int | None, str, contextlib.AbstractContextManager[None]]:
+    """:func:`evaluate_checkpoint`'s vLLM engine: the sampler, the context length, the engine's name, and no
+    torch seeding (the engine's global and per-request seeds start at ``settings.seed``)."""
+    from vllm import LLM
+
+    from mcadvantage.samplers import VLLMSampler
+
+    llm = LLM(
+        model=model_name_or_path,
+        revision=load["revision"],
+        trust_remote_code=load["trust_remote_code"],
+        dtype=load["dtype"],
+        seed=settings.seed,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    sampler = VLLMSampler(
+        llm, temperature=settings.temperature, top_p=settings.top_p, seed=_vllm_seed(settings.seed)
+    )
+    return sampler, int(llm.llm_engine.model_config.max_model_len), "vllm", contextlib.nullcontext()
+
+
+def _transformers_checkpoint_sampler(
+    model_name_or_path: str, tokenizer: Any, settings: PassAt1Settings, load: dict[str, Any]
+) -> tuple[Any, int | None, str, contextlib.AbstractContextManager[None]]:
+    """:func:`evaluate_checkpoint`'s transformers engine (on the GPU when there is one): the sampler, the context
+    length, the engine's name, and torch's generator forked and seeded with ``settings.seed``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mcadvantage.core.prompts import context_length
+    from mcadvantage.samplers import TransformersSampler
+
+    model = AutoModelForCausalLM.from_pretrained(model_name_or_path, **load)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    sampler = TransformersSampler(
+        model,
+        tokenizer,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        max_batch_sequences=settings.batch_size,
+    )
+    return sampler, context_length(model.config), "transformers", _forked_rng(settings.seed)

@@ -109,10 +109,13 @@ class _GradingService:
         return self._process is not None and self._process.poll() is None
 
     def _start(self) -> None:
-        from multiprocessing.connection import Connection
+        """Start the grading process and wait until it is ready (or raise why it is not)."""
+        executable = self._executable()
+        self._spawn(executable)
+        self._handshake(executable)
 
-        from mcadvantage.tasks._grading_worker import BOOTSTRAP
-
+    def _executable(self) -> str:
+        """The Python that runs the grading process; refused where it cannot run."""
         if os.name != "posix":
             raise RuntimeError(
                 "MathVerifier's grading process needs a POSIX system (Linux or macOS): it hands a socket "
@@ -126,8 +129,15 @@ class _GradingService:
                 "Python?). Pass MathVerifier(python_executable=...) the path of a Python interpreter "
                 "that has mcadvantage and math-verify installed."
             )
-        # A connected socket pair handed to the child by file descriptor: no listening address, and the
-        # child sees end-of-file as soon as this process exits or dies.
+        return executable
+
+    def _spawn(self, executable: str) -> None:
+        """Start the process with one end of a socket pair (no listening address; it sees end-of-file as soon as
+        this process exits or dies) and its stderr on a pipe."""
+        from multiprocessing.connection import Connection
+
+        from mcadvantage.tasks._grading_worker import BOOTSTRAP
+
         parent_sock, child_sock = socket.socketpair()
         err_read, err_write = os.pipe()
         try:
@@ -151,8 +161,15 @@ class _GradingService:
         finally:
             child_sock.close()
             os.close(err_write)
-        conn = Connection(parent_sock.detach())
-        self._process, self._conn, self._stderr = process, conn, _StderrTail(err_read)
+        self._process, self._conn, self._stderr = (
+            process,
+            Connection(parent_sock.detach()),
+            _StderrTail(err_read),
+        )
+
+    def _handshake(self, executable: str) -> None:
+        """Send the settings and wait for ``ready``; otherwise stop the process and raise why it did not start."""
+        process, conn = self._process, self._conn
         settings = {
             "sys_path": list(sys.path),
             "timeout_seconds": self.timeout_seconds,

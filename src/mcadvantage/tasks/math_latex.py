@@ -178,6 +178,36 @@ _ENV_BOUNDARY = re.compile(r"\\(begin|end)\{([A-Za-z*]{1,30})\}")
 _ROW_ENVIRONMENTS = frozenset({"aligned", "alignedat", "gathered", "split"})
 
 
+def _back_over(text: str, p: int, start: int, chars: str = " \t") -> int:
+    """``p`` moved back over the ``chars`` before it, not before ``start``."""
+    while p > start and text[p - 1] in chars:
+        p -= 1
+    return p
+
+
+def _command(text: str, i: int, end: int, depth: int, rows: list[int] | None) -> tuple[int, int]:
+    """At the backslash ``text[i]`` of a display span: the position after the command and the new depth (a
+    ``\\left``/``\\right`` pair or a nested environment other than an alignment's counts one). A row break ``\\\\``
+    goes into ``rows`` when given (at top level)."""
+    if text.startswith("\\\\", i):
+        if rows is not None:
+            run = _ROW_BREAK_NEWLINES.match(text, i + 2, end)
+            rows.append(run.end() if run is not None else i + 2)
+        return i + 2, depth
+    if text.startswith("\\left", i) and not text[i + 5 : i + 6].isalpha():
+        return _skip_delimiter(text, i + 5, end), depth + 1  # "\left(" is one opener, not two
+    if text.startswith("\\right", i) and not text[i + 6 : i + 7].isalpha():
+        return _skip_delimiter(text, i + 6, end), max(depth - 1, 0)  # also "\right." closing a "\left\{"
+    env = _ENV_BOUNDARY.match(text, i, end)
+    if env is not None:
+        # An alignment environment inside \[..\] or $$..$$ only lays out rows, like a top-level align*: its rows
+        # stay cut points. Any other environment (a matrix, a table, cases) is one object and is never cut inside.
+        if env.group(2) not in _ROW_ENVIRONMENTS:
+            depth = depth + 1 if env.group(1) == "begin" else max(depth - 1, 0)
+        return env.end(), depth
+    return i + 2, depth  # also skips escaped braces "\{" "\}"
+
+
 def _display_cuts(text: str, span: MathSpan) -> tuple[list[int], list[int], list[int]]:
     """Top-level cut points inside a display span: after row breaks ``\\\\``, before ``=``, before
     ``+`` and after ``,``. Positions are strictly inside the span's content.
@@ -200,30 +230,7 @@ def _display_cuts(text: str, span: MathSpan) -> tuple[list[int], list[int], list
         c = text[i]
         top = depth == 0 and parens == 0
         if c == "\\":
-            if text.startswith("\\\\", i):
-                if top:
-                    run = _ROW_BREAK_NEWLINES.match(text, i + 2, end)
-                    rows.append(run.end() if run is not None else i + 2)
-                i += 2
-                continue
-            if text.startswith("\\left", i) and not text[i + 5 : i + 6].isalpha():
-                depth += 1
-                i = _skip_delimiter(text, i + 5, end)  # "\left(" is one opener, not two
-                continue
-            if text.startswith("\\right", i) and not text[i + 6 : i + 7].isalpha():
-                depth = max(depth - 1, 0)
-                i = _skip_delimiter(text, i + 6, end)  # also "\right." closing a "\left\{"
-                continue
-            env = _ENV_BOUNDARY.match(text, i, end)
-            if env is not None:
-                # An alignment environment inside \[..\] or $$..$$ only lays out rows, like a
-                # top-level align*: its rows stay cut points. Any other environment (a matrix, a
-                # table, cases) is one object and is never cut inside.
-                if env.group(2) not in _ROW_ENVIRONMENTS:
-                    depth = depth + 1 if env.group(1) == "begin" else max(depth - 1, 0)
-                i = env.end()
-                continue
-            i += 2  # also skips escaped braces "\{" "\}"
+            i, depth = _command(text, i, end, depth, rows if top else None)
             continue
         if c == "{":
             depth += 1
@@ -234,17 +241,13 @@ def _display_cuts(text: str, span: MathSpan) -> tuple[list[int], list[int], list
         elif depth == 0 and c in ")]":
             parens = max(parens - 1, 0)
         elif top and c == "=":
-            p = i
-            while p > span.content_start and text[p - 1] in _RELATION_PREFIX:
-                p -= 1
-            while p > span.content_start and text[p - 1] in " \t":
-                p -= 1
-            eqs.append(p)
+            eqs.append(
+                _back_over(
+                    text, _back_over(text, i, span.content_start, _RELATION_PREFIX), span.content_start
+                )
+            )
         elif top and c == "+":
-            p = i
-            while p > span.content_start and text[p - 1] in " \t":
-                p -= 1
-            others.append(p)
+            others.append(_back_over(text, i, span.content_start))
         elif top and c == ",":
             others.append(i + 1)
         i += 1

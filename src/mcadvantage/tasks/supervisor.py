@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import mcadvantage.tasks.math_equivalence as math_equivalence
@@ -151,8 +152,6 @@ def _supervisor_main(
     ``timeout_seconds`` from the moment it is handed over, and kills and re-forks a child whose answer
     runs over (that answer scores False).
     """
-    from multiprocessing.connection import wait
-
     import math_verify  # noqa: F401  (imported before forking so children start warm)
 
     math_equivalence._install_eval_guard()
@@ -164,52 +163,9 @@ def _supervisor_main(
     soft_timeout = max(0.05, 0.75 * timeout_seconds) if interrupt_in_child else None
     # What a forked child must let go of (see _detach_from_supervisor); a spawned one inherits nothing.
     supervisor = (os.getpid(), conn.fileno()) if ctx.get_start_method() == "fork" else None
-    children: list[_Child | None] = [None] * num_workers
-    kills = 0
-    refusals: list[str] = []
-
-    def grade(items: list[tuple[str, str]]) -> list[bool]:
-        nonlocal kills
-        results = [False] * len(items)
-        todo = list(range(len(items) - 1, -1, -1))  # a stack, popped in order
-        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (item index, deadline)
-        while todo or busy:
-            for slot in range(num_workers):
-                if slot in busy or not todo:
-                    continue
-                child = children[slot]
-                if child is None or not child.process.is_alive():
-                    child = children[slot] = _Child(ctx, soft_timeout, memory_limit_mb, supervisor)
-                index = todo.pop()
-                child.conn.send(("grade", [items[index]]))
-                busy[slot] = (index, time.monotonic() + timeout_seconds)
-            now = time.monotonic()
-            first_deadline = min(deadline for _, deadline in busy.values())
-            conns = {children[slot].conn: slot for slot in busy}  # type: ignore[union-attr]
-            for ready in wait(list(conns), timeout=max(0.0, first_deadline - now)):
-                slot = conns[ready]
-                index, _ = busy.pop(slot)
-                try:
-                    _, verdict, refused = ready.recv()  # type: ignore[union-attr]
-                except (EOFError, OSError):  # the child died (e.g. killed by the OS): replace it
-                    children[slot].kill()  # type: ignore[union-attr]
-                    children[slot] = None
-                    kills += 1
-                    continue
-                results[index] = verdict
-                if refused is not None:
-                    refusals.append(refused)
-            now = time.monotonic()
-            for slot, (_, deadline) in list(busy.items()):
-                if now >= deadline:  # over budget: the answer scores False; replace the child
-                    del busy[slot]
-                    children[slot].kill()  # type: ignore[union-attr]
-                    children[slot] = None
-                    kills += 1
-        return results
-
+    pool = _Pool(lambda: _Child(ctx, soft_timeout, memory_limit_mb, supervisor), num_workers, timeout_seconds)
     if ctx.get_start_method() == "fork":
-        children[0] = _Child(ctx, soft_timeout, memory_limit_mb, supervisor)
+        pool.children[0] = pool.new_child()
     conn.send(("ready", os.getpid()))
     try:
         while True:
@@ -218,18 +174,74 @@ def _supervisor_main(
             except (EOFError, OSError):
                 break
             if message[0] == "grade":
-                conn.send(("result", grade(message[1])))
+                conn.send(("result", pool.grade(message[1])))
             elif message[0] == "info":
                 info = {
                     "guard": math_equivalence._eval_guard_active(),
-                    "kills": kills,
-                    "refusals": len(refusals),
+                    "kills": pool.kills,
+                    "refusals": len(pool.refusals),
                 }
-                info.update(refused_samples=refusals[:20], workers=num_workers, pid=os.getpid())
+                info.update(refused_samples=pool.refusals[:20], workers=num_workers, pid=os.getpid())
                 conn.send(("info", info))
             else:
                 break
     finally:
-        for child in children:
+        for child in pool.children:
             if child is not None:
                 child.kill()
+
+
+class _Pool:
+    """The supervisor's grading children: answers handed one at a time, each with ``timeout_seconds`` from the
+    moment it is handed over; a child whose answer runs over (it scores False) or that dies is killed and replaced
+    by a fresh one when next needed."""
+
+    def __init__(self, new_child: Callable[[], _Child], num_workers: int, timeout_seconds: float) -> None:
+        self.new_child, self.num_workers, self.timeout_seconds = new_child, num_workers, timeout_seconds
+        self.children: list[_Child | None] = [None] * num_workers
+        self.kills = 0
+        self.refusals: list[str] = []
+
+    def _replace(self, slot: int) -> None:
+        """Kill the child in ``slot``; a fresh one is forked when the slot is next used."""
+        self.children[slot].kill()  # type: ignore[union-attr]
+        self.children[slot] = None
+        self.kills += 1
+
+    def grade(self, items: list[tuple[str, str]]) -> list[bool]:
+        """Each ``(answer, gold)`` graded by a child within its deadline (False when it runs over)."""
+        from multiprocessing.connection import wait
+
+        results = [False] * len(items)
+        todo = list(range(len(items) - 1, -1, -1))  # a stack, popped in order
+        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (item index, deadline)
+        while todo or busy:
+            for slot in range(self.num_workers):
+                if slot in busy or not todo:
+                    continue
+                child = self.children[slot]
+                if child is None or not child.process.is_alive():
+                    child = self.children[slot] = self.new_child()
+                index = todo.pop()
+                child.conn.send(("grade", [items[index]]))
+                busy[slot] = (index, time.monotonic() + self.timeout_seconds)
+            now = time.monotonic()
+            first_deadline = min(deadline for _, deadline in busy.values())
+            conns = {self.children[slot].conn: slot for slot in busy}  # type: ignore[union-attr]
+            for ready in wait(list(conns), timeout=max(0.0, first_deadline - now)):
+                slot = conns[ready]
+                index, _ = busy.pop(slot)
+                try:
+                    _, verdict, refused = ready.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):  # the child died (e.g. killed by the OS): replace it
+                    self._replace(slot)
+                    continue
+                results[index] = verdict
+                if refused is not None:
+                    self.refusals.append(refused)
+            now = time.monotonic()
+            for slot, (_, deadline) in list(busy.items()):
+                if now >= deadline:  # over budget: the answer scores False; replace the child
+                    del busy[slot]
+                    self._replace(slot)
+        return results

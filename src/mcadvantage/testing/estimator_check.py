@@ -186,24 +186,8 @@ def check_advantage_estimator(
     trainer, results = _train_tiny(args, workdir, instance, reward_func, label)
     used = trainer.advantage_estimator
 
-    padding = 0
-    for batch, result in results:
-        padding += _check_result(label, batch, result)
-    if not results:
-        raise EstimatorContractError(
-            label, "a short training step", "estimate() was never called in two steps."
-        )
-    if padding == 0:
-        raise EstimatorContractError(
-            label, "zero on padding", "the run's batches had no padding, so the rule could not be checked."
-        )
-    logged = {key for entry in trainer.state.log_history for key in entry}
+    padding, logged = _check_results(label, results, trainer)
     prefix = used.metric_prefix
-    for name in results[-1][1].metrics:
-        if f"{prefix}/{name}" not in logged:
-            raise EstimatorContractError(
-                label, "float metrics under its prefix", f"metric {name!r} was not logged as {prefix}/{name}."
-            )
     _check_training(label, trainer)
     state_keys = _check_state_round_trip(label, used, trainer.args, workdir / "checkpoint")
     skipped = multi_turn_skip_reason(used) if multi_turn else "multi_turn=False"
@@ -216,6 +200,30 @@ def check_advantage_estimator(
         multi_turn_rules=() if skipped else _check_multi_turn(label, trainer),
         multi_turn_skipped=skipped,
     )
+
+
+def _check_results(label: str, results: list[tuple[Any, Any]], trainer: Any) -> tuple[int, set[str]]:
+    """Every result of the run through rules 2 to 4, and its metrics logged under the prefix (rule 5); returns the
+    padding tokens seen and the keys the trainer logged."""
+    padding = 0
+    for batch, result in results:
+        padding += _check_result(label, batch, result)
+    if not results:
+        raise EstimatorContractError(
+            label, "a short training step", "estimate() was never called in two steps."
+        )
+    if padding == 0:
+        raise EstimatorContractError(
+            label, "zero on padding", "the run's batches had no padding, so the rule could not be checked."
+        )
+    logged = {key for entry in trainer.state.log_history for key in entry}
+    prefix = trainer.advantage_estimator.metric_prefix
+    for name in results[-1][1].metrics:
+        if f"{prefix}/{name}" not in logged:
+            raise EstimatorContractError(
+                label, "float metrics under its prefix", f"metric {name!r} was not logged as {prefix}/{name}."
+            )
+    return padding, logged
 
 
 def _check_multi_turn(label: str, trainer: Any) -> tuple[str, ...]:

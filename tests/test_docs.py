@@ -527,7 +527,7 @@ def test_the_docs_import_only_public_paths():
         if module.startswith("mcadvantage") and not _public_path(module)
     )
     assert not deep, "docs importing from a module path that is not public:\n" + "\n".join(deep)
-    assert not _public_path("mcadvantage.samplers.rebuild") and _public_path("mcadvantage.samplers")
+    assert not _public_path("mcadvantage.agents.rebuild") and _public_path("mcadvantage.agents")
 
 
 def test_every_name_the_readmes_box_lists_is_importable_from_the_package():

@@ -120,6 +120,15 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static type checkers and IDEs see the real names
+    from mcadvantage.agents.episode_sampler import EpisodeSampler
+    from mcadvantage.agents.rebuild import (
+        EnvironmentReplayError,
+        ToolTurn,
+        execute_tool_calls,
+        replay_environment,
+    )
+    from mcadvantage.agents.tool_loop import AgentEpisodes, Episode
+    from mcadvantage.agents.turns import episode_step_boundaries
     from mcadvantage.core.advantages import (
         gae_advantages,
         loss_token_mask,
@@ -154,7 +163,6 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         evaluate_pass_at_1,
         score_samples,
     )
-    from mcadvantage.agents.turns import episode_step_boundaries
     from mcadvantage.mc.estimator import MCEstimate, MCValueEstimator, Trajectory
     from mcadvantage.samplers import (
         Continuation,
@@ -163,14 +171,6 @@ if TYPE_CHECKING:  # static type checkers and IDEs see the real names
         TransformersSampler,
         VLLMSampler,
         VLLMServerSampler,
-    )
-    from mcadvantage.agents.episode_sampler import EpisodeSampler
-    from mcadvantage.agents.tool_loop import AgentEpisodes, Episode
-    from mcadvantage.agents.rebuild import (
-        EnvironmentReplayError,
-        ToolTurn,
-        execute_tool_calls,
-        replay_environment,
     )
     from mcadvantage.tasks.gsm8k import GSM8KSegmenter, GSM8KVerifier
     from mcadvantage.tasks.math import MathSegmenter, MathVerifier

@@ -7,6 +7,9 @@ fields, the estimators that sample continuations (``vineppo``, ``hybrid``) and
 :class:`~mcadvantage.mc.estimator.MCValueEstimator` all read them from there, so a setting is accepted or refused
 the same way wherever it is given; only the parameter names in the messages differ (``num_mc_rollouts`` in the
 config, ``num_rollouts`` in the estimator). The three samplers validate through :func:`validate_sampling_settings`.
+
+Why this module is long: it is the one definition of every setting and its validity; split, a setting's default
+and its check would live in two places.
 """
 
 from __future__ import annotations

@@ -294,6 +294,7 @@ class GradientTask:
         )
 
     def context(self) -> EstimatorContext:
+        """The single-process estimator context on this task's sampler, reward functions and segmenter."""
         return EstimatorContext.single_process(
             self.sampler,
             self.reward_funcs,

@@ -1,0 +1,275 @@
+"""benchmarks/lm_stability.py's pure pieces on tiny synthetic inputs (collapse rule, Wilson interval, censored
+tokens to target and the Kaplan-Meier median, stable rate, the collapse-aware tuning rule, the verdict with its
+minimum effect, the detectable difference, the strict budget, the consolidated records, the summary recomputed from
+records), and ties between the committed summary and the committed records (skipped while they are absent). No model
+is trained here: a fake runner stands in for training."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import lm_stability as st  # noqa: E402
+from benchmarks._records import FLOAT64, compare_tree  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------- pure pieces
+def test_collapse_is_two_ses_of_a_difference_below_the_start():
+    se = math.sqrt(2 * 0.25 * 0.75 / 128)
+    assert st.collapsed(0.25, 0.25 - 2 * se - 1e-9)
+    assert not st.collapsed(0.25, 0.25 - 2 * se + 1e-9)
+    assert not st.collapsed(0.25, 0.9)
+    # a start at 0 floors the SE at one episode's worth, so nothing collapses below it
+    assert not st.collapsed(0.0, 0.0)
+
+
+def test_wilson_interval_brackets_the_share_and_stays_in_unit_range():
+    low, high = st.wilson(0, 16)
+    assert low == 0.0 and 0.15 < high < 0.25
+    low, high = st.wilson(16, 16)
+    assert high == 1.0 and 0.75 < low < 0.85
+    low, high = st.wilson(8, 16)
+    assert low < 0.5 < high and math.isclose(low + high, 1.0)
+    assert all(math.isnan(x) for x in st.wilson(0, 0))
+
+
+def _points(pairs):
+    return [{"tokens": t, "success": s} for t, s in pairs]
+
+
+def test_tokens_to_target_takes_the_first_evaluation_at_or_above_it_else_censors_at_the_end():
+    run = _points([(0, 0.2), (100, 0.5), (200, 0.8), (300, 0.6)])
+    assert st.tokens_to_target(run, 0.8) == (200, True)
+    assert st.tokens_to_target(run, 0.5) == (100, True)
+    assert st.tokens_to_target(run, 0.9) == (300, False)
+
+
+def test_kaplan_meier_without_censoring_is_the_empirical_median():
+    times, events = [10, 20, 30, 40], [True] * 4
+    assert st.kaplan_meier(times, events) == [(10, 0.75), (20, 0.5), (30, 0.25), (40, 0.0)]
+    assert st.km_median(times, events) == 20
+
+
+def test_kaplan_meier_censoring_reduces_the_risk_set_and_hides_a_median_never_reached():
+    # censored at 15: at 20 two remain at risk, one falls: S = 0.75 * 0.5
+    curve = st.kaplan_meier([10, 15, 20, 30], [True, False, True, False])
+    assert curve == [(10, 0.75), (20, 0.375)]
+    assert st.km_median([10, 15, 20, 30], [True, False, True, False]) == 20
+    # only one of four reaches the target: no median
+    assert st.km_median([10, 99, 99, 99], [True, False, False, False]) is None
+    with pytest.raises(ValueError):
+        st.kaplan_meier([1, 2], [True])
+
+
+def test_stable_rate_is_the_largest_rate_below_which_every_rate_holds_the_bound():
+    assert st.stable_rate({1e-4: 0.0, 3e-4: 0.0625, 1e-3: 0.5, 3e-3: 0.0}) == 3e-4  # a later dip does not count
+    assert st.stable_rate({1e-4: 0.2, 3e-4: 0.0}) is None
+    assert st.stable_rate({1e-4: 0.0, 3e-4: 0.1}) == 3e-4  # the bound itself holds
+
+
+def test_tuning_rule_scores_collapsed_runs_by_their_final_success_and_ties_go_to_the_smaller_rate():
+    finals = {
+        1e-4: [0.40, 0.42, 0.41, 0.39],
+        1e-3: [0.90, 0.92, 0.0, 0.91],  # one collapse: mean 0.6825
+        3e-3: [0.93, 0.0, 0.0, 0.94],  # the best surviving runs, but half collapse
+    }
+    assert st.choose_rate(finals) == 1e-3
+    # near-ties (within TUNING_TIE) go to the smaller, safer rate
+    assert st.choose_rate({1e-3: [0.90], 3e-3: [0.91]}) == 1e-3
+    assert st.choose_rate({1e-3: [0.80], 3e-3: [0.91]}) == 3e-3
+    with pytest.raises(ValueError):
+        st.choose_rate({1e-3: []})
+
+
+def test_verdict_needs_holm_the_interval_and_the_minimum_effect():
+    assert st.verdict(0.10, [0.05, 0.15], 0.01, 0.05) == "better"
+    assert st.verdict(-0.10, [-0.15, -0.05], 0.01, 0.05) == "worse"
+    assert st.verdict(0.01, [0.005, 0.015], 1e-6, 0.05) == "level"  # significant but below the minimum effect
+    assert st.verdict(0.30, [-0.05, 0.65], 0.20, 0.05) == "level"  # large but not significant after Holm
+    assert st.verdict(0.30, [0.1, 0.5], math.nan, 0.05) == "level"
+
+
+def test_detectable_difference_grows_with_the_family_and_shrinks_with_seeds():
+    one = st.detectable_difference(0.05, 24, 1)
+    eight = st.detectable_difference(0.05, 24, 8)
+    assert 0.05 * 2.7 < one < 0.05 * 3.0  # (t_0.975,23 + t_0.8,23) = 2.069 + 0.858
+    assert eight > one
+    assert st.detectable_difference(0.05, 48, 8) < eight
+    assert math.isnan(st.detectable_difference(0.05, 1, 8))
+
+
+# ---------------------------------------------------------------------------------------------- strict budget
+def test_a_step_that_would_pass_the_budget_is_refused_and_nothing_is_spent_on_it():
+    ledger = st.StrictLedger(1000, charge_mc=True, checkpoints=4)
+    assert ledger.admit(300, 100) and ledger.spent == 400
+    assert ledger.admit(300, 100) and ledger.spent == 800
+    assert not ledger.admit(150, 100)  # 1050 > 1000: refused
+    assert ledger.spent == 800 and ledger.refused == {"own_tokens": 150, "mc_tokens": 100}
+    assert ledger.admit(100, 100) is True and ledger.spent == 1000  # exactly the budget is allowed
+
+
+def test_uncharged_continuations_are_recorded_but_not_spent():
+    ledger = st.StrictLedger(1000, charge_mc=False)
+    assert ledger.admit(100, 50_000)
+    assert ledger.spent == 100 and ledger.mc == [50_000]
+
+
+def test_checkpoints_fall_due_once_per_crossed_mark():
+    ledger = st.StrictLedger(1000, charge_mc=True, checkpoints=4)  # marks 250, 500, 750
+    due = []
+    for own in (100, 100, 100, 400, 100):
+        ledger.admit(own, 0)
+        due.append(ledger.due())
+    assert due == [False, False, True, True, True]  # 300 crosses 250, 700 crosses 500, 800 crosses 750
+    ledger2 = st.StrictLedger(1000, charge_mc=True, checkpoints=4)
+    ledger2.admit(800, 0)
+    assert ledger2.due() is True and ledger2.due() is False  # three marks crossed at once give one evaluation
+
+
+# ---------------------------------------------------------------------------------------------- records
+def _record(stage, arm, lr, seed, finals, *, setting="chain_H2", model="small", budget=1000, start=0.25, ref=False):
+    """A synthetic run record: evaluations at 0, 500 and 1000 tokens with the successes ``finals``."""
+    points = [{"step": i, "tokens": 500 * i, "success": s, "own_tokens": 500 * i, "mc_tokens": 0}
+              for i, s in enumerate([start, *finals])]  # fmt: skip
+    return {
+        "stage": stage, "setting": setting, "model": model, "arm": arm, "lr": lr, "seed": seed,
+        "eval_seed": 7, "budget": budget, "reference": ref, "charge_mc": not ref, "start_success": start,
+        "final_success": finals[-1], "checkpoints": points, "steps": 2, "own_tokens": 1000, "mc_tokens": 0,
+        "sampled_tokens": 1000, "underspend": budget - 1000, "collapsed": st.collapsed(start, finals[-1]),
+    }  # fmt: skip
+
+
+def test_records_append_as_gzip_members_and_read_back_whole(tmp_path):
+    path = tmp_path / "runs.jsonl.gz"
+    assert st.read_records(path) == []
+    a, b = _record("sweep", "grpo", 1e-3, 0, [0.5, 0.9]), _record("sweep", "grpo", 1e-3, 1, [0.5, 0.0])
+    st.append_record(path, a)
+    st.append_record(path, b)
+    assert st.read_records(path) == [a, b]
+    with gzip.open(path, "rt") as f:  # any gzip reader sees every member
+        assert [json.loads(line) for line in f] == [a, b]
+
+
+def test_a_member_cut_short_by_a_kill_is_dropped_and_the_rest_kept(tmp_path):
+    path = tmp_path / "runs.jsonl.gz"
+    a = _record("sweep", "grpo", 1e-3, 0, [0.5, 0.9])
+    st.append_record(path, a)
+    whole = gzip.compress(json.dumps(a).encode())
+    path.write_bytes(path.read_bytes() + whole[: len(whole) // 2])
+    assert st.read_records(path) == [a]
+
+
+def test_run_queue_skips_recorded_runs_and_appends_each_new_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(st, "provenance", lambda threads: {"commit": "abc", "torch_threads": threads})
+    path = tmp_path / "runs.jsonl.gz"
+    specs = [st.RunSpec("sweep", "chain_H2", "small", "grpo", lr, 0, 7, 1000) for lr in (1e-4, 1e-3)]
+    ran = []
+
+    def fake(spec):
+        ran.append(spec.key)
+        return _record(spec.stage, spec.arm, spec.lr, spec.seed, [0.5, 0.6])
+
+    assert st.run_queue(specs[:1], path=path, runner=fake) == 1
+    assert st.run_queue(specs, path=path, runner=fake) == 1  # the first is skipped
+    assert ran == [specs[0].key, specs[1].key]
+    records = st.read_records(path)
+    assert [st.record_key(r) for r in records] == [s.key for s in specs]
+    assert all(r["machine"]["commit"] == "abc" and "wall_seconds" in r for r in records)
+
+
+def _synthetic_study():
+    """Two arms x two rates x 4 sweep seeds, then a head-to-head of 4 seeds at each arm's tuned rate."""
+    records = []
+    for seed in range(4):
+        records.append(_record("sweep", "grpo", 1e-4, seed, [0.5, 0.8]))
+        records.append(_record("sweep", "grpo", 1e-3, seed, [0.9, 0.9] if seed < 2 else [0.9, 0.0]))
+        records.append(_record("sweep", "rloo", 1e-4, seed, [0.6, 0.9]))
+        records.append(_record("sweep", "rloo", 1e-3, seed, [0.9, 0.0]))
+    for seed in range(100, 104):
+        records.append(_record("h2h", "grpo", 1e-4, seed, [0.5, 0.78 + 0.01 * (seed % 2)]))
+        records.append(_record("h2h", "rloo", 1e-4, seed, [0.85, 0.90 + 0.01 * (seed % 3)]))
+    return records
+
+
+def test_summary_recomputes_curve_target_tuning_and_head_to_head_from_records(monkeypatch):
+    monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
+    summary = st.summarize(_synthetic_study())
+    cell = next(c for c in summary["curve"] if (c["arm"], c["lr"]) == ("grpo", 1e-3))
+    assert cell["collapsed"] == [False, False, True, True] and cell["collapse_rate"] == 0.5
+    assert cell["success"] == [0.9, 0.9, 0.0, 0.0] and cell["budget"] == 1000 and cell["seeds"] == [0, 1, 2, 3]
+    # target: 0.9 x the best stable practical plateau (rloo at 1e-4: mean of 0.6 and 0.9 = 0.75)
+    # (the larger model, which runs at chain H = 2, is scored against the same bar)
+    assert summary["targets"] == [
+        {"setting": "chain_H2", "model": m, "target": pytest.approx(0.675)} for m in ("large", "small")
+    ]
+    assert cell["tokens_to_target"] == [500] * 4 and cell["reached_share"] == 1.0  # reached, then collapsed
+    lines = {a["arm"]: a for a in summary["arms"]}
+    assert lines["grpo"]["stable_rate"] == 1e-4 and lines["grpo"]["chosen_lr"] == 1e-4  # 0.8 beats 0.45
+    assert lines["rloo"]["spans"] and not lines["grpo"]["spans"]
+    h2h = {r["arm"]: r for r in summary["head_to_head"]}
+    assert h2h["rloo"]["tuning_seeds"] == [0, 1, 2, 3] and h2h["rloo"]["seeds"] == [100, 101, 102, 103]
+    vs = h2h["rloo"]["vs_grpo"]
+    assert vs["success"]["mean"] == pytest.approx(
+        sum(0.90 + 0.01 * (s % 3) - 0.78 - 0.01 * (s % 2) for s in range(100, 104)) / 4
+    )
+    assert vs["tokens_saved"]["mean"] == 500  # rloo reaches 0.675 at 500, GRPO at 1000
+    assert vs["success"]["family"] == 2 and vs["success"]["verdict"] in ("better", "level")
+    assert "vs_grpo" not in h2h["grpo"]
+
+
+def test_reference_arms_stay_out_of_the_holm_family(monkeypatch):
+    monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
+    records = _synthetic_study()
+    records += [_record("h2h", "oracle_uncharged", 1e-4, s, [0.9, 0.95], ref=True) for s in range(100, 104)]
+    h2h = {r["arm"]: r for r in st.summarize(records)["head_to_head"]}
+    assert "p_holm" not in h2h["oracle_uncharged"]["vs_grpo"]["success"]
+    assert h2h["rloo"]["vs_grpo"]["success"]["family"] == 2
+
+
+# ---------------------------------------------------------------------------------------------- committed records
+def _committed():
+    records = st.read_records(st.RECORDS)
+    if not records or not st.SUMMARY.exists():
+        pytest.skip("no committed lm_stability records and summary yet")
+    return records, json.loads(st.SUMMARY.read_text(encoding="utf-8"))
+
+
+@pytest.mark.record
+def test_committed_summary_recomputes_from_the_committed_records():
+    records, summary = _committed()
+    fresh = json.loads(json.dumps(st.summarize(records)))
+    assert fresh["runs"] == summary["runs"]
+    assert compare_tree(fresh, summary, FLOAT64) == []
+
+
+@pytest.mark.record
+def test_committed_records_name_their_machine_and_keep_their_budget():
+    records, _ = _committed()
+    for r in records:
+        assert r["sampled_tokens"] <= r["budget"], r
+        assert r["underspend"] == r["budget"] - r["sampled_tokens"]
+        for key in ("commit", "cpu", "torch", "trl", "transformers", "torch_threads"):
+            assert key in r["machine"], (key, st.record_key(r))
+        if not r["charge_mc"]:
+            assert r["mc_tokens"] >= 0 and r["sampled_tokens"] == r["own_tokens"]
+    keys = [st.record_key(r) for r in records]
+    assert len(keys) == len(set(keys)), "a run is recorded twice"
+
+
+def test_plot_draws_a_setting_from_a_summary(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
+    summary = json.loads(json.dumps(st.summarize(_synthetic_study())))
+    out = tmp_path / "stability.png"
+    assert "4 cells" in st.plot(summary, "chain_H2", out) and out.stat().st_size > 1000
+    with pytest.raises(ValueError, match="no curve"):
+        st.plot(summary, "frozenlake_4x4", out)

@@ -232,6 +232,11 @@ def plateau(checkpoints: Sequence[dict[str, Any]]) -> float:
     return statistics.fmean(p["success"] for p in checkpoints[-2:])
 
 
+def success_at(checkpoints: Sequence[dict[str, Any]], tokens: float) -> float:
+    """A run's success at its last evaluation made at or before ``tokens`` sampled tokens (the start at least)."""
+    return [p for p in checkpoints if p["tokens"] <= tokens or p is checkpoints[0]][-1]["success"]
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The strict budget
 # --------------------------------------------------------------------------------------------------------------
@@ -693,6 +698,9 @@ def runs_cell(runs: Sequence[dict[str, Any]], target: float | None) -> dict[str,
         "collapse_rate": k / len(runs),
         "collapse_ci95": wilson(k, len(runs)),
         "plateau": statistics.fmean(plateau(r["checkpoints"]) for r in runs),
+        "gain_last_quarter": statistics.fmean(
+            r["final_success"] - success_at(r["checkpoints"], 0.75 * r["budget"]) for r in runs
+        ),
         "sampled_tokens": [r["sampled_tokens"] for r in runs],
         "own_tokens": [r["own_tokens"] for r in runs],
         "mc_tokens": [r["mc_tokens"] for r in runs],

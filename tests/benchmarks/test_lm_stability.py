@@ -53,6 +53,12 @@ def test_tokens_to_target_takes_the_first_evaluation_at_or_above_it_else_censors
     assert st.tokens_to_target(run, 0.9) == (300, False)
 
 
+def test_success_at_reads_the_last_evaluation_at_or_before_the_tokens():
+    run = _points([(0, 0.2), (100, 0.5), (200, 0.8), (300, 0.6)])
+    assert st.success_at(run, 250) == 0.8 and st.success_at(run, 200) == 0.8 and st.success_at(run, 50) == 0.2
+    assert st.plateau(run) == pytest.approx(0.7)
+
+
 def test_kaplan_meier_without_censoring_is_the_empirical_median():
     times, events = [10, 20, 30, 40], [True] * 4
     assert st.kaplan_meier(times, events) == [(10, 0.75), (20, 0.5), (30, 0.25), (40, 0.0)]
@@ -211,6 +217,7 @@ def test_summary_recomputes_curve_target_tuning_and_head_to_head_from_records(mo
     assert summary["targets"] == [
         {"setting": "chain_H2", "model": m, "target": pytest.approx(0.675)} for m in ("large", "small")
     ]
+    assert cell["gain_last_quarter"] == pytest.approx((0.0 - 0.9 * 2) / 4)  # 3/4 of 1000: the 500-token reading
     assert cell["tokens_to_target"] == [500] * 4 and cell["reached_share"] == 1.0  # reached, then collapsed
     lines = {a["arm"]: a for a in summary["arms"]}
     assert lines["grpo"]["stable_rate"] == 1e-4 and lines["grpo"]["chosen_lr"] == 1e-4  # 0.8 beats 0.45

@@ -56,7 +56,10 @@ H2H_EVAL_SEED = 8
 #: Evaluations inside a run: at the start, after each ``1/CHECKPOINTS`` of the budget is spent, and at the end.
 CHECKPOINTS = 8
 #: A safety cap on steps (a collapsed policy that writes nothing spends almost no tokens a step).
-MAX_STEPS = 600
+MAX_STEPS = 300
+#: A dead run: after this many consecutive training steps in which every episode's reward is 0, the policy is
+#: evaluated; when its held-out success is 0 too, the run stops there (``stopped_by: "dead"``, final success 0).
+DEAD_STEPS = 16
 #: A run "collapsed" when it ends more than this many SEs of a difference below its start (the map's rule).
 COLLAPSE_SES = lm.COLLAPSE_SES
 #: The stability bound: an arm's rate is stable when at most this share of its runs collapse.
@@ -260,6 +263,8 @@ class StrictLedger:
         self.own: list[int] = []
         self.mc: list[int] = []
         self.refused: dict[str, int] | None = None
+        self.dead = False
+        self.zero_streak = 0  # consecutive admitted steps whose every episode scored 0
         self._marks = [budget * k / checkpoints for k in range(1, checkpoints)]
 
     def cost(self, own: int, mc: int) -> int:
@@ -278,6 +283,14 @@ class StrictLedger:
         self.own.append(own)
         self.mc.append(mc)
         return True
+
+    def note_rewards(self, rewards: Sequence[float]) -> None:
+        """Count a step's episode rewards toward the dead-run streak (any nonzero reward resets it)."""
+        self.zero_streak = self.zero_streak + 1 if all(r == 0 for r in rewards) else 0
+
+    def dead_check_due(self, every: int = DEAD_STEPS) -> bool:
+        """Whether the dead-run rule asks for an evaluation now (each further ``every`` steps of zero reward)."""
+        return self.zero_streak > 0 and self.zero_streak % every == 0
 
     def due(self) -> bool:
         """Whether the spent tokens have crossed a checkpoint mark not yet evaluated (all crossed marks are used)."""
@@ -364,12 +377,17 @@ def warmup_dir(setting: str, model: str) -> Path | None:
 _STARTS: dict[tuple[str, str, int], float] = {}
 
 
+EVAL_CLOCK = {"seconds": 0.0}  # evaluation time of the run in progress (the record's eval_seconds)
+
+
 def evaluate(trainer: Any, parts: Any, eval_seed: int) -> float:
     """Success of ``trainer.model`` on :data:`EVAL_EPISODES` held-out episodes under ``eval_seed``."""
     from testbed.lm_agent import play_episodes
 
+    started = time.perf_counter()
     rows = parts.eval_rows[:EVAL_EPISODES]
     played = play_episodes(trainer, rows, seed=eval_seed, environment=parts.factory, calls=parts.calls)
+    EVAL_CLOCK["seconds"] += time.perf_counter() - started
     return sum(p.reward for p in played) / len(played)
 
 
@@ -381,6 +399,7 @@ def _trainer(spec: RunSpec, ledger: StrictLedger, points: list[dict[str, Any]], 
     from transformers import TrainerCallback
 
     from mcadvantage import VinePPOTrainer
+    from mcadvantage.estimators.batch import combine_rewards
 
     setting, arm = study_setting(spec.setting), ARMS[spec.arm]
     parts = lm.environment_parts(setting)
@@ -398,12 +417,16 @@ def _trainer(spec: RunSpec, ledger: StrictLedger, points: list[dict[str, Any]], 
                 mc = int(float((self.last_advantage_result.metrics or {}).get("generated_tokens", 0.0)))
                 if not ledger.admit(own, mc):
                     raise BudgetReached
+                ledger.note_rewards(combine_rewards(batch.rewards_per_func, batch.reward_weights).tolist())
             return advantages
 
     class Checkpoints(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            if ledger.due():
+            if ledger.due() or ledger.dead_check_due():
                 points.append(_point(state.global_step, ledger, evaluate(trainer, parts, spec.eval_seed)))
+                if ledger.dead_check_due() and points[-1]["success"] == 0:
+                    ledger.dead = True
+                    control.should_training_stop = True
             return control
 
     trainer = Trainer(
@@ -433,6 +456,7 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
     import torch
 
     torch.manual_seed(spec.seed)
+    EVAL_CLOCK["seconds"] = 0.0
     arm = ARMS[spec.arm]
     ledger = StrictLedger(spec.budget, charge_mc=arm.charge_mc)
     points: list[dict[str, Any]] = []
@@ -448,6 +472,8 @@ def run_one(spec: RunSpec) -> dict[str, Any]:
             trainer.train()
         except BudgetReached:
             stopped_by = "budget"
+        if ledger.dead:
+            stopped_by = "dead"
         seconds = time.perf_counter() - started
         steps = len(ledger.own)
         if points[-1]["step"] != steps or len(points) == 1:
@@ -480,6 +506,7 @@ def run_record(
         "stopped_by": stopped_by,
         "collapsed": collapsed(start, final),
         "train_seconds": seconds,
+        "eval_seconds": EVAL_CLOCK["seconds"],
     }
 
 
@@ -526,22 +553,25 @@ def run_queue(
 # --------------------------------------------------------------------------------------------------------------
 # The study's runs, stage by stage
 # --------------------------------------------------------------------------------------------------------------
-#: The pilot (docs/lm-stability-protocol.md, "Pilot"): per-run cost and the plateau at the candidate budgets.
-PILOT: tuple[tuple[str, str, float, int], ...] = (
-    *(("chain_H2", "grpo", lr, s) for lr in (3e-4, 1e-3, 3e-3) for s in (0, 1)),
-    *(("chain_H2", a, 1e-3, 0) for a in ("rloo", "anchor_pooled", "vineppo_k1_reuse", "gae_warm")),
-    *(("chain_H2", a, 1e-3, 0) for a in ("oracle_charged", "oracle_uncharged")),
-    *(("frozenlake_4x4", "grpo", lr, 0) for lr in (3e-4, 1e-3)),
-    *(("frozenlake_4x4", a, 1e-3, 0) for a in ("vineppo_k1_reuse", "gae_warm")),
+#: The pilot (docs/lm-stability-protocol.md, "Pilot"): per-run cost and the plateau at the candidate budgets;
+#: (setting, model, arm, lr, seed, budget). The uncharged oracle runs a short budget: its cost is per step.
+PILOT: tuple[tuple[str, str, str, float, int, int], ...] = (
+    *(("chain_H2", "small", "grpo", lr, s, 18_000) for lr in (3e-4, 1e-3, 3e-3) for s in (0, 1)),
+    *(("chain_H2", "small", a, 1e-3, 0, 18_000) for a in ("rloo", "anchor_pooled", "vineppo_k1_reuse", "gae_warm")),
+    ("chain_H2", "small", "oracle_charged", 1e-3, 0, 18_000),
+    ("chain_H2", "small", "oracle_uncharged", 1e-3, 0, 3_000),
+    *(("frozenlake_4x4", "small", "grpo", lr, 0, 20_000) for lr in (3e-4, 1e-3)),
+    *(("frozenlake_4x4", "small", a, 1e-3, 0, 20_000) for a in ("vineppo_k1_reuse", "gae_warm")),
+    ("chain_H2", "large", "grpo", 1e-3, 0, 18_000),
 )
 
 
-def pilot_specs(settings: Sequence[str]) -> list[RunSpec]:
-    """The pilot's runs in ``settings``, at each setting's candidate budget."""
+def pilot_specs(settings: Sequence[str], models: Sequence[str] = ("small", "large")) -> list[RunSpec]:
+    """The pilot's runs in ``settings`` for ``models``."""
     return [
-        RunSpec("pilot", s, "small", a, lr, seed, SWEEP_EVAL_SEED, SETTINGS[s].budget)
-        for s, a, lr, seed in PILOT
-        if s in settings
+        RunSpec("pilot", s, m, a, lr, seed, SWEEP_EVAL_SEED, budget)
+        for s, m, a, lr, seed, budget in PILOT
+        if s in settings and m in models
     ]
 
 
@@ -841,7 +871,10 @@ def stage_specs(stage: str, settings: Sequence[str], arms: Sequence[str], thread
     """The runs of ``stage`` not yet known to be done (``all``: sweep, then head-to-head, then the larger model; the
     later stages are computed from the records as they stand when they are reached)."""
     if stage == "pilot":
-        return [s for s in pilot_specs(settings) if s.arm in arms]
+        specs = [s for s in pilot_specs(settings) if s.arm in arms]
+        if any(s.model == "large" for s in specs):
+            ensure_large_warmup(threads)
+        return specs
     if stage == "sweep":
         return sweep_specs(settings, arms)
     if stage == "h2h":

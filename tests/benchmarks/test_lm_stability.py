@@ -129,6 +129,16 @@ def test_uncharged_continuations_are_recorded_but_not_spent():
     assert ledger.spent == 100 and ledger.mc == [50_000]
 
 
+def test_the_dead_run_rule_asks_for_an_evaluation_after_each_run_of_zero_reward_steps():
+    ledger = st.StrictLedger(1000, charge_mc=True)
+    asked = []
+    for step in range(40):
+        ledger.note_rewards([0.0] * 8 if step != 5 else [0.0] * 7 + [1.0])
+        asked.append(ledger.dead_check_due(every=16))
+    # one success at step 5 resets the streak: checks after steps 21 and 37 (16 and 32 zero steps)
+    assert [i for i, a in enumerate(asked) if a] == [21, 37]
+
+
 def test_checkpoints_fall_due_once_per_crossed_mark():
     ledger = st.StrictLedger(1000, charge_mc=True, checkpoints=4)  # marks 250, 500, 750
     due = []

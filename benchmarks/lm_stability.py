@@ -535,6 +535,8 @@ def run_queue(
     meta = provenance(threads) if todo else {}
     with tqdm(todo, desc=label, unit="run", mininterval=10, file=sys.stdout) as bar:
         for spec in bar:
+            if spec.key in {record_key(r) for r in read_records(path)}:  # another process ran it meanwhile
+                continue
             bar.set_postfix_str(spec.key)
             started = time.perf_counter()
             record = runner(spec)

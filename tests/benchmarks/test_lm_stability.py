@@ -290,3 +290,20 @@ def test_plot_draws_a_setting_from_a_summary(tmp_path, monkeypatch):
     assert "4 cells" in st.plot(summary, "chain_H2", out) and out.stat().st_size > 1000
     with pytest.raises(ValueError, match="no curve"):
         st.plot(summary, "frozenlake_4x4", out)
+
+
+def test_demo_stability_flag_plots_from_the_summary_without_training(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import subprocess
+
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    subprocess.run(["bash", "-n", str(ROOT / "scripts" / "demo.sh")], check=True)
+    assert '--stability' in script and "lm_stability.py --plot" in script
+    monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
+    summary_path = tmp_path / "lm_stability.json"
+    summary_path.write_text(json.dumps(st.summarize(_synthetic_study())))
+    monkeypatch.setattr(st, "SUMMARY", summary_path)
+    monkeypatch.setattr(st, "run_one", lambda spec: pytest.fail("the demo must not train"))
+    out = tmp_path / "stability.png"
+    assert st.main(["--plot", "chain_H2", "--output", str(out)]) == 0
+    assert out.exists()

@@ -517,6 +517,34 @@ def provenance(threads: int) -> dict[str, Any]:
     return machine_info(torch_threads_requested=threads)
 
 
+class Claim:
+    """An exclusive, non-blocking claim on a name among the processes of this machine (``flock`` on a file under
+    ``claims/`` beside the records): two workers never run the same run, and a killed worker's claims vanish with it.
+    Use as a context manager; :attr:`held` says whether the claim was won."""
+
+    def __init__(self, name: str, path: Path = RECORDS) -> None:
+        folder = path.parent / "claims"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.file = folder / (name.replace("/", "_") + ".lock")
+        self.fd: int | None = None
+        self.held = False
+
+    def __enter__(self) -> Claim:
+        self.fd = os.open(self.file, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.held = True
+        except BlockingIOError:
+            self.held = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            if self.held:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+
 def run_queue(
     specs: Sequence[RunSpec],
     *,
@@ -525,31 +553,36 @@ def run_queue(
     threads: int = 1,
     label: str = "lm stability",
 ) -> int:
-    """Run every spec whose key is not yet in ``path`` (in order), appending each record as it finishes; the count
-    run. Safe to interrupt and to run again with the same arguments."""
+    """Run every spec whose key is not yet in ``path`` and that no other worker has claimed (in order), appending
+    each record as it finishes; the count run. Safe to interrupt, to run again, and to run in two processes."""
     from tqdm.auto import tqdm
 
     done = {record_key(r) for r in read_records(path)}
     todo = [s for s in dict.fromkeys(specs) if s.key not in done]
     print(f"{label}: {len(specs) - len(todo)} of {len(specs)} runs already recorded; {len(todo)} to run", flush=True)
     meta = provenance(threads) if todo else {}
+    ran = 0
     with tqdm(todo, desc=label, unit="run", mininterval=10, file=sys.stdout) as bar:
         for spec in bar:
-            if spec.key in {record_key(r) for r in read_records(path)}:  # another process ran it meanwhile
-                continue
-            bar.set_postfix_str(spec.key)
-            started = time.perf_counter()
-            record = runner(spec)
-            record["wall_seconds"] = time.perf_counter() - started
-            record["machine"] = meta
-            append_record(path, record)
+            with Claim(spec.key, path) as claim:
+                if not claim.held or spec.key in {record_key(r) for r in read_records(path)}:
+                    continue  # another worker runs it, or ran it meanwhile
+                bar.set_postfix_str(spec.key)
+                started, cpu = time.perf_counter(), time.process_time()
+                record = runner(spec)
+                record["wall_seconds"] = time.perf_counter() - started
+                record["cpu_seconds"] = time.process_time() - cpu
+                record["load_average"] = os.getloadavg()[0]
+                record["machine"] = meta
+                append_record(path, record)
+                ran += 1
             print(
-                f"done {spec.key}: final {record['final_success']:.3f} collapsed={record['collapsed']} "
-                f"tokens {record['sampled_tokens']}/{spec.budget} steps {record['steps']} "
-                f"{record['wall_seconds']:.0f}s",
+                f"done {spec.key}: final {record['final_success']:.3f} collapsed={record['collapsed']} tokens "
+                f"{record['sampled_tokens']}/{spec.budget} steps {record['steps']} {record['wall_seconds']:.0f}s "
+                f"wall, {record['cpu_seconds']:.0f}s CPU",
                 flush=True,
             )
-    return len(todo)
+    return ran
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -664,10 +697,21 @@ def large_specs(records: Sequence[dict[str, Any]]) -> list[RunSpec]:
     return specs
 
 
-def ensure_large_warmup(threads: int) -> None:
-    """Train and check the larger model's start (chain H = 2, the map's recipe at :data:`LARGE_SIZES`) unless saved."""
+def ensure_large_warmup(threads: int) -> bool:
+    """Train and check the larger model's start (chain H = 2, the map's recipe at :data:`LARGE_SIZES`) unless saved
+    (True), or leave it to the worker already training it (False)."""
     if (LARGE_WARMUP_DIR / "model.pt").exists():
-        return
+        return True
+    with Claim("large_warmup") as claim:
+        if not claim.held:
+            print("larger model's start: another worker is training it; later", flush=True)
+            return False
+        _train_large_warmup(threads)
+    return True
+
+
+def _train_large_warmup(threads: int) -> None:
+    """Train, check and save the larger model's start (see :func:`ensure_large_warmup`)."""
     from testbed.lm_agent import WarmupConfig, make_tool_trainer, save_warmup, success_check, train_warmup
 
     from benchmarks._machine import machine_info
@@ -874,17 +918,45 @@ def stage_specs(stage: str, settings: Sequence[str], arms: Sequence[str], thread
     later stages are computed from the records as they stand when they are reached)."""
     if stage == "pilot":
         specs = [s for s in pilot_specs(settings) if s.arm in arms]
-        if any(s.model == "large" for s in specs):
-            ensure_large_warmup(threads)
+        if any(s.model == "large" for s in specs) and not ensure_large_warmup(threads):
+            specs = [s for s in specs if s.model != "large"]
         return specs
     if stage == "sweep":
         return sweep_specs(settings, arms)
     if stage == "h2h":
         return h2h_specs(read_records(), settings, arms)
     if stage == "large":
-        ensure_large_warmup(threads)
+        if "chain_H2" not in settings or not ensure_large_warmup(threads):
+            return []
         return large_specs(read_records())
     raise ValueError(f"unknown stage {stage!r}; one of {STAGES}")
+
+
+def study_order(settings: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """``--stage all``'s order: each setting's sweep and head-to-head in :data:`SETTINGS`' order, the larger model
+    right after the first setting (chain H = 2), so the first setting's answer is whole before the next starts."""
+    order: list[tuple[str, list[str]]] = []
+    for i, name in enumerate(s for s in SETTINGS if s in settings):
+        order += [("sweep", [name]), ("h2h", [name])]
+        if i == 0:
+            order.append(("large", [name]))
+    return order
+
+
+def run_stages(stage: str, settings: Sequence[str], arms: Sequence[str], threads: int) -> None:
+    """Run ``stage`` (``all``: :func:`study_order`, passed over again until a pass runs nothing, so a stage that
+    waited on another worker's runs is picked up once they are recorded)."""
+    if stage != "all":
+        run_queue(stage_specs(stage, settings, arms, threads), threads=threads, label=stage)
+        return
+    while True:
+        ran = sum(
+            run_queue(stage_specs(name, names, arms, threads), threads=threads, label=f"{name} {' '.join(names)}")
+            for name, names in study_order(settings)
+        )
+        if ran == 0:
+            print("nothing left to run that no other worker holds; done", flush=True)
+            return
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -903,9 +975,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-        stages = ("sweep", "h2h", "large") if args.stage == "all" else (args.stage,)
-        for stage in stages:
-            run_queue(stage_specs(stage, args.settings, args.arms, args.threads), threads=args.threads, label=stage)
+        run_stages(args.stage, args.settings, args.arms, args.threads)
     if args.summarize or args.stage is not None:
         summary = summarize(read_records())
         SUMMARY.write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n", encoding="utf-8")

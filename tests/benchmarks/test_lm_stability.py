@@ -307,3 +307,22 @@ def test_demo_stability_flag_plots_from_the_summary_without_training(tmp_path, m
     out = tmp_path / "stability.png"
     assert st.main(["--plot", "chain_H2", "--output", str(out)]) == 0
     assert out.exists()
+
+
+def test_a_claimed_run_is_left_to_the_worker_that_holds_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(st, "provenance", lambda threads: {"commit": "abc"})
+    path = tmp_path / "runs.jsonl.gz"
+    spec = st.RunSpec("sweep", "chain_H2", "small", "grpo", 1e-3, 0, 7, 1000)
+    with st.Claim(spec.key, path) as mine:
+        assert mine.held
+        with st.Claim(spec.key, path) as other:  # a second claimant (flock is per open file) loses
+            assert not other.held
+        assert st.run_queue([spec], path=path, runner=lambda s: pytest.fail("claimed elsewhere")) == 0
+    assert st.run_queue([spec], path=path, runner=lambda s: _record("sweep", "grpo", 1e-3, 0, [0.5, 0.6])) == 1
+
+
+def test_study_order_finishes_the_first_setting_and_the_larger_model_before_the_next():
+    assert st.study_order(["frozenlake_4x4", "chain_H2"]) == [
+        ("sweep", ["chain_H2"]), ("h2h", ["chain_H2"]), ("large", ["chain_H2"]),
+        ("sweep", ["frozenlake_4x4"]), ("h2h", ["frozenlake_4x4"]),
+    ]  # fmt: skip

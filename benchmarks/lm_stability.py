@@ -80,7 +80,9 @@ SWEEP_SEEDS: tuple[int, ...] = tuple(range(16))
 H2H_SEEDS: tuple[int, ...] = tuple(range(100, 124))
 LARGE_TUNE_SEEDS: tuple[int, ...] = tuple(range(300, 304))
 LARGE_SEEDS: tuple[int, ...] = tuple(range(200, 212))
-RATES: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+RATES: tuple[float, ...] = (1.25e-4, 2.5e-4, 5e-4, 1e-3, 2e-3)
+#: Rates added to one (setting, arm)'s sweep by the protocol's extension rule (each by a dated note before its runs).
+EXTRA_RATES: dict[tuple[str, str], tuple[float, ...]] = {}
 #: The larger model: 4 layers, hidden 160 (about 1.17 M parameters, 13x the map's 0.09 M).
 LARGE_SIZES: dict[str, int] = {"num_layers": 4, "hidden_size": 160, "head_dim": 32, "intermediate_size": 512}
 
@@ -120,9 +122,8 @@ ARMS: dict[str, StudyArm] = {
     "vineppo_k1_reuse": StudyArm("vineppo_k1_reuse", lm.ARMS["vineppo_k1_reuse"].config),
     "gae_warm": StudyArm("gae_warm", lm.ARMS["gae_warm"].config),
     "oracle_charged": StudyArm("oracle_charged", ORACLE, reference=True, settings=("chain_H2",)),
-    "oracle_uncharged": StudyArm(
-        "oracle_uncharged", ORACLE, charge_mc=False, reference=True, settings=("chain_H2",)
-    ),
+    # Piloted, then dropped by the amendment of 2026-12-07 (a run costs minutes of CPU a step); runs nowhere.
+    "oracle_uncharged": StudyArm("oracle_uncharged", ORACLE, charge_mc=False, reference=True, settings=()),
 }
 PRACTICAL = tuple(a for a, arm in ARMS.items() if not arm.reference)
 
@@ -131,6 +132,11 @@ def runs_in(arm: str, setting: str) -> bool:
     """Whether the protocol runs ``arm`` in ``setting``."""
     allowed = ARMS[arm].settings
     return allowed is None or setting in allowed
+
+
+def rates_for(setting: str, arm: str) -> tuple[float, ...]:
+    """The sweep's rates for ``arm`` in ``setting``: :data:`RATES` and any the extension rule added, ascending."""
+    return tuple(sorted(set(RATES) | set(EXTRA_RATES.get((setting, arm), ()))))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -511,10 +517,17 @@ def run_record(
 
 
 def provenance(threads: int) -> dict[str, Any]:
-    """Commit (and whether the tree had changes), library versions, CPU and threads (``benchmarks._machine``)."""
+    """Commit (and whether the tree had changes outside this study's records, which its workers append to),
+    library versions, CPU and threads (``benchmarks._machine``)."""
+    import subprocess
+
     from benchmarks._machine import machine_info
 
-    return machine_info(torch_threads_requested=threads)
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":!{RECORDS.parent.relative_to(ROOT)}"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    return machine_info(torch_threads_requested=threads, dirty=bool(status))
 
 
 class Claim:
@@ -610,7 +623,7 @@ def pilot_specs(settings: Sequence[str], models: Sequence[str] = ("small", "larg
     ]
 
 
-def sweep_specs(settings: Sequence[str], arms: Sequence[str], rates: Sequence[float] = RATES) -> list[RunSpec]:
+def sweep_specs(settings: Sequence[str], arms: Sequence[str]) -> list[RunSpec]:
     """The stability curve: every arm x rate x sweep seed, seed-major (after each seed every cell has as many runs,
     so a partial sweep is balanced)."""
     return [
@@ -619,7 +632,7 @@ def sweep_specs(settings: Sequence[str], arms: Sequence[str], rates: Sequence[fl
         for seed in SWEEP_SEEDS
         for a in arms
         if runs_in(a, s)
-        for lr in rates
+        for lr in rates_for(s, a)
     ]
 
 
@@ -637,16 +650,17 @@ def sweep_finals(
 def chosen_rate(
     records: Sequence[dict[str, Any]], setting: str, model: str, arm: str, stage: str, seeds: Sequence[int]
 ) -> float | None:
-    """The tuning rule's rate for ``arm`` from complete tuning runs (every rate of :data:`RATES` has every seed of
-    ``seeds``), else None."""
+    """The tuning rule's rate for ``arm`` from complete tuning runs (every rate of :func:`rates_for` has every seed
+    of ``seeds``), else None."""
     have: dict[float, set[int]] = {}
     for r in records:
         if (r["stage"], r["setting"], r["model"], r["arm"]) == (stage, setting, model, arm):
             have.setdefault(r["lr"], set()).add(r["seed"])
-    if any(not set(seeds) <= have.get(lr, set()) for lr in RATES):
+    rates = rates_for(setting, arm) if model == "small" else RATES
+    if any(not set(seeds) <= have.get(lr, set()) for lr in rates):
         return None
     finals = sweep_finals(records, setting, model, arm, stage)
-    return choose_rate({lr: finals[lr] for lr in RATES})
+    return choose_rate({lr: finals[lr] for lr in rates})
 
 
 def h2h_specs(records: Sequence[dict[str, Any]], settings: Sequence[str], arms: Sequence[str]) -> list[RunSpec]:

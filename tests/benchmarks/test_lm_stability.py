@@ -326,3 +326,17 @@ def test_study_order_finishes_the_first_setting_and_the_larger_model_before_the_
         ("sweep", ["chain_H2"]), ("h2h", ["chain_H2"]), ("large", ["chain_H2"]),
         ("sweep", ["frozenlake_4x4"]), ("h2h", ["frozenlake_4x4"]),
     ]  # fmt: skip
+
+
+def test_the_extension_rule_adds_rates_to_one_arm_and_tuning_waits_for_them(monkeypatch):
+    monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
+    monkeypatch.setattr(st, "SWEEP_SEEDS", (0, 1))
+    monkeypatch.setattr(st, "EXTRA_RATES", {("chain_H2", "rloo"): (1e-2,)})
+    assert st.rates_for("chain_H2", "rloo") == (1e-4, 1e-3, 1e-2) and st.rates_for("chain_H2", "grpo") == (1e-4, 1e-3)
+    specs = st.sweep_specs(["chain_H2"], ["grpo", "rloo", "oracle_uncharged"])
+    assert {(s.arm, s.lr) for s in specs} == {("grpo", 1e-4), ("grpo", 1e-3), ("rloo", 1e-4), ("rloo", 1e-3),
+                                               ("rloo", 1e-2)}  # fmt: skip
+    records = [_record("sweep", "rloo", lr, seed, [0.5, 0.9]) for lr in (1e-4, 1e-3) for seed in (0, 1)]
+    assert st.chosen_rate(records, "chain_H2", "small", "rloo", "sweep", (0, 1)) is None  # 1e-2 is missing
+    records += [_record("sweep", "rloo", 1e-2, seed, [0.5, 0.0]) for seed in (0, 1)]
+    assert st.chosen_rate(records, "chain_H2", "small", "rloo", "sweep", (0, 1)) == 1e-4

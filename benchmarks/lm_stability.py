@@ -323,7 +323,9 @@ class RunSpec:
 
     @property
     def key(self) -> str:
-        return f"{self.stage}/{self.setting}/{self.model}/{self.arm}/lr{self.lr:g}/s{self.seed}/b{self.budget}"
+        return (
+            f"{self.stage}/{self.setting}/{self.model}/{self.arm}/lr{self.lr:g}/s{self.seed}/b{self.budget}"
+        )
 
 
 def record_key(record: dict[str, Any]) -> str:
@@ -413,7 +415,8 @@ def _trainer(spec: RunSpec, ledger: StrictLedger, points: list[dict[str, Any]], 
     map_spec = lm.RunSpec(setting.name, "grpo", spec.lr, PROMPTS, spec.seed, spec.stage)
     config = lm.run_config(setting, lm.Arm(arm.name, arm.config), map_spec, tmp)
     config.max_steps = MAX_STEPS
-    config.logging_steps = MAX_STEPS  # the records hold what matters; the trainer's per-step lines would flood the log
+    # the records hold what matters; the trainer's per-step lines would flood the log
+    config.logging_steps = MAX_STEPS
 
     class Trainer(VinePPOTrainer):
         def compute_advantages(self, batch: Any) -> torch.Tensor:
@@ -572,7 +575,10 @@ def run_queue(
 
     done = {record_key(r) for r in read_records(path)}
     todo = [s for s in dict.fromkeys(specs) if s.key not in done]
-    print(f"{label}: {len(specs) - len(todo)} of {len(specs)} runs already recorded; {len(todo)} to run", flush=True)
+    print(
+        f"{label}: {len(specs) - len(todo)} of {len(specs)} runs already recorded; {len(todo)} to run",
+        flush=True,
+    )
     meta = provenance(threads) if todo else {}
     ran = 0
     with tqdm(todo, desc=label, unit="run", mininterval=10, file=sys.stdout) as bar:
@@ -605,7 +611,10 @@ def run_queue(
 #: (setting, model, arm, lr, seed, budget). The uncharged oracle runs a short budget: its cost is per step.
 PILOT: tuple[tuple[str, str, str, float, int, int], ...] = (
     *(("chain_H2", "small", "grpo", lr, s, 18_000) for lr in (3e-4, 1e-3, 3e-3) for s in (0, 1)),
-    *(("chain_H2", "small", a, 1e-3, 0, 18_000) for a in ("rloo", "anchor_pooled", "vineppo_k1_reuse", "gae_warm")),
+    *(
+        ("chain_H2", "small", a, 1e-3, 0, 18_000)
+        for a in ("rloo", "anchor_pooled", "vineppo_k1_reuse", "gae_warm")
+    ),
     ("chain_H2", "small", "oracle_charged", 1e-3, 0, 18_000),
     ("chain_H2", "small", "oracle_uncharged", 1e-3, 0, 3_000),
     *(("frozenlake_4x4", "small", "grpo", lr, 0, 20_000) for lr in (3e-4, 1e-3)),
@@ -663,7 +672,9 @@ def chosen_rate(
     return choose_rate({lr: finals[lr] for lr in rates})
 
 
-def h2h_specs(records: Sequence[dict[str, Any]], settings: Sequence[str], arms: Sequence[str]) -> list[RunSpec]:
+def h2h_specs(
+    records: Sequence[dict[str, Any]], settings: Sequence[str], arms: Sequence[str]
+) -> list[RunSpec]:
     """The head-to-head: each arm at its tuned rate (from the complete sweep) x the evaluation seeds, on the
     held-out stream. Arms whose sweep is not complete are left out (printed)."""
     specs = []
@@ -675,7 +686,10 @@ def h2h_specs(records: Sequence[dict[str, Any]], settings: Sequence[str], arms: 
             if lr is None:
                 print(f"head-to-head {s}/{a}: its sweep is not complete yet; left out", flush=True)
                 continue
-            specs += [RunSpec("h2h", s, "small", a, lr, seed, H2H_EVAL_SEED, SETTINGS[s].budget) for seed in H2H_SEEDS]
+            specs += [
+                RunSpec("h2h", s, "small", a, lr, seed, H2H_EVAL_SEED, SETTINGS[s].budget)
+                for seed in H2H_SEEDS
+            ]
     return specs
 
 
@@ -707,7 +721,10 @@ def large_specs(records: Sequence[dict[str, Any]]) -> list[RunSpec]:
     for a in ("grpo", arm):
         lr = chosen_rate(records, "chain_H2", "large", a, "large_tune", LARGE_TUNE_SEEDS)
         if lr is not None:
-            specs += [RunSpec("large_h2h", "chain_H2", "large", a, lr, s, H2H_EVAL_SEED, budget) for s in LARGE_SEEDS]
+            specs += [
+                RunSpec("large_h2h", "chain_H2", "large", a, lr, s, H2H_EVAL_SEED, budget)
+                for s in LARGE_SEEDS
+            ]
     return specs
 
 
@@ -726,9 +743,8 @@ def ensure_large_warmup(threads: int) -> bool:
 
 def _train_large_warmup(threads: int) -> None:
     """Train, check and save the larger model's start (see :func:`ensure_large_warmup`)."""
-    from testbed.lm_agent import WarmupConfig, make_tool_trainer, save_warmup, success_check, train_warmup
-
     from benchmarks._machine import machine_info
+    from testbed.lm_agent import WarmupConfig, make_tool_trainer, save_warmup, success_check, train_warmup
 
     config = WarmupConfig(horizons=(2,), key_prob=0.5, steps=400, seed=0, sizes=dict(LARGE_SIZES))
     started = time.perf_counter()
@@ -746,8 +762,10 @@ def _train_large_warmup(threads: int) -> None:
         "machine": machine_info(torch_threads_requested=threads),
     }
     save_warmup(model, LARGE_WARMUP_DIR, meta)
-    print(f"larger model's start: success {check['success']:.3f} on 512 held-out episodes; {seconds:.0f} s", flush=True)
-
+    print(
+        f"larger model's start: success {check['success']:.3f} on 512 held-out episodes; {seconds:.0f} s",
+        flush=True,
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -808,7 +826,9 @@ def runs_cell(runs: Sequence[dict[str, Any]], target: float | None) -> dict[str,
     return cell
 
 
-def curve_cells(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[tuple[str, str], float]]:
+def curve_cells(
+    records: Sequence[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[tuple[str, str], float]]:
     """The stability curve's cells (sweep and larger-model tuning runs) and each (setting, model)'s target (the
     larger model reads its setting's small-model target, so both are scored against one bar)."""
     groups = _group(records, ("sweep", "large_tune"))
@@ -827,7 +847,9 @@ def arm_lines(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     all-collapse, and the collapse-aware tuning rule's choice (on the cells' seeds)."""
     out = []
     for key in sorted({(c["setting"], c["model"], c["arm"]) for c in cells}):
-        mine = sorted((c for c in cells if (c["setting"], c["model"], c["arm"]) == key), key=lambda c: c["lr"])
+        mine = sorted(
+            (c for c in cells if (c["setting"], c["model"], c["arm"]) == key), key=lambda c: c["lr"]
+        )
         out.append(
             {
                 "setting": key[0],
@@ -850,7 +872,9 @@ def _paired(arm: Sequence[float], base: Sequence[float]) -> dict[str, Any]:
     return {k: test[k] for k in ("n", "mean", "se", "ci95", "p")}
 
 
-def head_to_head(records: Sequence[dict[str, Any]], targets: dict[tuple[str, str], float]) -> list[dict[str, Any]]:
+def head_to_head(
+    records: Sequence[dict[str, Any]], targets: dict[tuple[str, str], float]
+) -> list[dict[str, Any]]:
     """Per (setting, model, arm): the evaluation runs at the tuned rate, paired with tuned GRPO's by seed (final
     success, and restricted tokens to target: GRPO's minus the arm's, so positive favours the arm), Holm over each
     (setting, model)'s practical comparisons (both endpoints), the verdict with its minimum effect."""
@@ -859,7 +883,9 @@ def head_to_head(records: Sequence[dict[str, Any]], targets: dict[tuple[str, str
     rows = []
     for (setting, model, arm, lr), runs in _group(records, ("h2h", "large_h2h")).items():
         cell = runs_cell(runs, targets.get((setting, model)))
-        tune_stage, tune_seeds = ("sweep", SWEEP_SEEDS) if model == "small" else ("large_tune", LARGE_TUNE_SEEDS)
+        tune_stage, tune_seeds = (
+            ("sweep", SWEEP_SEEDS) if model == "small" else ("large_tune", LARGE_TUNE_SEEDS)
+        )
         cell["tuning_seeds"] = sorted({r["seed"] for r in records if (r["stage"], r["setting"], r["model"],
                                        r["arm"], r["lr"]) == (tune_stage, setting, model, arm, lr)})  # fmt: skip
         rows.append(cell)
@@ -965,7 +991,9 @@ def run_stages(stage: str, settings: Sequence[str], arms: Sequence[str], threads
         return
     while True:
         ran = sum(
-            run_queue(stage_specs(name, names, arms, threads), threads=threads, label=f"{name} {' '.join(names)}")
+            run_queue(
+                stage_specs(name, names, arms, threads), threads=threads, label=f"{name} {' '.join(names)}"
+            )
             for name, names in study_order(settings)
         )
         if ran == 0:
@@ -979,7 +1007,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=sorted(SETTINGS))
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--summarize", action="store_true", help="write the summary from the records")
-    parser.add_argument("--plot", metavar="SETTING", default=None, help="plot SETTING's curve from the summary")
+    parser.add_argument(
+        "--plot", metavar="SETTING", default=None, help="plot SETTING's curve from the summary"
+    )
     parser.add_argument("--output", default=str(ROOT / "demo_output" / "stability.png"))
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -1026,7 +1056,9 @@ def plot(summary: dict[str, Any], setting: str, output: Path, model: str = "smal
     bottom.set_xscale("log")
     top.legend(fontsize=8)
     seeds = min(len(c["seeds"]) for c in cells)
-    top.set_title(f"{setting} ({model}): {seeds}+ seeds per point; missing points: under half reach the target")
+    top.set_title(
+        f"{setting} ({model}): {seeds}+ seeds per point; missing points: under half reach the target"
+    )
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(output, dpi=110)

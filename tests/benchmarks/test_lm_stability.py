@@ -350,3 +350,14 @@ def test_the_extension_rule_adds_rates_to_one_arm_and_tuning_waits_for_them(monk
     assert st.chosen_rate(records, "chain_H2", "small", "rloo", "sweep", (0, 1)) is None  # 1e-2 is missing
     records += [_record("sweep", "rloo", 1e-2, seed, [0.5, 0.0]) for seed in (0, 1)]
     assert st.chosen_rate(records, "chain_H2", "small", "rloo", "sweep", (0, 1)) == 1e-4
+
+
+def test_progress_counts_recorded_runs_against_the_plan():
+    plan = st.planned()
+    assert plan[("sweep", "chain_H2")] == 6 * len(st.RATES) * 16  # five practical arms and the charged oracle
+    assert plan[("sweep", "frozenlake_4x4")] == 5 * len(st.RATES) * 16
+    assert plan[("h2h", "chain_H2")] == 6 * 24 and plan[("large_h2h", "chain_H2")] == 24
+    records = [{**_record("sweep", "grpo", 1e-3, s, [0.5, 0.6]), "cpu_seconds": 30.0} for s in range(3)]
+    lines = st.progress_lines(records)
+    assert lines[0].split()[:5] == ["sweep", "chain_H2", "3", "of", str(plan[("sweep", "chain_H2")])]
+    assert lines[-1].startswith("about ")

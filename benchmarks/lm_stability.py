@@ -347,9 +347,10 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def read_records(path: Path = RECORDS) -> list[dict[str, Any]]:
-    """Every record in ``path`` (none when it is absent). A last member cut short by a kill is dropped with a
-    warning; everything before it is kept."""
+def read_records(path: Path | None = None) -> list[dict[str, Any]]:
+    """Every record in ``path`` (default :data:`RECORDS`; none when it is absent). A last member cut short by a kill
+    is dropped with a warning; everything before it is kept."""
+    path = RECORDS if path is None else path
     if not path.exists():
         return []
     raw, lines = path.read_bytes(), []
@@ -538,8 +539,8 @@ class Claim:
     ``claims/`` beside the records): two workers never run the same run, and a killed worker's claims vanish with it.
     Use as a context manager; :attr:`held` says whether the claim was won."""
 
-    def __init__(self, name: str, path: Path = RECORDS) -> None:
-        folder = path.parent / "claims"
+    def __init__(self, name: str, path: Path | None = None) -> None:
+        folder = (RECORDS if path is None else path).parent / "claims"
         folder.mkdir(parents=True, exist_ok=True)
         self.file = folder / (name.replace("/", "_") + ".lock")
         self.fd: int | None = None
@@ -564,8 +565,8 @@ class Claim:
 def run_queue(
     specs: Sequence[RunSpec],
     *,
-    path: Path = RECORDS,
-    runner: Callable[[RunSpec], dict[str, Any]] = run_one,
+    path: Path | None = None,
+    runner: Callable[[RunSpec], dict[str, Any]] | None = None,
     threads: int = 1,
     label: str = "lm stability",
 ) -> int:
@@ -573,6 +574,8 @@ def run_queue(
     each record as it finishes; the count run. Safe to interrupt, to run again, and to run in two processes."""
     from tqdm.auto import tqdm
 
+    path = RECORDS if path is None else path
+    runner = run_one if runner is None else runner
     done = {record_key(r) for r in read_records(path)}
     todo = [s for s in dict.fromkeys(specs) if s.key not in done]
     print(
@@ -589,6 +592,10 @@ def run_queue(
                 bar.set_postfix_str(spec.key)
                 started, cpu = time.perf_counter(), time.process_time()
                 record = runner(spec)
+                if (
+                    record_key(record) != spec.key
+                ):  # else the run would never count as done, and rerun forever
+                    raise RuntimeError(f"the runner's record says {record_key(record)}, not {spec.key}")
                 record["wall_seconds"] = time.perf_counter() - started
                 record["cpu_seconds"] = time.process_time() - cpu
                 record["load_average"] = os.getloadavg()[0]
@@ -696,10 +703,12 @@ def h2h_specs(
 def best_credit_arm(summary_h2h: Sequence[dict[str, Any]], setting: str = "chain_H2") -> str | None:
     """The practical credit arm with the largest mean paired success difference to tuned GRPO in ``setting``'s
     head-to-head (None until every practical arm's head-to-head is in)."""
-    rows = [r for r in summary_h2h if r["setting"] == setting and r["model"] == "small" and "vs_grpo" in r]
-    rows = [r for r in rows if r["arm"] in PRACTICAL]
-    if len(rows) < len(PRACTICAL) - 1:
-        return None
+    rows = [
+        r for r in summary_h2h if (r["setting"], r["model"]) == (setting, "small") and r["arm"] in PRACTICAL
+    ]
+    if len(rows) < len(PRACTICAL) or any(r["seeds"] != list(H2H_SEEDS) for r in rows):
+        return None  # every practical arm's head-to-head, GRPO's included, must be whole
+    rows = [r for r in rows if r["arm"] != "grpo"]
     return max(rows, key=lambda r: r["vs_grpo"]["success"]["mean"])["arm"]
 
 
@@ -919,7 +928,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "protocol": PROTOCOL,
         "command": "python benchmarks/lm_stability.py --stage all",
-        "records": str(RECORDS.relative_to(ROOT)),
+        "records": "benchmarks/results/lm_stability/runs.jsonl.gz",
         "runs": len(records),
         "settings": {n: asdict(s) for n, s in SETTINGS.items()},
         "rates": list(RATES),
@@ -983,22 +992,34 @@ def study_order(settings: Sequence[str]) -> list[tuple[str, list[str]]]:
     return order
 
 
-def run_stages(stage: str, settings: Sequence[str], arms: Sequence[str], threads: int) -> None:
-    """Run ``stage`` (``all``: :func:`study_order`, passed over again until a pass runs nothing, so a stage that
-    waited on another worker's runs is picked up once they are recorded)."""
+def run_stages(
+    stage: str, settings: Sequence[str], arms: Sequence[str], threads: int, wait_seconds: float = 60.0
+) -> None:
+    """Run ``stage``; ``all`` runs :func:`study_order` in passes. A pass restarts from the top after any stage ran
+    something, and waits (``wait_seconds``) rather than move past a stage whose remaining runs another worker holds,
+    so no worker starts a later stage before an earlier one is whole. It ends when a pass finds nothing to run or
+    wait for."""
     if stage != "all":
         run_queue(stage_specs(stage, settings, arms, threads), threads=threads, label=stage)
         return
     while True:
-        ran = sum(
-            run_queue(
-                stage_specs(name, names, arms, threads), threads=threads, label=f"{name} {' '.join(names)}"
-            )
-            for name, names in study_order(settings)
-        )
-        if ran == 0:
-            print("nothing left to run that no other worker holds; done", flush=True)
+        outcome = "done"
+        for name, names in study_order(settings):
+            specs = stage_specs(name, names, arms, threads)
+            label = f"{name} {' '.join(names)}"
+            if run_queue(specs, threads=threads, label=label):
+                outcome = "ran"
+                break
+            recorded = {record_key(r) for r in read_records()}
+            if any(s.key not in recorded for s in specs):
+                outcome = "wait"
+                print(f"{label}: waiting for runs another worker holds", flush=True)
+                break
+        if outcome == "done":
+            print("nothing left to run or wait for; done", flush=True)
             return
+        if outcome == "wait":
+            time.sleep(wait_seconds)
 
 
 def planned(settings: Sequence[str] = tuple(SETTINGS)) -> dict[tuple[str, str], int]:

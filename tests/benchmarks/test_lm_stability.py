@@ -187,6 +187,15 @@ def test_a_member_cut_short_by_a_kill_is_dropped_and_the_rest_kept(tmp_path):
     assert st.read_records(path) == [a]
 
 
+def test_a_runner_whose_record_names_another_run_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(st, "provenance", lambda threads: {"commit": "abc"})
+    spec = st.RunSpec("sweep", "chain_H2", "small", "grpo", 1e-3, 0, 7, 1000)
+    with pytest.raises(RuntimeError, match="not sweep/chain_H2"):
+        st.run_queue(
+            [spec], path=tmp_path / "r.gz", runner=lambda s: _record("sweep", "grpo", 1e-3, 1, [0.5])
+        )
+
+
 def test_run_queue_skips_recorded_runs_and_appends_each_new_one(tmp_path, monkeypatch):
     monkeypatch.setattr(st, "provenance", lambda threads: {"commit": "abc", "torch_threads": threads})
     path = tmp_path / "runs.jsonl.gz"
@@ -361,3 +370,77 @@ def test_progress_counts_recorded_runs_against_the_plan():
     lines = st.progress_lines(records)
     assert lines[0].split()[:5] == ["sweep", "chain_H2", "3", "of", str(plan[("sweep", "chain_H2")])]
     assert lines[-1].startswith("about ")
+
+
+def test_the_whole_study_runs_in_order_once_each_with_a_fake_trainer(tmp_path, monkeypatch):
+    """--stage all on a shrunken plan: every planned run exactly once, each stage only after the one it needs, the
+    larger model between the first setting and the second, tuned rates and the best credit arm read from records."""
+    monkeypatch.setattr(st, "RECORDS", tmp_path / "runs.jsonl.gz")
+    monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
+    monkeypatch.setattr(st, "SWEEP_SEEDS", (0, 1))
+    monkeypatch.setattr(st, "H2H_SEEDS", (100, 101))
+    monkeypatch.setattr(st, "LARGE_TUNE_SEEDS", (300,))
+    monkeypatch.setattr(st, "LARGE_SEEDS", (200, 201))
+    monkeypatch.setattr(st, "provenance", lambda threads: {"commit": "abc"})
+    monkeypatch.setattr(st, "ensure_large_warmup", lambda threads: True)
+    # rloo learns best and survives 1e-3 (where it ends 0.04 higher); everyone else collapses there
+    quality = {"grpo": 0.8, "rloo": 0.95, "anchor_pooled": 0.85, "vineppo_k1_reuse": 0.9, "gae_warm": 0.7}
+
+    def fake(spec):
+        good = spec.lr == 1e-4 or spec.arm in ("rloo", "oracle_charged")
+        final = quality.get(spec.arm, 0.9) - 0.001 * (spec.seed % 3) if good else 0.0
+        final += 0.04 if (spec.arm, spec.lr) == ("rloo", 1e-3) else 0.0
+        r = _record(spec.stage, spec.arm, spec.lr, spec.seed, [0.5, final], setting=spec.setting,
+                    model=spec.model, budget=spec.budget, ref=st.ARMS[spec.arm].reference)  # fmt: skip
+        return {**r, "eval_seed": spec.eval_seed}
+
+    monkeypatch.setattr(st, "run_one", fake)
+    st.run_stages("all", list(st.SETTINGS), list(st.ARMS), threads=1, wait_seconds=0)
+    records = st.read_records()
+    keys = [st.record_key(r) for r in records]
+    assert len(keys) == len(set(keys))
+    order = [(r["stage"], r["setting"]) for r in records]
+    first = {k: order.index(k) for k in dict.fromkeys(order)}
+    last = {k: len(order) - 1 - order[::-1].index(k) for k in first}
+    chain, lake = "chain_H2", "frozenlake_4x4"
+    assert last[("sweep", chain)] < first[("h2h", chain)]
+    assert (
+        last[("h2h", chain)] < first[("large_tune", chain)]
+        and last[("large_h2h", chain)] < first[("sweep", lake)]
+    )
+    assert last[("sweep", lake)] < first[("h2h", lake)]
+    counts = {k: order.count(k) for k in first}
+    assert counts == {k: v for k, v in st.planned().items() if v}
+    h2h = {(r["setting"], r["arm"]): r["lr"] for r in records if r["stage"] == "h2h"}
+    assert h2h[(chain, "rloo")] == 1e-3 and h2h[(chain, "grpo")] == 1e-4  # tuned by the collapse-aware rule
+    assert {r["arm"] for r in records if r["model"] == "large"} == {"grpo", "rloo"}  # the best credit arm
+    assert all(r["eval_seed"] == st.H2H_EVAL_SEED for r in records if r["stage"].endswith("h2h"))
+
+
+def test_a_worker_waits_for_a_run_another_worker_holds_instead_of_starting_a_later_stage(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(st, "RECORDS", tmp_path / "runs.jsonl.gz")
+    monkeypatch.setattr(st, "RATES", (1e-4,))
+    monkeypatch.setattr(st, "SWEEP_SEEDS", (0,))
+    monkeypatch.setattr(st, "provenance", lambda threads: {"commit": "abc"})
+    arms = ["grpo", "rloo"]
+    held_spec = st.sweep_specs(["chain_H2"], arms)[0]
+    other = st.Claim(held_spec.key).__enter__()  # "another worker" runs it
+    waits = []
+
+    def sleep(seconds):
+        waits.append(len(st.read_records()))
+        other.__exit__()  # the other worker is gone; its claim with it
+
+    monkeypatch.setattr(st.time, "sleep", sleep)
+
+    def fake(spec):
+        record = _record(spec.stage, spec.arm, spec.lr, spec.seed, [0.5, 0.6], budget=spec.budget)
+        return {**record, "eval_seed": spec.eval_seed}
+
+    monkeypatch.setattr(st, "run_one", fake)
+    st.run_stages("all", ["chain_H2"], arms, threads=1, wait_seconds=0)
+    assert waits == [1]  # it ran rloo's sweep run, then waited rather than start the head-to-head
+    stages = [r["stage"] for r in st.read_records()]
+    assert stages[:2] == ["sweep", "sweep"] and set(stages[2:]) == {"h2h"}

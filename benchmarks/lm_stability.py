@@ -520,15 +520,20 @@ def run_record(
     }
 
 
+#: What this study's own processes write while it runs (its records, and the summary a worker writes when it ends):
+#: changes there do not make a run's tree "dirty".
+OWN_OUTPUTS = ("benchmarks/results/lm_stability", "benchmarks/results/lm_stability.json")
+
+
 def provenance(threads: int) -> dict[str, Any]:
-    """Commit (and whether the tree had changes outside this study's records, which its workers append to),
+    """Commit (and whether the tree had changes outside this study's own outputs, :data:`OWN_OUTPUTS`),
     library versions, CPU and threads (``benchmarks._machine``)."""
     import subprocess
 
     from benchmarks._machine import machine_info
 
     status = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":!{RECORDS.parent.relative_to(ROOT)}"],
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *(f":!{p}" for p in OWN_OUTPUTS)],
         cwd=ROOT, capture_output=True, text=True, check=False,
     ).stdout.strip()  # fmt: skip
     return machine_info(torch_threads_requested=threads, dirty=bool(status))

@@ -1097,23 +1097,40 @@ def plot(summary: dict[str, Any], setting: str, output: Path, model: str = "smal
     cells = [c for c in summary["curve"] if c["setting"] == setting and c["model"] == model]
     if not cells:
         raise ValueError(f"the summary has no curve for {setting!r} ({model}); run the sweep first.")
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
-    for arm in dict.fromkeys(c["arm"] for c in cells):
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7.5, 7.5), sharex=True)
+    arms = list(dict.fromkeys(c["arm"] for c in cells))
+    for i, arm in enumerate(arms):
         mine = sorted((c for c in cells if c["arm"] == arm), key=lambda c: c["lr"])
         style = "--" if mine[0]["reference"] else "-"
         label = f"{arm} (reference)" if mine[0]["reference"] else arm
-        top.plot([c["lr"] for c in mine], [c["collapse_rate"] for c in mine], style, marker="o", label=label)
-        med = [(c["lr"], c.get("km_median_tokens")) for c in mine if c.get("km_median_tokens") is not None]
+        nudge = 1 + 0.03 * (i - (len(arms) - 1) / 2)  # a small offset so coinciding lines stay visible
+        xs = [c["lr"] * nudge for c in mine]
+        low = [c["collapse_rate"] - c["collapse_ci95"][0] for c in mine]
+        high = [c["collapse_ci95"][1] - c["collapse_rate"] for c in mine]
+        top.errorbar(xs, [c["collapse_rate"] for c in mine], yerr=[low, high], fmt=style, marker="o",
+                     capsize=2, label=label)  # fmt: skip
+        med = [(x, c.get("km_median_tokens")) for x, c in zip(xs, mine, strict=True)]
+        med = [(x, y) for x, y in med if y is not None]
         bottom.plot([x for x, _ in med], [y for _, y in med], style, marker="o", label=label)
+    rates = sorted({c["lr"] for c in cells})
     top.axhline(summary["stability_bound"], color="grey", lw=0.8, ls=":")
-    top.set_ylabel("collapse share")
+    top.set_ylabel("collapse share (95% Wilson)")
     bottom.set_ylabel("sampled tokens to target (KM median)")
-    bottom.set_xlabel("learning rate")
+    bottom.set_xlabel("learning rate (8 episodes a step)")
     bottom.set_xscale("log")
+    bottom.set_xticks(rates, [f"{r:g}" for r in rates])
+    bottom.minorticks_off()
     top.legend(fontsize=8)
     seeds = min(len(c["seeds"]) for c in cells)
-    top.set_title(
-        f"{setting} ({model}): {seeds}+ seeds per point; missing points: under half reach the target"
+    target = next(
+        (t["target"] for t in summary["targets"] if (t["setting"], t["model"]) == (setting, model)), None
+    )
+    top.set_title(f"{setting} ({model} model): {seeds}+ runs per point")
+    bottom.set_title(
+        f"target {target:.3f}; no point where under half the runs reach it"
+        if target is not None
+        else "no target yet",
+        fontsize=9,
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -1105,8 +1105,8 @@ def plot(summary: dict[str, Any], setting: str, output: Path, model: str = "smal
         label = f"{arm} (reference)" if mine[0]["reference"] else arm
         nudge = 1 + 0.03 * (i - (len(arms) - 1) / 2)  # a small offset so coinciding lines stay visible
         xs = [c["lr"] * nudge for c in mine]
-        low = [c["collapse_rate"] - c["collapse_ci95"][0] for c in mine]
-        high = [c["collapse_ci95"][1] - c["collapse_rate"] for c in mine]
+        low = [max(0.0, c["collapse_rate"] - c["collapse_ci95"][0]) for c in mine]  # (rounding at 0 and 1)
+        high = [max(0.0, c["collapse_ci95"][1] - c["collapse_rate"]) for c in mine]
         top.errorbar(xs, [c["collapse_rate"] for c in mine], yerr=[low, high], fmt=style, marker="o",
                      capsize=2, label=label)  # fmt: skip
         med = [(x, c.get("km_median_tokens")) for x, c in zip(xs, mine, strict=True)]

@@ -1066,6 +1066,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", default=str(ROOT / "demo_output" / "stability.png"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--progress", action="store_true", help="runs recorded per stage, and CPU-hours left")
+    parser.add_argument(
+        "--table", metavar="SETTING", default=None, help="print SETTING's tables from the summary"
+    )
     args = parser.parse_args(argv)
     if args.progress:
         print("\n".join(progress_lines(read_records())))
@@ -1080,10 +1083,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = summarize(read_records())
         SUMMARY.write_text(json.dumps(summary, indent=1, sort_keys=False) + "\n", encoding="utf-8")
         print(f"wrote {SUMMARY.relative_to(ROOT)} ({len(summary['curve'])} curve cells)", flush=True)
+    if args.table is not None:
+        summary = json.loads(SUMMARY.read_text(encoding="utf-8"))
+        print("\n".join([*curve_table(summary, args.table), "", *h2h_table(summary, args.table)]))
     if args.plot is not None:
         summary = json.loads(SUMMARY.read_text(encoding="utf-8"))
         print(plot(summary, args.plot, Path(args.output)))
     return 0
+
+
+def _tokens(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def curve_table(summary: dict[str, Any], setting: str, model: str = "small") -> list[str]:
+    """``setting``'s curve as a markdown table (one row per arm and rate; references labelled), then each arm's
+    largest stable rate and tuned rate."""
+    out = [
+        "| arm | lr | runs | collapsed [95% CI] | final success | reached target | KM median tokens | mean tokens "
+        "(own + continuations) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in (c for c in summary["curve"] if (c["setting"], c["model"]) == (setting, model)):
+        name = f"`{c['arm']}`" + (" (reference, continuations charged)" if c["reference"] else "")
+        low, high = c["collapse_ci95"]
+        own, mc = statistics.fmean(c["own_tokens"]), statistics.fmean(c["mc_tokens"])
+        out.append(
+            f"| {name} | {c['lr']:g} | {len(c['seeds'])} | {sum(c['collapsed'])}/{len(c['seeds'])} "
+            f"[{low:.2f}, {high:.2f}] | {c['mean_success']:.3f} | {c.get('reached_share', math.nan):.2f} | "
+            f"{_tokens(c.get('km_median_tokens'))} | {own:,.0f} + {mc:,.0f} |"
+        )
+    out += [
+        "",
+        "| arm | largest stable rate | tuned rate | curve spans 0 to all collapsed |",
+        "|---|---|---|---|",
+    ]
+    for a in (a for a in summary["arms"] if (a["setting"], a["model"]) == (setting, model)):
+        stable = "none" if a["stable_rate"] is None else f"{a['stable_rate']:g}"
+        out.append(f"| `{a['arm']}` | {stable} | {a['chosen_lr']:g} | {'yes' if a['spans'] else 'no'} |")
+    return out
+
+
+def h2h_table(summary: dict[str, Any], setting: str, model: str = "small") -> list[str]:
+    """``setting``'s head-to-head as a markdown table: each arm against tuned GRPO on both endpoints, with Holm's
+    p, the verdict and the detectable difference."""
+    out = [
+        "| arm | lr | seeds | final success | vs GRPO [95% CI] | Holm p | verdict (detectable) | tokens saved vs "
+        "GRPO [95% CI] | Holm p | verdict (detectable) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in (r for r in summary["head_to_head"] if (r["setting"], r["model"]) == (setting, model)):
+        cells = []
+        for key in ("success", "tokens_saved"):
+            v = r.get("vs_grpo", {}).get(key)
+            if v is None:
+                cells += ["-", "-", "-"]
+                continue
+            fmt = ".3f" if key == "success" else ",.0f"
+            ci = f"{v['mean']:+{fmt}} [{v['ci95'][0]:+{fmt}}, {v['ci95'][1]:+{fmt}}]"
+            if "p_holm" not in v:  # a reference: compared, outside the family
+                cells += [ci, f"{v['p']:.3g} (raw)", "reference"]
+            else:
+                cells += [ci, f"{v['p_holm']:.3g}", f"{v['verdict']} ({v['detectable']:{fmt}})"]
+        name = f"`{r['arm']}`" + (" (reference)" if r["reference"] else "")
+        out.append(
+            f"| {name} | {r['lr']:g} | {len(r['seeds'])} | {r['mean_success']:.3f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return out
 
 
 def plot(summary: dict[str, Any], setting: str, output: Path, model: str = "small") -> str:

@@ -444,3 +444,18 @@ def test_a_worker_waits_for_a_run_another_worker_holds_instead_of_starting_a_lat
     assert waits == [1]  # it ran rloo's sweep run, then waited rather than start the head-to-head
     stages = [r["stage"] for r in st.read_records()]
     assert stages[:2] == ["sweep", "sweep"] and set(stages[2:]) == {"h2h"}
+
+
+def test_tables_show_every_cell_and_label_references_and_verdicts(monkeypatch):
+    monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
+    records = _synthetic_study()
+    records += [_record("h2h", "oracle_charged", 1e-4, s, [0.9, 0.95], ref=True) for s in range(100, 104)]
+    summary = json.loads(json.dumps(st.summarize(records)))
+    curve = st.curve_table(summary, "chain_H2")
+    assert sum(line.startswith("| `") for line in curve) == 4 + 2  # 2 arms x 2 rates, then 2 arm lines
+    assert any("| `grpo` | 0.001 | 4 | 2/4 [" in line for line in curve)
+    h2h = st.h2h_table(summary, "chain_H2")
+    rloo = next(line for line in h2h if line.startswith("| `rloo`"))
+    assert "better (" in rloo or "level (" in rloo
+    oracle = next(line for line in h2h if line.startswith("| `oracle_charged` (reference)"))
+    assert "(raw)" in oracle and "reference" in oracle

@@ -134,9 +134,41 @@ def runs_in(arm: str, setting: str) -> bool:
     return allowed is None or setting in allowed
 
 
-def rates_for(setting: str, arm: str) -> tuple[float, ...]:
-    """The sweep's rates for ``arm`` in ``setting``: :data:`RATES` and any the extension rule added, ascending."""
-    return tuple(sorted(set(RATES) | set(EXTRA_RATES.get((setting, arm), ()))))
+#: The extension rule (protocol): while an arm's top rate has all its sweep seeds and not all of them collapsed, the
+#: next rate up (x EXTEND_FACTOR) joins its sweep; while its bottom rate has all its seeds and any collapsed, the next
+#: rate down joins; at most MAX_EXTENSIONS each way.
+EXTEND_FACTOR = 3.0
+MAX_EXTENSIONS = 3
+
+
+def rates_for(setting: str, arm: str, records: Sequence[dict[str, Any]] | None = None) -> tuple[float, ...]:
+    """The sweep's rates for ``arm`` in ``setting``, ascending: :data:`RATES`, any in :data:`EXTRA_RATES`, and, given
+    the sweep's ``records``, those the extension rule adds (see :data:`EXTEND_FACTOR`)."""
+    rates = sorted(set(RATES) | set(EXTRA_RATES.get((setting, arm), ())))
+    if records is None:
+        return tuple(rates)
+    seen: dict[float, dict[int, bool]] = {}
+    for r in records:
+        if (r["stage"], r["setting"], r["model"], r["arm"]) == ("sweep", setting, "small", arm):
+            seen.setdefault(r["lr"], {})[r["seed"]] = r["collapsed"]
+
+    def flags(
+        lr: float,
+    ) -> list[bool] | None:  # the collapse flags of every sweep seed, or None until all are in
+        cell = seen.get(lr, {})
+        return [cell[s] for s in SWEEP_SEEDS] if set(SWEEP_SEEDS) <= set(cell) else None
+
+    for _ in range(MAX_EXTENSIONS):
+        top = flags(rates[-1])
+        if top is None or all(top):
+            break
+        rates.append(float(f"{rates[-1] * EXTEND_FACTOR:.3g}"))
+    for _ in range(MAX_EXTENSIONS):
+        bottom = flags(rates[0])
+        if bottom is None or not any(bottom):
+            break
+        rates.insert(0, float(f"{rates[0] / EXTEND_FACTOR:.3g}"))
+    return tuple(rates)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -644,16 +676,18 @@ def pilot_specs(settings: Sequence[str], models: Sequence[str] = ("small", "larg
     ]
 
 
-def sweep_specs(settings: Sequence[str], arms: Sequence[str]) -> list[RunSpec]:
-    """The stability curve: every arm x rate x sweep seed, seed-major (after each seed every cell has as many runs,
-    so a partial sweep is balanced)."""
+def sweep_specs(
+    settings: Sequence[str], arms: Sequence[str], records: Sequence[dict[str, Any]] | None = None
+) -> list[RunSpec]:
+    """The stability curve: every arm x rate (with the extension rule's, given the ``records``) x sweep seed,
+    seed-major (after each seed every cell has as many runs, so a partial sweep is balanced)."""
     return [
         RunSpec("sweep", s, "small", a, lr, seed, SWEEP_EVAL_SEED, SETTINGS[s].budget)
         for s in settings
         for seed in SWEEP_SEEDS
         for a in arms
         if runs_in(a, s)
-        for lr in rates_for(s, a)
+        for lr in rates_for(s, a, records)
     ]
 
 
@@ -677,7 +711,7 @@ def chosen_rate(
     for r in records:
         if (r["stage"], r["setting"], r["model"], r["arm"]) == (stage, setting, model, arm):
             have.setdefault(r["lr"], set()).add(r["seed"])
-    rates = rates_for(setting, arm) if model == "small" else RATES
+    rates = rates_for(setting, arm, records) if model == "small" else RATES
     if any(not set(seeds) <= have.get(lr, set()) for lr in rates):
         return None
     finals = sweep_finals(records, setting, model, arm, stage)
@@ -976,7 +1010,7 @@ def stage_specs(stage: str, settings: Sequence[str], arms: Sequence[str], thread
             specs = [s for s in specs if s.model != "large"]
         return specs
     if stage == "sweep":
-        return sweep_specs(settings, arms)
+        return sweep_specs(settings, arms, read_records())
     if stage == "h2h":
         return h2h_specs(read_records(), settings, arms)
     if stage == "large":
@@ -1027,12 +1061,15 @@ def run_stages(
             time.sleep(wait_seconds)
 
 
-def planned(settings: Sequence[str] = tuple(SETTINGS)) -> dict[tuple[str, str], int]:
-    """How many runs the protocol plans per (stage, setting): sweep, head-to-head and the larger model's two."""
+def planned(
+    settings: Sequence[str] = tuple(SETTINGS), records: Sequence[dict[str, Any]] | None = None
+) -> dict[tuple[str, str], int]:
+    """How many runs the protocol plans per (stage, setting): sweep (with the extension rule's rates so far, given
+    the ``records``), head-to-head and the larger model's two."""
     plan: dict[tuple[str, str], int] = {}
     for s in settings:
         arms = [a for a in ARMS if runs_in(a, s)]
-        plan[("sweep", s)] = sum(len(rates_for(s, a)) for a in arms) * len(SWEEP_SEEDS)
+        plan[("sweep", s)] = sum(len(rates_for(s, a, records)) for a in arms) * len(SWEEP_SEEDS)
         plan[("h2h", s)] = len(arms) * len(H2H_SEEDS)
     plan[("large_tune", "chain_H2")] = 2 * len(RATES) * len(LARGE_TUNE_SEEDS)
     plan[("large_h2h", "chain_H2")] = 2 * len(LARGE_SEEDS)
@@ -1044,7 +1081,7 @@ def progress_lines(records: Sequence[dict[str, Any]]) -> list[str]:
     mean (the pilot's 27 s a chain run and 43 s a FrozenLake run where none has CPU seconds yet)."""
     fallback = {"chain_H2": 27.0, "frozenlake_4x4": 43.0}
     lines, left = [], 0.0
-    for (stage, setting), total in planned().items():
+    for (stage, setting), total in planned(records=records).items():
         mine = [r for r in records if (r["stage"], r["setting"]) == (stage, setting)]
         cpu = [r["cpu_seconds"] for r in mine if "cpu_seconds" in r]
         mean = statistics.fmean(cpu) if cpu else fallback[setting] * (2 if stage.startswith("large") else 1)

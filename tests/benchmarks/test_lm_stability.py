@@ -346,6 +346,22 @@ def test_study_order_finishes_the_first_setting_and_the_larger_model_before_the_
     ]  # fmt: skip
 
 
+def test_the_extension_rule_extends_each_end_that_does_not_hold_once_its_seeds_are_in(monkeypatch):
+    monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
+    monkeypatch.setattr(st, "SWEEP_SEEDS", (0, 1))
+    survive, collapse = [0.5, 0.9], [0.5, 0.0]
+    records = [_record("sweep", "grpo", 1e-4, 0, survive), _record("sweep", "grpo", 1e-3, 0, collapse)]
+    records.append(_record("sweep", "grpo", 1e-3, 1, survive))  # the top is whole, one of 2 survived
+    assert st.rates_for("chain_H2", "grpo", records) == (1e-4, 1e-3, 3e-3)  # the bottom (1 of 2 seeds) waits
+    records.append(_record("sweep", "grpo", 1e-4, 1, collapse))  # the bottom is whole: one collapsed
+    assert st.rates_for("chain_H2", "grpo", records) == (3.33e-5, 1e-4, 1e-3, 3e-3)
+    records += [_record("sweep", "grpo", 3e-3, s, collapse) for s in (0, 1)]  # the new top: all collapsed
+    records += [_record("sweep", "grpo", 3.33e-5, s, survive) for s in (0, 1)]  # the new bottom: none
+    assert st.rates_for("chain_H2", "grpo", records) == (3.33e-5, 1e-4, 1e-3, 3e-3)
+    assert st.chosen_rate(records, "chain_H2", "small", "grpo", "sweep", (0, 1)) == 3.33e-5
+    assert st.rates_for("chain_H2", "rloo", records) == (1e-4, 1e-3)  # per arm
+
+
 def test_the_extension_rule_adds_rates_to_one_arm_and_tuning_waits_for_them(monkeypatch):
     monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
     monkeypatch.setattr(st, "SWEEP_SEEDS", (0, 1))
@@ -410,7 +426,10 @@ def test_the_whole_study_runs_in_order_once_each_with_a_fake_trainer(tmp_path, m
     )
     assert last[("sweep", lake)] < first[("h2h", lake)]
     counts = {k: order.count(k) for k in first}
-    assert counts == {k: v for k, v in st.planned().items() if v}
+    assert counts == {k: v for k, v in st.planned(records=records).items() if v}
+    # rloo and the oracle survive the top rate, so the extension rule took each up three times (x3, capped)
+    assert st.rates_for(chain, "rloo", records) == (1e-4, 1e-3, 3e-3, 9e-3, 2.7e-2)
+    assert st.rates_for(chain, "grpo", records) == (1e-4, 1e-3)
     h2h = {(r["setting"], r["arm"]): r["lr"] for r in records if r["stage"] == "h2h"}
     assert h2h[(chain, "rloo")] == 1e-3 and h2h[(chain, "grpo")] == 1e-4  # tuned by the collapse-aware rule
     assert {r["arm"] for r in records if r["model"] == "large"} == {"grpo", "rloo"}  # the best credit arm
@@ -441,9 +460,13 @@ def test_a_worker_waits_for_a_run_another_worker_holds_instead_of_starting_a_lat
 
     monkeypatch.setattr(st, "run_one", fake)
     st.run_stages("all", ["chain_H2"], arms, threads=1, wait_seconds=0)
-    assert waits == [1]  # it ran rloo's sweep run, then waited rather than start the head-to-head
     stages = [r["stage"] for r in st.read_records()]
-    assert stages[:2] == ["sweep", "sweep"] and set(stages[2:]) == {"h2h"}
+    # it ran what it could of the sweep (rloo's run, and the rate above it that the extension rule then added), then
+    # waited for the held run rather than start the head-to-head; after it, the sweep was finished first
+    assert len(waits) == 1 and stages[: waits[0]] == ["sweep"] * waits[0]
+    assert held_spec.key in {st.record_key(r) for r in st.read_records()}
+    first_h2h = stages.index("h2h")
+    assert set(stages[:first_h2h]) == {"sweep"} and set(stages[first_h2h:]) == {"h2h"}
 
 
 def test_tables_show_every_cell_and_label_references_and_verdicts(monkeypatch):

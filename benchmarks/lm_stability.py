@@ -54,9 +54,9 @@ EVAL_EPISODES = 128
 SWEEP_EVAL_SEED = 7
 H2H_EVAL_SEED = 8
 #: Evaluations inside a run: at the start, after each ``1/CHECKPOINTS`` of the budget is spent, and at the end.
-CHECKPOINTS = 8
+CHECKPOINTS = 12
 #: A safety cap on steps (a collapsed policy that writes nothing spends almost no tokens a step).
-MAX_STEPS = 300
+MAX_STEPS = 600
 #: A dead run: after this many consecutive training steps in which every episode's reward is 0, the policy is
 #: evaluated; when its held-out success is 0 too, the run stops there (``stopped_by: "dead"``, final success 0).
 DEAD_STEPS = 16
@@ -97,9 +97,15 @@ class StudySetting:
 
 
 SETTINGS: dict[str, StudySetting] = {
-    "chain_H2": StudySetting("chain_H2", "chain_H2", 18_000),
-    "frozenlake_4x4": StudySetting("frozenlake_4x4", "frozenlake_4x4", 20_000),
+    "chain_H2": StudySetting("chain_H2", "chain_H2", 36_000),
+    "frozenlake_4x4": StudySetting("frozenlake_4x4", "frozenlake_4x4", 40_000),
 }
+
+
+def study_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records the study reads: the pilot's, and every other stage's at its setting's current budget (runs at
+    a budget an amendment replaced stay in the file, and out of the study)."""
+    return [r for r in records if r["stage"] == "pilot" or r["budget"] == SETTINGS[r["setting"]].budget]
 
 
 @dataclass(frozen=True)
@@ -963,8 +969,12 @@ def head_to_head(
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The study's summary from its records: the curve (one record per setting, model, arm, rate), each arm's
     stable rate and tuned rate, the head-to-head (one record per setting, model, arm), the targets, the pilot."""
+    kept = study_records(records)
+    superseded = len(records) - len(kept)
+    records = kept
     cells, targets = curve_cells(records)
     return {
+        "superseded_runs": superseded,
         "protocol": PROTOCOL,
         "command": "python benchmarks/lm_stability.py --stage all",
         "records": "benchmarks/results/lm_stability/runs.jsonl.gz",
@@ -1010,13 +1020,13 @@ def stage_specs(stage: str, settings: Sequence[str], arms: Sequence[str], thread
             specs = [s for s in specs if s.model != "large"]
         return specs
     if stage == "sweep":
-        return sweep_specs(settings, arms, read_records())
+        return sweep_specs(settings, arms, study_records(read_records()))
     if stage == "h2h":
-        return h2h_specs(read_records(), settings, arms)
+        return h2h_specs(study_records(read_records()), settings, arms)
     if stage == "large":
         if "chain_H2" not in settings or not ensure_large_warmup(threads):
             return []
-        return large_specs(read_records())
+        return large_specs(study_records(read_records()))
     raise ValueError(f"unknown stage {stage!r}; one of {STAGES}")
 
 
@@ -1080,6 +1090,7 @@ def progress_lines(records: Sequence[dict[str, Any]]) -> list[str]:
     """Per (stage, setting): runs recorded of those planned, their mean CPU seconds, and the CPU-hours left at that
     mean (the pilot's 27 s a chain run and 43 s a FrozenLake run where none has CPU seconds yet)."""
     fallback = {"chain_H2": 27.0, "frozenlake_4x4": 43.0}
+    records = study_records(records)
     lines, left = [], 0.0
     for (stage, setting), total in planned(records=records).items():
         mine = [r for r in records if (r["stage"], r["setting"]) == (stage, setting)]
@@ -1137,9 +1148,9 @@ def curve_table(summary: dict[str, Any], setting: str, model: str = "small") -> 
     """``setting``'s curve as a markdown table (one row per arm and rate; references labelled), then each arm's
     largest stable rate and tuned rate."""
     out = [
-        "| arm | lr | runs | collapsed [95% CI] | final success | reached target | KM median tokens | mean tokens "
-        "(own + continuations) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | lr | runs | collapsed [95% CI] | final success | plateau (last-quarter gain) | reached target | "
+        "KM median tokens | mean tokens (own + continuations) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in (c for c in summary["curve"] if (c["setting"], c["model"]) == (setting, model)):
         name = f"`{c['arm']}`" + (" (reference, continuations charged)" if c["reference"] else "")
@@ -1147,7 +1158,8 @@ def curve_table(summary: dict[str, Any], setting: str, model: str = "small") -> 
         own, mc = statistics.fmean(c["own_tokens"]), statistics.fmean(c["mc_tokens"])
         out.append(
             f"| {name} | {c['lr']:g} | {len(c['seeds'])} | {sum(c['collapsed'])}/{len(c['seeds'])} "
-            f"[{low:.2f}, {high:.2f}] | {c['mean_success']:.3f} | {c.get('reached_share', math.nan):.2f} | "
+            f"[{low:.2f}, {high:.2f}] | {c['mean_success']:.3f} | {c['plateau']:.3f} ({c['gain_last_quarter']:+.3f}) | "
+            f"{c.get('reached_share', math.nan):.2f} | "
             f"{_tokens(c.get('km_median_tokens'))} | {own:,.0f} + {mc:,.0f} |"
         )
     out += [

@@ -6,6 +6,7 @@ is trained here: a fake runner stands in for training."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -20,6 +21,14 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import lm_stability as st  # noqa: E402
 from benchmarks._records import FLOAT64, compare_tree  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _small_budgets(request, monkeypatch):
+    """Synthetic records spend 1,000 tokens: the study's settings get that budget here (not in the record tests)."""
+    if request.node.get_closest_marker("record") is None:
+        small = {n: dataclasses.replace(s, budget=1000) for n, s in st.SETTINGS.items()}
+        monkeypatch.setattr(st, "SETTINGS", small)
 
 
 # ---------------------------------------------------------------------------------------------- pure pieces
@@ -256,6 +265,16 @@ def test_summary_recomputes_curve_target_tuning_and_head_to_head_from_records(mo
     assert vs["tokens_saved"]["mean"] == 500  # rloo reaches 0.675 at 500, GRPO at 1000
     assert vs["success"]["family"] == 2 and vs["success"]["verdict"] in ("better", "level")
     assert "vs_grpo" not in h2h["grpo"]
+
+
+def test_runs_at_a_replaced_budget_stay_in_the_file_and_out_of_the_study(monkeypatch):
+    monkeypatch.setattr(st, "RATES", (1e-4, 1e-3))
+    records = _synthetic_study()
+    old = [_record("sweep", "grpo", 1e-4, s, [0.1, 0.1], budget=500) for s in range(4)]
+    pilot = _record("pilot", "grpo", 1e-4, 0, [0.5, 0.6], budget=500)
+    assert st.study_records([*old, pilot, *records]) == [pilot, *records]
+    summary = st.summarize([*old, *records])
+    assert summary["superseded_runs"] == 4 and summary == {**st.summarize(records), "superseded_runs": 4}
 
 
 def test_reference_arms_stay_out_of_the_holm_family(monkeypatch):

@@ -969,16 +969,15 @@ def head_to_head(
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The study's summary from its records: the curve (one record per setting, model, arm, rate), each arm's
     stable rate and tuned rate, the head-to-head (one record per setting, model, arm), the targets, the pilot."""
-    kept = study_records(records)
-    superseded = len(records) - len(kept)
-    records = kept
+    total = len(records)
+    records = study_records(records)
     cells, targets = curve_cells(records)
     return {
-        "superseded_runs": superseded,
         "protocol": PROTOCOL,
         "command": "python benchmarks/lm_stability.py --stage all",
         "records": "benchmarks/results/lm_stability/runs.jsonl.gz",
-        "runs": len(records),
+        "runs": total,  # every record the summary read (the file's first ``runs``), superseded ones included
+        "superseded_runs": total - len(records),
         "settings": {n: asdict(s) for n, s in SETTINGS.items()},
         "rates": list(RATES),
         "stability_bound": STABILITY_BOUND,
@@ -1086,16 +1085,24 @@ def planned(
     return plan
 
 
+#: Cost of a run against a surviving chain sweep run, where a stage has no CPU seconds yet: FrozenLake (the pilot's
+#: 43 s against 27 s) and the larger model (the pilot's 2.7x wall time).
+COST_RATIO = {"chain_H2": 1.0, "frozenlake_4x4": 1.6, "large": 2.7}
+
+
 def progress_lines(records: Sequence[dict[str, Any]]) -> list[str]:
     """Per (stage, setting): runs recorded of those planned, their mean CPU seconds, and the CPU-hours left at that
-    mean (the pilot's 27 s a chain run and 43 s a FrozenLake run where none has CPU seconds yet)."""
-    fallback = {"chain_H2": 27.0, "frozenlake_4x4": 43.0}
+    mean (where a stage has none yet: a surviving chain sweep run's, 35 s before there is one, x :data:`COST_RATIO`)."""
     records = study_records(records)
+    alive = [r["cpu_seconds"] for r in records if "cpu_seconds" in r and r["stage"] == "sweep"
+             and r["setting"] == "chain_H2" and not r["collapsed"]]  # fmt: skip
+    unit = statistics.fmean(alive) if alive else 35.0
     lines, left = [], 0.0
     for (stage, setting), total in planned(records=records).items():
         mine = [r for r in records if (r["stage"], r["setting"]) == (stage, setting)]
         cpu = [r["cpu_seconds"] for r in mine if "cpu_seconds" in r]
-        mean = statistics.fmean(cpu) if cpu else fallback[setting] * (2 if stage.startswith("large") else 1)
+        ratio = COST_RATIO["large" if stage.startswith("large") else setting]
+        mean = statistics.fmean(cpu) if cpu else unit * ratio
         left += max(total - len(mine), 0) * mean / 3600
         lines.append(f"{stage:<10} {setting:<15} {len(mine):>4} of {total:>4} runs, {mean:5.0f} s CPU a run")
     lines.append(f"about {left:.1f} CPU-hours left (about {left / 2:.1f} h on two idle cores)")

@@ -274,7 +274,8 @@ def test_runs_at_a_replaced_budget_stay_in_the_file_and_out_of_the_study(monkeyp
     pilot = _record("pilot", "grpo", 1e-4, 0, [0.5, 0.6], budget=500)
     assert st.study_records([*old, pilot, *records]) == [pilot, *records]
     summary = st.summarize([*old, *records])
-    assert summary["superseded_runs"] == 4 and summary == {**st.summarize(records), "superseded_runs": 4}
+    assert summary["superseded_runs"] == 4 and summary["runs"] == len(records) + 4
+    assert summary == {**st.summarize(records), "superseded_runs": 4, "runs": len(records) + 4}
 
 
 def test_reference_arms_stay_out_of_the_holm_family(monkeypatch):

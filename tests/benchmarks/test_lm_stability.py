@@ -502,3 +502,14 @@ def test_tables_show_every_cell_and_label_references_and_verdicts(monkeypatch):
     assert "better (" in rloo or "level (" in rloo
     oracle = next(line for line in h2h if line.startswith("| `oracle_charged` (reference)"))
     assert "(raw)" in oracle and "reference" in oracle
+
+
+@pytest.mark.record
+def test_the_demo_plot_draws_every_committed_cell_of_its_setting(tmp_path):
+    pytest.importorskip("matplotlib")
+    _, summary = _committed()
+    cells = [c for c in summary["curve"] if (c["setting"], c["model"]) == ("chain_H2", "small")]
+    if not cells:
+        pytest.skip("no chain_H2 sweep runs committed yet")
+    said = st.plot(summary, "chain_H2", tmp_path / "stability.png")
+    assert f"({len(cells)} cells of chain_H2)" in said

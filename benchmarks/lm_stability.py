@@ -317,6 +317,7 @@ class StrictLedger:
 
     @property
     def spent(self) -> int:
+        """The charged tokens of the steps taken."""
         return sum(self.own) + (sum(self.mc) if self.charge_mc else 0)
 
     def admit(self, own: int, mc: int) -> bool:
@@ -361,6 +362,7 @@ class RunSpec:
 
     @property
     def key(self) -> str:
+        """The run's identity in the records: stage, setting, model, arm, rate, seed and budget."""
         return (
             f"{self.stage}/{self.setting}/{self.model}/{self.arm}/lr{self.lr:g}/s{self.seed}/b{self.budget}"
         )
@@ -1110,6 +1112,7 @@ def progress_lines(records: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: run a stage (resumable), write the summary, print progress or tables, draw the plot."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", choices=STAGES, default=None, help="run this stage (resumable)")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=sorted(SETTINGS))

@@ -8,6 +8,9 @@
 #          (docs/where-credit-pays.md): where the oracle's tuned gain is largest, the best tuned GRPO, the oracle
 #          and practical arms side by side, each at its tuned learning rate and batch; about a minute
 #        bash scripts/demo.sh --where_credit_pays_untuned [--seeds N]   the untuned map's crossover (one lr)
+#        bash scripts/demo.sh --stability [SETTING]   the committed stability curve of one setting (default chain_H2)
+#          as demo_output/stability.png: collapse share and tokens to target against the learning rate, one line per
+#          arm, from benchmarks/results/lm_stability.json (docs/lm-stability-protocol.md); nothing is retrained
 #   VENV=path   where the virtual environment lives (default: .venv)
 # Outputs in demo_output/: learning_curve.png, responses.html, metrics.json.
 set -euo pipefail
@@ -24,5 +27,9 @@ fi
 if [ "${1:-}" = "--where_credit_pays_untuned" ]; then
   shift
   exec "$VENV/bin/python" benchmarks/where_credit_pays_demo.py --output demo_output/where_credit_pays_untuned.json "$@"
+fi
+if [ "${1:-}" = "--stability" ]; then
+  shift
+  exec "$VENV/bin/python" benchmarks/lm_stability.py --plot "${1:-chain_H2}" --output demo_output/stability.png
 fi
 "$VENV/bin/python" -m mcadvantage.demo --output_dir demo_output "$@"

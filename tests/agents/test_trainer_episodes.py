@@ -39,7 +39,9 @@ def seam(**overrides):
         tool_calling_limit=None,
         tool_result_ids=lambda messages: [9],
     )
-    return SimpleNamespace(**{**values, **overrides})
+    values = {**values, **overrides}
+    reads = getattr(values["advantage_estimator"], "state_source", None) == "state_key"  # as VinePPOTrainer's
+    return SimpleNamespace(**{"reads_state_keys": reads, **values})
 
 
 def batch(**overrides):

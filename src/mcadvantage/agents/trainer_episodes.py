@@ -100,6 +100,8 @@ class TrainerSeam(Protocol):
 
     advantage_estimator: Any
     rollout_func: Any
+    #: whether the estimator's credit reads the environment's ``state_key`` (``state_source == "state_key"``)
+    reads_state_keys: bool
 
     @property
     def environment_classes(self) -> dict[str | None, type]: ...
@@ -161,8 +163,7 @@ class TrainerEpisodes:
         """Whether batches record their episodes' state keys for credit: for an estimator that reads them from the
         environment (:class:`~mcadvantage.estimators.base.ReadsStateKeys`, a runtime protocol of the one attribute
         ``state_source``, with ``state_source="state_key"``)."""
-        estimator = getattr(self._trainer, "advantage_estimator", None)
-        return getattr(estimator, "state_source", None) == "state_key"
+        return bool(self._trainer.reads_state_keys)
 
     def records_episode_keys(self) -> bool:
         """Whether batches record their episodes' state keys: with an environment class that has a ``state_key``,

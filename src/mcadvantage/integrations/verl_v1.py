@@ -451,7 +451,7 @@ class MCAdvantageV1Mixin:
         finally:
             if estimator.uses_rollouts:
                 self.checkpoint_manager.sleep_replicas()
-        prefix = getattr(estimator, "metric_prefix", None) or "mc"
+        prefix = estimator.metric_prefix
         metrics.update({f"{prefix}/{name}": value for name, value in mc_metrics.items()})
         return write_v1_advantages(batch.keys, batch.partition_id, per_row)
 

@@ -25,6 +25,7 @@ from mcadvantage.estimators import (
     AdvantageBatch,
     AdvantageResult,
     EstimatorContext,
+    ReadsStateKeys,
     build_advantage_estimator,
     reduce_metrics,
 )
@@ -235,6 +236,11 @@ class VinePPOTrainer(GRPOTrainerHooks):
             return
         with policy_sampler(self) as sampler:
             yield sampler
+
+    @property
+    def reads_state_keys(self) -> bool:
+        """Whether the estimator's credit reads the environment's ``state_key`` (its agent side records them)."""
+        return isinstance(e := self.advantage_estimator, ReadsStateKeys) and e.state_source == "state_key"
 
     @property
     def samples_on_main_only(self) -> bool:

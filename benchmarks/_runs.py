@@ -22,6 +22,7 @@ import fnmatch
 import gzip
 import json
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,13 +51,36 @@ def _records(root: Path) -> dict[str, Any]:
     if cached is None or cached[0] != stamp:
         records: dict[str, Any] = {}
         with path.open("rb") as raw, _locked(raw, exclusive=False):
-            text = gzip.decompress(raw.read()).decode("utf-8")
+            text = _whole_members(raw.read(), path)
         for line in text.splitlines():
             if line.strip():
                 row = json.loads(line)
                 records[row["key"]] = row["value"]
         cached = _CACHE[path] = (stamp, records)
     return cached[1]
+
+
+def _whole_members(data: bytes, path: Path) -> str:
+    """The text of every whole gzip member of ``data``: a last member cut short (a process killed while it appended)
+    is dropped with a warning, and every record before it is kept."""
+    texts = []
+    while data:
+        member = zlib.decompressobj(wbits=31)
+        try:
+            texts.append(member.decompress(data).decode("utf-8"))
+        except zlib.error:
+            print(
+                f"warning: {path} has a damaged gzip member; the records before it are kept", file=sys.stderr
+            )
+            break
+        if not member.eof:
+            texts.pop()
+            print(
+                f"warning: {path} ends in a cut gzip member; the records before it are kept", file=sys.stderr
+            )
+            break
+        data = member.unused_data
+    return "".join(texts)
 
 
 def _matches(key: str, pattern: str) -> bool:
@@ -76,10 +100,16 @@ def run_keys(root: Path, pattern: str = "**") -> list[str]:
     return sorted(k for k in keys if _matches(k, pattern))
 
 
-def load_runs(root: Path, pattern: str = "**") -> dict[str, Any]:
-    """``{name: record}`` of ``root``'s records that match ``pattern`` (see :func:`run_keys`), sorted by name."""
+def load_runs(root: Path, pattern: str = "**", *, appended: bool = False) -> dict[str, Any]:
+    """``{name: record}`` of ``root``'s records that match ``pattern`` (see :func:`run_keys`), sorted by name, or in
+    the order they were first appended with ``appended=True`` (a study whose summary names how many of its first
+    records it was made from)."""
     records = _records(root)
-    return {k: copy.deepcopy(records[k]) for k in run_keys(root, pattern)}
+    keys = run_keys(root, pattern)
+    if appended:
+        wanted = set(keys)
+        keys = [k for k in records if k in wanted]
+    return {k: copy.deepcopy(records[k]) for k in keys}
 
 
 def has_run(root: Path, key: str) -> bool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import gzip
 import json
 import math
 import os
@@ -27,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,6 +36,7 @@ if str(ROOT) not in sys.path:  # the research testbed (testbed/) is a package at
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import lm_agent_map as lm  # noqa: E402  (the map's model, environments and trainer settings)
+from benchmarks._runs import append_run, load_runs  # noqa: E402  (the studies' one record loader)
 
 RESULTS = ROOT / "benchmarks" / "results"
 RECORDS = RESULTS / "lm_stability" / "runs.jsonl.gz"
@@ -374,39 +373,15 @@ def record_key(record: dict[str, Any]) -> str:
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line in its own gzip member, in one locked ``write`` (two processes may append
-    to one file; ``gzip.open(path, "rt")`` reads every member)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = gzip.compress((json.dumps(record, sort_keys=True) + "\n").encode("utf-8"), mtime=0)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, data)
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+    """Append ``record`` under its run key to the study's archive ``path`` (``<root>/runs.jsonl.gz``) through the
+    studies' one loader (``benchmarks/_runs.py``: one gzip member in one locked write, so two processes may append)."""
+    append_run(Path(path).parent, record_key(record), record)
 
 
 def read_records(path: Path | None = None) -> list[dict[str, Any]]:
-    """Every record in ``path`` (default :data:`RECORDS`; none when it is absent). A last member cut short by a kill
-    is dropped with a warning; everything before it is kept."""
-    path = RECORDS if path is None else path
-    if not path.exists():
-        return []
-    raw, lines = path.read_bytes(), []
-    while raw:
-        d = zlib.decompressobj(wbits=31)
-        try:
-            text = d.decompress(raw)
-        except zlib.error:
-            print(f"warning: {path} has a damaged gzip member; {len(lines)} records kept", file=sys.stderr)
-            break
-        if not d.eof:
-            print(f"warning: {path} ends in a cut member; {len(lines)} records kept", file=sys.stderr)
-            break
-        lines += [json.loads(line) for line in text.decode("utf-8").splitlines() if line.strip()]
-        raw = d.unused_data
-    return lines
+    """Every record in the archive ``path`` (default :data:`RECORDS`; none when it is absent), as appended. A last
+    member cut short by a kill is dropped with a warning; everything before it is kept (``benchmarks/_runs.py``)."""
+    return list(load_runs(Path(RECORDS if path is None else path).parent, appended=True).values())
 
 
 def study_setting(name: str) -> Any:

@@ -183,8 +183,10 @@ def test_records_append_as_gzip_members_and_read_back_whole(tmp_path):
     st.append_record(path, a)
     st.append_record(path, b)
     assert st.read_records(path) == [a, b]
-    with gzip.open(path, "rt") as f:  # any gzip reader sees every member
-        assert [json.loads(line) for line in f] == [a, b]
+    with gzip.open(
+        path, "rt"
+    ) as f:  # any gzip reader sees every member: the studies' archive lines (_runs.py)
+        assert [json.loads(line) for line in f] == [{"key": st.record_key(r), "value": r} for r in (a, b)]
 
 
 def test_a_member_cut_short_by_a_kill_is_dropped_and_the_rest_kept(tmp_path):

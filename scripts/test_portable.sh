@@ -16,6 +16,7 @@ NEWEST_VENV="${NEWEST_VENV:-.venv-newest}"
 
 switched_pass() {  # switched_pass VENV: the record tests with switched kernels
   local venv="$1" off
+  shift
   off=$("$venv/bin/python" scripts/_dispatch_features.py)
   echo "record pass in $venv: ATEN_CPU_CAPABILITY=default NPY_DISABLE_CPU_FEATURES='$off'"
   ATEN_CPU_CAPABILITY=default NPY_DISABLE_CPU_FEATURES="$off" OMP_NUM_THREADS=1 \

@@ -964,8 +964,21 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "curve": cells,
         "arms": arm_lines(cells),
         "head_to_head": head_to_head(records, targets),
+        "status": stage_status(records),
         "pilot": pilot_rows(records),
     }
+
+
+def stage_status(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (stage, setting): runs recorded, runs planned (the extension rule's rates so far included) and whether
+    the stage is whole. A report reads nothing from a stage that is not whole (the protocol's 21:45 amendment)."""
+    out = []
+    for (stage, setting), total in planned(records=records).items():
+        done = sum((r["stage"], r["setting"]) == (stage, setting) for r in records)
+        out.append(
+            {"stage": stage, "setting": setting, "recorded": done, "planned": total, "whole": done >= total}
+        )
+    return out
 
 
 def pilot_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1048,10 +1061,11 @@ def run_stages(
 
 
 def planned(
-    settings: Sequence[str] = tuple(SETTINGS), records: Sequence[dict[str, Any]] | None = None
+    settings: Sequence[str] | None = None, records: Sequence[dict[str, Any]] | None = None
 ) -> dict[tuple[str, str], int]:
-    """How many runs the protocol plans per (stage, setting): sweep (with the extension rule's rates so far, given
-    the ``records``), head-to-head and the larger model's two."""
+    """How many runs the protocol plans per (stage, setting) of ``settings`` (default: every setting): sweep (with
+    the extension rule's rates so far, given the ``records``), head-to-head and the larger model's two."""
+    settings = tuple(SETTINGS) if settings is None else settings
     plan: dict[tuple[str, str], int] = {}
     for s in settings:
         arms = [a for a in ARMS if runs_in(a, s)]

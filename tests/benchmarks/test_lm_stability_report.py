@@ -1,0 +1,174 @@
+"""benchmarks/lm_stability_report.py: the headline rule's four cases on synthetic whole studies, nothing read from a
+stage that is not whole, the scale bullet's agreement check, and the committed README block, results page and
+how-to advice tied to the committed summary. No model is trained here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import lm_stability as st  # noqa: E402
+from benchmarks import lm_stability_report as rep  # noqa: E402
+
+RATES = (1e-4, 1e-3, 1e-2)
+BUDGET = 1000
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """A study of three arms at chain H = 2 only, three rates, 4 sweep seeds, 6 paired seeds, a 1,000-token budget."""
+    arms = {a: st.ARMS[a] for a in ("grpo", "rloo", "anchor_pooled")}
+    monkeypatch.setattr(st, "ARMS", arms)
+    monkeypatch.setattr(st, "PRACTICAL", tuple(arms))
+    monkeypatch.setattr(
+        st, "SETTINGS", {"chain_H2": dataclasses.replace(st.SETTINGS["chain_H2"], budget=BUDGET)}
+    )
+    monkeypatch.setattr(st, "RATES", RATES)
+    monkeypatch.setattr(st, "SWEEP_SEEDS", tuple(range(4)))
+    monkeypatch.setattr(st, "H2H_SEEDS", tuple(range(100, 106)))
+    monkeypatch.setattr(st, "LARGE_TUNE_SEEDS", (300, 301))
+    monkeypatch.setattr(st, "LARGE_SEEDS", tuple(range(200, 206)))
+
+
+def _run(stage, arm, lr, seed, path, model="small"):
+    """A run whose evaluations at 0, 500 and 1,000 tokens read ``path`` (start 0.25)."""
+    points = [{"step": i, "tokens": 500 * i, "success": s, "own_tokens": 500 * i, "mc_tokens": 0}
+              for i, s in enumerate([0.25, *path])]  # fmt: skip
+    return {
+        "stage": stage, "setting": "chain_H2", "model": model, "arm": arm, "lr": lr, "seed": seed, "eval_seed": 7,
+        "budget": BUDGET, "reference": False, "charge_mc": True, "start_success": 0.25, "final_success": path[-1],
+        "checkpoints": points, "steps": 2, "own_tokens": 1000, "mc_tokens": 0, "sampled_tokens": 1000,
+        "underspend": 0, "collapsed": st.collapsed(0.25, path[-1]),
+    }  # fmt: skip
+
+
+FAST, SLOW, DEAD = [0.9, 0.9], [0.5, 0.9], [0.0, 0.0]
+
+
+def _sweep():
+    """grpo and rloo: stable at 1e-4 only (half collapse at 1e-3); anchor_pooled stable up to 1e-3; all collapse at
+    1e-2. Tuned rates: grpo and rloo 1e-4, anchor_pooled 1e-3."""
+    out = []
+    for seed in range(4):
+        for arm in ("grpo", "rloo", "anchor_pooled"):
+            mid = FAST if arm == "anchor_pooled" or seed < 2 else DEAD
+            out += [_run("sweep", arm, 1e-4, seed, SLOW), _run("sweep", arm, 1e-3, seed, mid)]
+            out.append(_run("sweep", arm, 1e-2, seed, DEAD))
+    return out
+
+
+def _h2h(paths):
+    """Head-to-head runs: ``paths[arm](seed)`` at each arm's tuned rate."""
+    tuned = {"grpo": 1e-4, "rloo": 1e-4, "anchor_pooled": 1e-3}
+    return [_run("h2h", a, tuned[a], s, paths[a](s)) for a in tuned for s in range(100, 106)]
+
+
+def _large(paths):
+    """The larger model: grpo and the best credit arm tuned on 2 seeds (1e-4 best), then 6 paired seeds."""
+    out = [_run("large_tune", a, lr, s, SLOW if lr == 1e-4 else DEAD, "large")
+           for a in paths for lr in RATES for s in (300, 301)]  # fmt: skip
+    return out + [_run("large_h2h", a, 1e-4, s, paths[a](s), "large") for a in paths for s in range(200, 206)]
+
+
+def _slow_or(seed):
+    return SLOW if seed % 3 else [0.4, 0.85]
+
+
+LEVEL = {"grpo": _slow_or, "rloo": _slow_or, "anchor_pooled": _slow_or}
+
+
+def test_nothing_is_read_from_a_stage_that_is_not_whole(tiny):
+    summary = st.summarize(_sweep()[:-1])
+    assert rep.headline(summary) is None and rep.curve_bullet(summary, "chain_H2") is None
+    block = rep.readme_block(summary)
+    assert "being measured" in block and "chain H = 2 sweep 35 of 36" in " ".join(block.split())
+    assert "draws no advice" in rep.advice_block(summary)
+    assert "## chain H = 2: the stability curve" not in rep.page(summary)
+
+
+def test_case_one_names_the_arm_that_reaches_the_target_with_fewer_tokens(tiny):
+    paths = {**LEVEL, "anchor_pooled": lambda s: FAST if s != 105 else SLOW}
+    summary = st.summarize(_sweep() + _h2h(paths))
+    assert rep.answer(summary) == {"case": 1, "arm": "anchor_pooled", "endpoint": "tokens_saved"}
+    row = rep.h2h_rows(summary, "chain_H2", "small")["anchor_pooled"]
+    assert row["vs_grpo"]["tokens_saved"]["verdict"] == "better"
+    sentence = rep.headline(summary)
+    assert sentence.startswith("At chain H = 2, `anchor_pooled` at its tuned rate 0.001 (tuned GRPO: 0.0001)")
+    assert "500 sampled tokens against tuned GRPO's 1,000" in sentence
+    assert "stays stable up to 0.001, GRPO up to 0.0001" in sentence
+    assert "use `anchor_pooled` at its tuned rate" in " ".join(rep.advice_block(summary).split())
+
+
+def test_case_four_says_a_wider_stable_range_buys_no_tokens(tiny):
+    summary = st.summarize(_sweep() + _h2h(LEVEL))
+    assert rep.answer(summary) == {"case": 4, "arm": "anchor_pooled", "endpoint": None}
+    sentence = rep.headline(summary)
+    assert "widens the stable range but buys no tokens" in sentence
+    assert "`anchor_pooled` stays stable up to learning rate 0.001 against GRPO's 0.0001" in sentence
+    assert "6 paired seeds" in sentence
+    advice = " ".join(rep.advice_block(summary).split())
+    assert (
+        "tune GRPO's learning rate first" in advice and "collapses less often at rates up to 0.001" in advice
+    )
+
+
+def test_case_three_reports_the_arm_behind_tuned_grpo(tiny):
+    paths = {**LEVEL, "grpo": lambda s: FAST if s != 105 else SLOW}
+    summary = st.summarize(_sweep() + _h2h(paths))
+    found = rep.answer(summary)
+    assert found["case"] == 3 and found["endpoint"] == "tokens_saved"
+    assert rep.headline(summary).startswith(f"At chain H = 2, no arm beats tuned GRPO, and `{found['arm']}`")
+
+
+def test_the_answer_and_its_bullets_fill_the_readme_block_once_whole(tiny):
+    summary = st.summarize(_sweep() + _h2h(LEVEL))
+    block = rep.readme_block(summary)
+    flat = " ".join(block.split())
+    assert f"**{rep.headline(summary)}**" in flat
+    assert "the largest rate at which at most 10% of runs collapse is `grpo` 0.0001, `rloo` 0.0001, " \
+           "`anchor_pooled` 0.001" in flat  # fmt: skip
+    assert "0 of 54 runs passed their budget" in flat
+    assert "13x larger" not in flat  # the larger model is not whole
+    assert all(len(line) <= rep.WIDTH for line in block.splitlines())
+    assert "## chain H = 2: the head-to-head" in rep.page(summary)
+
+
+@pytest.mark.parametrize(
+    ("large_arm", "agrees"), [(_slow_or, False), (lambda s: FAST if s != 205 else SLOW, True)]
+)
+def test_the_scale_bullet_says_whether_the_larger_model_agrees(tiny, large_arm, agrees):
+    paths = {**LEVEL, "anchor_pooled": lambda s: FAST if s != 105 else SLOW}
+    small = _sweep() + _h2h(paths)
+    best = st.best_credit_arm(st.summarize(small)["head_to_head"])
+    assert best == "anchor_pooled"
+    summary = st.summarize(small + _large({"grpo": _slow_or, best: large_arm}))
+    bullet = " ".join(rep.scale_bullet(summary).split())
+    assert "`anchor_pooled` (lr 0.0001) on 6 paired seeds" in bullet
+    assert ("the same verdicts as the small model's" in bullet) is agrees
+    assert ("different from the small model's verdicts" in bullet) is not agrees
+
+
+def test_a_missing_marker_is_an_error_that_says_where_the_block_goes():
+    with pytest.raises(ValueError, match="markers .* are missing"):
+        rep.replace_block("no markers here", "<!-- a -->", "<!-- b -->", "body")
+    assert rep.replace_block("x<!-- a -->\nold\n<!-- b -->y", "<!-- a -->", "<!-- b -->", "new") == (
+        "x<!-- a -->\nnew\n<!-- b -->y"
+    )
+
+
+def test_committed_readme_page_and_advice_are_what_the_committed_summary_gives():
+    if not st.SUMMARY.exists():
+        pytest.skip("no committed lm_stability summary yet")
+    summary = json.loads(st.SUMMARY.read_text(encoding="utf-8"))
+    for path, text in rep.rendered(summary).items():
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{path.name}: run python benchmarks/lm_stability_report.py"
+        )

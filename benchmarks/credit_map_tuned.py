@@ -811,16 +811,14 @@ def toy_answer(summary: dict[str, Any]) -> str:
     if oracle:
         head += (f" ({where(oracle)}), families where tuned GRPO ended below its start in {_pct(rates[0])}-"
                  f"{_pct(rates[-1])} of its runs at that budget")  # fmt: skip
-    arms = [
-        f"`{a}`" + (f" ({ARM_WORDS[a]})" if a in ARM_WORDS else "") + f", in {n}"
-        for a, n in practical.items()
-    ]
-    only = "only " if len(arms) == 1 else ""
-    return (
-        head
-        + ". Of the practical arms "
-        + (f"{only}{'; '.join(arms)} was ahead." if arms else "none was ahead.")
-    )
+    arms = [f"`{a}`" + (f" ({ARM_WORDS[a]})" if a in ARM_WORDS else "") for a in practical]
+    counts = [f"{n} famil{'y' if n == 1 else 'ies'}" for n in practical.values()]
+    if not arms:
+        return head + ". No practical arm was ahead."
+    if len(arms) == 1:
+        return f"{head}. Of the practical arms only {arms[0]} was ahead, in {counts[0]}."
+    ahead = "; ".join(f"{a} in {c}" for a, c in zip(arms, counts, strict=True))
+    return f"{head}. Practical arms ahead: {ahead}."
 
 
 def run_collapses(tested: Tested, arm: str) -> tuple[int, int, int]:

@@ -750,6 +750,12 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _span(rates: Sequence[float]) -> str:
+    """``17%-71%``, or one share when they are equal."""
+    low, high = _pct(min(rates)), _pct(max(rates))
+    return low if low == high else f"{low}-{high}"
+
+
 def _and(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -786,7 +792,7 @@ def wins_context(tested: Tested) -> str:
     calm_wins = [w for w in found if not w["grpo_collapse"]]
     rates = sorted(w["grpo_collapse"] for w in found if w["grpo_collapse"])
     oracle = sum(w["arm"] == "oracle" for w in found)
-    share = f"{_pct(rates[0])}-{_pct(rates[-1])}" if rates else "none"
+    share = _span(rates) if rates else "none"
     if calm_wins:
         return (f"{len(found) - len(calm_wins)} of the {len(found)} wins (the oracle's {oracle} included) are in "
                 f"families where tuned GRPO ended below its start in {share} of its runs at that budget; "
@@ -809,8 +815,8 @@ def toy_answer(summary: dict[str, Any]) -> str:
     rates = sorted(w["grpo_collapse"] for w in oracle)
     head = f"On the toy, {ORACLE_LABEL} was ahead of the best tuned GRPO in {len(oracle)} of {len(tested)} families"
     if oracle:
-        head += (f" ({where(oracle)}), families where tuned GRPO ended below its start in {_pct(rates[0])}-"
-                 f"{_pct(rates[-1])} of its runs at that budget")  # fmt: skip
+        head += (f" ({where(oracle)}), families where tuned GRPO ended below its start in {_span(rates)} of its "
+                 "runs at that budget")  # fmt: skip
     arms = [f"`{a}`" + (f" ({ARM_WORDS[a]})" if a in ARM_WORDS else "") for a in practical]
     counts = [f"{n} famil{'y' if n == 1 else 'ies'}" for n in practical.values()]
     if not arms:

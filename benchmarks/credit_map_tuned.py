@@ -52,6 +52,9 @@ TUNING_SEEDS = (1000, 1001, 1002)
 EVAL_SEEDS = tuple(range(24))
 FRACTIONS = (0.25, 0.5, 1.0)
 ALPHA = 0.05
+#: The verdict rule's minimum effect (the protocol's amendment of 2026-12-07, as in docs/lm-stability-protocol.md's
+#: "Minimum effects"): a paired difference in success smaller than this is "level" whatever its p.
+MIN_EFFECT = 0.05
 MAP_BUDGET, HARD_BUDGET = 240, 320
 HARD_CEILING = 0.7  # the scout's rule: tuned GRPO's mean at 1x at most this
 
@@ -524,9 +527,17 @@ def decide(group: list[dict[str, Any]]) -> bool:
     for r, p in zip(family, adjusted, strict=True):
         v = r["vs_best_grpo"]
         v["p_holm"] = _r(p, 6)
-        v["verdict"] = "level" if p >= ALPHA or v["mean"] == 0 else ("pays" if v["mean"] > 0 else "loses")
+        v["verdict"] = verdict(v["mean"], p)
         v["p"] = _r(v["p"], 6)
     return True
+
+
+def verdict(mean: float, p_holm: float) -> str:
+    """``pays`` / ``loses`` when Holm's p is below :data:`ALPHA` and the difference reaches :data:`MIN_EFFECT`
+    (the protocol's amendment of 2026-12-07); ``level`` otherwise, whatever the p."""
+    if p_holm >= ALPHA or abs(mean) < MIN_EFFECT:
+        return "level"
+    return "pays" if mean > 0 else "loses"
 
 
 def summarize(root: Path) -> dict[str, Any]:
@@ -556,6 +567,7 @@ def summarize(root: Path) -> dict[str, Any]:
         "eval_seeds": list(EVAL_SEEDS),
         "budget_fractions": list(FRACTIONS),
         "alpha": ALPHA,
+        "min_effect": MIN_EFFECT,
         "effect_80": EFFECT_80,
         "hard_scout": json.loads(scout_path.read_text()) if scout_path.exists() else None,
         "settings": settings_rows,
@@ -721,52 +733,177 @@ def _tested_groups(summary: dict[str, Any]) -> list[tuple[dict[str, Any], float,
     return out
 
 
+Tested = list[tuple[dict[str, Any], float, list[dict[str, Any]]]]
+
+#: How the page and the README name the toy's oracle: like every arm it picks its learning rate and batch from the
+#: grid, but its per-state values are computed exactly, not sampled, so they cost no tokens (a reference).
+ORACLE_LABEL = (
+    "the oracle (exact per-state values, tuned on the same grid; a reference: its values cost nothing)"
+)
+#: The oracle's arm cell in the page's tables.
+ORACLE_CELL = "`oracle` (reference: exact values, cost nothing)"
+#: Words for an arm where a sentence names it outside the tables.
+ARM_WORDS = {"anchor_pool_state": "pooled anchor credit keyed by the true state"}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _span(rates: Sequence[float]) -> str:
+    """``17%-71%``, or one share when they are equal."""
+    low, high = _pct(min(rates)), _pct(max(rates))
+    return low if low == high else f"{low}-{high}"
+
+
+def _and(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def wins(tested: Tested) -> list[dict[str, Any]]:
+    """Every arm ahead of the best tuned GRPO (verdict "pays"), the oracle included, in the order of the tested
+    families: arm, setting, budget fraction, gap and tuned GRPO's collapse rate in that family."""
+    out = []
+    for setting, f, group in tested:
+        grpo = next(r for r in group if r["arm"] == "grpo")
+        for r in group:
+            v = r.get("vs_best_grpo") or {}
+            if r["arm"] != "grpo" and v.get("verdict") == "pays":
+                out.append({"arm": r["arm"], "setting": setting, "fraction": f, "gap": _gap(v),
+                            "grpo_collapse": grpo["collapse_rate"] or 0.0})  # fmt: skip
+    return out
+
+
+def where(found: Sequence[dict[str, Any]]) -> str:
+    """The wins' families, grouped by setting: "<setting> at 0.25x, 0.5x and 1x; <setting> at 0.25x"."""
+    by: dict[str, list[str]] = {}
+    for w in found:
+        by.setdefault(_label(w["setting"]), []).append(f"{w['fraction']:g}x")
+    return "; ".join(f"{name} at {_and(fs)}" for name, fs in by.items())
+
+
+def wins_context(tested: Tested) -> str:
+    """Where the wins lie against tuned GRPO's collapses: the range of tuned GRPO's collapse rates in the winners'
+    families, and what is ahead in the families where tuned GRPO never ended below its start."""
+    found = wins(tested)
+    if not found:
+        return "No arm is ahead of the best tuned GRPO anywhere"
+    calm = [s for s, _, g in tested if not next(r for r in g if r["arm"] == "grpo")["collapse_rate"]]
+    calm_wins = [w for w in found if not w["grpo_collapse"]]
+    rates = sorted(w["grpo_collapse"] for w in found if w["grpo_collapse"])
+    oracle = sum(w["arm"] == "oracle" for w in found)
+    share = _span(rates) if rates else "none"
+    if calm_wins:
+        return (f"{len(found) - len(calm_wins)} of the {len(found)} wins (the oracle's {oracle} included) are in "
+                f"families where tuned GRPO ended below its start in {share} of its runs at that budget; "
+                f"{len(calm_wins)} in the {len(calm)} families where it never did")  # fmt: skip
+    return (f"All {len(found)} wins (the oracle's {oracle} included) are in families where tuned GRPO ended below its "
+            f"start in {share} of its runs at that budget; in the {len(calm)} families where it never did, no arm "
+            "is ahead")  # fmt: skip
+
+
+def toy_answer(summary: dict[str, Any]) -> str:
+    """One sentence on where the toy's wins lie (the language-model map's block cites it): the oracle's families,
+    tuned GRPO's collapse rates there, and the practical arms that were ahead."""
+    tested = _tested_groups(summary)
+    found = wins(tested)
+    oracle = [w for w in found if w["arm"] == "oracle"]
+    practical: dict[str, int] = {}
+    for w in found:
+        if w["arm"] != "oracle":
+            practical[w["arm"]] = practical.get(w["arm"], 0) + 1
+    rates = sorted(w["grpo_collapse"] for w in oracle)
+    head = f"On the toy, {ORACLE_LABEL} was ahead of the best tuned GRPO in {len(oracle)} of {len(tested)} families"
+    if oracle:
+        head += (f" ({where(oracle)}), families where tuned GRPO ended below its start in {_span(rates)} of its "
+                 "runs at that budget")  # fmt: skip
+    arms = [f"`{a}`" + (f" ({ARM_WORDS[a]})" if a in ARM_WORDS else "") for a in practical]
+    counts = [f"{n} famil{'y' if n == 1 else 'ies'}" for n in practical.values()]
+    if not arms:
+        return head + ". No practical arm was ahead."
+    if len(arms) == 1:
+        return f"{head}. Of the practical arms only {arms[0]} was ahead, in {counts[0]}."
+    ahead = "; ".join(f"{a} in {c}" for a, c in zip(arms, counts, strict=True))
+    return f"{head}. Practical arms ahead: {ahead}."
+
+
+def run_collapses(tested: Tested, arm: str) -> tuple[int, int, int]:
+    """``arm``'s distinct evaluation runs in the tested families, each counted once: one run (setting, chosen grid
+    point, seed) gives the 1/4, 1/2 and 1x readings, so a point chosen at several budgets is one run read several
+    times. Returns (runs below their start at the largest budget the map reads them at, runs below it at some
+    reading, runs)."""
+    runs: dict[tuple[str, float, int, int], tuple[float, bool, bool]] = {}
+    for setting, f, group in tested:
+        r = next((x for x in group if x["arm"] == arm), None)
+        if r is None or r["status"] != "complete":
+            continue
+        for seed, down in zip(r["seeds"], r["collapsed"], strict=True):
+            key = (setting["name"], r["chosen"]["lr"], r["chosen"]["prompts"], seed)
+            last, final, ever = runs.get(key, (-1.0, False, False))
+            runs[key] = (f, bool(down), ever or bool(down)) if f > last else (last, final, ever or bool(down))
+    return sum(v[1] for v in runs.values()), sum(v[2] for v in runs.values()), len(runs)
+
+
+def grpo_collapse_sentence(tested: Tested) -> str:
+    """How many of tuned GRPO's distinct evaluation runs ended below their start (:func:`run_collapses`)."""
+    final, ever, n = run_collapses(tested, "grpo")
+    return (f"Tuned GRPO ended below its start in {final} of its {n} evaluation runs of the tested families (a run, "
+            "read at up to three budgets, counted once, at the largest budget the map reads it at; "
+            f"{ever} were below their start at some reading)")  # fmt: skip
+
+
 def answer_lines(summary: dict[str, Any]) -> list[str]:
     """The lead's bullets, from the tested (setting, budget) families only."""
     settings = summary["settings"]
     complete = [s for s in settings if s["status"] == "complete"]
     tested = _tested_groups(summary)
     lines = [f"- Settings complete: {len(complete)} of {len(settings)}; (setting, budget) families tested "
-             f"(every arm's 24 seeds in): {len(tested)} of {len(settings) * len(summary['budget_fractions'])}."]  # fmt: skip
+             f"(every arm's 24 seeds in): {len(tested)} of {len(settings) * len(summary['budget_fractions'])}. "
+             f"Verdicts: Holm over each family, and a difference under {summary['min_effect']:g} in success is "
+             "level whatever its p (the protocol's amendment of 2026-12-07)."]  # fmt: skip
     if len(complete) < len(settings):
         lines.append("- **Partial**: the runs had not all finished when this page was generated. Only the tested "
                      "families below carry a verdict; the rest show what is in, marked partial or not run.")  # fmt: skip
     if not tested:
         return lines
-    oracle = [(s, f, next(r for r in g if r["arm"] == "oracle")) for s, f, g in tested]
-    oracle = [(s, f, r) for s, f, r in oracle if r.get("vs_best_grpo")]
-    if oracle:
-        s, f, r = max(oracle, key=lambda x: x[2]["vs_best_grpo"]["mean"])
-        lines.append(f"- The oracle's largest tuned gain over the best tuned GRPO: {_gap(r['vs_best_grpo'])} at "
-                     f"{_label(s)}, budget {f:g}x ({r['vs_best_grpo']['verdict']}, Holm).")  # fmt: skip
-        pays = [(s, f) for s, f, r in oracle if r["vs_best_grpo"]["verdict"] == "pays"]
-        lines.append(f"- The oracle pays in {len(pays)} of {len(oracle)} tested families"
-                     + (": " + "; ".join(f"{_label(s)} at {f:g}x" for s, f in pays) if pays else "") + ".")  # fmt: skip
-    wins, losses = [], 0
-    for s, f, group in tested:
-        for r in group:
-            v = r.get("vs_best_grpo") or {}
-            if r["arm"] in ("grpo", "oracle") or not v:
-                continue
-            if v.get("verdict") == "pays":
-                wins.append(f"{r['arm']} {_gap(v)} ({_label(s)}, {f:g}x)")
-            losses += v.get("verdict") == "loses"
-    history_wins = sorted({w.split(" ")[0] for w in wins if "history" in w.split(" ")[0]})
+    lines += oracle_lines(tested)
+    found = [w for w in wins(tested) if w["arm"] != "oracle"]
+    losses = sum((r.get("vs_best_grpo") or {}).get("verdict") == "loses" for _, _, g in tested for r in g)
+    history_wins = sorted({w["arm"] for w in found if "history" in w["arm"]})
     lines.append("- Arms that see only the observation history (anchors keyed by it, `critic_history`: what a "
                  "language model's context offers) ahead of the best tuned GRPO anywhere: "
                  + (", ".join(history_wins) if history_wins else "none") + ".")  # fmt: skip
-    lines.append(f"- Practical arms that beat the best tuned GRPO (Holm): {len(wins)}"
-                 + (": " + "; ".join(wins) if wins else "") + f". Losses: {losses} arm-family pairs.")  # fmt: skip
+    lines.append(f"- Practical arms that beat the best tuned GRPO (Holm): {len(found)}"
+                 + (": " + "; ".join(f"{w['arm']} {w['gap']} ({_label(w['setting'])}, {w['fraction']:g}x)"
+                                     for w in found) if found else "") + f". Losses: {losses} arm-family pairs.")  # fmt: skip
+    lines.append(f"- Where the wins lie: {wins_context(tested)}.")
     collapses = []
     for s, f, group in tested:
         g = next(r for r in group if r["arm"] == "grpo")
         if g["collapse_rate"]:
             collapses.append(f"{_label(s)} at {f:g}x: {g['collapse_rate']:.2f}")
-    lines.append("- Tuned GRPO's collapse rate (runs ending below their start), where not 0: "
-                 + ("; ".join(collapses) if collapses else "none") + ".")  # fmt: skip
-    lines.append("- Collapsed runs per arm, summed over the tested families (arms that could not afford a batch "
-                 "left out): " + collapse_totals(tested) + ".")  # fmt: skip
+    lines.append("- Tuned GRPO's collapse rate (runs ending below their start at that budget), where not 0: "
+                 + ("; ".join(collapses) if collapses else "none") + f". {grpo_collapse_sentence(tested)}.")  # fmt: skip
+    lines.append("- Collapsed runs per arm over the tested families, each run counted once at the largest budget "
+                 "the map reads it at (arms that could not afford a batch left out): " + collapse_totals(tested) + ".")  # fmt: skip
     return lines + hybrid_lines(summary.get("hybrid_budget")) + rerun_lines(summary.get("rerun"))
+
+
+def oracle_lines(tested: Tested) -> list[str]:
+    """The lead's bullets on the oracle: its largest gain and the families where it is ahead."""
+    oracle = [(s, f, next(r for r in g if r["arm"] == "oracle")) for s, f, g in tested]
+    oracle = [(s, f, r) for s, f, r in oracle if r.get("vs_best_grpo")]
+    if not oracle:
+        return []
+    s, f, r = max(oracle, key=lambda x: x[2]["vs_best_grpo"]["mean"])
+    pays = [w for w in wins(tested) if w["arm"] == "oracle"]
+    return [
+        f"- {ORACLE_LABEL[0].upper()}{ORACLE_LABEL[1:]}: its largest tuned gain over the best tuned GRPO: "
+        f"{_gap(r['vs_best_grpo'])} at {_label(s)}, budget {f:g}x ({r['vs_best_grpo']['verdict']}, Holm).",
+        f"- The oracle pays in {len(pays)} of {len(oracle)} tested families"
+        + (": " + where(pays) if pays else "")
+        + ".",
+    ]
 
 
 def hybrid_lines(digest: dict[str, Any] | None) -> list[str]:
@@ -809,16 +946,12 @@ def rerun_lines(rerun: dict[str, Any] | None) -> list[str]:
     return [line]
 
 
-def collapse_totals(tested: list[tuple[dict[str, Any], float, list[dict[str, Any]]]]) -> str:
-    """``arm k/n`` for every arm: runs ending below their start over the tested families it ran in."""
-    totals: dict[str, list[int]] = {}
-    for _, _, group in tested:
-        for r in group:
-            if r["status"] == "complete":
-                t = totals.setdefault(r["arm"], [0, 0])
-                t[0] += sum(r["collapsed"])
-                t[1] += len(r["collapsed"])
-    return ", ".join(f"`{arm}` {k}/{n}" for arm, (k, n) in totals.items())
+def collapse_totals(tested: Tested) -> str:
+    """``arm k/n`` for every arm: of its n distinct evaluation runs over the tested families it ran in, k ended
+    below their start (:func:`run_collapses`)."""
+    arms = dict.fromkeys(r["arm"] for _, _, g in tested for r in g if r["status"] == "complete")
+    totals = {arm: run_collapses(tested, arm) for arm in arms}
+    return ", ".join(f"`{arm}` {k}/{n}" for arm, (k, _, n) in totals.items())
 
 
 def setting_table(summary: dict[str, Any], setting: dict[str, Any], fraction: float) -> list[str]:
@@ -840,7 +973,8 @@ def setting_table(summary: dict[str, Any], setting: dict[str, Any], fraction: fl
         verdict = "(the comparison)" if r["arm"] == "grpo" else v.get("verdict", "-")
         p_holm = f"{v['p_holm']:.3g}" if v.get("p_holm") is not None else "-"
         status = r["status"] if r["status"] != "partial" else f"partial ({n}/24)"
-        rows.append(f"| `{r['arm']}` | {chosen} | {status} | {mean} | {_gap(v)} | {p_holm} | {verdict} | "
+        arm = ORACLE_CELL if r["arm"] == "oracle" else f"`{r['arm']}`"
+        rows.append(f"| {arm} | {chosen} | {status} | {mean} | {_gap(v)} | {p_holm} | {verdict} | "
                     f"{collapsed} | {tokens} | {steps} |")  # fmt: skip
     return rows
 
@@ -888,7 +1022,13 @@ HOW_TO_READ = """## How to read it
 - **Critics**: `critic_tabular` sees the exact `(turn, state)` and cannot generalise wrongly (the best case);
   `critic_history` is linear in features of the observed history (no state id, one weight vector for every turn),
   the stand-in for a language-model critic.
-- **Collapsed**: runs whose exact success at the budget is below the start.
+- **The oracle**: the exact per-state advantages; it picks its learning rate and batch from the same grid as every
+  arm, but its values are computed, not sampled, so they cost no tokens: a reference, not a practical arm.
+- **Verdicts**: the paired difference to the best tuned GRPO over the 24 seeds, Holm over the family; `pays` or
+  `loses` only when Holm's p < {alpha:g} and the difference reaches the minimum effect, {min_effect:g} in success
+  (the protocol's amendment of 2026-12-07); otherwise `level`, whatever its p.
+- **Collapsed**: runs whose exact success at the budget is below the start. One run gives the 1/4, 1/2 and 1x
+  readings, so the totals count each run once, at the largest budget the map reads it at.
 """
 
 
@@ -928,6 +1068,8 @@ def render_lead(summary: dict[str, Any], lm: str = "") -> str:
             prompts="/".join(map(str, g["prompts"])),
             group=g["group"],
             tuning=", ".join(map(str, summary["tuning_seeds"])),
+            alpha=summary["alpha"],
+            min_effect=summary["min_effect"],
         ),  # fmt: skip
         "## Per setting and budget",
         "",
@@ -976,7 +1118,8 @@ def readme_bullet(summary: dict[str, Any]) -> str:
         "toy; [protocol](docs/credit-map-tuned-protocol.md) committed before the runs). Every arm picks its learning "
         f"rate and batch from one grid ({len(summary['grid']['lr'])} rates x {len(summary['grid']['prompts'])} "
         "batch sizes) on held-out seeds, then 24 paired seeds at 1/4, 1/2 and 1x of the budget, against the best "
-        f"tuned GRPO (Holm). Settings complete: {complete} of {len(settings)}; families tested: {len(tested)}"
+        f"tuned GRPO (Holm; a difference under {summary['min_effect']:g} in success is level whatever its p). "
+        f"Settings complete: {complete} of {len(settings)}; families tested: {len(tested)}"
         f" of {len(settings) * len(summary['budget_fractions'])}"
     )
     tail = (
@@ -988,21 +1131,23 @@ def readme_bullet(summary: dict[str, Any]) -> str:
     if not tested:
         return head + " (partial: no conclusion yet)." + tail
     partial = "" if complete == len(settings) else " (partial: the rest had not finished)"
-    oracle = [(s, f, next(r for r in g if r["arm"] == "oracle")) for s, f, g in tested]
-    s, f, r = max(oracle, key=lambda x: x[2]["vs_best_grpo"]["mean"])
-    wins = [f"`{r2['arm']}` {_gap(r2['vs_best_grpo'])} ({_label(s2)}, {f2:g}x)" for s2, f2, g in tested for r2 in g
-            if r2["arm"] not in ("grpo", "oracle") and (r2.get("vs_best_grpo") or {}).get("verdict") == "pays"]  # fmt: skip
+    found = wins(tested)
+    oracle = [w for w in found if w["arm"] == "oracle"]
+    practical = [f"`{w['arm']}` {w['gap']} ({_label(w['setting'])}, {w['fraction']:g}x)" for w in found
+                 if w["arm"] != "oracle"]  # fmt: skip
     losses = sum((r2.get("vs_best_grpo") or {}).get("verdict") == "loses" for _, _, g in tested for r2 in g)
-    grpo_runs = [next(r2 for r2 in g if r2["arm"] == "grpo") for _, _, g in tested]
-    collapsed = sum(sum(r2["collapsed"]) for r2 in grpo_runs)
+    s, f, r = max(((s, f, next(r for r in g if r["arm"] == "oracle")) for s, f, g in tested),
+                  key=lambda x: x[2]["vs_best_grpo"]["mean"])  # fmt: skip
+    history = sorted({w["arm"] for w in found if "history" in w["arm"]})
     return (
-        f"{head}{partial}. The oracle's largest tuned gain is {_gap(r['vs_best_grpo'])} ({_label(s)}, {f:g}x "
-        f"budget). Practical arms ahead of the best tuned GRPO (Holm): {'; '.join(wins) if wins else 'none'}; "
-        f"behind it: {losses} arm-family pairs. Of the arms that see only the observation history (what a language "
-        f"model's context offers: anchors keyed by it, the history critic), ahead anywhere: "
-        f"{', '.join(sorted({w.split('`')[1] for w in wins if 'history' in w.split('`')[1]})) or 'none'}. "
-        f"Tuned GRPO ended below its start in {collapsed} of "
-        f"{sum(len(r2['collapsed']) for r2 in grpo_runs)} runs of the tested families.{tail}"
+        f"{head}{partial}. {ORACLE_LABEL[0].upper()}{ORACLE_LABEL[1:]} is ahead of the best tuned GRPO in "
+        f"{len(oracle)} of {len(tested)} families"
+        + (f" ({where(oracle)})" if oracle else "")
+        + f"; its largest gain is {_gap(r['vs_best_grpo'])} ({_label(s)}, {f:g}x budget). Practical arms ahead "
+        f"of the best tuned GRPO: {'; '.join(practical) if practical else 'none'}; behind it: {losses} arm-family pairs. "
+        f"{wins_context(tested)}. {grpo_collapse_sentence(tested)}. Of the arms that see only the observation "
+        "history (what a language model's context offers: anchors keyed by it, the history critic), ahead "
+        f"anywhere: {', '.join(history) or 'none'}.{tail}"
     )
 
 

@@ -632,37 +632,7 @@ def summarize(settings: Sequence[str], arms: Sequence[str], root: Path = RUNS) -
                 ]
                 if any(r is None for r in runs):
                     continue
-                points = [checkpoint(r, fraction) for r in runs]
-                success = [p["success"] for p in points]
-                rows.append(
-                    {
-                        "setting": name,
-                        "env": setting.env,
-                        "horizon": setting.horizon,
-                        "arm": arm,
-                        "budget_fraction": fraction,
-                        "budget_tokens": fraction * setting.budget_tokens,
-                        "chosen": {"lr": lr, "prompts": prompts, "episodes_per_step": prompts * GENERATIONS},
-                        "tuning_seeds": list(TUNING_SEEDS),
-                        "tuned_on": arm if ARMS[arm].tuned else "grpo",
-                        "seeds": list(EVAL_SEEDS),
-                        "success": success,
-                        "mean_success": statistics.fmean(success),
-                        "start_success": runs[0]["start_success"],
-                        "sampled_tokens": [p["tokens"] for p in points],
-                        "steps": [p["steps"] for p in points],
-                        "affordable": all(p["affordable"] for p in points),
-                        "collapsed": [
-                            collapsed(r["start_success"], p["success"])
-                            for r, p in zip(runs, points, strict=True)
-                        ],
-                        "collapse_rate": statistics.fmean(
-                            collapsed(r["start_success"], p["success"])
-                            for r, p in zip(runs, points, strict=True)
-                        ),
-                        "mc_charged": ARMS[arm].charge_mc,
-                    }
-                )
+                rows.append(summary_row(setting, arm, fraction, (lr, prompts), runs))
         _compare_with_grpo(rows, paired_t_test, holm_adjust)
         out += rows
     return {
@@ -672,6 +642,42 @@ def summarize(settings: Sequence[str], arms: Sequence[str], root: Path = RUNS) -
         "grid": [{"lr": lr, "prompts": p} for lr, p in GRID],
         "eval_episodes": EVAL_EPISODES,
         "records": out,
+    }
+
+
+def summary_row(
+    setting: Setting, arm: str, fraction: float, point: tuple[float, int], runs: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """One (setting, budget fraction, arm) record of the summary from the arm's evaluation runs at ``point``."""
+    lr, prompts = point
+    points = [checkpoint(r, fraction) for r in runs]
+    success = [p["success"] for p in points]
+    down = [collapsed(r["start_success"], p["success"]) for r, p in zip(runs, points, strict=True)]
+    return {
+        "setting": setting.name,
+        "env": setting.env,
+        "horizon": setting.horizon,
+        "arm": arm,
+        "budget_fraction": fraction,
+        "budget_tokens": fraction * setting.budget_tokens,
+        "chosen": {"lr": lr, "prompts": prompts, "episodes_per_step": prompts * GENERATIONS},
+        "tuning_seeds": list(TUNING_SEEDS),
+        "tuned_on": arm if ARMS[arm].tuned else "grpo",
+        "seeds": list(EVAL_SEEDS),
+        "success": success,
+        "mean_success": statistics.fmean(success),
+        "start_success": runs[0]["start_success"],
+        "sampled_tokens": [p["tokens"] for p in points],
+        "steps": [p["steps"] for p in points],
+        "affordable": all(p["affordable"] for p in points),
+        "collapsed": down,
+        "collapse_rate": statistics.fmean(down),
+        "mc_charged": ARMS[arm].charge_mc,
+        # Monte Carlo continuation tokens of each run, up to its last checkpoint (the run stops there); only on the
+        # whole budget's rows: the records do not split them by checkpoint.
+        "mc_tokens": [r["mc_tokens"] for r in runs]
+        if fraction == FRACTIONS[-1] and all("mc_tokens" in r for r in runs)
+        else None,
     }
 
 
@@ -722,6 +728,13 @@ def expected_arms(setting: str) -> list[str]:
     return [a for a in ARMS if runs_in(a, setting)]
 
 
+def toy_summary() -> dict[str, Any]:
+    """The tuned toy map's committed summary (``benchmarks/credit_map_tuned.py report``)."""
+    from benchmarks.credit_map_tuned import SUMMARY as TOY_SUMMARY
+
+    return json.loads(TOY_SUMMARY.read_text())
+
+
 def _rows(summary: dict[str, Any], setting: str, fraction: float | None = None) -> list[dict[str, Any]]:
     return [
         r
@@ -740,9 +753,11 @@ def _where(rows: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def carry_lines(summary: dict[str, Any]) -> list[str]:
+def carry_lines(summary: dict[str, Any], toy: dict[str, Any] | None = None) -> list[str]:
     """The answer's bullets: per setting what is complete, tuned GRPO's end and collapses, the oracle, the arms that
-    pay or lose (Holm), and whether the toy's answer carries over; every number from ``summary``."""
+    pay or lose (Holm), and whether the toy's answer carries over; every number from ``summary`` and ``toy`` (the
+    tuned toy map's summary, default the committed one)."""
+    toy = toy_summary() if toy is None else toy
     rows = [r for r in summary["records"] if r["arm"] != "grpo"]
     lines = []
     for name in summary["settings"]:
@@ -764,11 +779,7 @@ def carry_lines(summary: dict[str, Any]) -> list[str]:
     pays = [r for r in rows if verdict(r) == "pays" and r["arm"] != "oracle_k16"]
     loses = [r for r in rows if verdict(r) == "loses"]
     if oracle:
-        paid = [r for r in oracle if verdict(r) == "pays"]
-        lines.append(
-            f"- The oracle (K = 16, continuations not charged; H = 2 only) against tuned GRPO: {_where(oracle)}; "
-            f"it pays (Holm) in {len(paid)} of {len(oracle)} budgets."
-        )
+        lines.append(oracle_line(oracle))
     unfinished = [n for n in summary["settings"] if any(a not in {r["arm"] for r in _rows(summary, n)}
                                                           for a in expected_arms(n))]  # fmt: skip
     if unfinished:
@@ -789,16 +800,57 @@ def carry_lines(summary: dict[str, Any]) -> list[str]:
         + ", ".join(f"`{a}` {c}/{n}" for a, (c, n) in counts.items())
         + "."
     )
+    lines.append(answer_line(rows, toy))
+    return lines
+
+
+#: How the block and the README name the language-model map's oracle: it does not tune (it runs at tuned GRPO's
+#: point) and its Monte Carlo continuations are not charged to its budget.
+ORACLE_LABEL = "an untuned, uncharged reference"
+
+
+def uncharged_ratio(rows: Sequence[dict[str, Any]]) -> tuple[float, float] | None:
+    """The uncharged arm's continuation tokens at the whole budget: the mean per run, and the total over its charged
+    sampled tokens (from the runs' records); None when no whole-budget row holds them."""
+    full = [r for r in rows if r.get("mc_tokens") and not r["mc_charged"]]
+    if not full:
+        return None
+    mc = [t for r in full for t in r["mc_tokens"]]
+    charged = [t for r in full for t in r["sampled_tokens"]]
+    return statistics.fmean(mc), sum(mc) / sum(charged)
+
+
+def oracle_line(oracle: Sequence[dict[str, Any]]) -> str:
+    """The bullet on the oracle: what it is, its continuations' tokens, and where it pays."""
+    paid = [r for r in oracle if verdict(r) == "pays"]
+    cost = uncharged_ratio(oracle)
+    tokens = (
+        ""
+        if cost is None
+        else f"; its continuations, {cost[0]:,.0f} tokens a run at 1x, {cost[1]:.0f}x its charged tokens, are not "
+        "counted"
+    )
+    return (
+        f"- The oracle (K = 16, {ORACLE_LABEL}: it runs at tuned GRPO's point{tokens}; H = 2 only) against tuned "
+        f"GRPO: {_where(oracle)}; it pays (Holm) in {len(paid)} of {len(oracle)} budgets."
+    )
+
+
+def answer_line(rows: Sequence[dict[str, Any]], toy: dict[str, Any]) -> str:
+    """The bullet on whether the toy's answer carries over: where the toy's wins lie (``toy``, the tuned map's
+    summary, :func:`credit_map_tuned.toy_answer`), and the oracle and the toy's practical winner here."""
+    from benchmarks.credit_map_tuned import toy_answer
+
+    oracle = [r for r in rows if r["arm"] == "oracle_k16"]
+    pays = [r for r in rows if verdict(r) == "pays" and r["arm"] != "oracle_k16"]
     winner = [r for r in rows if r["arm"] == TOY_WINNER]
     won = [r for r in winner if verdict(r) == "pays"]
-    lines.append(
-        "- **Does the toy's answer carry over?** On the toy, exact per-state credit paid where tuned GRPO collapsed "
-        "under a tight budget, and of the practical arms only pooled anchor credit keyed by the true state paid. "
-        f"Here the oracle pays in {sum(verdict(r) == 'pays' for r in oracle)} of {len(oracle)} tested budgets, and "
-        f"`{TOY_WINNER}` (keyed by the environment's `state_key`, the true state) pays in {len(won)} of "
-        f"{len(winner)}; {len(pays)} practical (setting, budget) results beat tuned GRPO in all."
+    return (
+        f"- **Does the toy's answer carry over?** {toy_answer(toy)} Here the oracle ({ORACLE_LABEL}) pays in "
+        f"{sum(verdict(r) == 'pays' for r in oracle)} of {len(oracle)} tested budgets, and `{TOY_WINNER}` (keyed by "
+        f"the environment's `state_key`, the true state) pays in {len(won)} of {len(winner)}; {len(pays)} practical "
+        "(setting, budget) results beat tuned GRPO in all."
     )
-    return lines
 
 
 #: t quantiles for 11 degrees of freedom (12 paired seeds): two-sided 0.05, and 80% power.
@@ -831,18 +883,29 @@ def setting_table(summary: dict[str, Any], setting: str) -> list[str]:
     for fraction in FRACTIONS:
         for r in _rows(summary, setting, fraction):
             v = r.get("vs_grpo")
+            arm = f"`{r['arm']}`" + ("" if ARMS[r["arm"]].tuned and r["mc_charged"] else f" ({ORACLE_LABEL})")
             out.append(
-                f"| {fraction:g}x | `{r['arm']}` | {r['chosen']['lr']:g}, {r['chosen']['episodes_per_step']} | "
+                f"| {fraction:g}x | {arm} | {r['chosen']['lr']:g}, {r['chosen']['episodes_per_step']} | "
                 f"{r['mean_success']:.3f} | {_gap(v)} | {'-' if not v else format(v['p_holm'], '.3g')} | "
-                f"{verdict(r)} | {sum(r['collapsed'])}/{len(r['collapsed'])} | "
-                f"{statistics.fmean(r['sampled_tokens']):.0f} | {statistics.fmean(r['steps']):.1f}"
-                f"{'' if r['affordable'] else ' (cannot afford a step)'} |"
+                f"{verdict(r)} | {sum(r['collapsed'])}/{len(r['collapsed'])} | {_tokens(r)} | "
+                f"{statistics.fmean(r['steps']):.1f}{'' if r['affordable'] else ' (cannot afford a step)'} |"
             )
     return out
 
 
-def render_block(summary: dict[str, Any]) -> str:
-    """The page's language-model block (between the markers of ``credit_map_tuned``)."""
+def _tokens(row: dict[str, Any]) -> str:
+    """A table's sampled tokens (mean per run); an uncharged arm's continuation tokens beside them."""
+    tokens = f"{statistics.fmean(row['sampled_tokens']):.0f}"
+    if row["mc_charged"]:
+        return tokens
+    if row.get("mc_tokens"):
+        return f"{tokens} + {statistics.fmean(row['mc_tokens']):.0f} uncharged continuation tokens"
+    return f"{tokens} + uncharged continuations (counted only at 1x)"
+
+
+def render_block(summary: dict[str, Any], toy: dict[str, Any] | None = None) -> str:
+    """The page's language-model block (between the markers of ``credit_map_tuned``); ``toy`` is the tuned toy map's
+    summary (default the committed one)."""
     from benchmarks.credit_map_tuned import LM_BEGIN, LM_END
 
     out = [
@@ -855,13 +918,14 @@ def render_block(summary: dict[str, Any]) -> str:
         "before the runs, with its dated amendments: [the language-model map's protocol](lm-agent-map-protocol.md). "
         "A tiny tool-calling Llama (2 layers, about 0.1 M parameters) warmed up to a low success, trained by "
         "`VinePPOTrainer` through `environment_factory=` at equal sampled model tokens; every arm but the oracle "
-        f"picks its learning rate and batch from one grid ({len(GRID_LRS)} rates x {len(GRID_PROMPTS)} batch sizes) "
+        f"({ORACLE_LABEL}: it runs at tuned GRPO's point and its continuations are not charged) picks its learning "
+        f"rate and batch from one grid ({len(GRID_LRS)} rates x {len(GRID_PROMPTS)} batch sizes) "
         f"on held-out seeds, then {len(EVAL_SEEDS)} paired evaluation seeds on {EVAL_EPISODES} held-out episodes; "
         "paired t-test against tuned GRPO, Holm over each setting's arms and budgets.",
         "",
         "### Does the toy's answer carry over?",
         "",
-        *carry_lines(summary),
+        *carry_lines(summary, toy),
         "",
     ]
     for name in summary["settings"]:
@@ -886,9 +950,10 @@ def write_page(summary: dict[str, Any]) -> None:
     PAGE.write_text(text)
 
 
-def readme_bullet(summary: dict[str, Any]) -> str:
-    """The README's language-model bullet ("What step credit buys"), every number from ``summary``."""
-    carry = carry_lines(summary)
+def readme_bullet(summary: dict[str, Any], toy: dict[str, Any] | None = None) -> str:
+    """The README's language-model bullet ("What step credit buys"), every number from ``summary`` and ``toy`` (the
+    tuned toy map's summary, default the committed one)."""
+    carry = carry_lines(summary, toy)
     answer = next(line for line in carry if line.startswith("- **Does the toy"))
     practical = next(line for line in carry if line.startswith("- Practical arms"))
     return (
@@ -896,7 +961,7 @@ def readme_bullet(summary: dict[str, Any]) -> str:
         "on-a-language-model-through-the-trainer); [protocol](docs/lm-agent-map-protocol.md) committed before the "
         "runs). A tiny tool-calling model trained by `VinePPOTrainer` on multi-turn environments (a chain of "
         "decisive turns at H = 2 and 8, FrozenLake through `mcadvantage.envs`), equal sampled tokens, every arm "
-        f"tuned on held-out seeds, {len(EVAL_SEEDS)} paired seeds. "
+        f"but the oracle ({ORACLE_LABEL}) tuned on held-out seeds, {len(EVAL_SEEDS)} paired seeds. "
         + practical[2:]
         + " "
         + answer[len("- **Does the toy's answer carry over?** ") :]

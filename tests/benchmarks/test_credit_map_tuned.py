@@ -145,3 +145,71 @@ def test_a_last_bit_difference_is_within_the_rule_though_not_identical(tmp_path)
     nudged = cmt.compare_runs(tmp_path, cmt.RUNS, ["anchor_pool_state"])
     assert nudged["within"] == nudged["runs"] > 0 and nudged["counts_equal"]
     assert nudged["identical"] == nudged["runs"] - 1
+
+
+def test_a_difference_below_the_minimum_effect_is_level_whatever_its_p():
+    """The protocol's amendment of 2026-12-07: Holm's p alone does not make a verdict; a paired difference of 1e-5 in
+    success with a p far below 0.05 is level."""
+
+    def arm(name: str, success: list[float]) -> dict:
+        return {"arm": name, "status": "complete", "success": success}
+
+    grpo = [0.5 + 0.01 * (i % 4) for i in range(24)]
+    tiny = arm("rloo", [g + 1e-5 + 1e-9 * (i % 3) for i, g in enumerate(grpo)])
+    large = arm("oracle", [g + 0.2 + 0.01 * (i % 2) for i, g in enumerate(grpo)])
+    group = [arm("grpo", grpo), large, tiny]
+    assert cmt.decide(group) is True
+    assert tiny["vs_best_grpo"]["p_holm"] < 1e-6 and tiny["vs_best_grpo"]["verdict"] == "level"
+    assert large["vs_best_grpo"]["verdict"] == "pays"
+    assert cmt.MIN_EFFECT == 0.05
+    assert cmt.verdict(-1e-5, 1e-12) == "level" and cmt.verdict(-0.06, 0.01) == "loses"
+    assert cmt.verdict(0.3, 0.2) == "level"
+
+
+def test_a_run_read_at_three_budgets_is_one_run_in_the_collapse_counts():
+    """One run gives the 1/4, 1/2 and 1x readings: seed 0's run is below its start at all three, seed 1's only at
+    1/4; that is 1 of 2 runs ended below the start (2 below it at some reading), not 4 of 6 readings."""
+    setting = {"name": "s", "structure": "recovery", "horizon": 16, "start_rate": 0.15}
+    chosen = {"lr": 3.0, "prompts": 4, "group": 4}
+    below = {0.25: [True, True], 0.5: [True, False], 1.0: [True, False]}
+    tested = [
+        (
+            setting,
+            f,
+            [{"arm": "grpo", "status": "complete", "chosen": chosen, "seeds": [0, 1], "collapsed": c}],
+        )
+        for f, c in below.items()
+    ]
+    assert cmt.run_collapses(tested, "grpo") == (1, 2, 2)
+    assert cmt.collapse_totals(tested) == "`grpo` 1/2"
+    assert "in 1 of its 2 evaluation runs" in cmt.grpo_collapse_sentence(tested)
+    other = dict(chosen, lr=1.0)  # a different point chosen at 1/2: its runs are other runs
+    tested[1][2][0]["chosen"] = other
+    assert cmt.run_collapses(tested, "grpo") == (2, 3, 4)
+
+
+def test_the_oracle_is_labelled_a_reference_in_the_readme_bullet_and_the_page(committed):
+    """The toy's oracle is tuned on the grid like every arm, but its exact values cost nothing: the README bullet, the
+    page's lead and its tables say so."""
+    assert cmt.ORACLE_LABEL[1:] in cmt.readme_bullet(committed)
+    lead = cmt.render_lead(committed)
+    assert cmt.ORACLE_LABEL[1:] in lead and f"| {cmt.ORACLE_CELL} |" in lead
+    assert "| `oracle` |" not in lead
+    assert f"under {cmt.MIN_EFFECT:g} in success is level" in cmt.readme_bullet(committed)
+
+
+def test_where_the_wins_lie_is_computed_from_the_summary(committed):
+    """The sentence the language-model map cites follows the summary: with the gauntlet's oracle wins made level,
+    it names one family."""
+    import copy
+
+    assert "in 4 of 21 families" in cmt.toy_answer(committed)
+    changed = copy.deepcopy(committed)
+    for r in changed["records"]:
+        if r["arm"] == "oracle" and r["setting"].startswith("gauntlet"):
+            r["vs_best_grpo"]["verdict"] = "level"
+    text = cmt.toy_answer(changed)
+    assert (
+        "in 1 of 21 families (shared/recovery H=16 start=0.15 at 0.25x)" in text
+        and "below its start in 17% of its runs" in text
+    )

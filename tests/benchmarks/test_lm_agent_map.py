@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -254,3 +255,31 @@ def test_verdicts_need_holm_and_an_interval_on_one_side():
     assert lm.verdict({"vs_grpo": {"p_holm": 0.01, "ci95": [-0.3, -0.1]}}) == "loses"
     assert lm.verdict({"vs_grpo": {"p_holm": 0.2, "ci95": [0.1, 0.3]}}) == "level"
     assert lm.verdict({}) == "-"
+
+
+def test_the_oracle_is_labelled_an_untuned_uncharged_reference_with_its_continuation_tokens():
+    """The README bullet and the page block call the oracle an untuned, uncharged reference, and the block shows its
+    continuation tokens beside its charged ones, from the run records."""
+    from benchmarks._runs import load_runs
+
+    summary = _committed()
+    block, bullet = lm.render_block(summary), lm.readme_bullet(summary)
+    assert lm.ORACLE_LABEL == "an untuned, uncharged reference"
+    assert f"oracle ({lm.ORACLE_LABEL})" in bullet and f"`oracle_k16` ({lm.ORACLE_LABEL})" in block
+    full = next(r for r in summary["records"] if r["arm"] == "oracle_k16" and r["budget_fraction"] == 1.0)
+    runs = load_runs(lm.RUNS, "chain_H2/eval/oracle_k16_*.json")
+    assert sorted(full["mc_tokens"]) == sorted(r["mc_tokens"] for r in runs.values())
+    mean, ratio = lm.uncharged_ratio([full])
+    assert ratio == pytest.approx(sum(full["mc_tokens"]) / sum(full["sampled_tokens"]))
+    assert f"{mean:,.0f} tokens a run at 1x, {ratio:.0f}x its charged tokens" in block
+    assert f"{statistics.fmean(full['mc_tokens']):.0f} uncharged continuation tokens" in block
+    assert all(r["mc_tokens"] is None for r in summary["records"] if r["budget_fraction"] != 1.0)
+
+
+def test_the_toy_answer_in_the_block_is_the_tuned_maps_summary():
+    """The block's "does the toy's answer carry over" cites the tuned toy map's summary, not fixed words."""
+    from benchmarks.credit_map_tuned import toy_answer
+
+    toy = lm.toy_summary()
+    assert toy_answer(toy) in lm.render_block(_committed(), toy)
+    assert "paid where tuned GRPO collapsed under a tight budget" not in lm.render_block(_committed(), toy)

@@ -71,8 +71,13 @@ def _rate(lr: float | None) -> str:
     return "none" if lr is None else f"{lr:g}"
 
 
-def _tokens(value: float | None) -> str:
-    return "not reached by half the runs" if value is None else f"{value:,.0f}"
+def _median(row: dict[str, Any], whose: str) -> str:
+    """``whose`` Kaplan-Meier median tokens to target, or that under half of the runs reach it."""
+    value = row.get("km_median_tokens")
+    if value is None:
+        owner = "its" if whose == "its" else f"{whose}'s"
+        return f"under half of {owner} runs reaching it"
+    return f"{value:,.0f} sampled tokens" + ("" if whose == "its" else f" for {whose}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -146,9 +151,9 @@ def headline(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> str | 
         stable = (f"it stays stable up to {_rate(x_line['stable_rate'])}, GRPO up to "
                   f"{_rate(g_line['stable_rate'])}")  # fmt: skip
         if found["case"] == 1:
-            what = (f"reaches success {target(summary, setting):.3f} in {_tokens(x.get('km_median_tokens'))} sampled "
-                    f"tokens against tuned GRPO's {_tokens(grpo.get('km_median_tokens'))} (Kaplan-Meier medians; "
-                    f"saving per run {_comparison(x, 'tokens_saved')}, {seeds} paired seeds)")  # fmt: skip
+            what = (f"reaches success {target(summary, setting):.3f} with {_median(x, 'its')} against "
+                    f"{_median(grpo, 'tuned GRPO')} (Kaplan-Meier medians; saving per run "
+                    f"{_comparison(x, 'tokens_saved')}, {seeds} paired seeds)")  # fmt: skip
         else:
             what = (f"ends at {x['mean_success']:.3f} against tuned GRPO's {grpo['mean_success']:.3f} "
                     f"({_comparison(x, 'success')}, {seeds} paired seeds)")  # fmt: skip

@@ -102,9 +102,18 @@ def test_case_one_names_the_arm_that_reaches_the_target_with_fewer_tokens(tiny):
     assert row["vs_grpo"]["tokens_saved"]["verdict"] == "better"
     sentence = rep.headline(summary)
     assert sentence.startswith("At chain H = 2, `anchor_pooled` at its tuned rate 0.001 (tuned GRPO: 0.0001)")
-    assert "500 sampled tokens against tuned GRPO's 1,000" in sentence
+    assert (
+        "with 500 sampled tokens against 1,000 sampled tokens for tuned GRPO (Kaplan-Meier medians"
+        in sentence
+    )
     assert "stays stable up to 0.001, GRPO up to 0.0001" in sentence
     assert "use `anchor_pooled` at its tuned rate" in " ".join(rep.advice_block(summary).split())
+
+
+def test_case_one_says_so_when_under_half_of_grpos_runs_reach_the_target(tiny):
+    paths = {**LEVEL, "grpo": lambda s: [0.3, 0.3] if s < 104 else SLOW, "anchor_pooled": lambda s: FAST}
+    sentence = rep.headline(st.summarize(_sweep() + _h2h(paths)))
+    assert "with 500 sampled tokens against under half of tuned GRPO's runs reaching it" in sentence
 
 
 def test_case_four_says_a_wider_stable_range_buys_no_tokens(tiny):

@@ -287,11 +287,13 @@ def readme_block(summary: dict[str, Any], prefix: str = "docs/", links: str | No
     sentence = headline(summary)
     links = _links(prefix) if links is None else links
     if sentence is None:
-        return _wrap(f"**What turn credit buys a user is being measured** {links}: whether the one effect the credit "
+        text = _wrap(f"**What turn credit buys a user is being measured** {links}: whether the one effect the credit "
                      f"maps found ([where credit pays]({prefix}where-credit-pays.md)), robustness against collapse at "
-                     "aggressive learning rates, lets a user reach a target with fewer sampled tokens. The answer is written here by the protocol's headline rule "
-                     f"once {NAMES[HEADLINE_SETTING]}'s head-to-head is whole; until then nothing here answers it "
-                     f"({status_line(summary)}).")  # fmt: skip
+                     "aggressive learning rates, lets a user reach a target with fewer sampled tokens. The answer is "
+                     f"written here by the protocol's headline rule once {NAMES[HEADLINE_SETTING]}'s head-to-head is "
+                     f"whole; until then nothing here answers it ({status_line(summary)}).")  # fmt: skip
+        curve = curve_bullet(summary, HEADLINE_SETTING)  # a whole sweep is read, the head-to-head not yet
+        return text if curve is None else f"{text}\n\n{_wrap(curve, bullet=True)}"
     bullets = [
         curve_bullet(summary, HEADLINE_SETTING),
         scale_bullet(summary),

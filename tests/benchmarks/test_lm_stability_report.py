@@ -94,6 +94,15 @@ def test_nothing_is_read_from_a_stage_that_is_not_whole(tiny):
     assert "## chain H = 2: the stability curve" not in rep.page(summary)
 
 
+def test_a_whole_sweep_is_read_before_the_head_to_head_but_answers_nothing(tiny):
+    summary = st.summarize(_sweep() + _h2h(LEVEL)[:-1])
+    assert rep.headline(summary) is None and rep.answer(summary) is None
+    block = " ".join(rep.readme_block(summary).split())
+    assert "being measured" in block and "chain H = 2 head-to-head 17 of 18" in block
+    assert "- **Stability curve, chain H = 2** (4 seeds per arm and rate" in block
+    assert "draws no advice" in rep.advice_block(summary)
+
+
 def test_case_one_names_the_arm_that_reaches_the_target_with_fewer_tokens(tiny):
     paths = {**LEVEL, "anchor_pooled": lambda s: FAST if s != 105 else SLOW}
     summary = st.summarize(_sweep() + _h2h(paths))

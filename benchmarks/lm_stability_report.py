@@ -276,9 +276,10 @@ def _links(prefix: str) -> str:
 
 
 def _wrap(text: str, bullet: bool = False) -> str:
-    """``text`` wrapped at the README's width (a bullet's continuation lines indented)."""
+    """``text`` wrapped at the README's width (a bullet's continuation lines indented; "H = 2" kept on one line)."""
+    text = text.replace(" = ", "\0=\0")
     return textwrap.fill(text, WIDTH, initial_indent="- " if bullet else "", subsequent_indent="  " if bullet else "",
-                         break_long_words=False, break_on_hyphens=False)  # fmt: skip
+                         break_long_words=False, break_on_hyphens=False).replace("\0", " ")  # fmt: skip
 
 
 def readme_block(summary: dict[str, Any], prefix: str = "docs/", links: str | None = None) -> str:

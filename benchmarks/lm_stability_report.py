@@ -221,7 +221,26 @@ def curve_bullet(summary: dict[str, Any], setting: str) -> str | None:
             f"{summary['stability_bound']:.0%} of runs collapse is {stable}.")  # fmt: skip
     if short:
         text += f" The curve of {', '.join(short)} does not reach from no collapse to all runs collapsed."
-    return text
+    return f"{text} {_tokens_at_stable(summary, setting, lines)}"
+
+
+def _tokens_at_stable(summary: dict[str, Any], setting: str, lines: Sequence[dict[str, Any]]) -> str:
+    """Each practical arm's Kaplan-Meier median tokens to the target at its largest stable rate: a description of
+    the sweep's (tuning) seeds, not a test; the head-to-head at the tuned rates is the test."""
+    cells = {
+        (c["arm"], c["lr"]): c for c in summary["curve"] if (c["setting"], c["model"]) == (setting, "small")
+    }
+    parts = []
+    for a in lines:
+        cell = cells.get((a["arm"], a["stable_rate"]))
+        if a["arm"] in study.PRACTICAL and cell is not None and "target" in cell:
+            median = cell["km_median_tokens"]
+            tokens = "under half reach it" if median is None else f"{median:,.0f}"
+            parts.append(f"`{a['arm']}` {tokens} ({cell['reached_share']:.0%} reach it)")
+    if not parts:
+        return ""
+    return (f"At that rate, the Kaplan-Meier median sampled tokens to the target ({target(summary, setting):.3f}) "
+            f"are {', '.join(parts)}: a description of the sweep's tuning seeds, not a test.")  # fmt: skip
 
 
 def scale_bullet(summary: dict[str, Any]) -> str | None:

@@ -166,15 +166,15 @@ def headline(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> str | 
         label = "tokens to target" if found["endpoint"] == "tokens_saved" else "final success"
         return (f"At {name}, no arm beats tuned GRPO, and `{found['arm']}` is behind it in {label} "
                 f"({_comparison(x, found['endpoint'])}, {seeds} paired seeds).")  # fmt: skip
-    level = (f"at each arm's tuned rate no arm reaches the target with fewer sampled tokens or ends higher than tuned "
-             f"GRPO ({seeds} paired seeds; differences of {_detectable(rows)} are detected with 80% power after "
-             f"Holm)")  # fmt: skip
+    level = (f"at each arm's tuned rate (its best final success on the tuning seeds) no arm reaches the target with "
+             f"fewer sampled tokens or ends higher than tuned GRPO ({seeds} paired seeds; differences of "
+             f"{_detectable(rows)} are detected with 80% power after Holm)")  # fmt: skip
     if found["arm"] is None:
         return f"At {name}, turn credit buys no stability a user can turn into tokens: {level}."
-    x_line = arm_line(summary, setting, "small", found["arm"])
-    return (f"At {name}, turn credit widens the stable range but buys no tokens a user can take: `{found['arm']}` "
-            f"stays stable up to learning rate {_rate(x_line['stable_rate'])} against GRPO's "
-            f"{_rate(g_line['stable_rate'])}, yet {level}.")  # fmt: skip
+    x_rate, g_rate = arm_line(summary, setting, "small", found["arm"])["stable_rate"], g_line["stable_rate"]
+    times = f", {x_rate / g_rate:.3g}x GRPO's {_rate(g_rate)}" if g_rate else " (GRPO: none)"
+    return (f"At {name}, turn credit widens the stable range: `{found['arm']}` stays stable up to learning rate "
+            f"{_rate(x_rate)}{times}; but {level}.")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -351,9 +351,19 @@ def advice_text(summary: dict[str, Any]) -> str:
               "rate.")  # fmt: skip
     if found["case"] == 4 and found["arm"] is not None:
         x = arm_line(summary, HEADLINE_SETTING, "small", found["arm"])
-        advice += (f" If you cannot tune the rate, `{found['arm']}` collapses less often at rates up to "
-                   f"{_rate(x['stable_rate'])}.")  # fmt: skip
+        advice += (f" To train at a larger rate than GRPO tolerates, `{found['arm']}` collapses less often at rates "
+                   f"up to {_rate(x['stable_rate'])} ({_collapses(summary, found['arm'], x['stable_rate'])}).")  # fmt: skip
     return advice
+
+
+def _collapses(summary: dict[str, Any], arm: str, lr: float) -> str:
+    """``arm``'s and GRPO's collapse counts at ``lr`` in the headline setting's sweep."""
+    cells = {c["arm"]: c for c in summary["curve"]
+             if (c["setting"], c["model"], c["lr"]) == (HEADLINE_SETTING, "small", lr)}  # fmt: skip
+    count = {
+        a: f"{sum(cells[a]['collapsed'])} of {len(cells[a]['seeds'])}" for a in (arm, "grpo") if a in cells
+    }
+    return f"at {lr:g} it collapsed in {count.get(arm, '-')} sweep runs, GRPO in {count.get('grpo', '-')}"
 
 
 def page(summary: dict[str, Any]) -> str:

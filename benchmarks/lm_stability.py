@@ -1139,6 +1139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def summary_target(summary: dict[str, Any], setting: str, model: str = "small") -> float | None:
+    """The target success of one (setting, model) in a summary (90% of the best stable practical plateau), or None."""
+    return next(
+        (t["target"] for t in summary["targets"] if (t["setting"], t["model"]) == (setting, model)), None
+    )
+
+
 def _tokens(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -1238,9 +1245,7 @@ def plot(summary: dict[str, Any], setting: str, output: Path, model: str = "smal
     bottom.minorticks_off()
     top.legend(fontsize=8)
     seeds = min(len(c["seeds"]) for c in cells)
-    target = next(
-        (t["target"] for t in summary["targets"] if (t["setting"], t["model"]) == (setting, model)), None
-    )
+    target = summary_target(summary, setting, model)
     top.set_title(f"{setting} ({model} model): {seeds}+ runs per point")
     bottom.set_title(
         f"target {target:.3f}; no point where under half the runs reach it"

@@ -63,11 +63,7 @@ def h2h_rows(summary: dict[str, Any], setting: str, model: str) -> dict[str, dic
     return {r["arm"]: r for r in summary["head_to_head"] if (r["setting"], r["model"]) == (setting, model)}
 
 
-def target(summary: dict[str, Any], setting: str, model: str = "small") -> float | None:
-    """The setting's target success (90% of the best stable practical plateau), or None."""
-    return next(
-        (t["target"] for t in summary["targets"] if (t["setting"], t["model"]) == (setting, model)), None
-    )
+target = study.summary_target
 
 
 def _rate(lr: float | None) -> str:

@@ -198,7 +198,8 @@ def wilson(k: int, n: int, z: float = 1.959964) -> list[float]:
 
 def tokens_to_target(checkpoints: Sequence[dict[str, Any]], target: float) -> tuple[int, bool]:
     """``(tokens, reached)``: the sampled tokens at the first evaluation whose success is at least ``target``
-    (reached), else the run's last evaluation's tokens (censored there)."""
+    (reached), else the run's last evaluation's tokens (where it stopped; :func:`runs_cell` censors such a run at
+    its budget)."""
     for point in checkpoints:
         if point["success"] >= target:
             return int(point["tokens"]), True
@@ -852,8 +853,10 @@ def runs_cell(runs: Sequence[dict[str, Any]], target: float | None) -> dict[str,
         cell["target"] = target
         cell["tokens_to_target"] = [t if ok else None for t, ok in hits]
         cell["reached_share"] = sum(ok for _, ok in hits) / len(runs)
-        cell["km_median_tokens"] = km_median([t for t, _ in hits], [ok for _, ok in hits])
+        # A run that does not reach the target is censored at its budget, not where it stopped: the budget and the
+        # dead-run rule end runs whose outcome is final, so none leaves the risk set early (amendment 2026-12-08).
         cell["restricted_tokens"] = [t if ok else r["budget"] for (t, ok), r in zip(hits, runs, strict=True)]
+        cell["km_median_tokens"] = km_median(cell["restricted_tokens"], [ok for _, ok in hits])
     return cell
 
 

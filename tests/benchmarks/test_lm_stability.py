@@ -176,6 +176,22 @@ def _record(
     }  # fmt: skip
 
 
+def test_a_run_that_stops_without_reaching_the_target_is_censored_at_its_budget_not_where_it_stopped():
+    # One run reaches 0.8 at 1,000 tokens; three are stopped early by the dead-run rule at 500 (final 0). Censored
+    # where they stopped, they would leave the risk set before 1,000 and the one run would make a median of 1,000;
+    # their outcome is final, so they stay at risk to the budget and no median exists (1 of 4 reach the target).
+    reached = _record("sweep", "grpo", 1e-3, 0, [0.5, 0.8])
+    dead = [_record("sweep", "grpo", 1e-3, s, [0.0]) for s in (1, 2, 3)]
+    cell = st.runs_cell([reached, *dead], target=0.8)
+    assert cell["reached_share"] == 0.25
+    assert cell["tokens_to_target"] == [1000, None, None, None]
+    assert cell["restricted_tokens"] == [1000, 1000, 1000, 1000]
+    assert cell["km_median_tokens"] is None
+    # with two of four reaching it, the median is the second arrival, whatever the others' stopping points
+    early = _record("sweep", "grpo", 1e-3, 4, [0.9, 0.9])
+    assert st.runs_cell([early, reached, *dead[:2]], target=0.8)["km_median_tokens"] == 1000
+
+
 def test_records_append_as_gzip_members_and_read_back_whole(tmp_path):
     path = tmp_path / "runs.jsonl.gz"
     assert st.read_records(path) == []

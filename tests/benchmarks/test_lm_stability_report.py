@@ -134,6 +134,10 @@ def test_case_four_says_a_wider_stable_range_buys_no_tokens(tiny):
         "0.0001; but at each arm's tuned rate" in sentence
     )
     assert "6 paired seeds" in sentence
+    assert "no arm is detectably ahead of tuned GRPO" in sentence
+    rows = [r for a, r in rep.h2h_rows(summary, "chain_H2", "small").items() if a != "grpo"]
+    low, high = (f(r["vs_grpo"]["success"]["detectable"] for r in rows) for f in (min, max))
+    assert f"detectable with 80% power after Holm are {low:.2f}-{high:.2f} in success" in sentence
     advice = " ".join(rep.advice_block(summary).split())
     assert (
         "tune GRPO's learning rate first" in advice and "collapses less often at rates up to 0.001" in advice
@@ -176,6 +180,18 @@ def test_the_scale_bullet_says_whether_the_larger_model_agrees(tiny, large_arm, 
     assert "`anchor_pooled` (lr 0.0001) on 6 paired seeds" in bullet
     assert ("the same verdicts as the small model's" in bullet) is agrees
     assert ("different from the small model's verdicts" in bullet) is not agrees
+
+
+def test_the_budget_bullet_reads_only_whole_stages(tiny):
+    paths = {**LEVEL, "anchor_pooled": lambda s: FAST if s != 105 else SLOW}
+    small = _sweep() + _h2h(paths)
+    partial = _large({"grpo": _slow_or, "anchor_pooled": _slow_or})[:3]  # three of the larger model's tuning runs
+    summary = st.summarize(small + partial)
+    assert not rep.whole(summary, "large_tune", "chain_H2")
+    assert "0 of 54 runs passed their budget" in " ".join(rep.budget_bullet(summary).split())
+    whole_large = st.summarize(small + _large({"grpo": _slow_or, "anchor_pooled": _slow_or}))
+    n_large = len(_large({"grpo": _slow_or, "anchor_pooled": _slow_or}))
+    assert f"0 of {54 + n_large} runs passed their budget" in " ".join(rep.budget_bullet(whole_large).split())
 
 
 def test_a_missing_marker_is_an_error_that_says_where_the_block_goes():

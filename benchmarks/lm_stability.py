@@ -73,6 +73,11 @@ MIN_EFFECT_SUCCESS = 0.05
 MIN_EFFECT_TOKENS_SHARE = 0.10
 ALPHA = 0.05
 POWER = 0.80
+#: The power target (protocol): the difference in final success the head-to-head at chain H = 2 should detect.
+TARGET_DETECTABLE = 0.2
+#: Plateau (protocol, "Settings"): a cell has plateaued when its mean success gained at most this over the budget's
+#: last quarter (``gain_last_quarter``).
+PLATEAU_BOUND = 0.03
 
 # Sizes fixed by the protocol's amendment after the pilot (docs/lm-stability-protocol.md).
 SWEEP_SEEDS: tuple[int, ...] = tuple(range(16))

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import lm_agent_map as lm  # noqa: E402
 from benchmarks import lm_stability as study  # noqa: E402
 
 SUMMARY = study.SUMMARY
@@ -116,7 +117,8 @@ def answer(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> dict[str
         and (a["stable_rate"] or 0.0) > grpo_stable
     ]
     widest = max(wider, key=lambda a: a["stable_rate"], default=None)
-    return {"case": 4, "arm": None if widest is None else widest["arm"], "endpoint": None}
+    return {"case": 4, "arm": None if widest is None else widest["arm"], "endpoint": None,
+            "wider": [a["arm"] for a in wider]}  # fmt: skip
 
 
 def _comparison(row: dict[str, Any], endpoint: str) -> str:
@@ -132,9 +134,8 @@ def _detectable(rows: dict[str, dict[str, Any]]) -> str:
     success = sorted(r["vs_grpo"]["success"]["detectable"] for r in practical)
     tokens = sorted(r["vs_grpo"]["tokens_saved"]["detectable"] for r in practical)
     if len(practical) == 1:
-        return f"{success[0]:.2f} in success and {tokens[0]:,.0f} tokens"
-    return (f"{success[0]:.2f}-{success[-1]:.2f} in success and {tokens[0]:,.0f}-{tokens[-1]:,.0f} tokens, "
-            f"by arm")  # fmt: skip
+        return f"{success[0]:.2f} in success, {tokens[0]:,.0f} tokens"
+    return f"{success[0]:.2f}-{success[-1]:.2f} in success, {tokens[0]:,.0f}-{tokens[-1]:,.0f} tokens, by arm"
 
 
 def headline(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> str | None:
@@ -166,14 +167,16 @@ def headline(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> str | 
         return (f"At {name}, no arm beats tuned GRPO, and `{found['arm']}` is behind it in {label} "
                 f"({_comparison(x, found['endpoint'])}, {seeds} paired seeds).")  # fmt: skip
     level = (f"at each arm's tuned rate (its best final success on the tuning seeds) no arm is detectably ahead of "
-             f"tuned GRPO in sampled tokens to the target or in final success ({seeds} paired seeds; the "
-             f"differences detectable with 80% power after Holm are {_detectable(rows)})")  # fmt: skip
+             f"tuned GRPO in sampled tokens to the target or in final success ({seeds} paired seeds; detectable "
+             f"with 80% power after Holm: {_detectable(rows)})")  # fmt: skip
     if found["arm"] is None:
         return f"At {name}, turn credit buys no stability a user can turn into tokens: {level}."
     x_rate, g_rate = arm_line(summary, setting, "small", found["arm"])["stable_rate"], g_line["stable_rate"]
     times = f", {x_rate / g_rate:.3g}x GRPO's {_rate(g_rate)}" if g_rate else " (GRPO: none)"
-    return (f"At {name}, turn credit widens the stable range: `{found['arm']}` stays stable up to learning rate "
-            f"{_rate(x_rate)}{times}; but {level}.")  # fmt: skip
+    n_wider, n_arms = len(found["wider"]), len(rows) - 1 - sum(r["reference"] for r in rows.values())
+    who = "one credit arm" if n_wider == 1 else f"{n_wider} of {n_arms} credit arms"
+    return (f"At {name}, {who} (`{found['arm']}`) stayed stable up to learning rate {_rate(x_rate)}{times} "
+            f"({_collapses(summary, found['arm'], x_rate, setting)}; not a test); but {level}.")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -220,7 +223,45 @@ def curve_bullet(summary: dict[str, Any], setting: str) -> str | None:
             f"{summary['stability_bound']:.0%} of runs collapse is {stable}.")  # fmt: skip
     if short:
         text += f" The curve of {', '.join(short)} does not reach from no collapse to all runs collapsed."
-    return f"{text} {_tokens_at_stable(summary, setting, lines)}"
+    dropped = [f"`{a}`" for a in study.ARMS if not study.runs_in(a, setting)]
+    if dropped:
+        text += (f" {', '.join(dropped)} (reference) {'was' if len(dropped) == 1 else 'were'} dropped before the "
+                 "sweep for the CPU hours (the protocol's sizes).")  # fmt: skip
+    return " ".join(
+        t for t in (text, _tokens_at_stable(summary, setting, lines), _plateau(summary, setting)) if t
+    )
+
+
+def _plateau(summary: dict[str, Any], setting: str) -> str:
+    """Whether the practical arms plateaued at their tuned rates (the protocol asks the report to say so)."""
+    cells = {
+        (c["arm"], c["lr"]): c for c in summary["curve"] if (c["setting"], c["model"]) == (setting, "small")
+    }
+    gains = [cells[(a["arm"], a["chosen_lr"])]["gain_last_quarter"] for a in summary["arms"]
+             if (a["setting"], a["model"]) == (setting, "small") and a["arm"] in study.PRACTICAL]  # fmt: skip
+    if not gains:
+        return ""
+    low, high = f"{min(gains):+.3f}", f"{max(gains):+.3f}"
+    span = low if low == high else f"{low} to {high}"
+    if max(gains) <= study.PLATEAU_BOUND:
+        return (f"At their tuned rates every practical arm plateaued within the budget (last-quarter gain {span}, "
+                f"at most {study.PLATEAU_BOUND:g}).")  # fmt: skip
+    rising = sum(g > study.PLATEAU_BOUND for g in gains)
+    who = (
+        "none of the practical arms"
+        if rising == len(gains)
+        else f"{len(gains) - rising} of {len(gains)} arms"
+    )
+    return (f"At their tuned rates {who} plateaued within the budget (mean success gained {span} over the budget's "
+            f"last quarter; the plateau bound is {study.PLATEAU_BOUND:g}), so some final successes are read while "
+            "still rising.")  # fmt: skip
+
+
+def median(cell: dict[str, Any]) -> str:
+    """A curve cell's Kaplan-Meier median tokens to target and the share of its runs that reach the target."""
+    value = cell["km_median_tokens"]
+    tokens = "under half reach it" if value is None else f"{value:,.0f}"
+    return f"{tokens} ({cell['reached_share']:.0%} reach it)"
 
 
 def _tokens_at_stable(summary: dict[str, Any], setting: str, lines: Sequence[dict[str, Any]]) -> str:
@@ -233,13 +274,18 @@ def _tokens_at_stable(summary: dict[str, Any], setting: str, lines: Sequence[dic
     for a in lines:
         cell = cells.get((a["arm"], a["stable_rate"]))
         if a["arm"] in study.PRACTICAL and cell is not None and "target" in cell:
-            median = cell["km_median_tokens"]
-            tokens = "under half reach it" if median is None else f"{median:,.0f}"
-            parts.append(f"`{a['arm']}` {tokens} ({cell['reached_share']:.0%} reach it)")
+            parts.append(f"`{a['arm']}` {median(cell)}")
     if not parts:
         return ""
+    grpo_rate = next((a["stable_rate"] for a in lines if a["arm"] == "grpo"), None)
+    others = sorted({a["stable_rate"] for a in lines if a["arm"] in study.PRACTICAL} - {grpo_rate, None})
+    grpo_at = [f"at {lr:g} needs {median(cells[('grpo', lr)])}, with {sum(cells[('grpo', lr)]['collapsed'])} of "
+               f"{len(cells[('grpo', lr)]['seeds'])} runs collapsed" for lr in others if ("grpo", lr) in cells]  # fmt: skip
+    same_rate = (f" GRPO {'; '.join(grpo_at)}: the fewer tokens come with the larger rate, and the credit arm's "
+                 "part is collapsing less there." if grpo_at else "")  # fmt: skip
     return (f"At that rate, the Kaplan-Meier median sampled tokens to the target ({target(summary, setting):.3f}) "
-            f"are {', '.join(parts)}: a description of the sweep's tuning seeds, not a test.")  # fmt: skip
+            f"are {', '.join(parts)}.{same_rate} This describes the sweep's tuning seeds; it is not a "
+            "test.")  # fmt: skip
 
 
 def scale_bullet(summary: dict[str, Any]) -> str | None:
@@ -259,6 +305,44 @@ def scale_bullet(summary: dict[str, Any]) -> str | None:
                "**different from the small model's verdicts**, so the answer above moves with size."))  # fmt: skip
 
 
+def power_bullet(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> str | None:
+    """The protocol's power target against each practical arm's detectable difference in final success."""
+    if not whole(summary, "h2h", setting):
+        return None
+    rows = [r for a, r in h2h_rows(summary, setting, "small").items() if a != "grpo" and not r["reference"]]
+    found = sorted((r["vs_grpo"]["success"]["detectable"], r["arm"]) for r in rows)
+    met = [a for d, a in found if d <= study.TARGET_DETECTABLE]
+    each = ", ".join(f"`{a}` {d:.3f}" for d, a in found)
+    verdict = ("met by every arm" if len(met) == len(found) else
+               f"missed by {len(found) - len(met)} of {len(found)} arms")  # fmt: skip
+    everyone = h2h_rows(summary, setting, "small")
+    counts = [(a, sum(everyone[a]["collapsed"])) for a in study.PRACTICAL if a in everyone]
+    text = (f"**Power**: the protocol's target, a detectable difference of at most {study.TARGET_DETECTABLE:g} in "
+            f"final success at {NAMES[setting]} (80% power after Holm), is {verdict}: {each}.")  # fmt: skip
+    if any(k for _, k in counts):
+        text += (f" Runs that collapse at the tuned rates widen the spread (collapsed runs of "
+                 f"{len(rows[0]['seeds'])}: {', '.join(f'`{a}` {k}' for a, k in counts)}).")  # fmt: skip
+    return text
+
+
+def map_bullet(summary: dict[str, Any], prefix: str, setting: str = HEADLINE_SETTING) -> str | None:
+    """Where the language-model map's learning rates lie on this study's curve (the map tuned on two rates)."""
+    if not whole(summary, "sweep", setting):
+        return None
+    g = arm_line(summary, setting, "small", "grpo")
+    cells = {c["lr"]: c for c in summary["curve"]
+             if (c["setting"], c["model"], c["arm"]) == (setting, "small", "grpo")}  # fmt: skip
+    seen = [f"{sum(cells[lr]['collapsed'])} of {len(cells[lr]['seeds'])} at {lr:g}" for lr in lm.GRID_LRS
+            if lr in cells]  # fmt: skip
+    if not seen or g["stable_rate"] is None:
+        return None
+    return (f"The [language-model map]({prefix}where-credit-pays.md#on-a-language-model-through-the-trainer) "
+            f"tuned every arm on the learning rates {' and '.join(f'{lr:g}' for lr in lm.GRID_LRS)} "
+            f"({' or '.join(str(p * lm.GENERATIONS) for p in lm.GRID_PROMPTS)} episodes a step). On this curve "
+            f"(8 episodes a step) GRPO collapsed in {', '.join(seen)} and its largest stable rate is "
+            f"{_rate(g['stable_rate'])}, so that map compared the arms at or above their collapse edge.")  # fmt: skip
+
+
 def second_setting_bullet(summary: dict[str, Any]) -> str | None:
     """FrozenLake's answer by the same rule, once its sweep and head-to-head are whole (beyond the core)."""
     text = headline(summary, "frozenlake_4x4")
@@ -268,7 +352,10 @@ def second_setting_bullet(summary: dict[str, Any]) -> str | None:
 def budget_bullet(summary: dict[str, Any]) -> str:
     """Strict budgets over the whole stages' runs: runs over budget (none by construction), underspend per arm, the
     oracle's continuations."""
-    stages = {"curve": {"small": "sweep", "large": "large_tune"}, "head_to_head": {"small": "h2h", "large": "large_h2h"}}
+    stages = {
+        "curve": {"small": "sweep", "large": "large_tune"},
+        "head_to_head": {"small": "h2h", "large": "large_h2h"},
+    }
     cells = [c for part, stage in stages.items() for c in summary[part]
              if whole(summary, stage[c["model"]], c["setting"])]  # fmt: skip
     over = sum(c["over_budget"] for c in cells)
@@ -318,6 +405,8 @@ def readme_block(summary: dict[str, Any], prefix: str = "docs/", links: str | No
         return text if curve is None else f"{text}\n\n{_wrap(curve, bullet=True)}"
     bullets = [
         curve_bullet(summary, HEADLINE_SETTING),
+        power_bullet(summary),
+        map_bullet(summary, prefix),
         scale_bullet(summary),
         second_setting_bullet(summary),
         budget_bullet(summary),
@@ -349,19 +438,31 @@ def advice_text(summary: dict[str, Any]) -> str:
                 f"({g['chosen_lr']:g}); above {_rate(x['stable_rate'])} it collapses too. Tune the rate for "
                 "each estimator: the gain is measured at each arm's own tuned rate.")  # fmt: skip
     advice = (f"{text} So tune GRPO's learning rate first (its largest stable rate there was "
-              f"{_rate(g['stable_rate'])} at 8 episodes a step): a credit estimator does not save tokens at a tuned "
-              "rate.")  # fmt: skip
+              f"{_rate(g['stable_rate'])} at 8 episodes a step): no credit estimator saved detectably many tokens "
+              "at its tuned rate.")  # fmt: skip
     if found["case"] == 4 and found["arm"] is not None:
         x = arm_line(summary, HEADLINE_SETTING, "small", found["arm"])
-        advice += (f" To train at a larger rate than GRPO tolerates, `{found['arm']}` collapses less often at rates "
-                   f"up to {_rate(x['stable_rate'])} ({_collapses(summary, found['arm'], x['stable_rate'])}).")  # fmt: skip
+        # every rate above GRPO's stable rate up to the arm's own, and the next one (where it is no longer stable)
+        above = [lr for lr in x["rates"] if g["stable_rate"] is not None and lr > g["stable_rate"]]
+        shown = [lr for lr in above if lr <= x["stable_rate"]] + [
+            lr for lr in above if lr > x["stable_rate"]
+        ][:1]
+        counts = "; ".join(_collapses(summary, found["arm"], lr) for lr in shown)
+        cells = {c["lr"]: c for c in summary["curve"] if (c["setting"], c["model"], c["arm"]) ==
+                 (HEADLINE_SETTING, "small", found["arm"])}  # fmt: skip
+        at_stable, at_tuned = cells[x["stable_rate"]], cells[x["chosen_lr"]]
+        advice += (f" If you must train above GRPO's stable rate, `{found['arm']}` is the arm whose stable range "
+                   f"reached furthest (sweep collapse counts: {counts}; not a test).")  # fmt: skip
+        if x["stable_rate"] != x["chosen_lr"]:
+            advice += (f" Its mean final success was {at_stable['mean_success']:.3f} at {_rate(x['stable_rate'])} "
+                       f"against {at_tuned['mean_success']:.3f} at its tuned rate {_rate(x['chosen_lr'])}.")  # fmt: skip
     return advice
 
 
-def _collapses(summary: dict[str, Any], arm: str, lr: float) -> str:
-    """``arm``'s and GRPO's collapse counts at ``lr`` in the headline setting's sweep."""
+def _collapses(summary: dict[str, Any], arm: str, lr: float, setting: str = HEADLINE_SETTING) -> str:
+    """``arm``'s and GRPO's collapse counts at ``lr`` in ``setting``'s sweep."""
     cells = {c["arm"]: c for c in summary["curve"]
-             if (c["setting"], c["model"], c["lr"]) == (HEADLINE_SETTING, "small", lr)}  # fmt: skip
+             if (c["setting"], c["model"], c["lr"]) == (setting, "small", lr)}  # fmt: skip
     count = {
         a: f"{sum(cells[a]['collapsed'])} of {len(cells[a]['seeds'])}" for a in (arm, "grpo") if a in cells
     }

@@ -497,8 +497,14 @@ def page(summary: dict[str, Any]) -> str:
             ]
         if whole(summary, "h2h", setting):
             head += ["", f"## {NAMES[setting]}: the head-to-head", "", *study.h2h_table(summary, setting)]
+    if whole(summary, "large_tune", "chain_H2"):
+        head += ["", "## chain H = 2, the larger model: tuning", "",
+                 _wrap(f"{len(study.LARGE_TUNE_SEEDS)} tuning seeds per arm and rate (not a curve: too few seeds "
+                       "to read collapse shares); the tuned rate is chosen by the same rule."), "",
+                 *study.curve_table(summary, "chain_H2", "large")]  # fmt: skip
     if whole(summary, "large_h2h", "chain_H2"):
-        head += ["", "## chain H = 2, the larger model", "", *study.h2h_table(summary, "chain_H2", "large")]
+        head += ["", "## chain H = 2, the larger model: head-to-head", "",
+                 *study.h2h_table(summary, "chain_H2", "large")]  # fmt: skip
     return "\n".join(head) + "\n"
 
 

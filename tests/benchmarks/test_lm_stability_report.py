@@ -185,6 +185,11 @@ def test_the_scale_bullet_says_whether_the_larger_model_agrees(tiny, large_arm, 
     assert best == "anchor_pooled"
     summary = st.summarize(small + _large({"grpo": _slow_or, best: large_arm}))
     bullet = " ".join(rep.scale_bullet(summary).split())
+    page = rep.page(summary)
+    assert (
+        "## chain H = 2, the larger model: tuning" in page
+        and "## chain H = 2, the larger model: head-to-head" in page
+    )
     assert "`anchor_pooled` (lr 0.0001) on 6 paired seeds" in bullet
     assert ("the same verdicts as the small model's" in bullet) is agrees
     assert ("different from the small model's verdicts" in bullet) is not agrees
@@ -247,6 +252,7 @@ def test_the_budget_bullet_reads_only_whole_stages(tiny):
     ]  # three of the larger model's tuning runs
     summary = st.summarize(small + partial)
     assert not rep.whole(summary, "large_tune", "chain_H2")
+    assert "the larger model" not in rep.page(summary)
     assert "0 of 54 runs passed their budget" in " ".join(rep.budget_bullet(summary).split())
     whole_large = st.summarize(small + _large({"grpo": _slow_or, "anchor_pooled": _slow_or}))
     n_large = len(_large({"grpo": _slow_or, "anchor_pooled": _slow_or}))

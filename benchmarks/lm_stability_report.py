@@ -298,11 +298,25 @@ def scale_bullet(summary: dict[str, Any]) -> str | None:
     x, grpo = rows[arm], rows["grpo"]
     verdicts = {e: x["vs_grpo"][e]["verdict"] for e in ("success", "tokens_saved")}
     same = all(small[arm]["vs_grpo"][e]["verdict"] == v for e, v in verdicts.items())
+    found = {e: f"{verdicts[e]}, detectable {x['vs_grpo'][e]['detectable']:{f}}"
+             for e, f in (("success", ".2f"), ("tokens_saved", ",.0f"))}  # fmt: skip
+    tuning = {c["arm"]: c for c in summary["curve"]
+              if (c["setting"], c["model"]) == ("chain_H2", "large") and c["lr"] == rows[c["arm"]]["lr"]}  # fmt: skip
+    collapses = "; ".join(
+        f"`{a}` in {sum(r['collapsed'])} of {len(r['seeds'])} held-out runs at its tuned rate"
+        + (
+            f" ({sum(tuning[a]['collapsed'])} of {len(tuning[a]['seeds'])} tuning runs)"
+            if a in tuning
+            else ""
+        )
+        for a, r in (("grpo", grpo), (arm, x))
+    )
     return (f"**With a model 13x larger** (1.17 M parameters), tuned GRPO (lr {grpo['lr']:g}) against `{arm}` "
             f"(lr {x['lr']:g}) on {len(x['seeds'])} paired seeds: success {_comparison(x, 'success')} "
-            f"({verdicts['success']}), tokens saved {_comparison(x, 'tokens_saved')} ({verdicts['tokens_saved']}); "
+            f"({found['success']}), tokens saved {_comparison(x, 'tokens_saved')} ({found['tokens_saved']}); "
             + ("the same verdicts as the small model's." if same else
-               "**different from the small model's verdicts**, so the answer above moves with size."))  # fmt: skip
+               "**different from the small model's verdicts**, so the answer above moves with size.")
+            + f" Collapsed: {collapses}.")  # fmt: skip
 
 
 def power_bullet(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> str | None:

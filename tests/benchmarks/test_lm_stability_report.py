@@ -192,6 +192,11 @@ def test_the_scale_bullet_says_whether_the_larger_model_agrees(tiny, large_arm, 
     )
     assert "`anchor_pooled` (lr 0.0001) on 6 paired seeds" in bullet
     assert ("the same verdicts as the small model's" in bullet) is agrees
+    row = rep.h2h_rows(summary, "chain_H2", "large")["anchor_pooled"]
+    assert f"detectable {row['vs_grpo']['success']['detectable']:.2f}" in bullet
+    # _slow_or ends above the start on every seed; the tuning runs at 1e-4 are SLOW: nothing collapsed
+    assert "Collapsed: `grpo` in 0 of 6 held-out runs at its tuned rate (0 of 2 tuning runs); `anchor_pooled` in 0 " \
+           "of 6 held-out runs at its tuned rate (0 of 2 tuning runs)." in bullet  # fmt: skip
     assert ("different from the small model's verdicts" in bullet) is not agrees
 
 

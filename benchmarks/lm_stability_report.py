@@ -118,7 +118,7 @@ def answer(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> dict[str
     ]
     widest = max(wider, key=lambda a: a["stable_rate"], default=None)
     return {"case": 4, "arm": None if widest is None else widest["arm"], "endpoint": None,
-            "wider": [a["arm"] for a in wider]}  # fmt: skip
+            "wider": sorted(a["arm"] for a in wider)}  # fmt: skip
 
 
 def _comparison(row: dict[str, Any], endpoint: str) -> str:
@@ -134,8 +134,8 @@ def _detectable(rows: dict[str, dict[str, Any]]) -> str:
     success = sorted(r["vs_grpo"]["success"]["detectable"] for r in practical)
     tokens = sorted(r["vs_grpo"]["tokens_saved"]["detectable"] for r in practical)
     if len(practical) == 1:
-        return f"{success[0]:.2f} in success, {tokens[0]:,.0f} tokens"
-    return f"{success[0]:.2f}-{success[-1]:.2f} in success, {tokens[0]:,.0f}-{tokens[-1]:,.0f} tokens, by arm"
+        return f"{success[0]:.3f} in success, {tokens[0]:,.0f} tokens"
+    return f"{success[0]:.3f}-{success[-1]:.3f} in success, {tokens[0]:,.0f}-{tokens[-1]:,.0f} tokens, by arm"
 
 
 def headline(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> str | None:
@@ -173,10 +173,15 @@ def headline(summary: dict[str, Any], setting: str = HEADLINE_SETTING) -> str | 
         return f"At {name}, turn credit buys no stability a user can turn into tokens: {level}."
     x_rate, g_rate = arm_line(summary, setting, "small", found["arm"])["stable_rate"], g_line["stable_rate"]
     times = f", {x_rate / g_rate:.3g}x GRPO's {_rate(g_rate)}" if g_rate else " (GRPO: none)"
-    n_wider, n_arms = len(found["wider"]), len(rows) - 1 - sum(r["reference"] for r in rows.values())
-    who = "one credit arm" if n_wider == 1 else f"{n_wider} of {n_arms} credit arms"
-    return (f"At {name}, {who} (`{found['arm']}`) stayed stable up to learning rate {_rate(x_rate)}{times} "
-            f"({_collapses(summary, found['arm'], x_rate, setting)}; not a test); but {level}.")  # fmt: skip
+    n_arms = len(rows) - 1 - sum(r["reference"] for r in rows.values())
+    others = [a for a in found["wider"] if a != found["arm"]]
+    rates = "".join(
+        f", `{a}` up to {_rate(arm_line(summary, setting, 'small', a)['stable_rate'])}" for a in others
+    )
+    who = "one" if not others else f"{len(found['wider'])}"
+    return (f"At {name}, {who} of the {n_arms} other practical arms stayed stable at a larger learning rate than "
+            f"GRPO (`{found['arm']}` up to {_rate(x_rate)}{times}{rates}; "
+            f"{_collapses(summary, found['arm'], x_rate, setting)}; not a test); but {level}.")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -225,8 +230,8 @@ def curve_bullet(summary: dict[str, Any], setting: str) -> str | None:
         text += f" The curve of {', '.join(short)} does not reach from no collapse to all runs collapsed."
     dropped = [f"`{a}`" for a in study.ARMS if not study.runs_in(a, setting)]
     if dropped:
-        text += (f" {', '.join(dropped)} (reference) {'was' if len(dropped) == 1 else 'were'} dropped before the "
-                 "sweep for the CPU hours (the protocol's sizes).")  # fmt: skip
+        text += (f" {', '.join(dropped)} (reference) {'is' if len(dropped) == 1 else 'are'} not run in this "
+                 "setting, for the CPU hours (the protocol's sizes).")  # fmt: skip
     return " ".join(
         t for t in (text, _tokens_at_stable(summary, setting, lines), _plateau(summary, setting)) if t
     )
@@ -253,8 +258,8 @@ def _plateau(summary: dict[str, Any], setting: str) -> str:
         else f"{len(gains) - rising} of {len(gains)} arms"
     )
     return (f"At their tuned rates {who} plateaued within the budget (mean success gained {span} over the budget's "
-            f"last quarter; the plateau bound is {study.PLATEAU_BOUND:g}), so some final successes are read while "
-            "still rising.")  # fmt: skip
+            f"last quarter; the plateau bound is {study.PLATEAU_BOUND:g}), so {'all' if rising == len(gains) else rising} "
+            "of their final successes are read while still rising.")  # fmt: skip
 
 
 def median(cell: dict[str, Any]) -> str:
@@ -277,15 +282,43 @@ def _tokens_at_stable(summary: dict[str, Any], setting: str, lines: Sequence[dic
             parts.append(f"`{a['arm']}` {median(cell)}")
     if not parts:
         return ""
-    grpo_rate = next((a["stable_rate"] for a in lines if a["arm"] == "grpo"), None)
-    others = sorted({a["stable_rate"] for a in lines if a["arm"] in study.PRACTICAL} - {grpo_rate, None})
-    grpo_at = [f"at {lr:g} needs {median(cells[('grpo', lr)])}, with {sum(cells[('grpo', lr)]['collapsed'])} of "
-               f"{len(cells[('grpo', lr)]['seeds'])} runs collapsed" for lr in others if ("grpo", lr) in cells]  # fmt: skip
-    same_rate = (f" GRPO {'; '.join(grpo_at)}: the fewer tokens come with the larger rate, and the credit arm's "
-                 "part is collapsing less there." if grpo_at else "")  # fmt: skip
+    same_rate = "".join(_grpo_at(cells, lines, lr) for lr in _rates_above_grpo(lines))
     return (f"At that rate, the Kaplan-Meier median sampled tokens to the target ({target(summary, setting):.3f}) "
             f"are {', '.join(parts)}.{same_rate} This describes the sweep's tuning seeds; it is not a "
             "test.")  # fmt: skip
+
+
+def _rates_above_grpo(lines: Sequence[dict[str, Any]]) -> list[float]:
+    """The practical arms' largest stable rates above GRPO's (all of them when GRPO has none)."""
+    grpo = next((a["stable_rate"] for a in lines if a["arm"] == "grpo"), None) or 0.0
+    return sorted(
+        {a["stable_rate"] for a in lines if a["arm"] in study.PRACTICAL and (a["stable_rate"] or 0) > grpo}
+    )
+
+
+def _grpo_at(
+    cells: dict[tuple[str, float], dict[str, Any]], lines: Sequence[dict[str, Any]], lr: float
+) -> str:
+    """GRPO's median tokens and collapses at ``lr``, a larger stable rate of other arms, beside theirs; what the
+    numbers say, only where they say it."""
+    g, own = cells.get(("grpo", lr)), next((a["stable_rate"] for a in lines if a["arm"] == "grpo"), None)
+    if g is None:
+        return ""
+    arms = [
+        a["arm"]
+        for a in lines
+        if a["arm"] in study.PRACTICAL and a["stable_rate"] == lr and a["arm"] != "grpo"
+    ]
+    k, n = sum(g["collapsed"]), len(g["seeds"])
+    theirs = ", ".join(f"`{a}`'s {sum(cells[(a, lr)]['collapsed'])}" for a in arms)
+    text = f" GRPO at {lr:g} needs {median(g)}, with {k} of {n} runs collapsed against {theirs}"
+    g_own = cells.get(("grpo", own)) if own is not None else None
+    if g["km_median_tokens"] is not None and g_own is not None and g_own["km_median_tokens"] is not None \
+            and g["km_median_tokens"] < g_own["km_median_tokens"]:  # fmt: skip
+        text += ": GRPO too reaches the target sooner at that rate"
+        if all(sum(cells[(a, lr)]["collapsed"]) < k for a in arms):
+            text += ", and the difference there is fewer collapses"
+    return text + "."
 
 
 def scale_bullet(summary: dict[str, Any]) -> str | None:
@@ -301,7 +334,8 @@ def scale_bullet(summary: dict[str, Any]) -> str | None:
     found = {e: f"{verdicts[e]}, detectable {x['vs_grpo'][e]['detectable']:{f}}"
              for e, f in (("success", ".2f"), ("tokens_saved", ",.0f"))}  # fmt: skip
     tuning = {c["arm"]: c for c in summary["curve"]
-              if (c["setting"], c["model"]) == ("chain_H2", "large") and c["lr"] == rows[c["arm"]]["lr"]}  # fmt: skip
+              if (c["setting"], c["model"]) == ("chain_H2", "large") and c["arm"] in rows
+              and c["lr"] == rows[c["arm"]]["lr"]}  # fmt: skip
     collapses = "; ".join(
         f"`{a}` in {sum(r['collapsed'])} of {len(r['seeds'])} held-out runs at its tuned rate"
         + (
@@ -350,11 +384,13 @@ def map_bullet(summary: dict[str, Any], prefix: str, setting: str = HEADLINE_SET
             if lr in cells]  # fmt: skip
     if not seen or g["stable_rate"] is None:
         return None
+    above = min(lm.GRID_LRS) > g["stable_rate"]
     return (f"The [language-model map]({prefix}where-credit-pays.md#on-a-language-model-through-the-trainer) "
             f"tuned every arm on the learning rates {' and '.join(f'{lr:g}' for lr in lm.GRID_LRS)} "
             f"({' or '.join(str(p * lm.GENERATIONS) for p in lm.GRID_PROMPTS)} episodes a step). On this curve "
             f"(8 episodes a step) GRPO collapsed in {', '.join(seen)} and its largest stable rate is "
-            f"{_rate(g['stable_rate'])}, so that map compared the arms at or above their collapse edge.")  # fmt: skip
+            f"{_rate(g['stable_rate'])}"
+            + (", so at 8 episodes a step that map's rates lie above GRPO's stable range." if above else "."))  # fmt: skip
 
 
 def second_setting_bullet(summary: dict[str, Any]) -> str | None:
@@ -457,7 +493,7 @@ def advice_text(summary: dict[str, Any]) -> str:
     if found["case"] == 4 and found["arm"] is not None:
         x = arm_line(summary, HEADLINE_SETTING, "small", found["arm"])
         # every rate above GRPO's stable rate up to the arm's own, and the next one (where it is no longer stable)
-        above = [lr for lr in x["rates"] if g["stable_rate"] is not None and lr > g["stable_rate"]]
+        above = [lr for lr in x["rates"] if lr > (g["stable_rate"] or 0.0)]
         shown = [lr for lr in above if lr <= x["stable_rate"]] + [
             lr for lr in above if lr > x["stable_rate"]
         ][:1]

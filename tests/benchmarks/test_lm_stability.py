@@ -187,9 +187,13 @@ def test_a_run_that_stops_without_reaching_the_target_is_censored_at_its_budget_
     assert cell["tokens_to_target"] == [1000, None, None, None]
     assert cell["restricted_tokens"] == [1000, 1000, 1000, 1000]
     assert cell["km_median_tokens"] is None
-    # with two of four reaching it, the median is the second arrival, whatever the others' stopping points
-    early = _record("sweep", "grpo", 1e-3, 4, [0.9, 0.9])
-    assert st.runs_cell([early, reached, *dead[:2]], target=0.8)["km_median_tokens"] == 1000
+    # Arrivals at 500, 1,000 and 1,500 of a 1,500 budget, and three runs stopped dead at 500: half arrive, so the
+    # (lower) median is the third arrival, 1,500. Censored where they stopped, the dead runs would leave the risk
+    # set at 500, survival would fall to 0.42 at 1,000, and the median would read 1,000.
+    arrivals = [_record("sweep", "grpo", 1e-3, s, path, budget=1500)
+                for s, path in enumerate([[0.9, 0.9, 0.9], [0.5, 0.9, 0.9], [0.5, 0.5, 0.9]])]  # fmt: skip
+    stopped = [_record("sweep", "grpo", 1e-3, s, [0.0], budget=1500) for s in (3, 4, 5)]
+    assert st.runs_cell([*arrivals, *stopped], target=0.8)["km_median_tokens"] == 1500
 
 
 def test_records_append_as_gzip_members_and_read_back_whole(tmp_path):

@@ -67,6 +67,15 @@ def h2h_rows(summary: dict[str, Any], setting: str, model: str) -> dict[str, dic
 target = study.summary_target
 
 
+def curve(
+    summary: dict[str, Any], setting: str, model: str = "small"
+) -> dict[tuple[str, float], dict[str, Any]]:
+    """The curve cells of one (setting, model) by (arm, learning rate)."""
+    return {
+        (c["arm"], c["lr"]): c for c in summary["curve"] if (c["setting"], c["model"]) == (setting, model)
+    }
+
+
 def _rate(lr: float | None) -> str:
     return "none" if lr is None else f"{lr:g}"
 
@@ -239,9 +248,7 @@ def curve_bullet(summary: dict[str, Any], setting: str) -> str | None:
 
 def _plateau(summary: dict[str, Any], setting: str) -> str:
     """Whether the practical arms plateaued at their tuned rates (the protocol asks the report to say so)."""
-    cells = {
-        (c["arm"], c["lr"]): c for c in summary["curve"] if (c["setting"], c["model"]) == (setting, "small")
-    }
+    cells = curve(summary, setting)
     gains = [cells[(a["arm"], a["chosen_lr"])]["gain_last_quarter"] for a in summary["arms"]
              if (a["setting"], a["model"]) == (setting, "small") and a["arm"] in study.PRACTICAL]  # fmt: skip
     if not gains:
@@ -272,9 +279,7 @@ def median(cell: dict[str, Any]) -> str:
 def _tokens_at_stable(summary: dict[str, Any], setting: str, lines: Sequence[dict[str, Any]]) -> str:
     """Each practical arm's Kaplan-Meier median tokens to the target at its largest stable rate: a description of
     the sweep's (tuning) seeds, not a test; the head-to-head at the tuned rates is the test."""
-    cells = {
-        (c["arm"], c["lr"]): c for c in summary["curve"] if (c["setting"], c["model"]) == (setting, "small")
-    }
+    cells = curve(summary, setting)
     parts = []
     for a in lines:
         cell = cells.get((a["arm"], a["stable_rate"]))
@@ -282,26 +287,30 @@ def _tokens_at_stable(summary: dict[str, Any], setting: str, lines: Sequence[dic
             parts.append(f"`{a['arm']}` {median(cell)}")
     if not parts:
         return ""
-    same_rate = "".join(_grpo_at(cells, lines, lr) for lr in _rates_above_grpo(lines))
+    grpo_rate = next((a["stable_rate"] for a in lines if a["arm"] == "grpo"), None)
+    same_rate = "".join(_grpo_at(cells, lines, lr, grpo_rate) for lr in _rates_above(lines, grpo_rate))
     return (f"At that rate, the Kaplan-Meier median sampled tokens to the target ({target(summary, setting):.3f}) "
             f"are {', '.join(parts)}.{same_rate} This describes the sweep's tuning seeds; it is not a "
             "test.")  # fmt: skip
 
 
-def _rates_above_grpo(lines: Sequence[dict[str, Any]]) -> list[float]:
-    """The practical arms' largest stable rates above GRPO's (all of them when GRPO has none)."""
-    grpo = next((a["stable_rate"] for a in lines if a["arm"] == "grpo"), None) or 0.0
+def _rates_above(lines: Sequence[dict[str, Any]], grpo_rate: float | None) -> list[float]:
+    """The practical arms' largest stable rates above GRPO's ``grpo_rate`` (all of them when GRPO has none)."""
     return sorted(
-        {a["stable_rate"] for a in lines if a["arm"] in study.PRACTICAL and (a["stable_rate"] or 0) > grpo}
-    )
+        {a["stable_rate"] for a in lines
+         if a["arm"] in study.PRACTICAL and (a["stable_rate"] or 0) > (grpo_rate or 0.0)}
+    )  # fmt: skip
 
 
 def _grpo_at(
-    cells: dict[tuple[str, float], dict[str, Any]], lines: Sequence[dict[str, Any]], lr: float
+    cells: dict[tuple[str, float], dict[str, Any]],
+    lines: Sequence[dict[str, Any]],
+    lr: float,
+    own: float | None,
 ) -> str:
-    """GRPO's median tokens and collapses at ``lr``, a larger stable rate of other arms, beside theirs; what the
-    numbers say, only where they say it."""
-    g, own = cells.get(("grpo", lr)), next((a["stable_rate"] for a in lines if a["arm"] == "grpo"), None)
+    """GRPO's median tokens and collapses at ``lr``, a larger stable rate of other arms, beside theirs (GRPO's own
+    stable rate is ``own``); what the numbers say, only where they say it."""
+    g = cells.get(("grpo", lr))
     if g is None:
         return ""
     arms = [
@@ -333,16 +342,10 @@ def scale_bullet(summary: dict[str, Any]) -> str | None:
     same = all(small[arm]["vs_grpo"][e]["verdict"] == v for e, v in verdicts.items())
     found = {e: f"{verdicts[e]}, detectable {x['vs_grpo'][e]['detectable']:{f}}"
              for e, f in (("success", ".2f"), ("tokens_saved", ",.0f"))}  # fmt: skip
-    tuning = {c["arm"]: c for c in summary["curve"]
-              if (c["setting"], c["model"]) == ("chain_H2", "large") and c["arm"] in rows
-              and c["lr"] == rows[c["arm"]]["lr"]}  # fmt: skip
+    tuning = curve(summary, "chain_H2", "large")
     collapses = "; ".join(
-        f"`{a}` in {sum(r['collapsed'])} of {len(r['seeds'])} held-out runs at its tuned rate"
-        + (
-            f" ({sum(tuning[a]['collapsed'])} of {len(tuning[a]['seeds'])} tuning runs)"
-            if a in tuning
-            else ""
-        )
+        f"`{a}` in {_count(r)} held-out runs at its tuned rate"
+        + (f" ({_count(tuning[(a, r['lr'])])} tuning runs)" if (a, r["lr"]) in tuning else "")
         for a, r in (("grpo", grpo), (arm, x))
     )
     return (f"**With a model 13x larger** (1.17 M parameters), tuned GRPO (lr {grpo['lr']:g}) against `{arm}` "
@@ -378,10 +381,8 @@ def map_bullet(summary: dict[str, Any], prefix: str, setting: str = HEADLINE_SET
     if not whole(summary, "sweep", setting):
         return None
     g = arm_line(summary, setting, "small", "grpo")
-    cells = {c["lr"]: c for c in summary["curve"]
-             if (c["setting"], c["model"], c["arm"]) == (setting, "small", "grpo")}  # fmt: skip
-    seen = [f"{sum(cells[lr]['collapsed'])} of {len(cells[lr]['seeds'])} at {lr:g}" for lr in lm.GRID_LRS
-            if lr in cells]  # fmt: skip
+    cells = curve(summary, setting)
+    seen = [f"{_count(cells[('grpo', lr)])} at {lr:g}" for lr in lm.GRID_LRS if ("grpo", lr) in cells]
     if not seen or g["stable_rate"] is None:
         return None
     above = min(lm.GRID_LRS) > g["stable_rate"]
@@ -498,9 +499,8 @@ def advice_text(summary: dict[str, Any]) -> str:
             lr for lr in above if lr > x["stable_rate"]
         ][:1]
         counts = "; ".join(_collapses(summary, found["arm"], lr) for lr in shown)
-        cells = {c["lr"]: c for c in summary["curve"] if (c["setting"], c["model"], c["arm"]) ==
-                 (HEADLINE_SETTING, "small", found["arm"])}  # fmt: skip
-        at_stable, at_tuned = cells[x["stable_rate"]], cells[x["chosen_lr"]]
+        cells = curve(summary, HEADLINE_SETTING)
+        at_stable, at_tuned = cells[(found["arm"], x["stable_rate"])], cells[(found["arm"], x["chosen_lr"])]
         advice += (f" If you must train above GRPO's stable rate, `{found['arm']}` is the arm whose stable range "
                    f"reached furthest (sweep collapse counts: {counts}; not a test).")  # fmt: skip
         if x["stable_rate"] != x["chosen_lr"]:
@@ -511,12 +511,14 @@ def advice_text(summary: dict[str, Any]) -> str:
 
 def _collapses(summary: dict[str, Any], arm: str, lr: float, setting: str = HEADLINE_SETTING) -> str:
     """``arm``'s and GRPO's collapse counts at ``lr`` in ``setting``'s sweep."""
-    cells = {c["arm"]: c for c in summary["curve"]
-             if (c["setting"], c["model"], c["lr"]) == (setting, "small", lr)}  # fmt: skip
-    count = {
-        a: f"{sum(cells[a]['collapsed'])} of {len(cells[a]['seeds'])}" for a in (arm, "grpo") if a in cells
-    }
+    cells = curve(summary, setting)
+    count = {a: _count(cells[(a, lr)]) for a in (arm, "grpo") if (a, lr) in cells}
     return f"at {lr:g} it collapsed in {count.get(arm, '-')} sweep runs, GRPO in {count.get('grpo', '-')}"
+
+
+def _count(cell: dict[str, Any]) -> str:
+    """``k of n``: a cell's collapsed runs of its runs."""
+    return f"{sum(cell['collapsed'])} of {len(cell['seeds'])}"
 
 
 def page(summary: dict[str, Any]) -> str:
